@@ -1,0 +1,36 @@
+# Two entry points: `make serve` and `make test`. Each creates .venv when missing and
+# installs what it needs; a stamp file keeps repeat runs fast until pyproject.toml changes.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+ARGS   ?=
+
+.PHONY: serve test install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# torch==2.13.0 resolves to the local CPU build; install it before diffusers so that
+# diffusers' own torch requirement is already satisfied (no CUDA wheels pulled).
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+
+serve: $(VENV)/.installed
+	$(BIN)/vaeserve serve --host $(HOST) --port $(PORT) $(ARGS)
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
