@@ -1,0 +1,116 @@
+"""Decode programs: frame 0 outside, the remaining latent frames in a ``lax.scan``.
+
+These are pure functions of a merged ``WanDecoder`` and a spatial context, so the single-device
+path (``WanVAE.decode``) and the sharded path (``sharding``) run the very same code.
+Layouts: ``(B, 16, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` inside.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .config import WanVAEConfig
+from .spatial import SpatialContext
+from .wan import WanDecoder
+
+Output = Literal["float", "uint8"]
+OUTPUTS = ("float", "uint8")
+
+
+def to_uint8(frames: jax.Array) -> jax.Array:
+    """``[-1, 1]`` floats → ``round((x + 1) · 127.5)`` as uint8 (values outside are clamped)."""
+    scaled = (jnp.clip(frames.astype(jnp.float32), -1.0, 1.0) + 1.0) * 127.5
+    return jnp.round(scaled).astype(jnp.uint8)
+
+
+def finish_frames(frames: jax.Array, output: Output) -> jax.Array:
+    """Clamp to [-1, 1] (as the reference does) and convert: float32 NCTHW-ready or uint8 frames."""
+    if output == "uint8":
+        return to_uint8(frames)
+    return jnp.clip(frames.astype(jnp.float32), -1.0, 1.0)
+
+
+def denormalize_latents(z: jax.Array, config: WanVAEConfig) -> jax.Array:
+    """``z · latents_std + latents_mean`` per channel; ``z`` is channels-last."""
+    mean = jnp.asarray(config.latents_mean, jnp.float32)
+    std = jnp.asarray(config.latents_std, jnp.float32)
+    return (z.astype(jnp.float32) * std + mean).astype(z.dtype)
+
+
+def prepare_latents(latents: jax.Array, config: WanVAEConfig, dtype, *, denormalize: bool) -> jax.Array:
+    """``(B, z, T, H, W)`` → channels-last ``(B, T, H, W, z)`` in the model dtype."""
+    z = jnp.moveaxis(jnp.asarray(latents, jnp.float32), 1, -1)
+    if denormalize:
+        z = denormalize_latents(z, config)
+    return z.astype(dtype)
+
+
+def _layout(frames: jax.Array, output: Output) -> jax.Array:
+    """Per-step frames ``(B, f, H, W, 3)`` → the output layout: float NCTHW, uint8 NTHWC."""
+    return jnp.moveaxis(frames, -1, 1) if output == "float" else frames
+
+
+def _time_axis(output: Output) -> int:
+    return 2 if output == "float" else 1
+
+
+def decode_frames(
+    model: WanDecoder,
+    z: jax.Array,
+    ctx: SpatialContext,
+    *,
+    chunk: int = 1,
+    output: Output = "float",
+) -> jax.Array:
+    """Decode channels-last latents ``(B, T, H, W, z)``.
+
+    Returns float32 ``(B, 3, F, 8H, 8W)`` (``output="float"``) or uint8 ``(B, F, 8H, 8W, 3)``,
+    ``F = 1 + 4(T-1)``. Every step writes its frames into one preallocated output buffer carried
+    through the scan, so peak memory is the output plus one step's activations and caches,
+    whatever ``T`` is.
+    """
+    num_latent = z.shape[1]
+    first, caches = model(z[:, :1], None, ctx)
+    first = _layout(finish_frames(first, output), output)
+    axis = _time_axis(output)
+    per_latent = 4  # Wan 2.1 temporal upsampling; frame 0 yields one frame.
+    shape = list(first.shape)
+    shape[axis] = 1 + per_latent * (num_latent - 1)
+    buffer = lax.dynamic_update_slice_in_dim(jnp.zeros(shape, first.dtype), first, 0, axis)
+
+    def step(carry, z_chunk, start):
+        caches, buffer = carry
+        frames, caches = model(z_chunk, caches, ctx)
+        frames = _layout(finish_frames(frames, output), output)
+        return caches, lax.dynamic_update_slice_in_dim(buffer, frames, start, axis)
+
+    rest = z[:, 1:]
+    num_chunks, remainder = divmod(num_latent - 1, chunk)
+    if num_chunks:
+        scanned = rest[:, : num_chunks * chunk]
+        scanned = scanned.reshape(scanned.shape[0], num_chunks, chunk, *scanned.shape[2:]).swapaxes(0, 1)
+
+        def body(carry, xs):
+            index, z_chunk = xs
+            return step(carry, z_chunk, 1 + index * chunk * per_latent), None
+
+        (caches, buffer), _ = lax.scan(body, (caches, buffer), (jnp.arange(num_chunks), scanned))
+    if remainder:
+        caches, buffer = step((caches, buffer), rest[:, num_chunks * chunk :], 1 + num_chunks * chunk * per_latent)
+    return buffer
+
+
+def decode_first(model: WanDecoder, z0: jax.Array, ctx: SpatialContext, *, output: Output = "uint8"):
+    """Streaming, step 0: latent frame ``(B, 1, H, W, z)`` → (frames, caches)."""
+    frames, caches = model(z0, None, ctx)
+    return _layout(finish_frames(frames, output), output), caches
+
+
+def decode_next(model: WanDecoder, caches, z_chunk: jax.Array, ctx: SpatialContext, *, output: Output = "uint8"):
+    """Streaming, later steps: ``(B, c, H, W, z)`` with the caches of the previous step → (frames, caches)."""
+    frames, caches = model(z_chunk, caches, ctx)
+    return _layout(finish_frames(frames, output), output), caches

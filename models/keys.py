@@ -1,0 +1,183 @@
+"""Weight names and layouts: our nnx parameters ↔ diffusers ``AutoencoderKLWan`` ↔ original Wan.
+
+Our parameter paths mirror diffusers' module names, so a diffusers key is the path joined by dots,
+with three renames (``kernel`` → ``weight``; an upsampler's ``resample_kernel``/``resample_bias`` →
+``resample.1.weight``/``.bias``; ``time_kernel``/``time_bias`` → ``time_conv.weight``/``.bias``).
+
+Layouts (PyTorch → ours, channels-last):
+  Conv3d 3x3x3  (O, I, 3, 3, 3) → (3, 3, 3, I, O)     Conv2d 3x3 (O, I, 3, 3) → (3, 3, I, O)
+  Conv3d 1x1x1  (O, I, 1, 1, 1) → (I, O)              Conv2d 1x1 (O, I, 1, 1) → (I, O)
+  time conv     (2C, C, 3, 1, 1) → (3, C, 2C)          RMS gamma  (C, 1, 1[, 1]) → (C,)
+
+Original Wan release (``Wan2.1_VAE.pth``) → diffusers, decoder side, with R = num_res_blocks:
+  conv2.*                          → post_quant_conv.*        (conv1.* → quant_conv.*)
+  decoder.conv1.*                  → decoder.conv_in.*
+  decoder.middle.{0,2}.residual.{0.gamma,2.*,3.gamma,6.*}
+                                   → decoder.mid_block.resnets.{0,1}.{norm1.gamma,conv1.*,norm2.gamma,conv2.*}
+  decoder.middle.1.*               → decoder.mid_block.attentions.0.*
+  decoder.upsamples.{k}.residual.* → decoder.up_blocks.{k // (R+2)}.resnets.{k % (R+2)}.*   (k % (R+2) ≤ R)
+  decoder.upsamples.{k}.shortcut.* → decoder.up_blocks.{k // (R+2)}.resnets.{k % (R+2)}.conv_shortcut.*
+  decoder.upsamples.{k}.{resample.1,time_conv}.* (k % (R+2) = R+1)
+                                   → decoder.up_blocks.{k // (R+2)}.upsamplers.0.{resample.1,time_conv}.*
+  decoder.head.0.gamma / head.2.*  → decoder.norm_out.gamma / decoder.conv_out.*
+  The encoder follows the same residual renames with a flat ``downsamples.k`` → ``down_blocks.k``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+_RESIDUAL = {"residual.0.gamma": "norm1.gamma", "residual.2": "conv1", "residual.3.gamma": "norm2.gamma",
+             "residual.6": "conv2", "shortcut": "conv_shortcut"}
+_RESIDUAL_BACK = {v: k for k, v in _RESIDUAL.items()}
+_PARAM_RENAMES = {"kernel": "weight", "resample_kernel": "resample.1.weight", "resample_bias": "resample.1.bias",
+                  "time_kernel": "time_conv.weight", "time_bias": "time_conv.bias"}
+
+
+# -- ours ↔ diffusers ----------------------------------------------------------------------------
+def diffusers_key(path: tuple) -> str:
+    *modules, leaf = (str(p) for p in path)
+    return ".".join([*modules, _PARAM_RENAMES.get(leaf, leaf)])
+
+
+def _kind(path: tuple) -> str:
+    names = [str(p) for p in path]
+    leaf, owner = names[-1], names[-2]
+    if leaf == "gamma":
+        return "gamma2d" if owner == "norm" else "gamma3d"
+    if leaf in ("bias", "resample_bias", "time_bias"):
+        return "bias"
+    if leaf == "resample_kernel":
+        return "conv2d"
+    if leaf == "time_kernel":
+        return "timeconv"
+    if owner in ("to_qkv", "proj"):
+        return "pointwise2d"
+    if owner in ("post_quant_conv", "conv_shortcut"):
+        return "pointwise3d"
+    return "conv3d"
+
+
+def torch_shape(path: tuple, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The diffusers tensor shape for our parameter ``path`` of shape ``shape``."""
+    kind = _kind(path)
+    if kind == "gamma2d":
+        return (shape[0], 1, 1)
+    if kind == "gamma3d":
+        return (shape[0], 1, 1, 1)
+    if kind == "bias":
+        return tuple(shape)
+    if kind == "conv2d":
+        return (shape[3], shape[2], shape[0], shape[1])
+    if kind == "timeconv":
+        return (shape[2], shape[1], shape[0], 1, 1)
+    if kind == "pointwise2d":
+        return (shape[1], shape[0], 1, 1)
+    if kind == "pointwise3d":
+        return (shape[1], shape[0], 1, 1, 1)
+    return (shape[4], shape[3], shape[0], shape[1], shape[2])
+
+
+def from_torch(path: tuple, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A diffusers tensor (already checked to be ``torch_shape(path, shape)``) in our layout."""
+    kind = _kind(path)
+    if kind in ("gamma2d", "gamma3d", "bias"):
+        return array.reshape(shape)
+    if kind == "conv2d":
+        return array.transpose(2, 3, 1, 0)
+    if kind == "timeconv":
+        return array[:, :, :, 0, 0].transpose(2, 1, 0)
+    if kind in ("pointwise2d", "pointwise3d"):
+        return array.reshape(array.shape[:2]).T
+    return array.transpose(2, 3, 4, 1, 0)
+
+
+def to_torch(path: tuple, array: np.ndarray) -> np.ndarray:
+    """Our parameter in the diffusers layout (inverse of ``from_torch``)."""
+    kind = _kind(path)
+    target = torch_shape(path, array.shape)
+    if kind in ("gamma2d", "gamma3d", "bias"):
+        return array.reshape(target)
+    if kind == "conv2d":
+        return array.transpose(3, 2, 0, 1)
+    if kind == "timeconv":
+        return array.transpose(2, 1, 0).reshape(target)
+    if kind in ("pointwise2d", "pointwise3d"):
+        return array.T.reshape(target)
+    return array.transpose(4, 3, 0, 1, 2)
+
+
+# -- original Wan ↔ diffusers --------------------------------------------------------------------
+def _rename_residual(rest: str, table: dict[str, str]) -> str:
+    for old, new in table.items():
+        if rest == old or rest.startswith(old + "."):
+            return new + rest[len(old):]
+    return rest
+
+
+def original_to_diffusers(key: str, num_res_blocks: int) -> str:
+    """Rename one key of the original Wan 2.1 VAE state dict to its diffusers name."""
+    group = num_res_blocks + 2
+    if key.startswith("conv1."):
+        return "quant_conv." + key[len("conv1."):]
+    if key.startswith("conv2."):
+        return "post_quant_conv." + key[len("conv2."):]
+    match = re.fullmatch(r"(encoder|decoder)\.(.*)", key)
+    if not match:
+        return key
+    side, rest = match.groups()
+    if rest.startswith("conv1."):
+        return f"{side}.conv_in.{rest[len('conv1.'):]}"
+    if rest.startswith("head.0."):
+        return f"{side}.norm_out.{rest[len('head.0.'):]}"
+    if rest.startswith("head.2."):
+        return f"{side}.conv_out.{rest[len('head.2.'):]}"
+    middle = re.fullmatch(r"middle\.(\d+)\.(.*)", rest)
+    if middle:
+        index, tail = int(middle.group(1)), middle.group(2)
+        if index == 1:
+            return f"{side}.mid_block.attentions.0.{tail}"
+        return f"{side}.mid_block.resnets.{index // 2}.{_rename_residual(tail, _RESIDUAL)}"
+    stage = re.fullmatch(r"(downsamples|upsamples)\.(\d+)\.(.*)", rest)
+    if stage and side == "encoder":
+        return f"encoder.down_blocks.{stage.group(2)}.{_rename_residual(stage.group(3), _RESIDUAL)}"
+    if stage:
+        block, position = divmod(int(stage.group(2)), group)
+        tail = stage.group(3)
+        if position == num_res_blocks + 1:
+            return f"decoder.up_blocks.{block}.upsamplers.0.{tail}"
+        return f"decoder.up_blocks.{block}.resnets.{position}.{_rename_residual(tail, _RESIDUAL)}"
+    return key
+
+
+def diffusers_to_original(key: str, num_res_blocks: int) -> str:
+    """Inverse of ``original_to_diffusers`` (used to write original-format test checkpoints)."""
+    group = num_res_blocks + 2
+    simple = {"quant_conv.": "conv1.", "post_quant_conv.": "conv2."}
+    for new, old in simple.items():
+        if key.startswith(new):
+            return old + key[len(new):]
+    match = re.fullmatch(r"(encoder|decoder)\.(.*)", key)
+    if not match:
+        return key
+    side, rest = match.groups()
+    for new, old in (("conv_in.", "conv1."), ("norm_out.", "head.0."), ("conv_out.", "head.2.")):
+        if rest.startswith(new):
+            return f"{side}.{old}{rest[len(new):]}"
+    if rest.startswith("mid_block.attentions.0."):
+        return f"{side}.middle.1.{rest[len('mid_block.attentions.0.'):]}"
+    mid = re.fullmatch(r"mid_block\.resnets\.(\d+)\.(.*)", rest)
+    if mid:
+        return f"{side}.middle.{2 * int(mid.group(1))}.{_rename_residual(mid.group(2), _RESIDUAL_BACK)}"
+    down = re.fullmatch(r"down_blocks\.(\d+)\.(.*)", rest)
+    if down:
+        return f"encoder.downsamples.{down.group(1)}.{_rename_residual(down.group(2), _RESIDUAL_BACK)}"
+    up = re.fullmatch(r"up_blocks\.(\d+)\.(resnets\.(\d+)|upsamplers\.0)\.(.*)", rest)
+    if up:
+        block, tail = int(up.group(1)), up.group(4)
+        if up.group(3) is None:
+            return f"decoder.upsamples.{block * group + num_res_blocks + 1}.{tail}"
+        return f"decoder.upsamples.{block * group + int(up.group(3))}.{_rename_residual(tail, _RESIDUAL_BACK)}"
+    return key

@@ -1,0 +1,199 @@
+"""Load a Wan 2.1 VAE decoder from diffusers folders, safetensors files or the original ``.pth``.
+
+Accepted ``path``s:
+  * a diffusers folder: ``config.json`` + ``diffusion_pytorch_model.safetensors`` (or the sharded
+    ``diffusion_pytorch_model.safetensors.index.json`` form);
+  * a pipeline folder (``model_index.json`` + ``vae/``), or any folder with a ``vae/`` subfolder;
+  * the original Wan release file ``Wan2.1_VAE.pth`` (needs torch; read with ``weights_only=True``)
+    or a ``.safetensors`` file in either naming; a ``config.json`` beside it is used when present,
+    else the Wan 2.1 defaults;
+  * ``None``: the embedded default, the real Wan 2.1 architecture with deterministic seeded random
+    weights. It decodes noise and says so (logs, ``vae.metadata["random_weights"]``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from . import keys
+from .config import WanVAEConfig
+from .vae import WanVAE, init_vae, resolve_dtype
+from .wan import WanDecoder
+
+log = logging.getLogger("vaeserve.models")
+
+DEFAULT_SEED = 0
+WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+INDEX_NAME = WEIGHTS_NAME + ".index.json"
+# Present in full VAE checkpoints, not needed to decode: accepted and skipped.
+_ENCODER_PREFIXES = ("encoder.", "quant_conv.")
+
+
+class WeightsError(ValueError):
+    """Checkpoint tensors that do not fit the config: every problem listed at once."""
+
+    def __init__(self, missing: list[str], unexpected: list[str], misshaped: list[str], source: str):
+        self.missing, self.unexpected, self.misshaped = missing, unexpected, misshaped
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing: {missing}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected: {unexpected}")
+        if misshaped:
+            parts.append(f"{len(misshaped)} mis-shaped: {misshaped}")
+        super().__init__(f"weights in {source} do not fit the config; " + "; ".join(parts))
+
+
+# -- reading tensors ------------------------------------------------------------------------------
+def _read_safetensors(files: list[Path]) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    tensors: dict[str, Any] = {}
+    for file in files:
+        # framework="flax" reads bfloat16 too (NumPy has no bfloat16 of its own).
+        with safe_open(str(file), framework="flax") as f:
+            for name in f.keys():
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def _read_pth(path: Path) -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"reading {path.name} needs PyTorch (pip install 'vaeserve[torch]'), or convert it once "
+            "with `vaeserve convert IN OUT_DIR` on a machine that has it"
+        ) from e
+    state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    for wrapper in ("state_dict", "model"):
+        if isinstance(state, dict) and wrapper in state and isinstance(state[wrapper], dict):
+            state = state[wrapper]
+    return {name: _torch_to_numpy(t) for name, t in state.items()}
+
+
+def _torch_to_numpy(tensor) -> np.ndarray:
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        return np.asarray(jnp.asarray(tensor.float().numpy(), jnp.bfloat16))
+    return tensor.numpy()
+
+
+def _is_original_naming(names) -> bool:
+    return any(n.startswith(("decoder.middle.", "decoder.upsamples.", "conv2.")) for n in names)
+
+
+def _diffusers_folder(path: Path) -> Path:
+    if (path / "config.json").is_file() and not (path / "model_index.json").is_file():
+        return path
+    if (path / "vae" / "config.json").is_file():
+        return path / "vae"
+    raise FileNotFoundError(f"{path} holds neither a diffusers VAE (config.json) nor a vae/ subfolder")
+
+
+def _folder_weights(folder: Path) -> list[Path]:
+    if (folder / WEIGHTS_NAME).is_file():
+        return [folder / WEIGHTS_NAME]
+    if (folder / INDEX_NAME).is_file():
+        weight_map = json.loads((folder / INDEX_NAME).read_text())["weight_map"]
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    raise FileNotFoundError(f"{folder} has no {WEIGHTS_NAME} nor {INDEX_NAME}")
+
+
+# -- building the model ---------------------------------------------------------------------------
+def _parameter_paths(config: WanVAEConfig, dtype) -> tuple[Any, list]:
+    abstract = nnx.eval_shape(lambda: WanDecoder(config, rngs=nnx.Rngs(0), dtype=dtype))
+    graphdef, state = nnx.split(abstract)
+    return graphdef, list(nnx.to_flat_state(state))
+
+
+def build_vae(config: WanVAEConfig, tensors: dict[str, Any], *, dtype: str, metadata: dict[str, Any]) -> WanVAE:
+    """Assemble a ``WanVAE`` from diffusers-named tensors; every key problem is reported at once."""
+    target = resolve_dtype(dtype)
+    graphdef, flat = _parameter_paths(config, target)
+    expected = {keys.diffusers_key(path): (path, var) for path, var in flat}
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(n for n in tensors if n not in expected and not n.startswith(_ENCODER_PREFIXES))
+    misshaped = []
+    for name, (path, var) in expected.items():
+        if name in tensors:
+            want = keys.torch_shape(path, var.shape)
+            got = tuple(np.shape(tensors[name]))
+            if got != want:
+                misshaped.append(f"{name}: expected {want}, received {got}")
+    if missing or unexpected or misshaped:
+        raise WeightsError(missing, unexpected, misshaped, metadata.get("source", "checkpoint"))
+    leaves = []
+    for name, (path, var) in expected.items():
+        array = keys.from_torch(path, np.asarray(tensors[name]), var.shape)
+        leaves.append((path, var.replace(jnp.asarray(array, target))))
+    model = nnx.merge(graphdef, nnx.from_flat_state(leaves))
+    return WanVAE(config, model, dtype=dtype, metadata=metadata)
+
+
+def load_vae(path: str | Path | None = None, dtype: str = "float32") -> WanVAE:
+    """Load a Wan 2.1 VAE decoder (see the module docstring for the accepted ``path``s)."""
+    resolve_dtype(dtype)
+    if path is None:
+        log.warning("no model given: using the embedded default Wan 2.1 VAE with RANDOM weights "
+                    "(seed %d); it decodes noise, not video", DEFAULT_SEED)
+        return init_vae(WanVAEConfig(), seed=DEFAULT_SEED, dtype=dtype,
+                        metadata={"source": f"embedded default (Wan 2.1 architecture, random weights, seed {DEFAULT_SEED})"})
+    path = Path(path)
+    if path.is_dir():
+        folder = _diffusers_folder(path)
+        config = WanVAEConfig.from_json(folder / "config.json")
+        tensors = _read_safetensors(_folder_weights(folder))
+    elif path.is_file():
+        config_file = path.parent / "config.json"
+        config = WanVAEConfig.from_json(config_file) if config_file.is_file() else WanVAEConfig()
+        tensors = _read_pth(path) if path.suffix in (".pth", ".pt", ".ckpt") else _read_safetensors([path])
+        if _is_original_naming(tensors):
+            tensors = {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
+    else:
+        raise FileNotFoundError(f"no model at {path}")
+    log.info("loading Wan VAE from %s (%s)", path, dtype)
+    return build_vae(config, tensors, dtype=dtype, metadata={"source": str(path), "random_weights": False})
+
+
+# -- writing ------------------------------------------------------------------------------------
+def _write_folder(out_dir: Path, config: WanVAEConfig, tensors: dict[str, Any]) -> Path:
+    from safetensors.numpy import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    save_file({n: np.ascontiguousarray(t) for n, t in tensors.items()}, str(out_dir / WEIGHTS_NAME))
+    return out_dir
+
+
+def iter_diffusers_tensors(vae: WanVAE) -> Iterator[tuple[str, np.ndarray]]:
+    for path, var in nnx.to_flat_state(vae.state):
+        yield keys.diffusers_key(path), keys.to_torch(path, np.asarray(var[...], np.float32))
+
+
+def save_vae(vae: WanVAE, out_dir: str | Path) -> Path:
+    """Write a decoder-only diffusers-format folder (float32 safetensors + config.json)."""
+    return _write_folder(Path(out_dir), vae.config, dict(iter_diffusers_tensors(vae)))
+
+
+def convert_wan_pth(in_path: str | Path, out_dir: str | Path, *, config: WanVAEConfig | None = None) -> Path:
+    """Turn the original ``Wan2.1_VAE.pth`` into a diffusers folder that loads without torch.
+
+    Every tensor (encoder included) is renamed to diffusers' names and kept in its dtype, so the
+    folder also loads in diffusers' ``AutoencoderKLWan.from_pretrained``.
+    """
+    config = config or WanVAEConfig()
+    tensors = _read_pth(Path(in_path))
+    if not _is_original_naming(tensors):
+        raise ValueError(f"{in_path} does not look like an original Wan VAE state dict (no decoder.middle.* keys)")
+    renamed = {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
+    build_vae(config, renamed, dtype="float32", metadata={"source": str(in_path)})  # fail before writing
+    return _write_folder(Path(out_dir), config, renamed)

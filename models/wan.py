@@ -1,0 +1,279 @@
+"""Wan 2.1 causal video VAE decoder in Flax nnx, channels-last inside.
+
+Module and attribute names mirror diffusers' ``AutoencoderKLWan`` so that weight loading is a
+mechanical rename (``models.loading``). Every layer is a function of its input, its causal cache
+and a spatial context (``models.spatial``); caches are plain pytrees so the decode loop can live in
+``lax.scan`` with fixed shapes.
+
+Causal caches: every 3x3x3 conv remembers the last two (spatially padded) frames of its input,
+every upsample3d time conv the last two frames of its input. ``caches=None`` means "first latent
+frame": the past is all zeros, which is exactly what the reference's empty cache means, and the
+upsample3d time conv is skipped (the reference's "Rep" marker).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from .config import WanVAEConfig
+from .spatial import SpatialContext, matmul_precision
+
+CACHE_FRAMES = 2
+_RMS_EPS = 1e-12  # torch.nn.functional.normalize's eps
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure numerics
+# ---------------------------------------------------------------------------------------------
+def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+    """3x3 'valid' conv of every frame. ``(B, T, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, H, W, O)``."""
+    b, t, hp, wp, c = x_padded.shape
+    y = lax.conv_general_dilated(
+        x_padded.reshape(b * t, hp, wp, c), kernel, (1, 1), "VALID",
+        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=matmul_precision(x_padded.dtype),
+    )
+    return (y + bias).reshape(b, t, hp - 2, wp - 2, -1)
+
+
+def causal_conv3x3x3(x_padded_with_past: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+    """Causal 3x3x3 conv over frames that already carry their two past frames in front.
+
+    ``(B, T+2, H+2, W+2, C)`` x ``(3, 3, 3, C, O)`` → ``(B, T, H, W, O)``. The three time taps are
+    folded into channels (one conv2d over 3C channels): XLA:CPU runs that faster than a conv3d.
+    """
+    t = x_padded_with_past.shape[1] - 2
+    taps = jnp.concatenate([x_padded_with_past[:, i : i + t] for i in range(3)], axis=-1)
+    kt, kh, kw, c, o = kernel.shape
+    folded = kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c, o)
+    return conv2d_frames(taps, folded, bias)
+
+
+def rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
+    """``F.normalize(x, dim=channels) * sqrt(C) * gamma``, per pixel, computed in float32."""
+    x32 = x.astype(jnp.float32)
+    norm = jnp.sqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True))
+    y = x32 / jnp.maximum(norm, _RMS_EPS) * math.sqrt(x.shape[-1])
+    return (y * gamma.astype(jnp.float32)).astype(x.dtype)
+
+
+def upsample_nearest_2x(x: jax.Array) -> jax.Array:
+    """``(..., H, W, C)`` → ``(..., 2H, 2W, C)``; equals 'nearest-exact' for an integer factor."""
+    *lead, h, w, c = x.shape
+    x = jnp.broadcast_to(x[..., :, None, :, None, :], (*lead, h, 2, w, 2, c))
+    return x.reshape(*lead, 2 * h, 2 * w, c)
+
+
+def interleave_time(x: jax.Array) -> jax.Array:
+    """Time conv output ``(B, T, H, W, 2C)`` → ``(B, 2T, H, W, C)``.
+
+    Frame ``2t`` gets channels ``[0:C]`` and frame ``2t+1`` gets ``[C:2C]`` (the reference's
+    ``reshape(b, 2, c, ...)`` + ``stack(dim=3)``).
+    """
+    b, t, h, w, c2 = x.shape
+    x = x.reshape(b, t, h, w, 2, c2 // 2)
+    return jnp.moveaxis(x, 4, 2).reshape(b, 2 * t, h, w, c2 // 2)
+
+
+def _past_with(cache: jax.Array | None, x: jax.Array) -> jax.Array:
+    """Prepend the cached past (zeros when absent) to ``x`` along time."""
+    if cache is None:
+        cache = jnp.zeros((x.shape[0], CACHE_FRAMES, *x.shape[2:]), x.dtype)
+    return jnp.concatenate([cache, x], axis=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers
+# ---------------------------------------------------------------------------------------------
+def _kernel(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, dtype) -> nnx.Param:
+    return nnx.Param(jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype) / math.sqrt(fan_in))
+
+
+def _bias(rngs: nnx.Rngs, size: int, dtype) -> nnx.Param:
+    return nnx.Param((0.02 * jax.random.normal(rngs.params(), (size,), jnp.float32)).astype(dtype))
+
+
+class PointwiseConv(nnx.Module):
+    """1x1(x1) conv: ``(..., C)`` → ``(..., O)``. Kernel ``(C, O)``."""
+
+    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.kernel = _kernel(rngs, (cin, cout), cin, dtype)
+        self.bias = _bias(rngs, cout, dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jnp.einsum("...c,co->...o", x, self.kernel[...], precision=matmul_precision(x.dtype))
+        return y + self.bias[...]
+
+
+class CausalConv3d(nnx.Module):
+    """Causal 3x3x3 conv. Kernel ``(3, 3, 3, C, O)`` (time, height, width, in, out)."""
+
+    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.kernel = _kernel(rngs, (3, 3, 3, cin, cout), 27 * cin, dtype)
+        self.bias = _bias(rngs, cout, dtype)
+
+    def __call__(self, x, cache, ctx: SpatialContext):
+        """``x (B, T, H, W, C)``, ``cache (B, 2, H+2, W+2, C)`` or None → ``(B, T, H, W, O)``, new cache."""
+        x_padded = ctx.pad_hw(x)
+        if cache is None and x.shape[1] == 1:
+            # First frame, all-zero past: only the last time tap sees data (2/3 fewer FLOPs).
+            y = conv2d_frames(x_padded, self.kernel[2], self.bias[...])
+        else:
+            y = causal_conv3x3x3(_past_with(cache, x_padded), self.kernel[...], self.bias[...])
+        return y, _past_with(cache, x_padded)[:, -CACHE_FRAMES:]
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, *, dtype=jnp.float32):
+        self.gamma = nnx.Param(jnp.ones((dim,), dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return rms_norm(x, self.gamma[...])
+
+
+class ResidualBlock(nnx.Module):
+    """RMSNorm → SiLU → conv → RMSNorm → SiLU → conv, plus a (1x1x1 when widths differ) shortcut."""
+
+    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.norm1 = RMSNorm(cin, dtype=dtype)
+        self.conv1 = CausalConv3d(cin, cout, rngs=rngs, dtype=dtype)
+        self.norm2 = RMSNorm(cout, dtype=dtype)
+        self.conv2 = CausalConv3d(cout, cout, rngs=rngs, dtype=dtype)
+        self.conv_shortcut = PointwiseConv(cin, cout, rngs=rngs, dtype=dtype) if cin != cout else None
+
+    def __call__(self, x, caches, ctx: SpatialContext):
+        cache1, cache2 = caches if caches is not None else (None, None)
+        shortcut = x if self.conv_shortcut is None else self.conv_shortcut(x)
+        h, cache1 = self.conv1(jax.nn.silu(self.norm1(x)), cache1, ctx)
+        h, cache2 = self.conv2(jax.nn.silu(self.norm2(h)), cache2, ctx)
+        return h + shortcut, (cache1, cache2)
+
+
+class AttentionBlock(nnx.Module):
+    """Single-head self-attention over the H·W tokens of each frame (no mixing across time)."""
+
+    def __init__(self, dim: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.norm = RMSNorm(dim, dtype=dtype)
+        self.to_qkv = PointwiseConv(dim, 3 * dim, rngs=rngs, dtype=dtype)
+        self.proj = PointwiseConv(dim, dim, rngs=rngs, dtype=dtype)
+
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        b, t, h, w, c = x.shape
+        q, k, v = jnp.split(self.to_qkv(self.norm(x)).reshape(b * t, h, w, 3 * c), 3, axis=-1)
+        return x + self.proj(ctx.attend(q, k, v).reshape(b, t, h, w, c))
+
+
+class MidBlock(nnx.Module):
+    def __init__(self, dim: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.resnets = nnx.List([ResidualBlock(dim, dim, rngs=rngs, dtype=dtype) for _ in range(2)])
+        self.attentions = nnx.List([AttentionBlock(dim, rngs=rngs, dtype=dtype)])
+
+    def __call__(self, x, caches, ctx: SpatialContext):
+        caches = caches if caches is not None else (None, None)
+        x, cache0 = self.resnets[0](x, caches[0], ctx)
+        x = self.attentions[0](x, ctx)
+        x, cache1 = self.resnets[1](x, caches[1], ctx)
+        return x, (cache0, cache1)
+
+
+class Resample(nnx.Module):
+    """Nearest 2x spatial upsampling + 3x3 conv halving the width; 'upsample3d' first doubles time
+    with a causal (3, 1, 1) conv to 2C channels interleaved into 2T frames."""
+
+    def __init__(self, dim: int, mode: str, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.mode = mode
+        self.resample_kernel = _kernel(rngs, (3, 3, dim, dim // 2), 9 * dim, dtype)
+        self.resample_bias = _bias(rngs, dim // 2, dtype)
+        if mode == "upsample3d":
+            self.time_kernel = _kernel(rngs, (3, dim, 2 * dim), 3 * dim, dtype)
+            self.time_bias = _bias(rngs, 2 * dim, dtype)
+
+    def _time_conv(self, x, cache):
+        past = _past_with(cache, x)
+        t = x.shape[1]
+        kernel = self.time_kernel[...]
+        y = sum(
+            jnp.einsum("bthwc,co->bthwo", past[:, i : i + t], kernel[i], precision=matmul_precision(x.dtype))
+            for i in range(3)
+        )
+        return interleave_time(y + self.time_bias[...]), past[:, -CACHE_FRAMES:]
+
+    def __call__(self, x, cache, ctx: SpatialContext):
+        if self.mode == "upsample3d":
+            if cache is None:  # first latent frame: the reference skips the time conv ("Rep")
+                cache = jnp.zeros((x.shape[0], CACHE_FRAMES, *x.shape[2:]), x.dtype)
+            else:
+                x, cache = self._time_conv(x, cache)
+        x = ctx.pad_hw(upsample_nearest_2x(x))
+        return conv2d_frames(x, self.resample_kernel[...], self.resample_bias[...]), cache
+
+
+class UpBlock(nnx.Module):
+    def __init__(self, cin: int, cout: int, num_res_blocks: int, mode: str | None, *, rngs, dtype=jnp.float32):
+        dims = [cin] + [cout] * (num_res_blocks + 1)
+        self.resnets = nnx.List(
+            [ResidualBlock(a, b, rngs=rngs, dtype=dtype) for a, b in zip(dims[:-1], dims[1:])]
+        )
+        self.upsamplers = nnx.List([Resample(cout, mode, rngs=rngs, dtype=dtype)] if mode else [])
+
+    def __call__(self, x, caches, ctx: SpatialContext):
+        n = len(self.resnets) + len(self.upsamplers)
+        caches = caches if caches is not None else (None,) * n
+        new = []
+        for resnet, cache in zip(self.resnets, caches):
+            x, cache = resnet(x, cache, ctx)
+            new.append(cache)
+        for upsampler in self.upsamplers:
+            x, cache = upsampler(x, caches[-1], ctx)
+            new.append(cache)
+        return x, tuple(new)
+
+
+class Decoder3d(nnx.Module):
+    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        dims = config.decoder_dims
+        self.conv_in = CausalConv3d(config.z_dim, dims[0], rngs=rngs, dtype=dtype)
+        self.mid_block = MidBlock(dims[0], rngs=rngs, dtype=dtype)
+        blocks = []
+        num_stages = len(config.dim_mult)
+        for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
+            cin = cin // 2 if i > 0 else cin  # each Wan 2.1 upsampler halves the width
+            mode = None
+            if i != num_stages - 1:
+                mode = "upsample3d" if config.temperal_upsample[i] else "upsample2d"
+            blocks.append(UpBlock(cin, cout, config.num_res_blocks, mode, rngs=rngs, dtype=dtype))
+        self.up_blocks = nnx.List(blocks)
+        self.norm_out = RMSNorm(dims[-1], dtype=dtype)
+        self.conv_out = CausalConv3d(dims[-1], config.out_channels, rngs=rngs, dtype=dtype)
+
+    def __call__(self, x, caches, ctx: SpatialContext):
+        caches = caches if caches is not None else (None,) * (3 + len(self.up_blocks))
+        x, conv_in_cache = self.conv_in(x, caches[0], ctx)
+        x, mid_cache = self.mid_block(x, caches[1], ctx)
+        up_caches = []
+        for block, cache in zip(self.up_blocks, caches[2:-1]):
+            x, cache = block(x, cache, ctx)
+            up_caches.append(cache)
+        x, conv_out_cache = self.conv_out(jax.nn.silu(self.norm_out(x)), caches[-1], ctx)
+        return x, (conv_in_cache, mid_cache, *up_caches, conv_out_cache)
+
+
+class WanDecoder(nnx.Module):
+    """``post_quant_conv`` + decoder: latents ``(B, T, H, W, z)`` → frames ``(B, T', 8H, 8W, 3)``.
+
+    Call with ``caches=None`` for latent frame 0 (which must then be the only frame: it yields 1
+    frame) and with the returned caches for every later chunk of frames (4 frames each).
+    """
+
+    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.post_quant_conv = PointwiseConv(config.z_dim, config.z_dim, rngs=rngs, dtype=dtype)
+        self.decoder = Decoder3d(config, rngs=rngs, dtype=dtype)
+
+    def __call__(self, z: jax.Array, caches, ctx: SpatialContext):
+        if caches is None and z.shape[1] != 1:
+            raise ValueError(f"the first decode step takes exactly 1 latent frame; got {z.shape[1]}")
+        return self.decoder(self.post_quant_conv(z), caches, ctx)
