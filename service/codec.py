@@ -1,0 +1,277 @@
+"""Bytes in, latents out; frames in, bytes out. Pure functions, no FastAPI, no JAX.
+
+Parsing validates everything a client can get wrong (shape, dtype, byte count, sizes, NaN/Inf)
+and raises :class:`service.errors.Problem` with what was expected and what was received, so the
+device never sees a malformed request.
+
+Layouts: latents are ``(B, C, T, H, W)`` (NCTHW, diffusers' layout); frames are
+``(B, F, 8H, 8W, 3)`` uint8, channels-last, with ``F = 1 + 4 (T - 1)``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import struct
+import zlib
+from dataclasses import dataclass
+
+import av
+import ml_dtypes
+import numpy as np
+
+from .errors import Problem
+
+RAW_CONTENT_TYPES = ("application/octet-stream", "tensor/binary")
+NPY_CONTENT_TYPE = "application/x-npy"
+SAFETENSORS_CONTENT_TYPE = "application/x-safetensors"
+ACCEPTED_CONTENT_TYPES = (*RAW_CONTENT_TYPES, NPY_CONTENT_TYPE, SAFETENSORS_CONTENT_TYPE)
+
+# Wire dtypes: name -> little-endian numpy dtype. bfloat16 comes from ml_dtypes (a JAX dependency).
+WIRE_DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype("<f4"),
+    "float16": np.dtype("<f2"),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+}
+_SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+_SAFETENSORS_MAX_HEADER = 1 << 20  # the header is JSON metadata; a megabyte is already absurd
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Largest request the service accepts; sizes are of the decoded output."""
+
+    channels: int
+    max_batch: int
+    max_frames: int
+    max_height: int
+    max_width: int
+
+
+def output_frames(latent_frames: int) -> int:
+    """Wan 2.1: the first latent frame gives one frame, every later one gives four."""
+    return 1 + 4 * (latent_frames - 1)
+
+
+def media_type(content_type: str | None) -> str:
+    """``"Application/X-NPY; charset=x"`` -> ``"application/x-npy"``."""
+    return (content_type or "").split(";")[0].strip().lower()
+
+
+def check_content_type(content_type: str | None) -> str:
+    kind = media_type(content_type)
+    if kind not in ACCEPTED_CONTENT_TYPES:
+        raise Problem(
+            415,
+            "unsupported-media-type",
+            f"Content-Type {kind or '(none)'!r} is not a latent tensor format",
+            expected=list(ACCEPTED_CONTENT_TYPES),
+            received=kind or None,
+        )
+    return kind
+
+
+def parse_shape(values: list[str] | None) -> tuple[int, ...] | None:
+    """Shape from the query: repeated (``shape=1&shape=16``, what ``requests`` sends for a list),
+    comma separated (``shape=1,16,2,4,4``) or JSON (``shape=[1,16,2,4,4]``)."""
+    if not values:
+        return None
+    text = ",".join(values).replace("[", "").replace("]", "")
+    try:
+        shape = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise Problem(422, "invalid-shape", "shape must be integers", expected="e.g. 1,16,21,60,104",
+                      received=values) from None
+    if not shape or min(shape) < 1:
+        raise Problem(422, "invalid-shape", "shape needs positive sizes", expected="e.g. 1,16,21,60,104",
+                      received=list(shape))
+    return shape
+
+
+def _raw_dtype(dtype: str | None) -> np.dtype:
+    if dtype not in WIRE_DTYPES:
+        raise Problem(422, "invalid-dtype", f"unsupported dtype {dtype!r}", expected=list(WIRE_DTYPES),
+                      received=dtype)
+    return WIRE_DTYPES[dtype]
+
+
+def parse_raw(body: bytes, shape: tuple[int, ...] | None, dtype: str | None) -> np.ndarray:
+    """Raw little-endian bytes, laid out C-order, described by ``shape`` and ``dtype``."""
+    if shape is None:
+        raise Problem(422, "missing-shape", "raw bodies need a 'shape' query parameter",
+                      expected="shape=B,C,T,H,W", received=None)
+    wire = _raw_dtype(dtype)
+    expected = math.prod(shape) * wire.itemsize
+    if len(body) != expected:
+        raise Problem(
+            422,
+            "body-length-mismatch",
+            f"body has {len(body)} bytes; shape {list(shape)} x {dtype} needs {expected}",
+            expected=expected,
+            received=len(body),
+        )
+    return np.frombuffer(body, dtype=wire).reshape(shape)
+
+
+def parse_npy(body: bytes) -> np.ndarray:
+    """``.npy`` bytes. ``allow_pickle=False``: object arrays would run code from the client."""
+    try:
+        array = np.load(io.BytesIO(body), allow_pickle=False)
+    except Exception as exc:  # numpy raises several types for a malformed header
+        raise Problem(422, "invalid-npy", f"not a readable .npy body: {exc}", expected="numpy .npy v1-3",
+                      received=f"{len(body)} bytes") from None
+    if not isinstance(array, np.ndarray):
+        raise Problem(422, "invalid-npy", "expected one array", expected=".npy", received=type(array).__name__)
+    names = {np.dtype("<f4"): "float32", np.dtype("<f2"): "float16", np.dtype(">f4"): "float32",
+             np.dtype(">f2"): "float16"}
+    if array.dtype not in names:
+        raise Problem(422, "invalid-dtype", f"unsupported dtype {array.dtype}", expected=["float32", "float16"],
+                      received=str(array.dtype))
+    return array
+
+
+def parse_safetensors(body: bytes) -> np.ndarray:
+    """A safetensors file with exactly one tensor (any name). Parsed by hand so that bfloat16
+    works without torch and so every malformed header gets a precise 422."""
+    def bad(detail: str) -> Problem:
+        return Problem(422, "invalid-safetensors", detail, expected="safetensors with one F32/F16/BF16 tensor",
+                       received=f"{len(body)} bytes")
+
+    if len(body) < 8:
+        raise bad("body shorter than the 8-byte header length")
+    (header_len,) = struct.unpack("<Q", body[:8])
+    if header_len > min(_SAFETENSORS_MAX_HEADER, len(body) - 8):
+        raise bad(f"header length {header_len} is out of range")
+    try:
+        header = json.loads(body[8 : 8 + header_len])
+    except ValueError:
+        raise bad("header is not JSON") from None
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"} if isinstance(header, dict) else {}
+    if len(tensors) != 1:
+        raise bad(f"expected exactly one tensor, found {len(tensors)}")
+    (info,) = tensors.values()
+    try:
+        dtype_name = _SAFETENSORS_DTYPES[info["dtype"]]
+        shape = tuple(int(s) for s in info["shape"])
+        start, end = (int(o) for o in info["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        raise Problem(422, "invalid-dtype", "unsupported safetensors tensor", expected=list(_SAFETENSORS_DTYPES),
+                      received=_jsonable_info(info)) from None
+    data = body[8 + header_len :]
+    if not 0 <= start <= end <= len(data):
+        raise bad(f"data offsets {[start, end]} outside the {len(data)}-byte buffer")
+    return parse_raw(data[start:end], shape, dtype_name)
+
+
+def _jsonable_info(info) -> str:
+    return json.dumps(info)[:200] if isinstance(info, (dict, list)) else repr(info)[:200]
+
+
+def parse_latents(
+    body: bytes, content_type: str, shape: tuple[int, ...] | None, dtype: str | None, limits: Limits
+) -> tuple[np.ndarray, bool]:
+    """Body -> ``(latents (B, C, T, H, W) float32, had_batch_dim)``; raises Problem on bad input."""
+    kind = check_content_type(content_type)
+    if kind == NPY_CONTENT_TYPE:
+        array = parse_npy(body)
+    elif kind == SAFETENSORS_CONTENT_TYPE:
+        array = parse_safetensors(body)
+    else:
+        array = parse_raw(body, shape, dtype)
+    return validate_latents(array, limits)
+
+
+def validate_latents(array: np.ndarray, limits: Limits) -> tuple[np.ndarray, bool]:
+    if array.ndim not in (4, 5):
+        raise Problem(422, "invalid-ndim", f"latents must have 4 or 5 dims, got {array.ndim}",
+                      expected=["(C, T, H, W)", "(B, C, T, H, W)"], received=list(array.shape))
+    batched = array.ndim == 5
+    latents = array if batched else array[None]
+    b, c, t, h, w = latents.shape
+    if c != limits.channels:
+        raise Problem(422, "invalid-channels", f"latents need {limits.channels} channels, got {c}",
+                      expected=limits.channels, received=c)
+    checks = (
+        ("batch", b, limits.max_batch, "too-large-batch"),
+        ("frames", output_frames(t), limits.max_frames, "too-many-frames"),
+        ("height", 8 * h, limits.max_height, "too-large-height"),
+        ("width", 8 * w, limits.max_width, "too-large-width"),
+    )
+    for name, value, limit, slug in checks:
+        if value > limit:
+            raise Problem(422, slug, f"output {name} {value} is over the limit {limit}",
+                          expected=f"{name} <= {limit}", received=value)
+    latents = np.ascontiguousarray(latents, dtype=np.float32)
+    finite = np.isfinite(latents)
+    if not finite.all():
+        bad = int(latents.size - np.count_nonzero(finite))
+        raise Problem(422, "non-finite", f"latents contain {bad} NaN/Inf values",
+                      expected="finite values", received=f"{bad} non-finite of {latents.size}")
+    return latents, batched
+
+
+def apply_scaling(latents: np.ndarray, scaling_factor: float | None, shift_factor: float | None) -> np.ndarray:
+    """diffusers' remote client convention: ``latents / scaling_factor + shift_factor``."""
+    if scaling_factor is not None:
+        latents = latents / np.float32(scaling_factor)
+    if shift_factor is not None:
+        latents = latents + np.float32(shift_factor)
+    return latents
+
+
+# ------------------------------------------------------------------------------------------
+# Encoders. Frames are (F, H, W, 3) uint8 for one video.
+
+
+def encode_mp4(frames: np.ndarray, *, fps: int, crf: int) -> bytes:
+    """H.264 (libx264, yuv420p) in MP4. H and W are multiples of 8 here, so even (yuv420p needs it).
+    No ``faststart``: moving the index needs a second pass over a real file, not a BytesIO."""
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height = int(frames.shape[2]), int(frames.shape[1])
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"crf": str(crf), "preset": "veryfast"}
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buffer.getvalue()
+
+
+def decode_mp4(data: bytes) -> np.ndarray:
+    """MP4 bytes -> (F, H, W, 3) uint8; used by the CLI round trip and by tests."""
+    with av.open(io.BytesIO(data), mode="r") as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def encode_npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def encode_png(frame: np.ndarray) -> bytes:
+    """One (H, W, 3) uint8 frame as PNG (8-bit RGB, no filtering); stdlib only."""
+    height, width, _ = frame.shape
+    rows = np.concatenate([np.zeros((height, 1), np.uint8), frame.reshape(height, width * 3)], axis=1)
+
+    def chunk(tag: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + tag + payload + struct.pack(">I", zlib.crc32(tag + payload))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
+            + chunk(b"IEND", b""))
+
+
+# ------------------------------------------------------------------------------------------
+# Stream framing: a sequence of messages, each ``u32 little-endian N | N bytes JSON header |
+# payload``. The header says how long the payload is (``nbytes``), so a reader never guesses.
+
+
+def stream_message(header: dict, payload: bytes = b"") -> bytes:
+    header = {**header, "nbytes": len(payload)}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<I", len(encoded)) + encoded + payload

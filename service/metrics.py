@@ -1,0 +1,48 @@
+"""Prometheus metrics, in base units (seconds, bytes), on a registry owned by one app.
+
+A registry per app (not the process-global default) lets tests build several apps in one
+process and lets each app's /metrics show only its own numbers.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Decode latency on accelerators spans milliseconds (tiny latents) to minutes (81 frames on CPU).
+_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "vaeserve_requests", "HTTP requests answered, by route and status", ["route", "status"], registry=r
+        )
+        self.queue_seconds = Histogram(
+            "vaeserve_queue_seconds", "Time from arrival to the start of its decode", buckets=_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.decode_seconds = Histogram(
+            "vaeserve_decode_seconds", "Device time per batch (decode + transfer to host)",
+            buckets=_SECONDS_BUCKETS, registry=r,
+        )
+        self.encode_seconds = Histogram(
+            "vaeserve_encode_seconds", "Time to encode the response (mp4, npy, png, raw)",
+            buckets=_SECONDS_BUCKETS, registry=r,
+        )
+        self.total_seconds = Histogram(
+            "vaeserve_request_seconds", "Decode request latency, arrival to response body",
+            buckets=_SECONDS_BUCKETS, registry=r,
+        )
+        self.batch_size = Histogram(
+            "vaeserve_batch_size", "Latents per device batch, before padding", buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.queue_depth = Gauge("vaeserve_queue_depth", "Requests waiting for the device", registry=r)
+        self.frames = Counter("vaeserve_frames_decoded", "Output frames decoded (excluding padding)", registry=r)
+        self.compiles = Counter("vaeserve_compiles", "Decode programs compiled (new shapes)", registry=r)
+        self.dropped = Counter(
+            "vaeserve_dropped", "Queued requests dropped before decoding", ["reason"], registry=r
+        )
+        self.ready = Gauge("vaeserve_ready", "1 once the model is loaded and warm-up shapes compiled", registry=r)
