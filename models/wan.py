@@ -30,13 +30,30 @@ _RMS_EPS = 1e-12  # torch.nn.functional.normalize's eps
 # ---------------------------------------------------------------------------------------------
 # Pure numerics
 # ---------------------------------------------------------------------------------------------
+def conv3x3_valid(x_padded: jax.Array, kernel: jax.Array) -> jax.Array:
+    """3x3 'valid' conv. ``(N, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(N, H, W, O)``.
+
+    On CPU, XLA's convolution reaches 55–95 GFLOP/s on the decoder's shapes while its matmul reaches
+    150–300: there we compute all nine taps as one matmul ``(C, 9·O)`` and add the nine shifted
+    results (3–4x faster, at the price of a transient 9x-output buffer). Accelerators keep the
+    native convolution (cuDNN / the TPU conv unit), which needs no extra memory.
+    """
+    precision = matmul_precision(x_padded.dtype)
+    if jax.default_backend() != "cpu":
+        return lax.conv_general_dilated(x_padded, kernel, (1, 1), "VALID",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=precision)
+    n, hp, wp, c = x_padded.shape
+    o = kernel.shape[-1]
+    taps = jnp.einsum("nhwc,co->nhwo", x_padded, kernel.transpose(2, 0, 1, 3).reshape(c, 9 * o),
+                      precision=precision).reshape(n, hp, wp, 3, 3, o)
+    h, w = hp - 2, wp - 2
+    return sum(taps[:, dy : dy + h, dx : dx + w, dy, dx] for dy in range(3) for dx in range(3))
+
+
 def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
     """3x3 'valid' conv of every frame. ``(B, T, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, H, W, O)``."""
     b, t, hp, wp, c = x_padded.shape
-    y = lax.conv_general_dilated(
-        x_padded.reshape(b * t, hp, wp, c), kernel, (1, 1), "VALID",
-        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=matmul_precision(x_padded.dtype),
-    )
+    y = conv3x3_valid(x_padded.reshape(b * t, hp, wp, c), kernel)
     return (y + bias).reshape(b, t, hp - 2, wp - 2, -1)
 
 
