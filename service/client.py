@@ -1,0 +1,116 @@
+"""A small Python client for ``POST /v1/decode``, including the frame stream.
+
+    from service.client import decode, decode_stream
+    video = decode("http://127.0.0.1:8000", latents, output_type="mp4")          # bytes
+    for chunk in decode_stream("http://127.0.0.1:8000", latents):                # (B, f, H, W, 3) uint8
+        ...
+
+Stream framing (``application/x-vaeserve-stream``): a sequence of messages, each
+``u32 little-endian N`` + ``N bytes of JSON header`` + ``header["nbytes"]`` bytes of payload.
+Headers have ``type``: ``"frames"`` (payload = raw uint8 of ``shape``, C order), ``"end"``
+(``chunks``, ``frames``; last message) or ``"error"`` (``problem``, an RFC 9457 body).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+
+
+class DecodeError(RuntimeError):
+    """The server answered with a problem (``problem`` holds the RFC 9457 body)."""
+
+    def __init__(self, problem: dict):
+        super().__init__(f"{problem.get('status')} {problem.get('title')}: {problem.get('detail')}")
+        self.problem = problem
+
+
+def _request_args(latents: np.ndarray, api_key: str | None, params: dict) -> dict:
+    array = np.ascontiguousarray(latents, dtype="<f4")
+    query = {"shape": ",".join(map(str, array.shape)), "dtype": "float32"}
+    query.update({k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items() if v is not None})
+    headers = {"Content-Type": "application/octet-stream"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return {"content": array.tobytes(), "params": query, "headers": headers}
+
+
+def _endpoint(url: str) -> str:
+    return url if url.rstrip("/").endswith("/v1/decode") else url.rstrip("/") + "/v1/decode"
+
+
+def _raise_for_problem(response: httpx.Response) -> None:
+    if response.status_code != 200:
+        response.read()
+        try:
+            problem = response.json()
+        except ValueError:
+            problem = {"status": response.status_code, "title": "error", "detail": response.text}
+        raise DecodeError(problem)
+
+
+def decode(url: str, latents: np.ndarray, *, output_type: str = "mp4", api_key: str | None = None,
+           timeout: float = 600.0, **params):
+    """One request. Returns MP4/PNG bytes, or a numpy array for ``npy`` and ``pt``."""
+    args = _request_args(latents, api_key, {"output_type": output_type, **params})
+    response = httpx.post(_endpoint(url), timeout=timeout, **args)
+    _raise_for_problem(response)
+    if output_type == "npy":
+        import io
+
+        return np.load(io.BytesIO(response.content), allow_pickle=False)
+    if output_type == "pt":
+        dtype = {"uint8": np.uint8, "float16": np.float16}[response.headers["dtype"]]
+        return np.frombuffer(response.content, dtype).reshape(json.loads(response.headers["shape"]))
+    return response.content
+
+
+def _read_exact(chunks: Iterator[bytes], buffer: bytearray, n: int) -> bytes | None:
+    while len(buffer) < n:
+        try:
+            buffer.extend(next(chunks))
+        except StopIteration:
+            return None
+    out = bytes(buffer[:n])
+    del buffer[:n]
+    return out
+
+
+def read_stream(byte_chunks: Iterator[bytes]) -> Iterator[tuple[dict, bytes]]:
+    """Split a stream body (any chunking) into ``(header, payload)`` messages."""
+    buffer = bytearray()
+    while True:
+        prefix = _read_exact(byte_chunks, buffer, 4)
+        if prefix is None:
+            if buffer:
+                raise DecodeError({"status": 502, "title": "truncated stream", "detail": "partial message"})
+            return
+        (length,) = struct.unpack("<I", prefix)
+        header = json.loads(_read_exact(byte_chunks, buffer, length) or b"{}")
+        payload = _read_exact(byte_chunks, buffer, header.get("nbytes", 0)) if header.get("nbytes") else b""
+        if payload is None:
+            raise DecodeError({"status": 502, "title": "truncated stream", "detail": "partial payload"})
+        yield header, payload
+
+
+def decode_stream(url: str, latents: np.ndarray, *, api_key: str | None = None, timeout: float = 600.0,
+                  **params) -> Iterator[np.ndarray]:
+    """Yield uint8 frame chunks ``(B, f, H, W, 3)`` (``(f, H, W, 3)`` for unbatched latents) as the
+    server decodes them. Raises DecodeError for an error before or during the stream."""
+    args = _request_args(latents, api_key, {"stream": True, **params})
+    with httpx.stream("POST", _endpoint(url), timeout=timeout, **args) as response:
+        _raise_for_problem(response)
+        ended = False
+        for header, payload in read_stream(response.iter_bytes()):
+            if header["type"] == "frames":
+                yield np.frombuffer(payload, np.uint8).reshape(header["shape"])
+            elif header["type"] == "error":
+                raise DecodeError(header["problem"])
+            elif header["type"] == "end":
+                ended = True
+        if not ended:
+            raise DecodeError({"status": 502, "title": "truncated stream", "detail": "no end message"})
