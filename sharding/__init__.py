@@ -1,0 +1,31 @@
+"""Exact spatially sharded decoding: bands of every frame over the ``tp`` mesh axis, one-row halos.
+
+Public surface: ``make_mesh``, ``sharded_decode``, ``sharded_decode_stream``, the axis-name
+constants, and inspection helpers for memory and HLO (``inspect``).
+"""
+
+from .decode import sharded_decode, sharded_decode_stream
+from .halo import BandContext
+from .inspect import collectives, compiled, halo_bytes, hlo_text, memory_stats
+from .mesh import DP_AXIS, MESH_AXES, TP_AXIS, MeshError, make_mesh
+from .plan import BandPlan, SplitError, choose_split, plan_bands
+
+__all__ = [
+    "DP_AXIS",
+    "MESH_AXES",
+    "TP_AXIS",
+    "BandContext",
+    "BandPlan",
+    "MeshError",
+    "SplitError",
+    "choose_split",
+    "collectives",
+    "compiled",
+    "halo_bytes",
+    "hlo_text",
+    "make_mesh",
+    "memory_stats",
+    "plan_bands",
+    "sharded_decode",
+    "sharded_decode_stream",
+]

@@ -1,0 +1,124 @@
+"""The sharded spatial context: what the decoder sees inside ``shard_map``.
+
+Each device holds one band of every frame (``BandPlan``). Before every 3x3 conv, ``pad_hw``
+fetches one row from each neighbour with a non-cyclic ``lax.ppermute`` (the image edges receive
+zeros, exactly like zero padding) and zero-pads the other spatial axis. The mid-block attention
+keeps its queries local and all-gathers K and V along ``tp`` (they are latent-resolution).
+
+Uneven splits: rows that exist only because the split axis was padded up to a multiple of ``tp``
+are set to zero at every conv input (before their edge rows are sent anywhere) and masked out of
+the attention keys, so the decode stays exact; their outputs are cropped away by the caller.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from models.spatial import dot_product_attention, zero_pad_hw
+
+from .mesh import TP_AXIS
+from .plan import HALOS, BandPlan, halo_permutations
+
+
+def _positive(axis: int, ndim: int) -> int:
+    return axis % ndim
+
+
+def _pad_other_axis(x: jax.Array, split_axis: int) -> jax.Array:
+    """Zero-pad by one on both sides of the spatial axis that is *not* split."""
+    other = x.ndim - 2 if split_axis == x.ndim - 3 else x.ndim - 3
+    widths = [(0, 0)] * x.ndim
+    widths[other] = (1, 1)
+    return jnp.pad(x, widths)
+
+
+class BandContext:
+    """``SpatialContext`` for one band inside ``shard_map`` over the ``tp`` mesh axis.
+
+    Args:
+      plan: the band plan (split axis, band size, padding).
+      halo: ``"exchange"`` (exact); ``"none"`` (each band zero-padded alone) and ``"cyclic"``
+        (the edges wrap around) exist as negative controls for tests and benches.
+      axis_name: the mesh axis the bands lie along.
+      query_chunk: queries per attention score block (passed to ``dot_product_attention``).
+    """
+
+    def __init__(self, plan: BandPlan, *, halo: str = "exchange", axis_name: str = TP_AXIS,
+                 query_chunk: int = 4096):
+        if halo not in HALOS:
+            raise ValueError(f"halo must be one of {HALOS}; received {halo!r}")
+        self.plan, self.halo, self.axis_name, self.query_chunk = plan, halo, axis_name, query_chunk
+
+    def _valid_local(self, local_size: int) -> jax.Array:
+        """``(local_size,)`` bool: which of this device's rows exist (at the array's scale)."""
+        scale = self.plan.scale(local_size)
+        rows = lax.axis_index(self.axis_name) * local_size + jnp.arange(local_size)
+        return rows < self.plan.size * scale
+
+    def mask_padding(self, x: jax.Array) -> jax.Array:
+        """Zero the rows of ``(..., H, W, C)`` that exist only because of padding (no-op when even)."""
+        if self.plan.pad == 0:
+            return x
+        axis = _positive(self.plan.axis, x.ndim)
+        shape = [1] * x.ndim
+        shape[axis] = x.shape[axis]
+        valid = self._valid_local(x.shape[axis]).reshape(shape)
+        return jnp.where(valid, x, jnp.zeros((), x.dtype))
+
+    def pad_hw(self, x: jax.Array) -> jax.Array:
+        """``(..., h, w, C)`` band → ``(..., h+2, w+2, C)`` with the neighbours' edge rows as halo."""
+        x = self.mask_padding(x)
+        if self.plan.tp == 1 or self.halo == "none":
+            return zero_pad_hw(x)
+        axis = _positive(self.plan.axis, x.ndim)
+        n = x.shape[axis]
+        down, up = halo_permutations(self.plan.tp, cyclic=self.halo == "cyclic")
+        top = lax.ppermute(lax.slice_in_dim(x, n - 1, n, axis=axis), self.axis_name, down)
+        bottom = lax.ppermute(lax.slice_in_dim(x, 0, 1, axis=axis), self.axis_name, up)
+        return _pad_other_axis(jnp.concatenate([top, x, bottom], axis=axis), axis)
+
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        """Local queries ``(N, h, w, C)`` against the keys/values of the whole frame → ``(N, h, w, C)``."""
+        n, h, w, c = q.shape
+        axis = 1 if self.plan.split == "height" else 2
+        key_valid = None
+        if self.plan.tp > 1:
+            k = lax.all_gather(k, self.axis_name, axis=axis, tiled=True)
+            v = lax.all_gather(v, self.axis_name, axis=axis, tiled=True)
+        if self.plan.pad:
+            rows = self.plan.valid(self.plan.scale(q.shape[axis]))
+            grid = rows[:, None] if axis == 1 else rows[None, :]
+            key_valid = jnp.asarray(np.broadcast_to(grid, k.shape[1:3]).reshape(-1))
+        out = dot_product_attention(
+            q.reshape(n, h * w, c), k.reshape(n, -1, c), v.reshape(n, -1, c),
+            key_valid=key_valid, query_chunk=self.query_chunk,
+        )
+        return out.reshape(n, h, w, c)
+
+
+class HaloRecorder:
+    """A single-band stand-in context that records what ``BandContext`` would exchange.
+
+    Trace a decode step on one band's shapes with it (``jax.eval_shape``): every ``pad_hw`` call
+    appends the shape and dtype of the one-row slab each device sends in each direction.
+    """
+
+    def __init__(self, plan: BandPlan):
+        self.plan = plan
+        self.slabs: list[tuple[tuple[int, ...], np.dtype]] = []
+
+    def pad_hw(self, x: jax.Array) -> jax.Array:
+        shape = list(x.shape)
+        shape[_positive(self.plan.axis, x.ndim)] = 1
+        self.slabs.append((tuple(shape), np.dtype(x.dtype)))
+        return zero_pad_hw(x)
+
+    def attend(self, q, k, v):
+        return q  # shapes only
+
+    def slab_bytes(self) -> int:
+        """Bytes of the slabs one device sends in one direction over the traced step."""
+        return int(sum(np.prod(shape) * dtype.itemsize for shape, dtype in self.slabs))

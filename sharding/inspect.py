@@ -1,0 +1,109 @@
+"""Look inside the sharded programs: per-device memory, HLO text, collectives, halo traffic.
+
+Used by the tests (memory is shown structurally, not measured) and by ``bench/scaling.py``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from models.decode import decode_first, decode_next
+from models.vae import DEFAULT_CHUNK, DTYPES, WanVAE
+
+from .decode import _entry, make_plan, program, replicated_state
+from .halo import HaloRecorder
+from .plan import Split, plan_bands
+
+
+def compiled(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split | None = None,
+             denormalize: bool = False, output: str = "float", chunk: int | None = None,
+             halo: str = "exchange", query_chunk: int = 4096) -> jax.stages.Compiled:
+    """The compiled per-device program of ``sharded_decode`` for NCTHW latents of ``shape`` (cached)."""
+    shape = tuple(shape)
+    plan = make_plan(vae, shape, mesh, split)
+    options = dict(denormalize=denormalize, output=output, chunk=chunk or DEFAULT_CHUNK, halo=halo,
+                   query_chunk=query_chunk)
+    run = program(vae, "full", mesh, plan, **options)
+    cache = _entry(vae).setdefault("compiled", {})
+    key = (id(run), shape)
+    if key not in cache:
+        state = replicated_state(vae, mesh)
+        cache[key] = run.lower(state, jax.ShapeDtypeStruct(shape, jnp.float32)).compile()
+    return cache[key]
+
+
+def memory_stats(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> dict[str, int]:
+    """``memory_analysis()`` of the per-device program, in bytes: temp, argument, output, code."""
+    stats = compiled(vae, shape, mesh, **options).memory_analysis()
+    return {
+        "temp_bytes": int(stats.temp_size_in_bytes),
+        "argument_bytes": int(stats.argument_size_in_bytes),
+        "output_bytes": int(stats.output_size_in_bytes),
+        "alias_bytes": int(stats.alias_size_in_bytes),
+        "code_bytes": int(stats.generated_code_size_in_bytes),
+    }
+
+
+def hlo_text(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> str:
+    """The optimized, SPMD-partitioned HLO of the per-device program."""
+    return compiled(vae, shape, mesh, **options).as_text()
+
+
+_COLLECTIVE = re.compile(
+    r"=\s*(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\][^=]*?\s"
+    r"(?P<op>collective-permute|all-gather|all-reduce|all-to-all|reduce-scatter)(?:-start)?\("
+)
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4, "f64": 8, "s64": 8}
+
+
+def collectives(hlo: str) -> list[dict]:
+    """Every collective in HLO text: ``{"op", "dtype", "shape", "bytes"}`` (result shape per device)."""
+    found = []
+    for match in _COLLECTIVE.finditer(hlo):
+        dims = tuple(int(d) for d in match["dims"].split(",") if d)
+        found.append({
+            "op": match["op"], "dtype": match["dtype"], "shape": dims,
+            "bytes": int(np.prod(dims)) * _BYTES.get(match["dtype"], 4),
+        })
+    return found
+
+
+def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, split: Split | None = None,
+               chunk: int | None = None) -> dict[str, int]:
+    """Halo traffic of one decode step, from tracing the band program (no mesh, no compile).
+
+    Returns bytes for step 0 (``"first"``, latent frame 0) and a later step (``"next"``, ``chunk``
+    latent frames): ``"*_per_device"`` is what an interior device sends (one slab each way per
+    3x3 conv), ``"*_total"`` what the whole mesh sends (``2 (tp-1)`` slabs per conv, times ``dp``).
+    """
+    batch, _, _, height, width = shape
+    plan = plan_bands(height, width, tp, split)
+    chunk = chunk or DEFAULT_CHUNK
+    dtype = DTYPES[vae.dtype]
+    band_hw = (plan.band, width) if plan.split == "height" else (height, plan.band)
+    z_dim = vae.config.z_dim
+
+    def first(state, z):
+        return decode_first(nnx.merge(vae.graphdef, state), z, recorder)
+
+    def later(state, caches, z):
+        return decode_next(nnx.merge(vae.graphdef, state), caches, z, recorder)
+
+    result = {}
+    recorder = HaloRecorder(plan)
+    z0 = jax.ShapeDtypeStruct((batch // dp, 1, *band_hw, z_dim), dtype)
+    _, caches = jax.eval_shape(first, vae.state, z0)
+    result["first_per_device"] = 2 * recorder.slab_bytes()
+    recorder = HaloRecorder(plan)
+    z1 = jax.ShapeDtypeStruct((batch // dp, chunk, *band_hw, z_dim), dtype)
+    jax.eval_shape(later, vae.state, caches, z1)
+    result["next_per_device"] = 2 * recorder.slab_bytes()
+    for step in ("first", "next"):
+        result[f"{step}_total"] = result[f"{step}_per_device"] // 2 * 2 * (tp - 1) * dp
+    return result

@@ -1,0 +1,46 @@
+"""The decode mesh: axis names live here and nowhere else.
+
+``dp`` splits the batch (independent requests), ``tp`` splits every frame into bands (height or
+width) that exchange one-row halos. The mesh is built once by the caller and passed in.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+DP_AXIS = "dp"
+TP_AXIS = "tp"
+MESH_AXES = (DP_AXIS, TP_AXIS)
+
+
+class MeshError(ValueError):
+    """A mesh that the devices at hand cannot provide."""
+
+
+def make_mesh(tp: int, dp: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ``(dp, tp)`` mesh over ``dp · tp`` devices (the first ones of ``devices`` or ``jax.devices()``).
+
+    Neighbouring ``tp`` ranks are adjacent devices, so on hardware with a ring/torus the halo
+    exchange runs between neighbours.
+    """
+    if not (isinstance(tp, int) and isinstance(dp, int)) or tp < 1 or dp < 1:
+        raise MeshError(f"tp and dp must be integers ≥ 1; received tp={tp!r}, dp={dp!r}")
+    devices = list(jax.devices() if devices is None else devices)
+    needed = tp * dp
+    if needed > len(devices):
+        raise MeshError(
+            f"a mesh of dp={dp} x tp={tp} needs {needed} devices; only {len(devices)} available "
+            f"({devices[0].platform if devices else 'none'}). On CPU, force more with "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts."
+        )
+    grid = np.asarray(devices[:needed], dtype=object).reshape(dp, tp)
+    return Mesh(grid, MESH_AXES)
+
+
+def mesh_key(mesh: Mesh) -> tuple:
+    """A hashable identity for caching programs per mesh (axis names, sizes and device ids)."""
+    return (tuple(mesh.axis_names), tuple(mesh.devices.shape), tuple(d.id for d in mesh.devices.flat))
