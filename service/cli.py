@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -86,6 +87,9 @@ def serve(args: argparse.Namespace) -> int:
             super().handle_exit(sig, frame)
 
     server = Server(config)
+    # uvicorn re-raises the signal it caught once it has shut down, so that the default action
+    # (death by SIGTERM) still happens. A drained shutdown is a success: exit 0 instead.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     server.run()
     return 0 if server.started else 1
 
