@@ -61,8 +61,10 @@ def dot_product_attention(
                             preferred_element_type=jnp.float32) * scale
         if key_valid is not None:
             scores = jnp.where(key_valid[None, None, :], scores, -jnp.inf)
-        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        return jnp.einsum("nqk,nkc->nqc", weights, v, precision=precision)
+        weights = jax.nn.softmax(scores, axis=-1)
+        # float32 weights: a bfloat16 model still averages values without rounding the weights.
+        out = jnp.einsum("nqk,nkc->nqc", weights, v.astype(jnp.float32), precision=precision)
+        return out.astype(v.dtype)
 
     if lq <= query_chunk:
         return block(q)

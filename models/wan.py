@@ -31,7 +31,7 @@ _RMS_EPS = 1e-12  # torch.nn.functional.normalize's eps
 # Pure numerics
 # ---------------------------------------------------------------------------------------------
 def conv3x3_valid(x_padded: jax.Array, kernel: jax.Array) -> jax.Array:
-    """3x3 'valid' conv. ``(N, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(N, H, W, O)``.
+    """3x3 'valid' conv. ``(N, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(N, H, W, O)`` accumulated in float32.
 
     On CPU, XLA's convolution reaches 55–95 GFLOP/s on the decoder's shapes while its matmul reaches
     150–300: there we compute all nine taps as one matmul ``(C, 9·O)`` and add the nine shifted
@@ -41,11 +41,12 @@ def conv3x3_valid(x_padded: jax.Array, kernel: jax.Array) -> jax.Array:
     precision = matmul_precision(x_padded.dtype)
     if jax.default_backend() != "cpu":
         return lax.conv_general_dilated(x_padded, kernel, (1, 1), "VALID",
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=precision)
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=precision,
+                                        preferred_element_type=jnp.float32)
     n, hp, wp, c = x_padded.shape
     o = kernel.shape[-1]
     taps = jnp.einsum("nhwc,co->nhwo", x_padded, kernel.transpose(2, 0, 1, 3).reshape(c, 9 * o),
-                      precision=precision).reshape(n, hp, wp, 3, 3, o)
+                      precision=precision, preferred_element_type=jnp.float32).reshape(n, hp, wp, 3, 3, o)
     h, w = hp - 2, wp - 2
     return sum(taps[:, dy : dy + h, dx : dx + w, dy, dx] for dy in range(3) for dx in range(3))
 
@@ -54,7 +55,8 @@ def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array) -> ja
     """3x3 'valid' conv of every frame. ``(B, T, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, H, W, O)``."""
     b, t, hp, wp, c = x_padded.shape
     y = conv3x3_valid(x_padded.reshape(b * t, hp, wp, c), kernel)
-    return (y + bias).reshape(b, t, hp - 2, wp - 2, -1)
+    # bfloat16 models: sums stay float32 until here, one rounding per conv.
+    return (y + bias).astype(x_padded.dtype).reshape(b, t, hp - 2, wp - 2, -1)
 
 
 def causal_conv3x3x3(x_padded_with_past: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
@@ -122,8 +124,9 @@ class PointwiseConv(nnx.Module):
         self.bias = _bias(rngs, cout, dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.einsum("...c,co->...o", x, self.kernel[...], precision=matmul_precision(x.dtype))
-        return y + self.bias[...]
+        y = jnp.einsum("...c,co->...o", x, self.kernel[...], precision=matmul_precision(x.dtype),
+                       preferred_element_type=jnp.float32)
+        return (y + self.bias[...]).astype(x.dtype)
 
 
 class CausalConv3d(nnx.Module):
@@ -214,10 +217,11 @@ class Resample(nnx.Module):
         t = x.shape[1]
         kernel = self.time_kernel[...]
         y = sum(
-            jnp.einsum("bthwc,co->bthwo", past[:, i : i + t], kernel[i], precision=matmul_precision(x.dtype))
+            jnp.einsum("bthwc,co->bthwo", past[:, i : i + t], kernel[i], precision=matmul_precision(x.dtype),
+                       preferred_element_type=jnp.float32)
             for i in range(3)
         )
-        return interleave_time(y + self.time_bias[...]), past[:, -CACHE_FRAMES:]
+        return interleave_time((y + self.time_bias[...]).astype(x.dtype)), past[:, -CACHE_FRAMES:]
 
     def __call__(self, x, cache, ctx: SpatialContext):
         if self.mode == "upsample3d":

@@ -1,0 +1,71 @@
+"""Deterministic Wan VAE weights shared by the fixtures, the live diffusers tests and ours.
+
+Weights come from NumPy's seeded generator in diffusers' names and layouts, so the committed
+fixtures can be re-derived without torch. RMS gammas and biases are perturbed away from their
+init values (1 and 0) so that a gamma or bias loaded into the wrong place cannot hide.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from flax import nnx
+
+import models
+from models import keys
+from models.loading import WEIGHTS_NAME
+from models.wan import WanDecoder
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+# name: (config overrides, seed, latent shapes (B, 16, T, H, W))
+CASES = {
+    "tiny_r1": ({"base_dim": 8, "num_res_blocks": 1}, 1, [(1, 16, 1, 3, 5), (2, 16, 2, 5, 3)]),
+    "small_r2": ({"base_dim": 16, "num_res_blocks": 2}, 2, [(1, 16, 5, 3, 3)]),
+    "tiny_r2": ({"base_dim": 8, "num_res_blocks": 2}, 3, [(2, 16, 5, 3, 5)]),
+    "wan21": ({}, 4, [(1, 16, 2, 3, 3)]),
+}
+
+
+def case_config(name: str) -> models.WanVAEConfig:
+    return models.WanVAEConfig(**CASES[name][0])
+
+
+def seeded_decoder_weights(config: models.WanVAEConfig, seed: int) -> dict[str, np.ndarray]:
+    """Decoder + post_quant_conv weights, diffusers names and layouts, float32."""
+    rng = np.random.default_rng(seed)
+    # Only the parameter paths and shapes of our module are used: no values are computed.
+    abstract = nnx.eval_shape(lambda: WanDecoder(config, rngs=nnx.Rngs(0)))
+    weights = {}
+    for path, var in nnx.to_flat_state(nnx.state(abstract)):
+        name = keys.diffusers_key(path)
+        shape = keys.torch_shape(path, var.shape)
+        if name.endswith("gamma"):
+            value = 1.0 + 0.3 * rng.standard_normal(shape)
+        elif name.endswith("bias"):
+            value = 0.1 * rng.standard_normal(shape)
+        else:
+            fan_in = math.prod(shape[1:])
+            value = rng.standard_normal(shape) / math.sqrt(fan_in)
+        weights[name] = value.astype(np.float32)
+    return weights
+
+
+def seeded_latents(shape, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def write_diffusers_folder(folder: Path, config: models.WanVAEConfig, weights: dict[str, np.ndarray]) -> Path:
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config.to_dict()))
+    save_file(weights, str(folder / WEIGHTS_NAME))
+    return folder
+
+
+def fixture_path(name: str, shape) -> Path:
+    return FIXTURES / f"{name}__{'x'.join(map(str, shape))}.safetensors"
