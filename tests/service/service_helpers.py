@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import httpx
 import numpy as np
@@ -74,7 +75,10 @@ class Server:
             return self.process.wait()
 
 
-def start_server(model_dir: Path, log_path: Path, *args: str, ready_timeout: float = 120) -> Server:
+def start_server(model_dir: Path, log_path: Path, *args: str, ready_timeout: float = 120,
+                 while_loading: Callable[[Server], None] | None = None) -> Server:
+    """Start ``python -m service serve`` and return once /readyz is 200. ``while_loading`` is called
+    with the server at every poll that is not ready yet (after the socket accepts)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
@@ -91,6 +95,9 @@ def start_server(model_dir: Path, log_path: Path, *args: str, ready_timeout: flo
                 return server
         except httpx.HTTPError:
             pass
+        else:
+            if while_loading is not None:
+                while_loading(server)
         time.sleep(0.2)
     server.stop(signal.SIGKILL)
     raise RuntimeError(f"server not ready in {ready_timeout} s:\n{server.log()}")

@@ -1,0 +1,141 @@
+"""Start-up, auth, sharded serving, dropped clients and SIGTERM draining, against one real server
+(tp=2 x dp=2 on fake CPU devices, API key set). The SIGTERM test ends the server: it runs last."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from service_helpers import WARM, latents, start_server
+
+KEY = "s3cret-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def loading_seen() -> dict:
+    return {"readyz": set(), "healthz": set(), "decode": set()}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory, loading_seen):
+    def observe(srv):
+        before = httpx.get(srv.url + "/readyz").status_code
+        loading_seen["readyz"].add(before)
+        loading_seen["healthz"].add(httpx.get(srv.url + "/healthz").status_code)
+        x = latents()
+        r = httpx.post(srv.url + "/v1/decode", content=x.tobytes(), headers={**AUTH, "Content-Type": "tensor/binary"},
+                       params={"shape": "1,16,2,4,4", "dtype": "float32", "output_type": "npy"})
+        if before == httpx.get(srv.url + "/readyz").status_code == 503:  # still loading after the POST
+            loading_seen["decode"].add((r.status_code, r.headers.get("Retry-After")))
+
+    log = tmp_path_factory.mktemp("logs") / "lifecycle.log"
+    srv = start_server(tiny_model_dir, log, "--tp", "2", "--dp", "2", "--max-batch", "2", "--warmup", WARM,
+                       "--api-key", KEY, "--drain-timeout-s", "60", while_loading=observe)
+    yield srv
+    srv.stop()
+
+
+def decode_npy(server, x: np.ndarray, timeout: float = 120, **params) -> httpx.Response:
+    query = {"shape": ",".join(map(str, x.shape)), "dtype": "float32", "output_type": "npy", **params}
+    return httpx.post(server.url + "/v1/decode", content=x.tobytes(), params=query, timeout=timeout,
+                      headers={**AUTH, "Content-Type": "application/octet-stream"})
+
+
+def test_not_ready_until_warm(server, loading_seen):
+    assert loading_seen["readyz"] == {503}, "readyz answered 200 before the warm-up compiled"
+    assert loading_seen["healthz"] == {200}
+    assert loading_seen["decode"] == {(503, "1")}
+    info = httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]
+    assert info["mesh"]["tp"] == 2 and info["mesh"]["dp"] == 2 and len(info["mesh"]["devices"]) == 4
+    assert info["batch_buckets"] == [2]  # one latent is padded to dp=2
+    assert ["decode", [2, 16, 2, 4, 4], "uint8"] in info["compiled"]
+
+
+def test_api_key(server):
+    x = latents()
+    url = server.url + "/v1/decode"
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        r = httpx.post(url, content=x.tobytes(), headers={"Content-Type": "tensor/binary", **headers},
+                       params={"shape": "1,16,2,4,4", "dtype": "float32"})
+        assert r.status_code == 401 and r.headers["content-type"] == "application/problem+json"
+        assert r.headers["WWW-Authenticate"].startswith("Bearer")
+        assert r.json()["expected"] == "Authorization: Bearer <key>"
+    assert httpx.get(server.url + "/v1/models").status_code == 401
+    assert httpx.get(server.url + "/healthz").status_code == 200  # probes need no key
+    assert decode_npy(server, x).status_code == 200
+
+
+def test_sharded_server_equals_direct_decode(server, tiny_vae):
+    x = latents((1, 16, 2, 4, 4), seed=20)
+    r = decode_npy(server, x)
+    assert r.status_code == 200, r.text
+    frames = np.load(io.BytesIO(r.content), allow_pickle=False)
+    direct = np.asarray(tiny_vae.decode(x, output="uint8"))
+    assert frames.shape == direct.shape == (1, 5, 32, 32, 3)  # the dp padding row was trimmed
+    assert np.abs(frames.astype(int) - direct).max() <= 1
+
+
+def _send_then_leave(server, x: np.ndarray, leave_after: float) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    body = x.tobytes()
+    head = (f"POST /v1/decode?shape={','.join(map(str, x.shape))}&dtype=float32&output_type=npy HTTP/1.1\r\n"
+            f"Host: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: tensor/binary\r\n"
+            f"Content-Length: {len(body)}\r\nX-Request-Id: leaver\r\n\r\n").encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head + body)
+        time.sleep(leave_after)
+
+
+def test_request_of_a_client_that_left_is_dropped(server):
+    dropped0 = server.metric("vaeserve_dropped_total", reason="client-gone")
+    # A cold shape keeps the device busy compiling for seconds; meanwhile a second client queues a
+    # request of another cold shape and hangs up. That shape must never reach the device.
+    busy = threading.Thread(target=decode_npy, args=(server, latents((1, 16, 3, 4, 4))))
+    busy.start()
+    time.sleep(0.5)
+    _send_then_leave(server, latents((1, 16, 1, 4, 4)), leave_after=0.5)
+    busy.join(120)
+    time.sleep(0.3)
+    assert server.metric("vaeserve_dropped_total", reason="client-gone") - dropped0 == 1
+    compiled = httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]["compiled"]
+    assert ["decode", [2, 16, 3, 4, 4], "uint8"] in compiled
+    assert ["decode", [2, 16, 1, 4, 4], "uint8"] not in compiled
+    assert server.metric("vaeserve_requests_total", route="/v1/decode", status="499") >= 1
+
+
+def test_sigterm_drains_in_flight_work_and_exits_0(server):
+    # Cold shape again: the first request compiles for seconds, the others wait in the queue.
+    x = latents((2, 16, 3, 8, 8), seed=21)
+    results: list = [None] * 3
+
+    def call(i: int) -> None:
+        try:
+            results[i] = decode_npy(server, x)
+        except httpx.HTTPError as exc:  # recorded, so a lost request fails the test below
+            results[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    assert server.metric("vaeserve_queue_depth") >= 1  # work is queued when the signal lands
+    server.process.send_signal(15)
+    for t in threads:
+        t.join(120)
+    assert server.process.wait(60) == 0, server.log()
+    statuses = [getattr(r, "status_code", repr(r)) for r in results]
+    assert statuses == [200, 200, 200], statuses
+    shapes = {json.dumps(np.load(io.BytesIO(r.content), allow_pickle=False).shape) for r in results}
+    assert shapes == {json.dumps([2, 9, 64, 64, 3])}
+    log = server.log()
+    assert "Shutting down" in log and "Application shutdown complete" in log
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url + "/healthz")
