@@ -1,0 +1,161 @@
+"""Checkpoint formats, the original-Wan key mapping, and the errors for checkpoints that do not fit."""
+
+import json
+
+import numpy as np
+import pytest
+
+import models
+from models import keys
+from models.loading import WEIGHTS_NAME
+from wan_reference import seeded_decoder_weights, seeded_latents, write_diffusers_folder
+
+CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
+LATENTS = seeded_latents((1, 16, 2, 3, 4), 11)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return seeded_decoder_weights(CONFIG, 5)
+
+
+@pytest.fixture(scope="module")
+def reference_frames(weights, tmp_path_factory):
+    folder = write_diffusers_folder(tmp_path_factory.mktemp("ref"), CONFIG, weights)
+    return np.asarray(models.load_vae(folder).decode(LATENTS))
+
+
+def test_pipeline_folder_uses_its_vae_subfolder(tmp_path, weights, reference_frames):
+    write_diffusers_folder(tmp_path / "vae", CONFIG, weights)
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline", "vae": ["diffusers", "AutoencoderKLWan"]}))
+    vae = models.load_vae(tmp_path)
+    assert vae.metadata["random_weights"] is False
+    assert np.array_equal(np.asarray(vae.decode(LATENTS)), reference_frames)
+
+
+def test_bfloat16_checkpoint_loads(tmp_path, weights):
+    from safetensors.flax import save_file
+    import jax.numpy as jnp
+
+    folder = write_diffusers_folder(tmp_path, CONFIG, weights)
+    save_file({k: jnp.asarray(v, jnp.bfloat16) for k, v in weights.items()}, str(folder / WEIGHTS_NAME))
+    vae = models.load_vae(folder)  # float32 model from bfloat16 weights
+    kernel = np.asarray(vae.state["decoder"]["conv_in"]["kernel"][...])
+    assert kernel.dtype == np.float32
+    expected = keys.from_torch(("decoder", "conv_in", "kernel"), weights["decoder.conv_in.weight"], kernel.shape)
+    assert 0 < np.abs(kernel - expected).max() <= 1e-2 * np.abs(expected).max()  # bf16 rounding, nothing else
+
+
+def test_every_key_problem_is_reported_at_once(tmp_path, weights):
+    broken = dict(weights)
+    del broken["decoder.conv_in.weight"]
+    del broken["decoder.mid_block.attentions.0.proj.bias"]
+    broken["decoder.extra_layer.weight"] = np.zeros(3, np.float32)
+    broken["decoder.norm_out.gamma"] = np.ones((5, 1, 1, 1), np.float32)
+    broken["encoder.conv_in.weight"] = np.zeros((1,), np.float32)  # encoder tensors are fine: skipped
+    with pytest.raises(models.WeightsError) as info:
+        models.load_vae(write_diffusers_folder(tmp_path, CONFIG, broken))
+    error = info.value
+    assert error.missing == ["decoder.conv_in.weight", "decoder.mid_block.attentions.0.proj.bias"]
+    assert error.unexpected == ["decoder.extra_layer.weight"]
+    assert error.misshaped == ["decoder.norm_out.gamma: expected (8, 1, 1, 1), received (5, 1, 1, 1)"]
+    assert "2 missing" in str(error) and "1 unexpected" in str(error) and "1 mis-shaped" in str(error)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [({"is_residual": True}, "is_residual"), ({"patch_size": 2}, "patch_size"),
+     ({"new_knob": 1}, "unknown AutoencoderKLWan config keys: ['new_knob']"),
+     ({"_class_name": "AutoencoderKL"}, "expected 'AutoencoderKLWan'"),
+     ({"latents_mean": [0.0] * 4}, "latents_mean/latents_std")],
+)
+def test_unsupported_configs_are_refused(tmp_path, weights, change, message):
+    folder = write_diffusers_folder(tmp_path, CONFIG, weights)
+    raw = json.loads((folder / "config.json").read_text())
+    raw.update(change)
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(models.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        models.load_vae(folder)
+
+
+def test_config_round_trips_every_diffusers_key():
+    diffusers = pytest.importorskip("diffusers")
+    reference = diffusers.AutoencoderKLWan.load_config  # noqa: F841 - presence check only
+    import inspect
+
+    diffusers_keys = set(inspect.signature(diffusers.AutoencoderKLWan.__init__).parameters) - {"self"}
+    ours = set(models.WanVAEConfig().to_dict()) - {"_class_name"}
+    assert diffusers_keys == ours
+    assert models.WanVAEConfig.from_dict(models.WanVAEConfig().to_dict()) == models.WanVAEConfig()
+
+
+def test_default_model_is_the_real_architecture_with_random_weights(caplog):
+    with caplog.at_level("WARNING", logger="vaeserve.models"):
+        vae = models.load_vae()
+    assert "RANDOM weights" in caplog.text
+    assert vae.metadata["random_weights"] is True and "embedded default" in vae.metadata["source"]
+    assert vae.config == models.WanVAEConfig()
+    decoder_params = vae.metadata["parameters"] - 16 * 16 - 16  # minus post_quant_conv
+    assert 72e6 < decoder_params < 74e6  # ≈ 73 M decoder parameters
+    again = models.load_vae()
+    first = vae.state["decoder"]["conv_out"]["kernel"][...]
+    assert np.array_equal(np.asarray(first), np.asarray(again.state["decoder"]["conv_out"]["kernel"][...]))
+
+
+# -- original Wan release format ---------------------------------------------------------------------
+def test_original_key_mapping_agrees_with_diffusers_converter():
+    """Our general mapping, inverted on diffusers' real-config names, must be what diffusers'
+    own converter maps back: two independent implementations agree on every key."""
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    with torch.device("meta"):
+        reference = diffusers.AutoencoderKLWan()
+    names = list(reference.state_dict())
+    original = {keys.diffusers_to_original(n, 2): n for n in names}
+    assert len(original) == len(names)
+    converted = convert_wan_vae_to_diffusers({old: old for old in original})  # value: the original name
+    assert sorted(converted) == sorted(names)
+    for new, old in converted.items():
+        assert keys.diffusers_to_original(new, 2) == old
+        assert keys.original_to_diffusers(old, 2) == new
+    assert "decoder.upsamples.4.shortcut.weight" in original and "decoder.middle.1.to_qkv.weight" in original
+
+
+def _write_original_pth(path, weights, num_res_blocks):
+    torch = pytest.importorskip("torch")
+    state = {keys.diffusers_to_original(k, num_res_blocks): torch.from_numpy(v) for k, v in weights.items()}
+    state["encoder.conv1.weight"] = torch.zeros(8, 3, 3, 3, 3)  # encoder tensors ride along
+    state["conv1.weight"] = torch.zeros(32, 32, 1, 1, 1)
+    torch.save(state, path)
+    return state
+
+
+def test_original_pth_loads_and_converts(tmp_path, weights, reference_frames):
+    pth = tmp_path / "Wan2.1_VAE.pth"
+    _write_original_pth(pth, weights, CONFIG.num_res_blocks)
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG.to_dict()))
+    assert np.array_equal(np.asarray(models.load_vae(pth).decode(LATENTS)), reference_frames)
+
+    out = models.convert_wan_pth(pth, tmp_path / "converted", config=CONFIG)
+    from safetensors import safe_open
+
+    with safe_open(str(out / WEIGHTS_NAME), framework="numpy") as f:
+        names = set(f.keys())
+    assert "encoder.conv_in.weight" in names and "quant_conv.weight" in names
+    assert np.array_equal(np.asarray(models.load_vae(out).decode(LATENTS)), reference_frames)
+
+
+def test_converted_real_config_loads_in_diffusers(tmp_path):
+    """A full-size original checkpoint (random) converts into a folder diffusers itself loads."""
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    source = diffusers.AutoencoderKLWan(base_dim=8, num_res_blocks=2).eval()
+    state = {keys.diffusers_to_original(k, 2): v for k, v in source.state_dict().items()}
+    torch.save(state, tmp_path / "Wan2.1_VAE.pth")
+    config = models.WanVAEConfig(base_dim=8, num_res_blocks=2)
+    out = models.convert_wan_pth(tmp_path / "Wan2.1_VAE.pth", tmp_path / "out", config=config)
+    again = diffusers.AutoencoderKLWan.from_pretrained(out)
+    for name, value in source.state_dict().items():
+        assert torch.equal(again.state_dict()[name], value), name

@@ -1,0 +1,70 @@
+"""The small pure functions the decoder is made of, each against a plain NumPy statement of it."""
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from models.decode import to_uint8
+from models.spatial import SingleDeviceContext, dot_product_attention
+from models.wan import conv3x3_valid, interleave_time, rms_norm, upsample_nearest_2x
+
+RNG = np.random.default_rng(0)
+
+
+def test_to_uint8_rounds_and_clamps():
+    x = jnp.asarray([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, 1 / 127.5 - 1])
+    assert to_uint8(x).tolist() == [0, 0, 64, 128, 191, 255, 255, 1]
+
+
+def test_interleave_time_puts_first_half_channels_first():
+    x = np.arange(2 * 3 * 1 * 1 * 4).reshape(2, 3, 1, 1, 4)  # (B, T, H, W, 2C) with C = 2
+    y = np.asarray(interleave_time(jnp.asarray(x)))
+    assert y.shape == (2, 6, 1, 1, 2)
+    assert np.array_equal(y[:, 0::2], x[..., :2]) and np.array_equal(y[:, 1::2], x[..., 2:])
+
+
+def test_upsample_nearest_repeats_pixels():
+    x = RNG.standard_normal((1, 2, 3, 4, 5)).astype(np.float32)
+    expected = x.repeat(2, axis=2).repeat(2, axis=3)
+    assert np.array_equal(np.asarray(upsample_nearest_2x(jnp.asarray(x))), expected)
+
+
+def test_rms_norm_is_l2_normalize_times_sqrt_c():
+    x = RNG.standard_normal((2, 3, 6)).astype(np.float32)
+    gamma = RNG.standard_normal(6).astype(np.float32)
+    expected = x / np.linalg.norm(x, axis=-1, keepdims=True) * np.sqrt(6) * gamma
+    assert np.abs(np.asarray(rms_norm(jnp.asarray(x), jnp.asarray(gamma))) - expected).max() < 1e-5
+    assert np.array_equal(np.asarray(rms_norm(jnp.zeros((1, 4)), jnp.ones(4))), np.zeros((1, 4)))  # no NaN at 0
+
+
+def test_tap_matmul_conv_equals_xla_convolution():
+    x = jnp.asarray(RNG.standard_normal((2, 7, 9, 5)).astype(np.float32))
+    k = jnp.asarray(RNG.standard_normal((3, 3, 5, 4)).astype(np.float32))
+    expected = lax.conv_general_dilated(x, k, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                        precision=lax.Precision.HIGHEST)
+    got = conv3x3_valid(x, k)
+    assert got.shape == (2, 5, 7, 4)
+    assert np.abs(np.asarray(got) - np.asarray(expected)).max() < 1e-5
+
+
+def test_attention_chunks_and_masks_exactly():
+    q, k, v = (jnp.asarray(RNG.standard_normal((2, 10, 4)).astype(np.float32)) for _ in range(3))
+    scores = np.einsum("nqc,nkc->nqk", q, k) / 2.0
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = np.einsum("nqk,nkc->nqc", weights / weights.sum(-1, keepdims=True), v)
+    assert np.abs(np.asarray(dot_product_attention(q, k, v)) - expected).max() < 1e-5
+    assert np.abs(np.asarray(dot_product_attention(q, k, v, query_chunk=3)) - expected).max() < 1e-5
+    # Masked keys are as if absent: the same as attending over the first 6 keys only.
+    valid = jnp.arange(10) < 6
+    masked = dot_product_attention(q, k, v, key_valid=valid)
+    assert np.abs(np.asarray(masked) - np.asarray(dot_product_attention(q, k[:, :6], v[:, :6]))).max() < 1e-5
+
+
+def test_single_device_context_zero_pads_and_attends_over_the_frame():
+    ctx = SingleDeviceContext()
+    x = jnp.ones((1, 2, 3, 4, 5))
+    padded = np.asarray(ctx.pad_hw(x))
+    assert padded.shape == (1, 2, 5, 6, 5) and padded.sum() == x.size
+    q = jnp.asarray(RNG.standard_normal((1, 2, 3, 4)).astype(np.float32))
+    flat = dot_product_attention(q.reshape(1, 6, 4), q.reshape(1, 6, 4), q.reshape(1, 6, 4))
+    assert np.abs(np.asarray(ctx.attend(q, q, q)).reshape(1, 6, 4) - np.asarray(flat)).max() == 0
