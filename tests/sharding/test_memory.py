@@ -1,0 +1,40 @@
+"""Memory and communication, shown structurally on the compiled per-device program.
+
+An activation-dominated shape (tiny weights, 256x256 frames): the per-device temp memory of
+tp = 8 must be ≤ 0.2 x that of tp = 1; the HLO must exchange halos with collective-permutes and
+all-gather nothing at (or near) full resolution: only the latent-resolution K/V of attention.
+"""
+
+import pytest
+
+import sharding
+
+SHAPE = (1, 16, 2, 32, 32)  # latents → (1, 3, 5, 256, 256) frames
+
+
+@pytest.fixture(scope="module")
+def stats(vae):
+    return {tp: sharding.memory_stats(vae, SHAPE, sharding.make_mesh(tp), split="height") for tp in (1, 8)}
+
+
+def test_temp_memory_shrinks_with_tp(stats):
+    assert stats[8]["temp_bytes"] <= 0.2 * stats[1]["temp_bytes"], stats
+    assert stats[8]["output_bytes"] * 8 == stats[1]["output_bytes"]  # each device owns 1/8 of the frames
+
+
+def test_hlo_has_halos_and_no_full_resolution_all_gather(vae):
+    found = sharding.collectives(sharding.hlo_text(vae, SHAPE, sharding.make_mesh(8), split="height"))
+    permutes = [c for c in found if c["op"] == "collective-permute"]
+    gathers = [c for c in found if c["op"] == "all-gather"]
+    assert permutes, "no halo exchange in the HLO"
+    assert all(1 in c["shape"] for c in permutes)  # one-row slabs
+    height, width = SHAPE[3], SHAPE[4]
+    for gather in gathers:  # K/V of the mid-block: (N, H, W, C) at latent resolution
+        assert gather["shape"][1:3] == (height, width), gather
+    assert not [c for c in found if c["op"] in ("all-reduce", "all-to-all", "reduce-scatter")]
+
+
+def test_halo_bytes_per_step(vae):
+    traffic = sharding.halo_bytes(vae, SHAPE, 8)
+    assert 0 < traffic["first_per_device"] < traffic["next_per_device"]  # later steps carry 4 frames
+    assert traffic["next_total"] == traffic["next_per_device"] // 2 * 2 * 7
