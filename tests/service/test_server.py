@@ -131,6 +131,22 @@ def test_stream_chunks_concatenate_to_full_decode(server):
     assert np.array_equal(np.concatenate(chunks, axis=1), full)
 
 
+def test_stream_device_error_is_a_problem(server):
+    with pytest.raises(DecodeError) as info:
+        list(_stream_with_fault(server, latents()))
+    assert info.value.problem["status"] == 500 and info.value.problem["request_id"]
+
+
+def _stream_with_fault(server, x):
+    # decode_stream has no header hook; the fault header is test-only, so post it by hand.
+    from service.client import _raise_for_problem
+
+    with httpx.stream("POST", server.url + "/v1/decode", content=x.tobytes(), params=raw(x, stream="true"),
+                      headers={"Content-Type": "tensor/binary", "X-Vaeserve-Fault": "device"}) as r:
+        _raise_for_problem(r)
+        yield from r.iter_bytes()
+
+
 # ---- diffusers' own client ----------------------------------------------------------------------
 
 
