@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""Why the halo matters: seams of split decodes against the full single-device decode.
+
+Same weights (a diffusers ``AutoencoderKLWan`` with perturbed random weights, written with
+``save_pretrained`` and read back with ``models.load_vae``) and the same latents, decoded by:
+
+  (a) our sharded decode: ``tp`` horizontal bands with one-row halos (``sharding.sharded_decode``);
+  (b) diffusers' tiled decode (``enable_tiling()``), tiles small enough to split the frame
+      (height only, so that its seams are rows like ours);
+  (c) the same shard_map decode with no halo (each band zero-padded alone);
+  (-) diffusers' full decode, as a check that the reference is the reference.
+
+Each is compared with the full single-device JAX decode: max abs error, PSNR (peak-to-peak 2 for
+[-1, 1] frames) and the mean abs error on *seam rows* (the two rows at each band cut for a/c; the
+blend rows of each tile for b) vs *interior rows* (≥ 8 rows from any cut or blend of that method).
+
+    python bench/seams.py                       # real Wan 2.1 architecture, 128x128, 5 frames, tp=4
+    python bench/seams.py --config tiny --height 32 --width 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", choices=("real", "tiny"), default="real",
+                        help="real: the Wan 2.1 architecture (73 M decoder parameters); tiny: base_dim 8")
+    parser.add_argument("--frames", type=int, default=2, help="latent frames T (output 1+4(T-1))")
+    parser.add_argument("--height", type=int, default=16, help="latent height (frame height / 8)")
+    parser.add_argument("--width", type=int, default=16, help="latent width")
+    parser.add_argument("--tp", type=int, default=4, help="bands for (a) and (c)")
+    parser.add_argument("--tile", type=int, default=64, help="diffusers tile height in pixels")
+    parser.add_argument("--stride", type=int, default=48, help="diffusers tile stride in pixels (overlap = tile - stride)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--platform", default="cpu", help="JAX platform (cpu forces --tp host devices)")
+    return parser.parse_args(argv)
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
+if ARGS is not None:  # before JAX starts: enough host devices for the mesh
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(ARGS.tp, 1)}").strip()
+    os.environ["JAX_PLATFORMS"] = ARGS.platform
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import numpy as np  # noqa: E402
+
+SCALE = 8  # latent row → frame rows
+INTERIOR_MARGIN = 8  # frame rows
+
+
+def psnr(error: np.ndarray) -> float:
+    mse = float(np.mean(np.square(error, dtype=np.float64)))
+    return float("inf") if mse == 0 else 10 * np.log10(4.0 / mse)
+
+
+def band_seams(height_px: int, tp: int, latent_height: int) -> list[int]:
+    """Frame rows that touch a band cut: the last row of each band and the first of the next."""
+    band = -(-latent_height // tp) * SCALE
+    return [r for cut in range(band, height_px, band) for r in (cut - 1, cut)]
+
+
+def tile_seams(height_px: int, tile: int, stride: int, latent_height: int) -> list[int]:
+    """Frame rows of diffusers' tiled decode that are blends of two tiles (or, without overlap, cuts)."""
+    blend = tile - stride
+    rows = []
+    for start_latent in range(stride // SCALE, latent_height, stride // SCALE):
+        start = start_latent * SCALE
+        rows += list(range(start, start + blend)) if blend > 0 else [start - 1, start]
+    return [r for r in rows if r < height_px]
+
+
+def interior(height_px: int, seams: list[int]) -> list[int]:
+    if not seams:
+        return list(range(height_px))
+    return [r for r in range(height_px) if min(abs(r - s) for s in seams) >= INTERIOR_MARGIN]
+
+
+def row_errors(frames: np.ndarray, reference: np.ndarray, seams: list[int]) -> dict:
+    """Errors of float ``(B, 3, F, H, W)`` frames against the reference."""
+    error = frames.astype(np.float64) - reference.astype(np.float64)
+    per_row = np.abs(error).mean(axis=(0, 1, 2, 4))
+    inner = interior(frames.shape[3], seams)
+    return {
+        "max": float(np.abs(error).max()),
+        "psnr": psnr(error),
+        "seam": float(per_row[seams].mean()) if seams else float("nan"),
+        "interior": float(per_row[inner].mean()) if inner else float("nan"),
+    }
+
+
+def diffusers_model(config: dict, seed: int):
+    """A diffusers Wan VAE with random weights, its RMS gammas and biases perturbed (as the parity tests)."""
+    import diffusers
+    import torch
+
+    torch.manual_seed(seed)
+    model = diffusers.AutoencoderKLWan(**config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("gamma"):
+                parameter.copy_(1 + 0.3 * torch.randn_like(parameter))
+            elif name.endswith("bias"):
+                parameter.copy_(0.1 * torch.randn_like(parameter))
+    return model
+
+
+def diffusers_decode(model, latents: np.ndarray, *, tiling: dict | None) -> np.ndarray:
+    import torch
+
+    if tiling:
+        model.enable_tiling(**tiling)
+    else:
+        model.disable_tiling()
+    with torch.no_grad():
+        return model.decode(torch.from_numpy(latents)).sample.clamp(-1, 1).numpy()
+
+
+def main(args: argparse.Namespace) -> None:
+    import torch
+
+    import models
+    import sharding
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    config = {} if args.config == "real" else {"base_dim": 8, "num_res_blocks": 1}
+    latents = np.random.default_rng(args.seed).standard_normal(
+        (1, 16, args.frames, args.height, args.width)).astype(np.float32)
+    height_px, width_px = args.height * SCALE, args.width * SCALE
+    print(f"latents {latents.shape} → frames (1, 3, {1 + 4 * (args.frames - 1)}, {height_px}, {width_px}); "
+          f"config {args.config}; tp={args.tp}; tiles {args.tile}px stride {args.stride}px "
+          f"(overlap {args.tile - args.stride}px); JAX on {args.platform}")
+
+    reference_model = diffusers_model(config, args.seed)
+    with tempfile.TemporaryDirectory() as folder:
+        reference_model.save_pretrained(folder, safe_serialization=True)
+        vae = models.load_vae(folder)
+
+    timings: dict[str, float] = {}
+
+    def timed(name, fn):
+        start = time.perf_counter()
+        out = fn()
+        timings[name] = time.perf_counter() - start
+        return out
+
+    full = timed("full", lambda: np.asarray(vae.decode(latents)))
+    mesh = sharding.make_mesh(args.tp)
+    split = dict(split="height")
+    results = {}
+    seams = band_seams(height_px, args.tp, args.height)
+    results["(a) sharded, 1-row halos"] = (timed("a", lambda: np.asarray(
+        sharding.sharded_decode(vae, latents, mesh, **split))), seams)
+    tiling = dict(tile_sample_min_height=args.tile, tile_sample_stride_height=args.stride,
+                  tile_sample_min_width=width_px, tile_sample_stride_width=width_px)
+    results["(b) diffusers enable_tiling()"] = (timed("b", lambda: diffusers_decode(
+        reference_model, latents, tiling=tiling)), tile_seams(height_px, args.tile, args.stride, args.height))
+    results["(c) shard_map, no halo"] = (timed("c", lambda: np.asarray(
+        sharding.sharded_decode(vae, latents, mesh, halo="none", **split))), seams)
+    results["(-) diffusers full decode"] = (timed("-", lambda: diffusers_decode(reference_model, latents, tiling=None)), [])
+
+    print(f"\nreference: full single-device JAX decode ({timings['full']:.1f} s incl. compile)")
+    print(f"seam rows: the 2 rows at each band cut (a, c: {len(seams)} rows) or each tile's blend rows (b); "
+          f"interior: ≥ {INTERIOR_MARGIN} rows from any of them\n")
+    header = f"| {'method':<30} | {'max abs err':>11} | {'PSNR dB':>7} | {'mean err seam rows':>18} | {'mean err interior':>17} | {'time s':>6} |"
+    print(header)
+    print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
+    for (name, (frames, rows)), key in zip(results.items(), ("a", "b", "c", "-")):
+        e = row_errors(frames, full, rows)
+        seam = f"{e['seam']:.2e}" if rows else "—"
+        print(f"| {name:<30} | {e['max']:>11.2e} | {e['psnr']:>7.1f} | {seam:>18} | {e['interior']:>17.2e} | {timings[key]:>6.1f} |")
+    print("\ntimes include compilation for the JAX rows; the forced CPU devices share this machine's cores.")
+
+
+if __name__ == "__main__":
+    main(ARGS)
