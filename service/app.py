@@ -212,7 +212,8 @@ def _add_routes(app: FastAPI) -> None:
         """Decode latents ``(B, 16, T, H, W)`` or ``(16, T, H, W)``; see the README for formats."""
         arrived = time.monotonic()
         if worker.state != "ready" or request.app.state.draining:
-            raise Problem(503, "unavailable", f"service is {'draining' if request.app.state.draining else worker.state}",
+            state = "draining" if request.app.state.draining else worker.state
+            raise Problem(503, "unavailable", f"service is {state}",
                           headers={"Retry-After": str(settings.retry_after_s)})
         body = await read_body(request, settings.max_body_bytes)
         latents, batched = await anyio.to_thread.run_sync(_prepare, request.app, body, kind, params)

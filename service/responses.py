@@ -47,9 +47,10 @@ async def wait_for(request: Request, job: Job, awaitable: asyncio.Future):
         watcher.cancel()
     if awaitable in done:
         return awaitable.result()
-    job.cancel()
     if watcher in done:
+        job.cancel("client-gone")
         raise ClientGone()
+    job.cancel("deadline")
     raise Problem(504, "deadline-exceeded", f"no result within the deadline (request id {job.request_id})",
                   expected="decode finished before the deadline", received="deadline passed")
 
@@ -114,7 +115,8 @@ async def stream(request: Request, job: Job, batched: bool) -> Response:
                 item = await job.chunks.get()
             yield codec.stream_message({"type": "end", "chunks": index, "frames": frames})
         finally:
-            job.cancel()  # no-op when finished; stops the worker early when the reader left
+            if item is not STREAM_END:
+                job.cancel("client-gone")  # the reader left mid-stream: the worker stops early
 
     return StreamingResponse(messages(), media_type=STREAM_MEDIA_TYPE,
                              headers={"X-Queue-Time-S": f"{queue_s:.6f}"})

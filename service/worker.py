@@ -17,7 +17,8 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
+from collections.abc import Callable
 
 import numpy as np
 
@@ -53,6 +54,7 @@ class Job:
     arrived: float = field(default_factory=time.monotonic)
     fault: bool = False
     cancelled: bool = False  # set by the handler when its client left or it gave up
+    cancel_reason: str = ""
     started: float | None = None
 
     def __post_init__(self) -> None:
@@ -64,8 +66,9 @@ class Job:
     def key(self) -> tuple:
         return (self.latents.shape[1:], self.kind)
 
-    def cancel(self) -> None:
-        self.cancelled = True
+    def cancel(self, reason: str = "client-gone") -> None:
+        if not self.cancelled:
+            self.cancelled, self.cancel_reason = True, reason
 
     # Called from the worker thread; everything touching asyncio objects hops onto the job's loop.
     def _call(self, fn: Callable, *args: Any) -> None:
@@ -76,7 +79,8 @@ class Job:
 
     def resolve(self, value: Any) -> None:
         def settle() -> None:
-            if not self.future.done():
+            # A cancelled job's handler has already answered; an unread exception would be logged.
+            if not self.future.done() and not self.cancelled:
                 if isinstance(value, BaseException):
                     self.future.set_exception(value)
                 else:
@@ -119,6 +123,8 @@ class Worker:
                 detail = self.error if self.state == "failed" else f"service is {self.state}"
                 raise Problem(503, "unavailable", detail, headers=retry)
             if len(self._queue) >= self.max_queue:
+                self._purge_abandoned()
+            if len(self._queue) >= self.max_queue:
                 raise Problem(429, "queue-full", f"{len(self._queue)} requests are already waiting",
                               expected=f"queue below {self.max_queue}", received=len(self._queue), headers=retry)
             self._queue.append(job)
@@ -137,6 +143,14 @@ class Worker:
         for job in leftover:
             job.resolve(Problem(503, "unavailable", "service is shutting down"))
         self._thread.join(timeout)
+
+    def _purge_abandoned(self) -> None:
+        """Free the slots of jobs whose handler gave up (client gone, deadline) (lock held), so
+        that abandoned requests do not turn live ones away with 429 while a long batch runs."""
+        for job in self._queue:
+            if job.cancelled:
+                self.metrics.dropped.labels(job.cancel_reason).inc()
+        self._queue = collections.deque(job for job in self._queue if not job.cancelled)
 
     @property
     def queue_depth(self) -> int:
@@ -174,7 +188,7 @@ class Worker:
 
     def _live(self, job: Job, now: float) -> bool:
         if job.cancelled:
-            self.metrics.dropped.labels("client-gone").inc()
+            self.metrics.dropped.labels(job.cancel_reason).inc()
             return False
         if now > job.deadline:
             self.metrics.dropped.labels("deadline").inc()
@@ -233,7 +247,7 @@ class Worker:
         for chunk in self.runner.decode_stream(job.latents, fault=job.fault):
             self.metrics.frames.inc(chunk.shape[0] * chunk.shape[1])
             if job.cancelled:  # the reader left: stop spending device time on it
-                self.metrics.dropped.labels("client-gone").inc()
+                self.metrics.dropped.labels(job.cancel_reason).inc()
                 break
             job.push(chunk)
         self.metrics.decode_seconds.observe(time.monotonic() - start)

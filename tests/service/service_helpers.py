@@ -16,11 +16,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 import numpy as np
-import pytest
 
 import models
 
