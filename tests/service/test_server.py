@@ -343,3 +343,30 @@ def test_client_helper_raises_problem(server):
     with pytest.raises(DecodeError) as info:
         decode(server.url, latents((1, 16, 4, 4, 4)), output_type="npy")
     assert info.value.problem["status"] == 422
+
+
+def test_413_for_chunked_body_over_the_limit(server):
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        for _ in range(20):
+            yield b"\0" * 8192
+
+    r = httpx.post(server.url + "/v1/decode", content=chunks(), params={"shape": "1,16,2,4,4", "dtype": "float32"},
+                   headers={"Content-Type": "tensor/binary"}, timeout=30)
+    assert r.status_code == 413 and r.json()["expected"] == "<= 65536 bytes"
+
+
+@pytest.mark.parametrize("mode", [["--concurrency", "3"], ["--rate", "40"]], ids=["closed", "open"])
+def test_loadtest_reports_what_it_sent(server, tmp_path, mode, capsys):
+    from service.loadtest import main
+
+    out = tmp_path / "lt.json"
+    assert main(["--url", server.url, *mode, "--requests", "12", "--duration", "30", "--warmup", "1",
+                 "--shape", "1x16x2x4x4", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    summary = result["summary"]
+    assert summary["requests"] == len(result["samples"]) == 12
+    assert summary["by_status"] == {"200": 12}
+    assert 0 < summary["latency_s"]["p50"] <= summary["latency_s"]["p95"] <= summary["latency_s"]["p99"]
+    assert summary["frames_per_s"] == pytest.approx(5 * summary["requests_per_s"])
+    assert summary["bytes_per_response"] == 5 * 32 * 32 * 3  # uint8 frames, pt + partial_postprocess
+    assert "p50" in capsys.readouterr().out
