@@ -27,6 +27,7 @@ from .deps import ApiKeyDep, BodyKindDep, DecodeParamsDep, MetricsDep, SettingsD
 from .errors import Problem, install_error_handlers
 from .metrics import Metrics
 from .protocol import DecodeParams, Health, MeshInfo, ModelInfo, ModelList, Ready
+from .protocol import Problem as ProblemModel
 from .runner import DeviceRunner
 from .settings import Settings
 from .worker import Job, Worker
@@ -204,9 +205,14 @@ def _add_routes(app: FastAPI) -> None:
             batch_buckets=worker.runner.buckets, warmed_shapes=request.app.state.warmed,
             compiled=worker.runner.compiled_shapes)])
 
-    @app.post("/v1/decode", dependencies=[ApiKeyDep], tags=["decode"],
-              responses={200: {"content": {"video/mp4": {}, "application/x-npy": {}, "image/png": {},
-                                           "application/octet-stream": {}, responses.STREAM_MEDIA_TYPE: {}}}})
+    problem = {"model": ProblemModel, "content": {"application/problem+json": {}}}
+    decode_responses = {
+        200: {"content": {"video/mp4": {}, "application/x-npy": {}, "image/png": {},
+                          "application/octet-stream": {}, responses.STREAM_MEDIA_TYPE: {}}},
+        **{code: problem for code in (401, 413, 415, 422, 429, 500, 503, 504)},
+    }
+
+    @app.post("/v1/decode", dependencies=[ApiKeyDep], tags=["decode"], responses=decode_responses)
     async def decode(request: Request, params: DecodeParamsDep, kind: BodyKindDep, settings: SettingsDep,
                      worker: WorkerDep, metrics: MetricsDep):
         """Decode latents ``(B, 16, T, H, W)`` or ``(16, T, H, W)``; see the README for formats."""

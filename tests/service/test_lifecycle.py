@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service_helpers import WARM, latents, start_server
+from service_helpers import REPO, WARM, free_port, latents, start_server
 
 KEY = "s3cret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -139,3 +142,27 @@ def test_sigterm_drains_in_flight_work_and_exits_0(server):
     assert "Shutting down" in log and "Application shutdown complete" in log
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url + "/healthz")
+
+
+def test_failed_model_load_is_reported_not_hidden(tmp_path):
+    # A server whose model cannot load stays up to say why: liveness and readiness both 503.
+    port, missing = free_port(), tmp_path / "no-such-model"
+    cmd = [sys.executable, "-m", "service", "serve", "--model", str(missing), "--port", str(port)]
+    with open(tmp_path / "log", "wb") as log:
+        process = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log,
+                                   stderr=subprocess.STDOUT)
+    try:
+        deadline, health = time.monotonic() + 90, None
+        while time.monotonic() < deadline and health != 503:
+            time.sleep(0.3)
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz").status_code
+            except httpx.HTTPError:
+                pass
+        assert health == 503
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "failed"
+        assert str(missing) in ready.json()["detail"]
+    finally:
+        process.send_signal(15)
+        assert process.wait(30) == 0
