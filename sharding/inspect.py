@@ -79,8 +79,9 @@ def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, spl
     """Halo traffic of one decode step, from tracing the band program (no mesh, no compile).
 
     Returns bytes for step 0 (``"first"``, latent frame 0) and a later step (``"next"``, ``chunk``
-    latent frames): ``"*_per_device"`` is what an interior device sends (one slab each way per
-    3x3 conv), ``"*_total"`` what the whole mesh sends (``2 (tp-1)`` slabs per conv, times ``dp``).
+    latent frames): ``"*_per_device"`` is the most one device sends (a one-row slab to each of its
+    at most two neighbours per 3x3 conv), ``"*_total"`` what the whole mesh sends (``2 (tp-1)``
+    slabs per conv, times ``dp``). ``tp = 1`` exchanges nothing.
     """
     batch, _, _, height, width = shape
     plan = plan_bands(height, width, tp, split)
@@ -95,15 +96,17 @@ def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, spl
     def later(state, caches, z):
         return decode_next(nnx.merge(vae.graphdef, state), caches, z, recorder)
 
-    result = {}
+    slabs = {}
     recorder = HaloRecorder(plan)
     z0 = jax.ShapeDtypeStruct((batch // dp, 1, *band_hw, z_dim), dtype)
     _, caches = jax.eval_shape(first, vae.state, z0)
-    result["first_per_device"] = 2 * recorder.slab_bytes()
+    slabs["first"] = recorder.slab_bytes()
     recorder = HaloRecorder(plan)
     z1 = jax.ShapeDtypeStruct((batch // dp, chunk, *band_hw, z_dim), dtype)
     jax.eval_shape(later, vae.state, caches, z1)
-    result["next_per_device"] = 2 * recorder.slab_bytes()
-    for step in ("first", "next"):
-        result[f"{step}_total"] = result[f"{step}_per_device"] // 2 * 2 * (tp - 1) * dp
+    slabs["next"] = recorder.slab_bytes()
+    result = {}
+    for step, slab in slabs.items():
+        result[f"{step}_per_device"] = slab * min(2, tp - 1)
+        result[f"{step}_total"] = slab * 2 * (tp - 1) * dp
     return result

@@ -35,6 +35,12 @@ def test_hlo_has_halos_and_no_full_resolution_all_gather(vae):
 
 
 def test_halo_bytes_per_step(vae):
+    """The traced halo traffic; it must agree with the collective-permutes in the compiled HLO."""
     traffic = sharding.halo_bytes(vae, SHAPE, 8)
     assert 0 < traffic["first_per_device"] < traffic["next_per_device"]  # later steps carry 4 frames
-    assert traffic["next_total"] == traffic["next_per_device"] // 2 * 2 * 7
+    assert traffic["next_total"] == traffic["next_per_device"] * 7  # 14 slabs over 7 cuts
+    assert sharding.halo_bytes(vae, SHAPE, 2)["next_per_device"] * 2 == traffic["next_per_device"]
+    assert set(sharding.halo_bytes(vae, SHAPE, 1).values()) == {0}
+    found = sharding.collectives(sharding.hlo_text(vae, SHAPE, sharding.make_mesh(8), split="height"))
+    permuted = sum(c["bytes"] for c in found if c["op"] == "collective-permute")  # step 0 + the scan body
+    assert permuted == traffic["first_per_device"] + traffic["next_per_device"]
