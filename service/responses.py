@@ -94,7 +94,11 @@ async def stream(request: Request, job: Job, batched: bool) -> Response:
     Errors before the first chunk are ordinary problem responses; after it the status line is
     gone, so an error travels in-band as a ``{"type": "error"}`` message."""
     assert job.chunks is not None
-    first = await wait_for(request, job, asyncio.ensure_future(job.chunks.get()))
+    getter = asyncio.ensure_future(job.chunks.get())
+    try:
+        first = await wait_for(request, job, getter)
+    finally:
+        getter.cancel()  # no-op once it has its item; otherwise it would wait forever
     if isinstance(first, Problem):
         raise first
     queue_s = (job.started or time.monotonic()) - job.arrived
