@@ -89,6 +89,15 @@ def make_plan(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, split: Split | No
 
 
 # -- programs ---------------------------------------------------------------------------------------
+def put_latents(latents, mesh: Mesh) -> jax.Array:
+    """Latents onto the mesh, batch over dp and replicated over tp (an explicit transfer).
+
+    They are small; each device then slices its band out locally (the split axis may first need
+    padding, which a sharded input could not express).
+    """
+    return jax.device_put(np.asarray(latents, np.float32), NamedSharding(mesh, P(DP_AXIS)))
+
+
 def _entry(vae: WanVAE) -> dict:
     return _CACHE.setdefault(vae, {"state": {}, "programs": {}})
 
@@ -210,7 +219,7 @@ def sharded_decode(
     plan = make_plan(vae, shape, mesh, split)
     run = program(vae, "full", mesh, plan, denormalize=denormalize, output=output, chunk=chunk,
                   halo=halo, query_chunk=query_chunk)
-    return run(replicated_state(vae, mesh), jnp.asarray(latents, jnp.float32))
+    return run(replicated_state(vae, mesh), put_latents(latents, mesh))
 
 
 def sharded_decode_stream(
@@ -238,8 +247,8 @@ def sharded_decode_stream(
     first = program(vae, "first", mesh, plan, **options)
     step = program(vae, "next", mesh, plan, **options)
     state = replicated_state(vae, mesh)
-    frames, caches = first(state, latents[:, :, :1])
-    yield np.asarray(frames)
+    frames, caches = first(state, put_latents(latents[:, :, :1], mesh))
+    yield jax.device_get(frames)
     for start in range(1, latents.shape[2], chunk):
-        frames, caches = step(state, caches, latents[:, :, start : start + chunk])
-        yield np.asarray(frames)
+        frames, caches = step(state, caches, put_latents(latents[:, :, start : start + chunk], mesh))
+        yield jax.device_get(frames)
