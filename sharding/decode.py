@@ -98,13 +98,14 @@ def put_latents(latents, mesh: Mesh) -> jax.Array:
     return jax.device_put(np.asarray(latents, np.float32), NamedSharding(mesh, P(DP_AXIS)))
 
 
-def _entry(vae: WanVAE) -> dict:
+def model_cache(vae: WanVAE) -> dict:
+    """This model's replicated weights (per mesh), programs and compiled programs."""
     return _CACHE.setdefault(vae, {"state": {}, "programs": {}})
 
 
 def replicated_state(vae: WanVAE, mesh: Mesh):
     """The model weights on every device of ``mesh`` (made once per mesh)."""
-    states = _entry(vae)["state"]
+    states = model_cache(vae)["state"]
     key = mesh_key(mesh)
     if key not in states:
         states[key] = jax.device_put(vae.state, NamedSharding(mesh, P()))
@@ -178,7 +179,7 @@ def program(vae: WanVAE, kind: str, mesh: Mesh, plan: BandPlan, **options) -> Ca
     """
     if options.get("halo", "exchange") not in HALOS:
         raise ValueError(f"halo must be one of {HALOS}; received {options['halo']!r}")
-    programs = _entry(vae)["programs"]
+    programs = model_cache(vae)["programs"]
     key = (kind, mesh_key(mesh), plan, tuple(sorted(options.items())))
     if key not in programs:
         programs[key] = jax.jit(_BUILDERS[kind](vae, mesh, plan, **options))

@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 from models.decode import decode_first, decode_next
 from models.vae import DEFAULT_CHUNK, DTYPES, WanVAE
 
-from .decode import _entry, make_plan, program, replicated_state
+from .decode import make_plan, model_cache, program, replicated_state
 from .halo import HaloRecorder
 from .plan import Split, plan_bands
 
@@ -30,7 +30,7 @@ def compiled(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split | 
     options = dict(denormalize=denormalize, output=output, chunk=chunk or DEFAULT_CHUNK, halo=halo,
                    query_chunk=query_chunk)
     run = program(vae, "full", mesh, plan, **options)
-    cache = _entry(vae).setdefault("compiled", {})
+    cache = model_cache(vae).setdefault("compiled", {})
     key = (id(run), shape)
     if key not in cache:
         state = replicated_state(vae, mesh)

@@ -96,12 +96,12 @@ def test_stream_concatenates_to_the_full_decode(vae, reference):
 
 
 def test_programs_are_cached_per_shape_and_mesh(vae):
-    from sharding.decode import _entry
+    from sharding.decode import model_cache
 
     mesh = sharding.make_mesh(2)
     latents = make_latents(1, 1, 8, WIDTH)
     sharding.sharded_decode(vae, latents, mesh, split="height")
-    before = len(_entry(vae)["programs"])
+    before = len(model_cache(vae)["programs"])
     sharding.sharded_decode(vae, latents, mesh, split="height")
     sharding.sharded_decode(vae, latents, sharding.make_mesh(2), split="height")  # an equal mesh
-    assert len(_entry(vae)["programs"]) == before
+    assert len(model_cache(vae)["programs"]) == before
