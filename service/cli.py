@@ -54,6 +54,7 @@ def _convert_parser(sub) -> None:
     p = sub.add_parser("convert", help="original Wan2.1_VAE.pth -> diffusers-format folder")
     p.add_argument("input")
     p.add_argument("out_dir")
+    p.add_argument("--config", help="diffusers config.json of the checkpoint (default: the Wan 2.1 VAE)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,7 +149,8 @@ def decode(args: argparse.Namespace) -> int:
 def convert(args: argparse.Namespace) -> int:
     import models
 
-    out = models.convert_wan_pth(args.input, args.out_dir)
+    config = models.WanVAEConfig.from_json(args.config) if args.config else None
+    out = models.convert_wan_pth(args.input, args.out_dir, config=config)
     print(f"wrote {out}")
     return 0
 

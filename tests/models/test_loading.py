@@ -159,3 +159,15 @@ def test_converted_real_config_loads_in_diffusers(tmp_path):
     again = diffusers.AutoencoderKLWan.from_pretrained(out)
     for name, value in source.state_dict().items():
         assert torch.equal(again.state_dict()[name], value), name
+
+
+def test_convert_command_line(tmp_path, weights, reference_frames):
+    from service.cli import main
+
+    _write_original_pth(tmp_path / "Wan2.1_VAE.pth", weights, CONFIG.num_res_blocks)
+    (tmp_path / "tiny.json").write_text(json.dumps(CONFIG.to_dict()))
+    assert main(["convert", str(tmp_path / "Wan2.1_VAE.pth"), str(tmp_path / "out"), "--config", str(tmp_path / "tiny.json")]) == 0
+    assert np.array_equal(np.asarray(models.load_vae(tmp_path / "out").decode(LATENTS)), reference_frames)
+    with pytest.raises(models.WeightsError):  # the default (Wan 2.1) config does not fit these weights
+        main(["convert", str(tmp_path / "Wan2.1_VAE.pth"), str(tmp_path / "wrong")])
+    assert not (tmp_path / "wrong").exists()  # nothing written for a checkpoint that does not fit
