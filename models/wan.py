@@ -30,46 +30,123 @@ _RMS_EPS = 1e-12  # torch.nn.functional.normalize's eps
 # ---------------------------------------------------------------------------------------------
 # Pure numerics
 # ---------------------------------------------------------------------------------------------
-def conv3x3_valid(x_padded: jax.Array, kernel: jax.Array) -> jax.Array:
-    """3x3 'valid' conv. ``(N, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(N, H, W, O)`` accumulated in float32.
+# On CPU a conv whose temporary buffers (nine tap outputs, folded time taps) would exceed this
+# many bytes runs as a loop over groups of frames, or over blocks of rows of one frame, writing
+# into one output buffer: a 480x832 decode then holds tens of MB of such buffers instead of
+# 9x copies of its largest activation (≈ 5 GB each).
+CPU_BLOCK_BYTES = 128 * 2**20
 
-    On CPU, XLA's convolution reaches 55–95 GFLOP/s on the decoder's shapes while its matmul reaches
-    150–300: there we compute all nine taps as one matmul ``(C, 9·O)`` and add the nine shifted
-    results (3–4x faster, at the price of a transient 9x-output buffer). Accelerators keep the
-    native convolution (cuDNN / the TPU conv unit), which needs no extra memory.
+
+def _tap_matmul_conv(x_padded: jax.Array, kernel: jax.Array) -> jax.Array:
+    """All nine taps as one matmul ``(C, 9·O)``, then the sum of the nine shifted results.
+
+    ``(N, H+2, W+2, C)`` x ``(3, 3, C, O)`` → float32 ``(N, H, W, O)``.
     """
-    precision = matmul_precision(x_padded.dtype)
-    if jax.default_backend() != "cpu":
-        return lax.conv_general_dilated(x_padded, kernel, (1, 1), "VALID",
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=precision,
-                                        preferred_element_type=jnp.float32)
     n, hp, wp, c = x_padded.shape
     o = kernel.shape[-1]
     taps = jnp.einsum("nhwc,co->nhwo", x_padded, kernel.transpose(2, 0, 1, 3).reshape(c, 9 * o),
-                      precision=precision, preferred_element_type=jnp.float32).reshape(n, hp, wp, 3, 3, o)
+                      precision=matmul_precision(x_padded.dtype),
+                      preferred_element_type=jnp.float32).reshape(n, hp, wp, 3, 3, o)
     h, w = hp - 2, wp - 2
     return sum(taps[:, dy : dy + h, dx : dx + w, dy, dx] for dy in range(3) for dx in range(3))
 
 
-def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
-    """3x3 'valid' conv of every frame. ``(B, T, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, H, W, O)``."""
-    b, t, hp, wp, c = x_padded.shape
-    y = conv3x3_valid(x_padded.reshape(b * t, hp, wp, c), kernel)
-    # bfloat16 models: sums stay float32 until here, one rounding per conv.
-    return (y + bias).astype(x_padded.dtype).reshape(b, t, hp - 2, wp - 2, -1)
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    return max(d for d in range(1, n + 1) if n % d == 0 and d <= max(1, limit))
 
 
-def causal_conv3x3x3(x_padded_with_past: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
-    """Causal 3x3x3 conv over frames that already carry their two past frames in front.
+def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per_frame_row: int,
+                block_bytes: int) -> jax.Array:
+    """Apply a frame-local conv ``fn`` block by block over padded frames.
 
-    ``(B, T+2, H+2, W+2, C)`` x ``(3, 3, 3, C, O)`` → ``(B, T, H, W, O)``. The three time taps are
-    folded into channels (one conv2d over 3C channels): XLA:CPU runs that faster than a conv3d.
+    ``seq`` is ``(B, T + window - 1, H+2, W+2, C)``; output frame ``t`` depends on input frames
+    ``[t, t + window)``. ``fn`` maps a block ``(B, G + window - 1, R+2, W+2, C)`` to its output
+    ``(B, G, R, W, O)``. Blocks hold ``G`` frames (all rows) when a frame fits ``block_bytes``,
+    else one frame and ``R`` rows (2 rows of overlap; the last block is shifted up to end at H, and
+    overlapping rows are written twice with the same values).
     """
-    t = x_padded_with_past.shape[1] - 2
-    taps = jnp.concatenate([x_padded_with_past[:, i : i + t] for i in range(3)], axis=-1)
-    kt, kh, kw, c, o = kernel.shape
+    b, span, hp, wp, _ = seq.shape
+    frames, h, w = span - window + 1, hp - 2, wp - 2
+    frame_bytes = bytes_per_frame_row * hp
+    if frames * frame_bytes <= block_bytes:
+        return fn(seq)
+    if frame_bytes <= block_bytes:
+        group, rows = _largest_divisor_at_most(frames, block_bytes // frame_bytes), h
+    else:
+        group, rows = 1, min(h, max(8, block_bytes // bytes_per_frame_row - 2))
+    row_blocks = -(-h // rows)
+    out_dtype = jax.eval_shape(fn, jax.ShapeDtypeStruct((b, group + window - 1, rows + 2, wp, seq.shape[-1]),
+                                                        seq.dtype)).dtype
+
+    def body(i, out):
+        t = (i // row_blocks) * group
+        r = jnp.minimum((i % row_blocks) * rows, h - rows)
+        block = lax.dynamic_slice(seq, (0, t, r, 0, 0), (b, group + window - 1, rows + 2, wp, seq.shape[-1]))
+        return lax.dynamic_update_slice(out, fn(block), (0, t, r, 0, 0))
+
+    out = jnp.zeros((b, frames, h, w, out_channels), out_dtype)
+    return lax.fori_loop(0, (frames // group) * row_blocks, body, out)
+
+
+def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
+                  block_bytes: int = CPU_BLOCK_BYTES) -> jax.Array:
+    """3x3 'valid' conv of every frame. ``(B, T, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, H, W, O)``.
+
+    On CPU, XLA's convolution reaches 55–95 GFLOP/s on the decoder's shapes while its matmul reaches
+    150–350: there the conv is a nine-tap matmul (3–4x faster), in blocks (``conv_blocks``).
+    Accelerators keep the native convolution (cuDNN / the TPU conv unit). Sums are float32 until
+    the bias is added: one bfloat16 rounding per conv.
+    """
+    b, t, hp, wp, c = x_padded.shape
+    o = kernel.shape[-1]
+    if jax.default_backend() != "cpu":
+        y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), kernel, (1, 1), "VALID",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                     precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
+        return (y + bias).astype(x_padded.dtype).reshape(b, t, hp - 2, wp - 2, o)
+
+    def conv(block):
+        bb, g, rp, _, _ = block.shape
+        y = _tap_matmul_conv(block.reshape(bb * g, rp, wp, c), kernel)
+        return (y + bias).astype(x_padded.dtype).reshape(bb, g, rp - 2, wp - 2, o)
+
+    return conv_blocks(conv, x_padded, window=1, out_channels=o,
+                       bytes_per_frame_row=b * wp * (9 * o + c) * 4, block_bytes=block_bytes)
+
+
+def causal_conv3x3x3(past: jax.Array, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
+                     block_bytes: int = CPU_BLOCK_BYTES) -> jax.Array:
+    """Causal 3x3x3 conv: frames ``(B, T, H+2, W+2, C)`` after their past ``(B, 2, H+2, W+2, C)``.
+
+    Returns ``(B, T, H, W, O)`` for a kernel ``(3, 3, 3, C, O)``. On CPU the three time taps are
+    folded into channels (one nine-tap matmul over 3C channels) block by block; accelerators run
+    the native 3-D convolution.
+    """
+    b, t, hp, wp, c = x_padded.shape
+    kt, kh, kw, _, o = kernel.shape
+    seq = jnp.concatenate([past, x_padded], axis=1)
+    if jax.default_backend() != "cpu":
+        y = lax.conv_general_dilated(seq, kernel, (1, 1, 1), "VALID", dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
+                                     precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
+        return (y + bias).astype(x_padded.dtype)
     folded = kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c, o)
-    return conv2d_frames(taps, folded, bias)
+
+    def conv(block):
+        bb, span, rp, _, _ = block.shape
+        g = span - kt + 1
+        stacked = jnp.concatenate([block[:, i : i + g] for i in range(kt)], axis=-1)
+        y = _tap_matmul_conv(stacked.reshape(bb * g, rp, wp, kt * c), folded)
+        return (y + bias).astype(x_padded.dtype).reshape(bb, g, rp - 2, wp - 2, o)
+
+    return conv_blocks(conv, seq, window=kt, out_channels=o,
+                       bytes_per_frame_row=b * wp * (9 * o + (kt + 1) * c) * 4, block_bytes=block_bytes)
+
+
+def next_cache(past: jax.Array | None, x: jax.Array) -> jax.Array:
+    """The last two frames of ``past ++ x`` (zeros stand in for a missing past)."""
+    if x.shape[1] >= CACHE_FRAMES:
+        return x[:, -CACHE_FRAMES:]
+    return _past_with(past, x)[:, -CACHE_FRAMES:]
 
 
 def rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
@@ -143,8 +220,9 @@ class CausalConv3d(nnx.Module):
             # First frame, all-zero past: only the last time tap sees data (2/3 fewer FLOPs).
             y = conv2d_frames(x_padded, self.kernel[2], self.bias[...])
         else:
-            y = causal_conv3x3x3(_past_with(cache, x_padded), self.kernel[...], self.bias[...])
-        return y, _past_with(cache, x_padded)[:, -CACHE_FRAMES:]
+            past = cache if cache is not None else jnp.zeros((x.shape[0], CACHE_FRAMES, *x_padded.shape[2:]), x.dtype)
+            y = causal_conv3x3x3(past, x_padded, self.kernel[...], self.bias[...])
+        return y, next_cache(cache, x_padded)
 
 
 class RMSNorm(nnx.Module):

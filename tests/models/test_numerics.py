@@ -6,7 +6,7 @@ from jax import lax
 
 from models.decode import to_uint8
 from models.spatial import SingleDeviceContext, dot_product_attention
-from models.wan import conv3x3_valid, interleave_time, rms_norm, upsample_nearest_2x
+from models.wan import causal_conv3x3x3, conv2d_frames, interleave_time, rms_norm, upsample_nearest_2x
 
 RNG = np.random.default_rng(0)
 
@@ -37,14 +37,34 @@ def test_rms_norm_is_l2_normalize_times_sqrt_c():
     assert np.array_equal(np.asarray(rms_norm(jnp.zeros((1, 4)), jnp.ones(4))), np.zeros((1, 4)))  # no NaN at 0
 
 
-def test_tap_matmul_conv_equals_xla_convolution():
-    x = jnp.asarray(RNG.standard_normal((2, 7, 9, 5)).astype(np.float32))
+def _xla_conv(x, k, dims):
+    return lax.conv_general_dilated(x, k, (1,) * (x.ndim - 2), "VALID", dimension_numbers=dims,
+                                    precision=lax.Precision.HIGHEST)
+
+
+def test_tap_matmul_conv_equals_xla_convolution_whole_and_in_row_blocks():
+    x = jnp.asarray(RNG.standard_normal((2, 1, 23, 9, 5)).astype(np.float32))
     k = jnp.asarray(RNG.standard_normal((3, 3, 5, 4)).astype(np.float32))
-    expected = lax.conv_general_dilated(x, k, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                        precision=lax.Precision.HIGHEST)
-    got = conv3x3_valid(x, k)
-    assert got.shape == (2, 5, 7, 4)
-    assert np.abs(np.asarray(got) - np.asarray(expected)).max() < 1e-5
+    bias = jnp.asarray(RNG.standard_normal(4).astype(np.float32))
+    expected = np.asarray(_xla_conv(x[:, 0], k, ("NHWC", "HWIO", "NHWC")) + bias)[:, None]
+    whole = conv2d_frames(x, k, bias)
+    blocked = conv2d_frames(x, k, bias, block_bytes=1)  # 8-row blocks: 21 = 8 + 8 + 5
+    assert whole.shape == blocked.shape == (2, 1, 21, 7, 4)
+    assert np.abs(np.asarray(whole) - expected).max() < 1e-6 * np.abs(expected).max() * 10
+    assert np.abs(np.asarray(blocked) - np.asarray(whole)).max() == 0  # same sums, blocked or not
+
+
+def test_causal_conv_equals_conv3d_over_past_and_frames():
+    past = jnp.asarray(RNG.standard_normal((1, 2, 19, 6, 3)).astype(np.float32))
+    x = jnp.asarray(RNG.standard_normal((1, 4, 19, 6, 3)).astype(np.float32))
+    k = jnp.asarray(RNG.standard_normal((3, 3, 3, 3, 2)).astype(np.float32))
+    bias = jnp.zeros(2, jnp.float32)
+    expected = np.asarray(_xla_conv(jnp.concatenate([past, x], 1), k, ("NDHWC", "DHWIO", "NDHWC")))
+    # All frames at once; 2 frames per block (a frame fits); one frame in 8-row blocks.
+    for block_bytes in (2**30, 3 * 2 * 6 * (9 * 2 + 4 * 3) * 4 * 21, 1):
+        got = np.asarray(causal_conv3x3x3(past, x, k, bias, block_bytes=block_bytes))
+        assert got.shape == (1, 4, 17, 4, 2)
+        assert np.abs(got - expected).max() < 1e-6 * np.abs(expected).max() * 10
 
 
 def test_attention_chunks_and_masks_exactly():
@@ -68,3 +88,4 @@ def test_single_device_context_zero_pads_and_attends_over_the_frame():
     q = jnp.asarray(RNG.standard_normal((1, 2, 3, 4)).astype(np.float32))
     flat = dot_product_attention(q.reshape(1, 6, 4), q.reshape(1, 6, 4), q.reshape(1, 6, 4))
     assert np.abs(np.asarray(ctx.attend(q, q, q)).reshape(1, 6, 4) - np.asarray(flat)).max() == 0
+
