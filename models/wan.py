@@ -73,7 +73,9 @@ def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per
     if frame_bytes <= block_bytes:
         group, rows = _largest_divisor_at_most(frames, block_bytes // frame_bytes), h
     else:
-        group, rows = 1, min(h, max(8, block_bytes // bytes_per_frame_row - 2))
+        most_rows = min(h, max(8, block_bytes // bytes_per_frame_row - 2))
+        # Equal blocks: the last one, shifted up to end at H, then recomputes only a few rows.
+        group, rows = 1, -(-h // -(-h // most_rows))
     row_blocks = -(-h // rows)
     out_dtype = jax.eval_shape(fn, jax.ShapeDtypeStruct((b, group + window - 1, rows + 2, wp, seq.shape[-1]),
                                                         seq.dtype)).dtype
