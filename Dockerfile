@@ -40,6 +40,6 @@ VOLUME ["/var/cache/vaeserve/jax"]
 
 # /healthz is liveness only (the model may still be compiling: /readyz says when it is ready).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4).status != 200)"
+    CMD python -c "import os,sys,urllib.request; port=os.environ.get('VAESERVE_PORT','8000'); sys.exit(urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=4).status != 200)"
 
 CMD ["vaeserve", "serve"]
