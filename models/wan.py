@@ -37,6 +37,11 @@ _RMS_EPS = 1e-12  # torch.nn.functional.normalize's eps
 CPU_BLOCK_BYTES = 128 * 2**20
 
 
+def use_native_conv(native: bool | None) -> bool:
+    """Native XLA convolutions everywhere but on CPU (unless a caller forces one or the other)."""
+    return jax.default_backend() != "cpu" if native is None else native
+
+
 def _tap_matmul_conv(x_padded: jax.Array, kernel: jax.Array) -> jax.Array:
     """All nine taps as one matmul ``(C, 9·O)``, then the sum of the nine shifted results.
 
@@ -56,12 +61,12 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 
 
 def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per_frame_row: int,
-                block_bytes: int) -> jax.Array:
+                block_bytes: int, scale: int = 1) -> jax.Array:
     """Apply a frame-local conv ``fn`` block by block over padded frames.
 
     ``seq`` is ``(B, T + window - 1, H+2, W+2, C)``; output frame ``t`` depends on input frames
     ``[t, t + window)``. ``fn`` maps a block ``(B, G + window - 1, R+2, W+2, C)`` to its output
-    ``(B, G, R, W, O)``. Blocks hold ``G`` frames (all rows) when a frame fits ``block_bytes``,
+    ``(B, G, s·R, s·W, O)`` (``s = scale``). Blocks hold ``G`` frames when a frame fits ``block_bytes``,
     else one frame and ``R`` rows (2 rows of overlap; the last block is shifted up to end at H, and
     overlapping rows are written twice with the same values).
     """
@@ -84,14 +89,14 @@ def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per
         t = (i // row_blocks) * group
         r = jnp.minimum((i % row_blocks) * rows, h - rows)
         block = lax.dynamic_slice(seq, (0, t, r, 0, 0), (b, group + window - 1, rows + 2, wp, seq.shape[-1]))
-        return lax.dynamic_update_slice(out, fn(block), (0, t, r, 0, 0))
+        return lax.dynamic_update_slice(out, fn(block), (0, t, scale * r, 0, 0))
 
-    out = jnp.zeros((b, frames, h, w, out_channels), out_dtype)
+    out = jnp.zeros((b, frames, scale * h, scale * w, out_channels), out_dtype)
     return lax.fori_loop(0, (frames // group) * row_blocks, body, out)
 
 
 def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                  block_bytes: int = CPU_BLOCK_BYTES) -> jax.Array:
+                  block_bytes: int = CPU_BLOCK_BYTES, native: bool | None = None) -> jax.Array:
     """3x3 'valid' conv of every frame. ``(B, T, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, H, W, O)``.
 
     On CPU, XLA's convolution reaches 55–95 GFLOP/s on the decoder's shapes while its matmul reaches
@@ -101,7 +106,7 @@ def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
     """
     b, t, hp, wp, c = x_padded.shape
     o = kernel.shape[-1]
-    if jax.default_backend() != "cpu":
+    if use_native_conv(native):
         y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), kernel, (1, 1), "VALID",
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                      precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
@@ -116,8 +121,84 @@ def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
                        bytes_per_frame_row=b * wp * (9 * o + c) * 4, block_bytes=block_bytes)
 
 
+# Nearest 2x upsampling followed by a 3x3 conv, seen from the low-resolution input: output pixel
+# (2i+a, 2j+b) reads input rows i+r for r in PHASE_ROWS[a] (and columns likewise), with the kernel
+# rows that land there summed. Each output phase is a 2x2 conv of the input: 4/9 of the FLOPs, and
+# the 4x larger upsampled activation never exists.
+PHASE_ROWS = ({-1: (0,), 0: (1, 2)}, {0: (0, 1), 1: (2,)})  # phase -> input offset -> kernel rows
+
+
+def _phase_terms(kernel: jax.Array) -> list[tuple[int, int, int, int, jax.Array]]:
+    """``(r, c, a, b, weight (C, O))`` for every input offset (r, c) each output phase (a, b) reads."""
+    terms = []
+    for r in (-1, 0, 1):
+        for c in (-1, 0, 1):
+            for a in (0, 1):
+                for b in (0, 1):
+                    if r in PHASE_ROWS[a] and c in PHASE_ROWS[b]:
+                        weight = sum(kernel[ky, kx] for ky in PHASE_ROWS[a][r] for kx in PHASE_ROWS[b][c])
+                        terms.append((r, c, a, b, weight))
+    return terms
+
+
+def _phases_to_pixels(phases: dict[tuple[int, int], jax.Array]) -> jax.Array:
+    """``{(a, b): (N, h, w, O)}`` → ``(N, 2h, 2w, O)`` with phase (a, b) at pixel (2i+a, 2j+b)."""
+    rows = [jnp.stack([phases[a, 0], phases[a, 1]], axis=3) for a in (0, 1)]  # (N, h, w, 2, O)
+    n, h, w, _, o = rows[0].shape
+    return jnp.stack(rows, axis=2).reshape(n, 2 * h, 2 * w, o)
+
+
+def _upsample_tap_matmul_conv(x_padded: jax.Array, kernel: jax.Array) -> jax.Array:
+    """CPU: the 16 (offset, phase) weights as one matmul ``(C, 16·O)``, then shifted sums per phase.
+
+    ``(N, h+2, w+2, C)`` low-resolution padded input → float32 ``(N, 2h, 2w, O)``.
+    """
+    n, hp, wp, c = x_padded.shape
+    h, w, o = hp - 2, wp - 2, kernel.shape[-1]
+    terms = _phase_terms(kernel)
+    weights = jnp.stack([t[-1] for t in terms], axis=1).reshape(c, len(terms) * o)
+    taps = jnp.einsum("nhwc,co->nhwo", x_padded, weights, precision=matmul_precision(x_padded.dtype),
+                      preferred_element_type=jnp.float32).reshape(n, hp, wp, len(terms), o)
+    phases: dict[tuple[int, int], jax.Array] = {}
+    for index, (r, cc, a, b, _) in enumerate(terms):
+        shifted = taps[:, 1 + r : 1 + r + h, 1 + cc : 1 + cc + w, index]
+        phases[a, b] = shifted if (a, b) not in phases else phases[a, b] + shifted
+    return _phases_to_pixels(phases)
+
+
+def upsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
+                             block_bytes: int = CPU_BLOCK_BYTES, native: bool | None = None) -> jax.Array:
+    """``conv3x3(zero_pad(upsample_nearest_2x(x)))`` computed from the padded low-resolution frames.
+
+    ``(B, T, h+2, w+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, 2h, 2w, O)``. The one-row padding (or halo)
+    of the low-resolution input is exactly what the upsampled input's padding would hold.
+    """
+    b, t, hp, wp, c = x_padded.shape
+    o = kernel.shape[-1]
+    if use_native_conv(native):
+        # Native conv over the low-resolution input with 4·O outputs (zeros in the taps a phase
+        # does not read), then depth-to-space.
+        full = jnp.zeros((3, 3, c, 2, 2, o), jnp.float32)
+        for r, cc, a, bb, weight in _phase_terms(kernel.astype(jnp.float32)):
+            full = full.at[r + 1, cc + 1, :, a, bb].set(weight)
+        y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), full.reshape(3, 3, c, 4 * o).astype(kernel.dtype),
+                                     (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                     precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
+        y = y.reshape(b * t, hp - 2, wp - 2, 2, 2, o)
+        y = _phases_to_pixels({(a, bb): y[:, :, :, a, bb] for a in (0, 1) for bb in (0, 1)})
+        return (y + bias).astype(x_padded.dtype).reshape(b, t, 2 * (hp - 2), 2 * (wp - 2), o)
+
+    def conv(block):
+        bb, g, rp, _, _ = block.shape
+        y = _upsample_tap_matmul_conv(block.reshape(bb * g, rp, wp, c), kernel)
+        return (y + bias).astype(x_padded.dtype).reshape(bb, g, 2 * (rp - 2), 2 * (wp - 2), o)
+
+    return conv_blocks(conv, x_padded, window=1, out_channels=o, scale=2,
+                       bytes_per_frame_row=b * wp * (16 * o + 5 * c) * 4, block_bytes=block_bytes)
+
+
 def causal_conv3x3x3(past: jax.Array, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                     block_bytes: int = CPU_BLOCK_BYTES) -> jax.Array:
+                     block_bytes: int = CPU_BLOCK_BYTES, native: bool | None = None) -> jax.Array:
     """Causal 3x3x3 conv: frames ``(B, T, H+2, W+2, C)`` after their past ``(B, 2, H+2, W+2, C)``.
 
     Returns ``(B, T, H, W, O)`` for a kernel ``(3, 3, 3, C, O)``. On CPU the three time taps are
@@ -127,7 +208,7 @@ def causal_conv3x3x3(past: jax.Array, x_padded: jax.Array, kernel: jax.Array, bi
     b, t, hp, wp, c = x_padded.shape
     kt, kh, kw, _, o = kernel.shape
     seq = jnp.concatenate([past, x_padded], axis=1)
-    if jax.default_backend() != "cpu":
+    if use_native_conv(native):
         y = lax.conv_general_dilated(seq, kernel, (1, 1, 1), "VALID", dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
                                      precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
         return (y + bias).astype(x_padded.dtype)
@@ -309,8 +390,9 @@ class Resample(nnx.Module):
                 cache = jnp.zeros((x.shape[0], CACHE_FRAMES, *x.shape[2:]), x.dtype)
             else:
                 x, cache = self._time_conv(x, cache)
-        x = ctx.pad_hw(upsample_nearest_2x(x))
-        return conv2d_frames(x, self.resample_kernel[...], self.resample_bias[...]), cache
+        # Pad (or fetch halos) at low resolution: the upsampled frame's border rows are copies of it.
+        frames = upsample2x_conv2d_frames(ctx.pad_hw(x), self.resample_kernel[...], self.resample_bias[...])
+        return frames, cache
 
 
 class UpBlock(nnx.Module):

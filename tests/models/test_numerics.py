@@ -6,7 +6,14 @@ from jax import lax
 
 from models.decode import to_uint8
 from models.spatial import SingleDeviceContext, dot_product_attention
-from models.wan import causal_conv3x3x3, conv2d_frames, interleave_time, rms_norm, upsample_nearest_2x
+from models.wan import (
+    causal_conv3x3x3,
+    conv2d_frames,
+    interleave_time,
+    rms_norm,
+    upsample2x_conv2d_frames,
+    upsample_nearest_2x,
+)
 
 RNG = np.random.default_rng(0)
 
@@ -47,9 +54,11 @@ def test_tap_matmul_conv_equals_xla_convolution_whole_and_in_row_blocks():
     k = jnp.asarray(RNG.standard_normal((3, 3, 5, 4)).astype(np.float32))
     bias = jnp.asarray(RNG.standard_normal(4).astype(np.float32))
     expected = np.asarray(_xla_conv(x[:, 0], k, ("NHWC", "HWIO", "NHWC")) + bias)[:, None]
-    whole = conv2d_frames(x, k, bias)
-    blocked = conv2d_frames(x, k, bias, block_bytes=1)  # 8-row blocks: 21 = 8 + 8 + 5
-    assert whole.shape == blocked.shape == (2, 1, 21, 7, 4)
+    whole = conv2d_frames(x, k, bias, native=False)
+    blocked = conv2d_frames(x, k, bias, block_bytes=1, native=False)  # 3 row blocks of 7
+    native = conv2d_frames(x, k, bias, native=True)  # the accelerator path, run here on CPU
+    assert whole.shape == blocked.shape == native.shape == (2, 1, 21, 7, 4)
+    assert np.abs(np.asarray(native) - expected).max() < 1e-6 * np.abs(expected).max() * 10
     assert np.abs(np.asarray(whole) - expected).max() < 1e-6 * np.abs(expected).max() * 10
     assert np.abs(np.asarray(blocked) - np.asarray(whole)).max() == 0  # same sums, blocked or not
 
@@ -61,8 +70,8 @@ def test_causal_conv_equals_conv3d_over_past_and_frames():
     bias = jnp.zeros(2, jnp.float32)
     expected = np.asarray(_xla_conv(jnp.concatenate([past, x], 1), k, ("NDHWC", "DHWIO", "NDHWC")))
     # All frames at once; 2 frames per block (a frame fits); one frame in 8-row blocks.
-    for block_bytes in (2**30, 3 * 2 * 6 * (9 * 2 + 4 * 3) * 4 * 21, 1):
-        got = np.asarray(causal_conv3x3x3(past, x, k, bias, block_bytes=block_bytes))
+    for block_bytes, native in ((2**30, False), (3 * 2 * 6 * (9 * 2 + 4 * 3) * 4 * 21, False), (1, False), (1, True)):
+        got = np.asarray(causal_conv3x3x3(past, x, k, bias, block_bytes=block_bytes, native=native))
         assert got.shape == (1, 4, 17, 4, 2)
         assert np.abs(got - expected).max() < 1e-6 * np.abs(expected).max() * 10
 
@@ -89,3 +98,17 @@ def test_single_device_context_zero_pads_and_attends_over_the_frame():
     flat = dot_product_attention(q.reshape(1, 6, 4), q.reshape(1, 6, 4), q.reshape(1, 6, 4))
     assert np.abs(np.asarray(ctx.attend(q, q, q)).reshape(1, 6, 4) - np.asarray(flat)).max() == 0
 
+
+
+def test_upsample_conv_from_low_resolution_equals_upsample_then_conv():
+    """The phase decomposition (4/9 of the FLOPs, no upsampled activation) is the same function."""
+    x = jnp.asarray(RNG.standard_normal((1, 2, 19, 7, 6)).astype(np.float32))
+    k = jnp.asarray(RNG.standard_normal((3, 3, 6, 4)).astype(np.float32))
+    bias = jnp.asarray(RNG.standard_normal(4).astype(np.float32))
+    up = upsample_nearest_2x(x)
+    expected = np.asarray(_xla_conv(jnp.pad(up[:, 0], ((0, 0), (1, 1), (1, 1), (0, 0))), k, ("NHWC", "HWIO", "NHWC")) + bias)
+    padded = jnp.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1), (0, 0)))
+    for block_bytes, native in ((2**30, False), (1, False), (2**30, True)):
+        got = np.asarray(upsample2x_conv2d_frames(padded, k, bias, block_bytes=block_bytes, native=native))
+        assert got.shape == (1, 2, 38, 14, 4)
+        assert np.abs(got[:, 0] - expected).max() < 1e-5 * np.abs(expected).max()
