@@ -13,17 +13,12 @@ from tests.sharding.conftest import WIDTH, make_latents
 
 TOLERANCE = 1e-5
 
-# (tp, latent height, T): every tp with a height that divides and one that does not, and each
-# kind of height with T = 1 (frame 0 alone) and T = 3 (frame 0, then the scan). The uneven heights
-# leave partly padded bands (tp=3: 7 → 9, tp=8: 13 → 16) and wholly padded ones (tp=4: 5 → 8
-# leaves rank 3 empty). A covering set rather than the full cross product: compiles dominate.
-CASES = [
-    (1, 5, 1), (1, 5, 3),
-    (2, 8, 1), (2, 5, 3),
-    (3, 6, 3), (3, 7, 1),
-    (4, 8, 1), (4, 5, 3),
-    (8, 8, 3), (8, 13, 1),
-]
+# (tp, latent height, T): every tp with a height that divides and one that does not (tp = 1:
+# every height divides), each with T = 1 (frame 0 alone) and T = 3 (frame 0, then the scan). The
+# uneven heights leave partly padded bands (tp=3: 7 → 9, tp=8: 13 → 16) and wholly padded ones
+# (tp=4: 5 → 8 leaves rank 3 empty).
+HEIGHTS = {1: (5,), 2: (8, 5), 3: (6, 7), 4: (8, 5), 8: (8, 13)}
+CASES = [(tp, height, frames) for tp, heights in HEIGHTS.items() for height in heights for frames in (1, 3)]
 CASES = [pytest.param(*case, id="tp{}-h{}-t{}".format(*case)) for case in CASES]
 
 
