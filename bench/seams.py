@@ -48,8 +48,11 @@ if ARGS is not None:  # before JAX starts: enough host devices for the mesh
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(ARGS.tp, 1)}").strip()
     os.environ["JAX_PLATFORMS"] = ARGS.platform
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+# The perturbed diffusers reference is the parity tests' own, so bench and tests decode the same model.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "models"))
 
 import numpy as np  # noqa: E402
+from wan_reference import perturbed_diffusers_vae  # noqa: E402
 
 SCALE = 8  # latent row → frame rows
 INTERIOR_MARGIN = 8  # frame rows
@@ -95,22 +98,6 @@ def row_errors(frames: np.ndarray, reference: np.ndarray, seams: list[int]) -> d
     }
 
 
-def diffusers_model(config: dict, seed: int):
-    """A diffusers Wan VAE with random weights, its RMS gammas and biases perturbed (as the parity tests)."""
-    import diffusers
-    import torch
-
-    torch.manual_seed(seed)
-    model = diffusers.AutoencoderKLWan(**config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("gamma"):
-                parameter.copy_(1 + 0.3 * torch.randn_like(parameter))
-            elif name.endswith("bias"):
-                parameter.copy_(0.1 * torch.randn_like(parameter))
-    return model
-
-
 def diffusers_decode(model, latents: np.ndarray, *, tiling: dict | None) -> np.ndarray:
     import torch
 
@@ -137,7 +124,7 @@ def main(args: argparse.Namespace) -> None:
           f"config {args.config}; tp={args.tp}; tiles {args.tile}px stride {args.stride}px "
           f"(overlap {args.tile - args.stride}px); JAX on {args.platform}")
 
-    reference_model = diffusers_model(config, args.seed)
+    reference_model = perturbed_diffusers_vae(config, args.seed)
     with tempfile.TemporaryDirectory() as folder:
         reference_model.save_pretrained(folder, safe_serialization=True)
         vae = models.load_vae(folder)

@@ -3,7 +3,7 @@
 from .config import ConfigError, WanVAEConfig
 from .decode import denormalize_latents, to_uint8
 from .loading import WeightsError, convert_wan_pth, load_vae, save_vae
-from .vae import LatentsError, WanVAE, init_vae, num_output_frames
+from .vae import LatentsError, WanVAE, init_vae
 
 __all__ = [
     "ConfigError",
@@ -15,7 +15,6 @@ __all__ = [
     "denormalize_latents",
     "init_vae",
     "load_vae",
-    "num_output_frames",
     "save_vae",
     "to_uint8",
 ]

@@ -68,7 +68,7 @@ class WanVAEConfig:
 
     @property
     def spatial_scale(self) -> int:
-        return 2 ** sum(1 for _ in self.dim_mult[:-1])
+        return 2 ** (len(self.dim_mult) - 1)
 
     @property
     def temporal_scale(self) -> int:

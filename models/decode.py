@@ -7,10 +7,11 @@ Layouts: ``(B, 16, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax import lax
 
 from .config import WanVAEConfig
@@ -58,6 +59,13 @@ def _time_axis(output: Output) -> int:
     return 2 if output == "float" else 1
 
 
+def decode_step(model: WanDecoder, caches, z: jax.Array, ctx: SpatialContext, *, output: Output):
+    """One decode step: latents ``(B, c, H, W, z)`` and the previous step's caches (None for latent
+    frame 0, then ``c`` must be 1) → (frames in the output layout, the new caches)."""
+    frames, caches = model(z, caches, ctx)
+    return _layout(finish_frames(frames, output), output), caches
+
+
 def decode_frames(
     model: WanDecoder,
     z: jax.Array,
@@ -69,23 +77,21 @@ def decode_frames(
     """Decode channels-last latents ``(B, T, H, W, z)``.
 
     Returns float32 ``(B, 3, F, 8H, 8W)`` (``output="float"``) or uint8 ``(B, F, 8H, 8W, 3)``,
-    ``F = 1 + 4(T-1)``. Every step writes its frames into one preallocated output buffer carried
-    through the scan, so peak memory is the output plus one step's activations and caches,
-    whatever ``T`` is.
+    ``F = 1 + 4(T-1)`` for Wan 2.1. Every step writes its frames into one preallocated output
+    buffer carried through the scan, so peak memory is the output plus one step's activations and
+    caches, whatever ``T`` is.
     """
     num_latent = z.shape[1]
-    first, caches = model(z[:, :1], None, ctx)
-    first = _layout(finish_frames(first, output), output)
+    first, caches = decode_step(model, None, z[:, :1], ctx, output=output)
     axis = _time_axis(output)
-    per_latent = 4  # Wan 2.1 temporal upsampling; frame 0 yields one frame.
+    per_latent = model.temporal_scale  # frames per later latent frame; frame 0 yields one
     shape = list(first.shape)
     shape[axis] = 1 + per_latent * (num_latent - 1)
     buffer = lax.dynamic_update_slice_in_dim(jnp.zeros(shape, first.dtype), first, 0, axis)
 
     def step(carry, z_chunk, start):
         caches, buffer = carry
-        frames, caches = model(z_chunk, caches, ctx)
-        frames = _layout(finish_frames(frames, output), output)
+        frames, caches = decode_step(model, caches, z_chunk, ctx, output=output)
         return caches, lax.dynamic_update_slice_in_dim(buffer, frames, start, axis)
 
     rest = z[:, 1:]
@@ -104,13 +110,23 @@ def decode_frames(
     return buffer
 
 
-def decode_first(model: WanDecoder, z0: jax.Array, ctx: SpatialContext, *, output: Output = "uint8"):
-    """Streaming, step 0: latent frame ``(B, 1, H, W, z)`` → (frames, caches)."""
-    frames, caches = model(z0, None, ctx)
-    return _layout(finish_frames(frames, output), output), caches
+def local_program(kind: str, graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
+                  denormalize: bool, output: Output, chunk: int = 1) -> Callable:
+    """The pure per-device program of one kind, on NCTHW latents and the split model state.
 
+    ``"full"``: ``(state, latents) → frames``; ``"step"``: ``(state, caches, latents) → (frames,
+    caches)`` with ``caches=None`` for latent frame 0 (streaming). The single-device decode and
+    the sharded one (inside ``shard_map``) differ only in ``make_context``.
+    """
+    def prepare(latents):
+        return prepare_latents(latents, config, dtype, denormalize=denormalize)
 
-def decode_next(model: WanDecoder, caches, z_chunk: jax.Array, ctx: SpatialContext, *, output: Output = "uint8"):
-    """Streaming, later steps: ``(B, c, H, W, z)`` with the caches of the previous step → (frames, caches)."""
-    frames, caches = model(z_chunk, caches, ctx)
-    return _layout(finish_frames(frames, output), output), caches
+    if kind == "full":
+        def full(state, latents):
+            return decode_frames(nnx.merge(graphdef, state), prepare(latents), make_context(), chunk=chunk, output=output)
+        return full
+    if kind == "step":
+        def step(state, caches, latents):
+            return decode_step(nnx.merge(graphdef, state), caches, prepare(latents), make_context(), output=output)
+        return step
+    raise ValueError(f"program kind must be 'full' or 'step'; received {kind!r}")

@@ -57,8 +57,8 @@ def _read_safetensors(files: list[Path]) -> dict[str, Any]:
 
     tensors: dict[str, Any] = {}
     for file in files:
-        # framework="flax" reads bfloat16 too (NumPy has no bfloat16 of its own).
-        with safe_open(str(file), framework="flax") as f:
+        # Host arrays: the model is assembled on the host and placed once (bfloat16 via ml_dtypes).
+        with safe_open(str(file), framework="numpy") as f:
             for name in f.keys():
                 tensors[name] = f.get_tensor(name)
     return tensors
@@ -80,10 +80,11 @@ def _read_pth(path: Path) -> dict[str, Any]:
 
 
 def _torch_to_numpy(tensor) -> np.ndarray:
+    import ml_dtypes
     import torch
 
-    if tensor.dtype == torch.bfloat16:
-        return np.asarray(jnp.asarray(tensor.float().numpy(), jnp.bfloat16))
+    if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16: reinterpret the same bits
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return tensor.numpy()
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from flax import nnx
 
 from .config import WanVAEConfig
-from .decode import OUTPUTS, Output, decode_first, decode_frames, decode_next, prepare_latents
+from .decode import OUTPUTS, Output, local_program
 from .spatial import SingleDeviceContext
 from .wan import WanDecoder
 
@@ -32,9 +32,9 @@ def resolve_dtype(dtype: str):
     return DTYPES[dtype]
 
 
-def num_output_frames(latent_frames: int) -> int:
-    """Wan 2.1: latent frame 0 yields one frame, every later one four."""
-    return 1 + 4 * (latent_frames - 1)
+def stream_steps(latent_frames: int, chunk: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` latent frames of each streaming step: frame 0 alone, then ``chunk`` at a time."""
+    return [(0, 1)] + [(start, min(start + chunk, latent_frames)) for start in range(1, latent_frames, chunk)]
 
 
 def check_latents_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
@@ -76,35 +76,9 @@ class WanVAE:
     def _program(self, kind: str, **options):
         key = (kind, tuple(sorted(options.items())))
         if key not in self._programs:
-            self._programs[key] = jax.jit(getattr(self, f"_{kind}_fn")(**options))
+            run = local_program(kind, self.graphdef, self.config, DTYPES[self.dtype], SingleDeviceContext, **options)
+            self._programs[key] = jax.jit(run)
         return self._programs[key]
-
-    def _full_fn(self, *, denormalize: bool, output: Output, chunk: int):
-        graphdef, config, dtype = self.graphdef, self.config, DTYPES[self.dtype]
-
-        def run(state, latents):
-            z = prepare_latents(latents, config, dtype, denormalize=denormalize)
-            return decode_frames(nnx.merge(graphdef, state), z, SingleDeviceContext(), chunk=chunk, output=output)
-
-        return run
-
-    def _first_fn(self, *, denormalize: bool, output: Output):
-        graphdef, config, dtype = self.graphdef, self.config, DTYPES[self.dtype]
-
-        def run(state, latents):
-            z = prepare_latents(latents, config, dtype, denormalize=denormalize)
-            return decode_first(nnx.merge(graphdef, state), z, SingleDeviceContext(), output=output)
-
-        return run
-
-    def _next_fn(self, *, denormalize: bool, output: Output):
-        graphdef, config, dtype = self.graphdef, self.config, DTYPES[self.dtype]
-
-        def run(state, caches, latents):
-            z = prepare_latents(latents, config, dtype, denormalize=denormalize)
-            return decode_next(nnx.merge(graphdef, state), caches, z, SingleDeviceContext(), output=output)
-
-        return run
 
     # -- public API ----------------------------------------------------------------------------
     def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None):
@@ -133,12 +107,10 @@ class WanVAE:
         check_options("uint8", chunk)
         latents = np.asarray(latents, np.float32)
         check_latents_shape(latents.shape, self.config)
-        first = self._program("first", denormalize=denormalize, output="uint8")
-        step = self._program("next", denormalize=denormalize, output="uint8")
-        frames, caches = first(self.state, latents[:, :, :1])
-        yield np.asarray(frames)
-        for start in range(1, latents.shape[2], chunk):
-            frames, caches = step(self.state, caches, latents[:, :, start : start + chunk])
+        step = self._program("step", denormalize=denormalize, output="uint8")
+        caches = None
+        for start, stop in stream_steps(latents.shape[2], chunk):
+            frames, caches = step(self.state, caches, latents[:, :, start:stop])
             yield np.asarray(frames)
 
 

@@ -66,7 +66,7 @@ def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per
 
     ``seq`` is ``(B, T + window - 1, H+2, W+2, C)``; output frame ``t`` depends on input frames
     ``[t, t + window)``. ``fn`` maps a block ``(B, G + window - 1, R+2, W+2, C)`` to its output
-    ``(B, G, s·R, s·W, O)`` (``s = scale``). Blocks hold ``G`` frames when a frame fits ``block_bytes``,
+    ``(B, G, s·R, s·W, O)`` (``s = scale``) in ``seq``'s dtype. Blocks hold ``G`` frames when a frame fits ``block_bytes``,
     else one frame and ``R`` rows (2 rows of overlap; the last block is shifted up to end at H, and
     overlapping rows are written twice with the same values).
     """
@@ -82,8 +82,6 @@ def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per
         # Equal blocks: the last one, shifted up to end at H, then recomputes only a few rows.
         group, rows = 1, -(-h // -(-h // most_rows))
     row_blocks = -(-h // rows)
-    out_dtype = jax.eval_shape(fn, jax.ShapeDtypeStruct((b, group + window - 1, rows + 2, wp, seq.shape[-1]),
-                                                        seq.dtype)).dtype
 
     def body(i, out):
         t = (i // row_blocks) * group
@@ -91,7 +89,7 @@ def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per
         block = lax.dynamic_slice(seq, (0, t, r, 0, 0), (b, group + window - 1, rows + 2, wp, seq.shape[-1]))
         return lax.dynamic_update_slice(out, fn(block), (0, t, scale * r, 0, 0))
 
-    out = jnp.zeros((b, frames, scale * h, scale * w, out_channels), out_dtype)
+    out = jnp.zeros((b, frames, scale * h, scale * w, out_channels), seq.dtype)
     return lax.fori_loop(0, (frames // group) * row_blocks, body, out)
 
 
@@ -225,11 +223,11 @@ def causal_conv3x3x3(past: jax.Array, x_padded: jax.Array, kernel: jax.Array, bi
                        bytes_per_frame_row=b * wp * (9 * o + (kt + 1) * c) * 4, block_bytes=block_bytes)
 
 
-def next_cache(past: jax.Array | None, x: jax.Array) -> jax.Array:
-    """The last two frames of ``past ++ x`` (zeros stand in for a missing past)."""
+def next_cache(past: jax.Array, x: jax.Array) -> jax.Array:
+    """The last two frames of ``past ++ x``."""
     if x.shape[1] >= CACHE_FRAMES:
         return x[:, -CACHE_FRAMES:]
-    return _past_with(past, x)[:, -CACHE_FRAMES:]
+    return jnp.concatenate([past, x], axis=1)[:, -CACHE_FRAMES:]
 
 
 def rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
@@ -258,11 +256,11 @@ def interleave_time(x: jax.Array) -> jax.Array:
     return jnp.moveaxis(x, 4, 2).reshape(b, 2 * t, h, w, c2 // 2)
 
 
-def _past_with(cache: jax.Array | None, x: jax.Array) -> jax.Array:
-    """Prepend the cached past (zeros when absent) to ``x`` along time."""
+def _past_or_zeros(cache: jax.Array | None, x: jax.Array) -> jax.Array:
+    """The cached two past frames of ``x (B, T, ...)``, or zeros for latent frame 0."""
     if cache is None:
-        cache = jnp.zeros((x.shape[0], CACHE_FRAMES, *x.shape[2:]), x.dtype)
-    return jnp.concatenate([cache, x], axis=1)
+        return jnp.zeros((x.shape[0], CACHE_FRAMES, *x.shape[2:]), x.dtype)
+    return cache
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,13 +297,13 @@ class CausalConv3d(nnx.Module):
     def __call__(self, x, cache, ctx: SpatialContext):
         """``x (B, T, H, W, C)``, ``cache (B, 2, H+2, W+2, C)`` or None → ``(B, T, H, W, O)``, new cache."""
         x_padded = ctx.pad_hw(x)
+        past = _past_or_zeros(cache, x_padded)
         if cache is None and x.shape[1] == 1:
             # First frame, all-zero past: only the last time tap sees data (2/3 fewer FLOPs).
             y = conv2d_frames(x_padded, self.kernel[2], self.bias[...])
         else:
-            past = cache if cache is not None else jnp.zeros((x.shape[0], CACHE_FRAMES, *x_padded.shape[2:]), x.dtype)
             y = causal_conv3x3x3(past, x_padded, self.kernel[...], self.bias[...])
-        return y, next_cache(cache, x_padded)
+        return y, next_cache(past, x_padded)
 
 
 class RMSNorm(nnx.Module):
@@ -374,7 +372,7 @@ class Resample(nnx.Module):
             self.time_bias = _bias(rngs, 2 * dim, dtype)
 
     def _time_conv(self, x, cache):
-        past = _past_with(cache, x)
+        past = jnp.concatenate([cache, x], axis=1)
         t = x.shape[1]
         kernel = self.time_kernel[...]
         y = sum(
@@ -387,7 +385,7 @@ class Resample(nnx.Module):
     def __call__(self, x, cache, ctx: SpatialContext):
         if self.mode == "upsample3d":
             if cache is None:  # first latent frame: the reference skips the time conv ("Rep")
-                cache = jnp.zeros((x.shape[0], CACHE_FRAMES, *x.shape[2:]), x.dtype)
+                cache = _past_or_zeros(None, x)
             else:
                 x, cache = self._time_conv(x, cache)
         # Pad (or fetch halos) at low resolution: the upsampled frame's border rows are copies of it.
@@ -453,6 +451,7 @@ class WanDecoder(nnx.Module):
     """
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.temporal_scale = config.temporal_scale  # frames per latent frame after frame 0 (static)
         self.post_quant_conv = PointwiseConv(config.z_dim, config.z_dim, rngs=rngs, dtype=dtype)
         self.decoder = Decoder3d(config, rngs=rngs, dtype=dtype)
 

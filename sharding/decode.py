@@ -14,12 +14,11 @@ from typing import Any, Callable, Iterator
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from models.decode import Output, decode_first, decode_frames, decode_next, prepare_latents
-from models.vae import DEFAULT_CHUNK, DTYPES, WanVAE, check_latents_shape, check_options
+from models.decode import Output, local_program
+from models.vae import DEFAULT_CHUNK, DTYPES, WanVAE, check_latents_shape, check_options, stream_steps
 
 from .halo import BandContext
 from .mesh import DP_AXIS, TP_AXIS, mesh_key
@@ -117,62 +116,33 @@ def _shard(mesh: Mesh, fn: Callable, in_specs, out_specs) -> Callable:
     return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
-def _full_fn(vae, mesh, plan, *, denormalize, output, chunk, halo, query_chunk):
-    graphdef, config, dtype = vae.graphdef, vae.config, DTYPES[vae.dtype]
+def _build(vae: WanVAE, mesh: Mesh, plan: BandPlan, kind: str, *, halo: str, query_chunk: int, **options) -> Callable:
+    """``models.decode.local_program`` on each band under ``shard_map``, latents padded and frames
+    cropped around it. ``kind`` as there: ``"full"`` or ``"step"`` (caches stay on their bands)."""
+    def band_context():
+        return BandContext(plan, halo=halo, query_chunk=query_chunk)
 
-    def local(state, latents):
-        z = prepare_latents(latents, config, dtype, denormalize=denormalize)
-        ctx = BandContext(plan, halo=halo, query_chunk=query_chunk)
-        return decode_frames(nnx.merge(graphdef, state), z, ctx, chunk=chunk, output=output)
+    local = local_program(kind, vae.graphdef, vae.config, DTYPES[vae.dtype], band_context, **options)
+    output = options["output"]
+    frames, caches, latents = frames_spec(plan, output), cache_spec(plan), latents_spec(plan)
+    if kind == "full":
+        sharded = _shard(mesh, local, (P(), latents), frames)
 
-    sharded = _shard(mesh, local, (P(), latents_spec(plan)), frames_spec(plan, output))
+        def run(state, z):
+            return crop_frames(sharded(state, pad_latents(z, plan)), plan, output)
+        return run
 
-    def run(state, latents):
-        return crop_frames(sharded(state, pad_latents(latents, plan)), plan, output)
-
-    return run
-
-
-def _first_fn(vae, mesh, plan, *, denormalize, output, halo, query_chunk):
-    graphdef, config, dtype = vae.graphdef, vae.config, DTYPES[vae.dtype]
-
-    def local(state, latents):
-        z = prepare_latents(latents, config, dtype, denormalize=denormalize)
-        ctx = BandContext(plan, halo=halo, query_chunk=query_chunk)
-        return decode_first(nnx.merge(graphdef, state), z, ctx, output=output)
-
-    sharded = _shard(mesh, local, (P(), latents_spec(plan)), (frames_spec(plan, output), cache_spec(plan)))
-
-    def run(state, latents):
-        frames, caches = sharded(state, pad_latents(latents, plan))
-        return crop_frames(frames, plan, output), caches
-
-    return run
-
-
-def _next_fn(vae, mesh, plan, *, denormalize, output, halo, query_chunk):
-    graphdef, config, dtype = vae.graphdef, vae.config, DTYPES[vae.dtype]
-
-    def local(state, caches, latents):
-        z = prepare_latents(latents, config, dtype, denormalize=denormalize)
-        ctx = BandContext(plan, halo=halo, query_chunk=query_chunk)
-        return decode_next(nnx.merge(graphdef, state), caches, z, ctx, output=output)
-
-    sharded = _shard(mesh, local, (P(), cache_spec(plan), latents_spec(plan)),
-                     (frames_spec(plan, output), cache_spec(plan)))
-
-    def run(state, caches, latents):
-        frames, caches = sharded(state, caches, pad_latents(latents, plan))
-        return crop_frames(frames, plan, output), caches
-
-    return run
-
-
-_BUILDERS = {"full": _full_fn, "first": _first_fn, "next": _next_fn}
+    # A step's caches: None for latent frame 0, then the sharded pytree of the previous step.
+    def run_step(state, step_caches, z):
+        cache_specs = None if step_caches is None else caches
+        sharded = _shard(mesh, local, (P(), cache_specs, latents), (frames, caches))
+        out, new_caches = sharded(state, step_caches, pad_latents(z, plan))
+        return crop_frames(out, plan, output), new_caches
+    return run_step
 
 
 def program(vae: WanVAE, kind: str, mesh: Mesh, plan: BandPlan, **options) -> Callable:
-    """The jitted sharded program ``kind`` ("full", "first", "next"), cached per (mesh, plan, options).
+    """The jitted sharded program ``kind`` ("full" or "step"), cached per (mesh, plan, options).
 
     ``jax.jit`` then caches its compilations per input shape, so a program is compiled once per
     (shape, mesh, options).
@@ -182,7 +152,7 @@ def program(vae: WanVAE, kind: str, mesh: Mesh, plan: BandPlan, **options) -> Ca
     programs = model_cache(vae)["programs"]
     key = (kind, mesh_key(mesh), plan, tuple(sorted(options.items())))
     if key not in programs:
-        programs[key] = jax.jit(_BUILDERS[kind](vae, mesh, plan, **options))
+        programs[key] = jax.jit(_build(vae, mesh, plan, kind, **options))
     return programs[key]
 
 
@@ -244,12 +214,10 @@ def sharded_decode_stream(
     check_options("uint8", chunk)
     latents = np.asarray(latents, np.float32)
     plan = make_plan(vae, latents.shape, mesh, split)
-    options = dict(denormalize=denormalize, output="uint8", halo=halo, query_chunk=query_chunk)
-    first = program(vae, "first", mesh, plan, **options)
-    step = program(vae, "next", mesh, plan, **options)
+    step = program(vae, "step", mesh, plan, denormalize=denormalize, output="uint8", halo=halo,
+                   query_chunk=query_chunk)
     state = replicated_state(vae, mesh)
-    frames, caches = first(state, put_latents(latents[:, :, :1], mesh))
-    yield jax.device_get(frames)
-    for start in range(1, latents.shape[2], chunk):
-        frames, caches = step(state, caches, put_latents(latents[:, :, start : start + chunk], mesh))
+    caches = None
+    for start, stop in stream_steps(latents.shape[2], chunk):
+        frames, caches = step(state, caches, put_latents(latents[:, :, start:stop], mesh))
         yield jax.device_get(frames)

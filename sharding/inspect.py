@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from models.decode import decode_first, decode_next
+from models.decode import decode_step
 from models.vae import DEFAULT_CHUNK, DTYPES, WanVAE
 
 from .decode import make_plan, model_cache, program, replicated_state
@@ -90,23 +90,18 @@ def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, spl
     band_hw = (plan.band, width) if plan.split == "height" else (height, plan.band)
     z_dim = vae.config.z_dim
 
-    def first(state, z):
-        return decode_first(nnx.merge(vae.graphdef, state), z, recorder)
-
-    def later(state, caches, z):
-        return decode_next(nnx.merge(vae.graphdef, state), caches, z, recorder)
+    def step(state, caches, z):
+        return decode_step(nnx.merge(vae.graphdef, state), caches, z, recorder, output="uint8")
 
     slabs = {}
-    recorder = HaloRecorder(plan)
-    z0 = jax.ShapeDtypeStruct((batch // dp, 1, *band_hw, z_dim), dtype)
-    _, caches = jax.eval_shape(first, vae.state, z0)
-    slabs["first"] = recorder.slab_bytes()
-    recorder = HaloRecorder(plan)
-    z1 = jax.ShapeDtypeStruct((batch // dp, chunk, *band_hw, z_dim), dtype)
-    jax.eval_shape(later, vae.state, caches, z1)
-    slabs["next"] = recorder.slab_bytes()
+    caches = None
+    for name, frames in (("first", 1), ("next", chunk)):
+        recorder = HaloRecorder(plan)
+        z = jax.ShapeDtypeStruct((batch // dp, frames, *band_hw, z_dim), dtype)
+        _, caches = jax.eval_shape(step, vae.state, caches, z)
+        slabs[name] = recorder.slab_bytes()
     result = {}
-    for step, slab in slabs.items():
-        result[f"{step}_per_device"] = slab * min(2, tp - 1)
-        result[f"{step}_total"] = slab * 2 * (tp - 1) * dp
+    for name, slab in slabs.items():
+        result[f"{name}_per_device"] = slab * min(2, tp - 1)
+        result[f"{name}_total"] = slab * 2 * (tp - 1) * dp
     return result

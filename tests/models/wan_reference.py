@@ -69,3 +69,19 @@ def write_diffusers_folder(folder: Path, config: models.WanVAEConfig, weights: d
 
 def fixture_path(name: str, shape) -> Path:
     return FIXTURES / f"{name}__{'x'.join(map(str, shape))}.safetensors"
+
+
+def perturbed_diffusers_vae(overrides: dict, seed: int):
+    """diffusers' ``AutoencoderKLWan`` with torch-seeded weights, gammas and biases perturbed."""
+    import diffusers
+    import torch
+
+    torch.manual_seed(seed)
+    model = diffusers.AutoencoderKLWan(**overrides).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("gamma"):
+                parameter.copy_(1 + 0.3 * torch.randn_like(parameter))
+            elif name.endswith("bias"):
+                parameter.copy_(0.1 * torch.randn_like(parameter))
+    return model
