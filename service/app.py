@@ -98,9 +98,14 @@ def _loader(app: FastAPI, settings: Settings, metrics: Metrics, vae):
         mesh = sharding.make_mesh(settings.tp, settings.dp)
         runner = DeviceRunner(model, mesh, max_batch=settings.max_batch, dp=settings.dp,
                               on_compile=lambda key: metrics.compiles.inc())
-        shape = (1, model.config.z_dim, 1, 1, 1)
-        app.state.norm = (np.asarray(model.config.latents_mean, np.float32).reshape(shape),
-                          np.asarray(model.config.latents_std, np.float32).reshape(shape))
+        config = model.config
+        shape = (1, config.z_dim, 1, 1, 1)
+        app.state.norm = (np.asarray(config.latents_mean, np.float32).reshape(shape),
+                          np.asarray(config.latents_std, np.float32).reshape(shape))
+        app.state.limits = codec.Limits(
+            channels=config.z_dim, max_batch=settings.max_batch, max_frames=settings.max_frames,
+            max_height=settings.max_height, max_width=settings.max_width,
+            temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale)
         app.state.vae = model
         info = {"devices": [str(d) for d in np.asarray(mesh.devices).ravel()],
                 "platform": jax.default_backend()}
@@ -154,15 +159,13 @@ def _job_kind(params: DecodeParams) -> str:
 
 def _prepare(app: FastAPI, body: bytes, kind: str, params: DecodeParams) -> tuple[np.ndarray, bool]:
     """Parse, validate, scale and denormalize on the host (in a thread: it touches every value)."""
-    s: Settings = app.state.settings
-    limits = codec.Limits(channels=app.state.vae.config.z_dim, max_batch=s.max_batch, max_frames=s.max_frames,
-                          max_height=s.max_height, max_width=s.max_width)
+    limits: codec.Limits = app.state.limits
     latents, batched = codec.parse_latents(body, kind, params.shape, params.dtype, limits)
     latents = codec.apply_scaling(latents, params.scaling_factor, params.shift_factor)
     if params.denormalize:
         mean, std = app.state.norm
         latents = latents * std + mean
-    frames = codec.output_frames(latents.shape[2])
+    frames = limits.output_frames(latents.shape[2])
     if params.output_type in ("mp4", "png") and not params.stream and latents.shape[0] != 1:
         raise Problem(422, "batch-not-supported", f"{params.output_type} holds one video",
                       expected="batch size 1", received=latents.shape[0])

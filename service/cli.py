@@ -122,13 +122,13 @@ def decode(args: argparse.Namespace) -> int:
     import sharding
 
     from . import codec
+    from .runner import pad_batch
 
     latents = _load_latents(Path(args.input))
     vae = models.load_vae(args.model, dtype=args.dtype)
     mesh = sharding.make_mesh(args.tp, dp=args.dp)
-    pad = -latents.shape[0] % args.dp  # the batch must split evenly over dp
-    padded = np.concatenate([latents, np.zeros((pad, *latents.shape[1:]), np.float32)]) if pad else latents
-    total = codec.output_frames(latents.shape[2])
+    padded = pad_batch(latents, -(-latents.shape[0] // args.dp) * args.dp)  # the batch must split over dp
+    total = vae.config.num_output_frames(latents.shape[2])
     chunks = []
     with tqdm(total=total, unit="frame", desc="decode") as bar:
         for chunk in sharding.sharded_decode_stream(vae, padded, mesh, denormalize=args.denormalize):

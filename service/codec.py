@@ -47,11 +47,12 @@ class Limits:
     max_frames: int
     max_height: int
     max_width: int
+    temporal_scale: int = 4  # the model's: frames per latent frame after the first (Wan 2.1: 4)
+    spatial_scale: int = 8  # the model's: pixels per latent row/column (Wan 2.1: 8)
 
-
-def output_frames(latent_frames: int) -> int:
-    """Wan 2.1: the first latent frame gives one frame, every later one gives four."""
-    return 1 + 4 * (latent_frames - 1)
+    def output_frames(self, latent_frames: int) -> int:
+        """The first latent frame gives one frame, every later one ``temporal_scale``."""
+        return 1 + self.temporal_scale * (latent_frames - 1)
 
 
 def media_type(content_type: str | None) -> str:
@@ -194,9 +195,9 @@ def validate_latents(array: np.ndarray, limits: Limits) -> tuple[np.ndarray, boo
                       expected=limits.channels, received=c)
     checks = (
         ("batch", b, limits.max_batch, "too-large-batch"),
-        ("frames", output_frames(t), limits.max_frames, "too-many-frames"),
-        ("height", 8 * h, limits.max_height, "too-large-height"),
-        ("width", 8 * w, limits.max_width, "too-large-width"),
+        ("frames", limits.output_frames(t), limits.max_frames, "too-many-frames"),
+        ("height", limits.spatial_scale * h, limits.max_height, "too-large-height"),
+        ("width", limits.spatial_scale * w, limits.max_width, "too-large-width"),
     )
     for name, value, limit, slug in checks:
         if value > limit:

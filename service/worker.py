@@ -29,7 +29,7 @@ from .runner import DeviceRunner
 log = logging.getLogger("vaeserve")
 
 JobKind = Literal["uint8", "float", "stream"]
-_END = object()  # stream sentinel: no more chunks
+STREAM_END = object()  # stream sentinel: no more chunks
 
 
 @dataclass
@@ -251,7 +251,7 @@ class Worker:
                 break
             job.push(chunk)
         self.metrics.decode_seconds.observe(time.monotonic() - start)
-        job.push(_END)
+        job.push(STREAM_END)
 
     def _fail(self, batch: list[Job], exc: Exception) -> None:
         log.error("device error on batch %s: %r", [j.request_id for j in batch], exc, exc_info=exc)
@@ -263,5 +263,3 @@ class Worker:
             else:
                 job.resolve(problem)
 
-
-STREAM_END = _END
