@@ -1,12 +1,13 @@
-"""The Wan video VAE decoder in Flax nnx, its configuration, weight loading and compiled programs."""
+"""The Wan 2.1 / 2.2 video VAE decoders in Flax nnx, their configuration, weight loading and compiled programs."""
 
 from .config import ConfigError, WanVAEConfig
 from .decode import OUTPUTS, Output, denormalize_latents, to_uint8
 from .programs import ProgramCache
-from .loading import WeightsError, convert_wan_pth, load_vae, save_vae
+from .loading import EMBEDDED, WeightsError, convert_wan_pth, load_vae, save_vae
 from .vae import LatentsError, WanVAE, init_vae
 
 __all__ = [
+    "EMBEDDED",
     "ConfigError",
     "LatentsError",
     "OUTPUTS",

@@ -157,15 +157,23 @@ class WanVAEConfig:
             raise ConfigError("unsupported Wan VAE config: " + "; ".join(problems))
 
     def _dup_up_problems(self) -> list[str]:
-        """Wan 2.2's DupUp3D shortcut repeats each input channel ``cout·factor / cin`` times."""
+        """Wan 2.2's shortcuts: DupUp3D repeats each input channel ``cout·factor / cin`` times,
+        the encoder's AvgDown3D averages groups of ``cin·factor / cout`` (diffusers refuses both
+        when they do not divide)."""
         if not self.is_residual or len(self.temperal_downsample) != len(self.dim_mult) - 1:
             return []
-        dims, problems = self.decoder_dims, []
+        problems = []
+        dims = self.decoder_dims
         for stage, temporal in enumerate(self.temperal_upsample):
-            cin, cout = dims[stage], dims[stage + 1]
-            factor = 4 * (2 if temporal else 1)
+            cin, cout, factor = dims[stage], dims[stage + 1], 4 * (2 if temporal else 1)
             if (cout * factor) % cin:
                 problems.append(f"up block {stage}: DupUp3D needs {cin} | {cout}·{factor}")
+        dims = tuple(self.base_dim * m for m in (1, *self.dim_mult))
+        for stage, temporal in enumerate((*self.temperal_downsample, False)):
+            last = stage == len(self.dim_mult) - 1
+            cin, cout, factor = dims[stage], dims[stage + 1], 1 if last else 4 * (2 if temporal else 1)
+            if (cin * factor) % cout:
+                problems.append(f"down block {stage}: AvgDown3D needs {cout} | {cin}·{factor}")
         return problems
 
     # -- (de)serialisation ---------------------------------------------------------------------

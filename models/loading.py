@@ -1,20 +1,23 @@
-"""Load a Wan 2.1 VAE decoder from diffusers folders, safetensors files or the original ``.pth``.
+"""Load a Wan 2.1 or 2.2 VAE decoder from diffusers folders, safetensors files or the original ``.pth``.
 
 Accepted ``path``s:
   * a diffusers folder: ``config.json`` + ``diffusion_pytorch_model.safetensors`` (or the sharded
     ``diffusion_pytorch_model.safetensors.index.json`` form);
   * a pipeline folder (``model_index.json`` + ``vae/``), or any folder with a ``vae/`` subfolder;
-  * the original Wan release file ``Wan2.1_VAE.pth`` (needs torch; read with ``weights_only=True``)
-    or a ``.safetensors`` file in either naming; a ``config.json`` beside it is used when present,
-    else the Wan 2.1 defaults;
-  * ``None``: the embedded default, the real Wan 2.1 architecture with deterministic seeded random
-    weights. It decodes noise and says so (logs, ``vae.metadata["random_weights"]``).
+  * the original Wan release file ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth`` (needs torch; read with
+    ``weights_only=True``) or a ``.safetensors`` file in either naming; a ``config.json`` beside it
+    is used when present, else the real config of the release its key names belong to;
+  * an embedded model name, ``"wan2.1"`` (also ``None``) or ``"wan2.2"``: the real architecture
+    with deterministic seeded random weights. It decodes noise and says so (logs,
+    ``vae.metadata["random_weights"]``). A folder with such a name loads as ``"./wan2.2"``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -34,6 +37,9 @@ WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 # Present in full VAE checkpoints, not needed to decode: accepted and skipped.
 _ENCODER_PREFIXES = ("encoder.", "quant_conv.")
+# The embedded models, by name: the real architectures, with seeded random weights.
+EMBEDDED: dict[str, Callable[[], WanVAEConfig]] = {"wan2.1": WanVAEConfig, "wan2.2": WanVAEConfig.wan22}
+DEFAULT_MODEL = "wan2.1"
 
 
 class WeightsError(ValueError):
@@ -92,6 +98,13 @@ def _is_original_naming(names) -> bool:
     return any(n.startswith(("decoder.middle.", "decoder.upsamples.", "conv2.")) for n in names)
 
 
+def original_release_config(names) -> WanVAEConfig:
+    """The real config of the original release whose key names these are: Wan 2.2's blocks nest
+    their layers (``decoder.upsamples.0.upsamples.0.*``), Wan 2.1's are flat."""
+    nested = re.compile(r"decoder\.upsamples\.\d+\.upsamples\.")
+    return WanVAEConfig.wan22() if any(nested.match(n) for n in names) else WanVAEConfig()
+
+
 def _diffusers_folder(path: Path) -> Path:
     if (path / "config.json").is_file() and not (path / "model_index.json").is_file():
         return path
@@ -140,23 +153,35 @@ def build_vae(config: WanVAEConfig, tensors: dict[str, Any], *, dtype: str, meta
     return WanVAE(config, model, dtype=dtype, metadata=metadata)
 
 
+def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32") -> WanVAE:
+    """The embedded model ``name`` (``EMBEDDED``): the real architecture with seeded random weights."""
+    if name not in EMBEDDED:
+        raise ValueError(f"no embedded model {name!r}; expected one of {sorted(EMBEDDED)}")
+    version = name.removeprefix("wan")
+    log.warning("using the embedded %s VAE with RANDOM weights (seed %d): it decodes noise, not video",
+                name, DEFAULT_SEED)
+    return init_vae(EMBEDDED[name](), seed=DEFAULT_SEED, dtype=dtype, metadata={
+        "name": name,
+        "source": f"embedded default (Wan {version} architecture, random weights, seed {DEFAULT_SEED})"})
+
+
 def load_vae(path: str | Path | None = None, dtype: str = "float32") -> WanVAE:
-    """Load a Wan 2.1 VAE decoder (see the module docstring for the accepted ``path``s)."""
+    """Load a Wan 2.1 or 2.2 VAE decoder (see the module docstring for the accepted ``path``s)."""
     resolve_dtype(dtype)
-    if path is None:
-        log.warning("no model given: using the embedded default Wan 2.1 VAE with RANDOM weights "
-                    "(seed %d); it decodes noise, not video", DEFAULT_SEED)
-        return init_vae(WanVAEConfig(), seed=DEFAULT_SEED, dtype=dtype,
-                        metadata={"source": f"embedded default (Wan 2.1 architecture, random weights, seed {DEFAULT_SEED})"})
+    if path is None or (isinstance(path, str) and path in EMBEDDED):
+        return embedded_vae(path or DEFAULT_MODEL, dtype)
     path = Path(path)
     if path.is_dir():
         folder = _diffusers_folder(path)
         config = WanVAEConfig.from_json(folder / "config.json")
         tensors = _read_safetensors(_folder_weights(folder))
     elif path.is_file():
-        config_file = path.parent / "config.json"
-        config = WanVAEConfig.from_json(config_file) if config_file.is_file() else WanVAEConfig()
         tensors = _read_pth(path) if path.suffix in (".pth", ".pt", ".ckpt") else _read_safetensors([path])
+        config_file = path.parent / "config.json"
+        if config_file.is_file():
+            config = WanVAEConfig.from_json(config_file)
+        else:
+            config = original_release_config(tensors) if _is_original_naming(tensors) else WanVAEConfig()
         if _is_original_naming(tensors):
             tensors = {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
     else:
@@ -186,15 +211,16 @@ def save_vae(vae: WanVAE, out_dir: str | Path) -> Path:
 
 
 def convert_wan_pth(in_path: str | Path, out_dir: str | Path, *, config: WanVAEConfig | None = None) -> Path:
-    """Turn the original ``Wan2.1_VAE.pth`` into a diffusers folder that loads without torch.
+    """Turn the original ``Wan2.1_VAE.pth`` or ``Wan2.2_VAE.pth`` into a diffusers folder that
+    loads without torch (``config``: default, the real config of the release the keys belong to).
 
     Every tensor (encoder included) is renamed to diffusers' names and kept in its dtype, so the
     folder also loads in diffusers' ``AutoencoderKLWan.from_pretrained``.
     """
-    config = config or WanVAEConfig()
     tensors = _read_pth(Path(in_path))
     if not _is_original_naming(tensors):
         raise ValueError(f"{in_path} does not look like an original Wan VAE state dict (no decoder.middle.* keys)")
+    config = config or original_release_config(tensors)
     renamed = {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
     build_vae(config, renamed, dtype="float32", metadata={"source": str(in_path)})  # fail before writing
     return _write_folder(Path(out_dir), config, renamed)

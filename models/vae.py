@@ -44,9 +44,10 @@ def check_latents_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
 
 
 class WanVAE:
-    """A Wan 2.1 VAE decoder ready to decode.
+    """A Wan 2.1 or 2.2 VAE decoder ready to decode.
 
-    ``decode`` takes latents ``(B, 16, T, H, W)`` (diffusers layout). Every program is compiled
+    ``decode`` takes latents ``(B, z, T, H, W)`` (diffusers layout; ``z = config.z_dim``: 16 for
+    Wan 2.1, 48 for Wan 2.2). Every program is compiled
     ahead of time once per (shape, options, target) and kept in ``programs``, the model's one
     program cache (the sharded decode uses it too).
     """
@@ -104,17 +105,18 @@ class WanVAE:
 
     # -- public API ----------------------------------------------------------------------------
     def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None):
-        """Decode ``(B, 16, T, H, W)`` latents.
+        """Decode ``(B, z, T, H, W)`` latents.
 
-        Returns float32 ``(B, 3, 1+4(T-1), 8H, 8W)`` in ``[-1, 1]`` (``output="float"``) or uint8 frames
-        ``(B, 1+4(T-1), 8H, 8W, 3)`` converted on device (``output="uint8"``: a quarter of the bytes).
+        Returns float32 ``(B, 3, 1+4(T-1), sH, sW)`` in ``[-1, 1]`` (``output="float"``) or uint8 frames
+        ``(B, 1+4(T-1), sH, sW, 3)`` converted on device (``output="uint8"``: a quarter of the bytes);
+        ``s = config.spatial_scale`` (8 for Wan 2.1, 16 for Wan 2.2).
         ``chunk`` latent frames are decoded per scan step (default 1: the least memory).
         """
         program = self.compile(np.shape(latents), denormalize=denormalize, output=output, chunk=chunk)
         return program(self.state, jnp.asarray(latents, jnp.float32))
 
     def decode_stream(self, latents, *, denormalize: bool = False, chunk: int | None = None) -> Iterator[np.ndarray]:
-        """Yield uint8 frames ``(B, f, 8H, 8W, 3)`` on the host as each decode step finishes."""
+        """Yield uint8 frames ``(B, f, sH, sW, 3)`` on the host as each decode step finishes."""
         chunk = resolve_chunk(chunk)
         latents = np.asarray(latents, np.float32)
         check_latents_shape(latents.shape, self.config)

@@ -1,6 +1,7 @@
 """Checkpoint formats, the original-Wan key mapping, and the errors for checkpoints that do not fit."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -64,7 +65,9 @@ def test_every_key_problem_is_reported_at_once(tmp_path, weights):
 
 @pytest.mark.parametrize(
     "change,message",
-    [({"is_residual": True}, "is_residual"), ({"patch_size": 2}, "patch_size"),
+    [({"out_channels": 4}, "out_channels=4; expected 3"),
+     ({"patch_size": 2}, "out_channels=3; expected 12 (RGB x patch_size²)"),
+     ({"is_residual": True, "dim_mult": [1, 2, 3, 3]}, "up block 2: DupUp3D needs 24 | 16·4"),
      ({"new_knob": 1}, "unknown AutoencoderKLWan config keys: ['new_knob']"),
      ({"_class_name": "AutoencoderKL"}, "expected 'AutoencoderKLWan'"),
      ({"latents_mean": [0.0] * 4}, "latents_mean/latents_std")],
@@ -74,7 +77,7 @@ def test_unsupported_configs_are_refused(tmp_path, weights, change, message):
     raw = json.loads((folder / "config.json").read_text())
     raw.update(change)
     (folder / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(models.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(models.ConfigError, match=re.escape(message)):
         models.load_vae(folder)
 
 
