@@ -7,7 +7,8 @@ Layouts: ``(B, 16, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` 
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -16,10 +17,31 @@ from jax import lax
 
 from .config import WanVAEConfig
 from .spatial import SpatialContext
-from .wan import WanDecoder
+from .decoder import DecoderCache, WanDecoder
 
+# What a decode returns: float32 NCTHW frames in [-1, 1], or uint8 NTHWC frames.
 Output = Literal["float", "uint8"]
-OUTPUTS = ("float", "uint8")
+OUTPUTS: tuple[Output, ...] = ("float", "uint8")
+DEFAULT_CHUNK = 1  # latent frames per decode step: 1 holds the least memory
+
+
+def check_output(output: str) -> Output:
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}; received {output!r}")
+    return output  # type: ignore[return-value]
+
+
+def resolve_chunk(chunk: int | None) -> int:
+    """Latent frames per decode step: ``None`` means ``DEFAULT_CHUNK``; otherwise ≥ 1."""
+    chunk = DEFAULT_CHUNK if chunk is None else chunk
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be an integer ≥ 1 latent frame; received {chunk!r}")
+    return chunk
+
+
+def stream_steps(latent_frames: int, chunk: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` latent frames of each streaming step: frame 0 alone, then ``chunk`` at a time."""
+    return [(0, 1)] + [(start, min(start + chunk, latent_frames)) for start in range(1, latent_frames, chunk)]
 
 
 def to_uint8(frames: jax.Array) -> jax.Array:
@@ -59,11 +81,13 @@ def _time_axis(output: Output) -> int:
     return 2 if output == "float" else 1
 
 
-def decode_step(model: WanDecoder, caches, z: jax.Array, ctx: SpatialContext, *, output: Output):
+def decode_step(model: WanDecoder, caches: DecoderCache | None, z: jax.Array, ctx: SpatialContext, *,
+                output: Output) -> tuple[jax.Array, DecoderCache]:
     """One decode step: latents ``(B, c, H, W, z)`` and the previous step's caches (None for latent
     frame 0, then ``c`` must be 1) → (frames in the output layout, the new caches)."""
-    frames, caches = model(z, caches, ctx)
-    return _layout(finish_frames(frames, output), output), caches
+    with jax.named_scope("decode_step"):
+        frames, caches = model(z, caches, ctx)
+        return _layout(finish_frames(frames, output), output), caches
 
 
 def decode_frames(
@@ -110,23 +134,29 @@ def decode_frames(
     return buffer
 
 
-def local_program(kind: str, graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
-                  denormalize: bool, output: Output, chunk: int = 1) -> Callable:
-    """The pure per-device program of one kind, on NCTHW latents and the split model state.
+Program = Callable[..., jax.Array]
+StepProgram = Callable[..., tuple[jax.Array, DecoderCache]]
 
-    ``"full"``: ``(state, latents) → frames``; ``"step"``: ``(state, caches, latents) → (frames,
-    caches)`` with ``caches=None`` for latent frame 0 (streaming). The single-device decode and
-    the sharded one (inside ``shard_map``) differ only in ``make_context``.
-    """
-    def prepare(latents):
-        return prepare_latents(latents, config, dtype, denormalize=denormalize)
 
-    if kind == "full":
-        def full(state, latents):
-            return decode_frames(nnx.merge(graphdef, state), prepare(latents), make_context(), chunk=chunk, output=output)
-        return full
-    if kind == "step":
-        def step(state, caches, latents):
-            return decode_step(nnx.merge(graphdef, state), caches, prepare(latents), make_context(), output=output)
-        return step
-    raise ValueError(f"program kind must be 'full' or 'step'; received {kind!r}")
+def full_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
+                 denormalize: bool, output: Output, chunk: int) -> Program:
+    """``(state, latents NCTHW) → frames``: the whole decode on one device (or one band: the
+    single-device and the sharded decode differ only in ``make_context``)."""
+
+    def run(state, latents: jax.Array) -> jax.Array:
+        z = prepare_latents(latents, config, dtype, denormalize=denormalize)
+        return decode_frames(nnx.merge(graphdef, state), z, make_context(), chunk=chunk, output=output)
+
+    return run
+
+
+def step_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
+                 denormalize: bool, output: Output) -> StepProgram:
+    """``(state, caches, latents NCTHW) → (frames, caches)``: one streaming decode step, with
+    ``caches=None`` for latent frame 0."""
+
+    def run(state, caches: DecoderCache | None, latents: jax.Array) -> tuple[jax.Array, DecoderCache]:
+        z = prepare_latents(latents, config, dtype, denormalize=denormalize)
+        return decode_step(nnx.merge(graphdef, state), caches, z, make_context(), output=output)
+
+    return run

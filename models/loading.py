@@ -25,7 +25,7 @@ from flax import nnx
 from . import keys
 from .config import WanVAEConfig
 from .vae import WanVAE, init_vae, resolve_dtype
-from .wan import WanDecoder
+from .decoder import WanDecoder
 
 log = logging.getLogger("vaeserve.models")
 

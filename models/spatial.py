@@ -16,6 +16,14 @@ from jax import lax
 
 
 class SpatialContext(Protocol):
+    """Where the frame lives, and which devices the program is compiled for.
+
+    ``native_conv``: use XLA's native convolutions (accelerators) rather than the CPU's nine-tap
+    matmuls; decided by the platform of the target devices (``models.conv.native_conv_for``).
+    """
+
+    native_conv: bool
+
     def pad_hw(self, x: jax.Array) -> jax.Array:
         """``(..., H, W, C)`` → ``(..., H+2, W+2, C)``: one row/column of context on every side."""
 
@@ -76,7 +84,14 @@ def dot_product_attention(
 
 
 class SingleDeviceContext:
-    """The whole frame lives here: zero padding, attention over every token."""
+    """The whole frame lives here: zero padding, attention over every token.
+
+    Args:
+      native_conv: native XLA convolutions (True on accelerators; see ``SpatialContext``).
+    """
+
+    def __init__(self, *, native_conv: bool = False):
+        self.native_conv = native_conv
 
     def pad_hw(self, x: jax.Array) -> jax.Array:
         return zero_pad_hw(x)

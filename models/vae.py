@@ -1,8 +1,9 @@
-"""``WanVAE``: a loaded decoder, its config and metadata, and compiled decode programs."""
+"""``WanVAE``: a loaded decoder, its config and metadata, and its compiled programs."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -10,12 +11,13 @@ import numpy as np
 from flax import nnx
 
 from .config import WanVAEConfig
-from .decode import OUTPUTS, Output, local_program
+from .conv import native_conv_for
+from .decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
+from .decoder import WanDecoder
+from .programs import ProgramCache
 from .spatial import SingleDeviceContext
-from .wan import WanDecoder
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-DEFAULT_CHUNK = 1
 
 
 class LatentsError(ValueError):
@@ -32,11 +34,6 @@ def resolve_dtype(dtype: str):
     return DTYPES[dtype]
 
 
-def stream_steps(latent_frames: int, chunk: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` latent frames of each streaming step: frame 0 alone, then ``chunk`` at a time."""
-    return [(0, 1)] + [(start, min(start + chunk, latent_frames)) for start in range(1, latent_frames, chunk)]
-
-
 def check_latents_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
     if len(shape) != 5:
         raise LatentsError("latents must be (B, C, T, H, W)", expected="5 dimensions", received=len(shape))
@@ -46,18 +43,12 @@ def check_latents_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
         raise LatentsError("every latent dimension must be ≥ 1", expected="B, T, H, W ≥ 1", received=shape)
 
 
-def check_options(output: str, chunk: int) -> None:
-    if output not in OUTPUTS:
-        raise ValueError(f"output must be one of {OUTPUTS}; received {output!r}")
-    if chunk < 1:
-        raise ValueError(f"chunk must be ≥ 1 latent frame; received {chunk}")
-
-
 class WanVAE:
     """A Wan 2.1 VAE decoder ready to decode.
 
-    ``decode`` takes latents ``(B, 16, T, H, W)`` (diffusers layout). Programs are compiled once per
-    (shape, options) and cached by ``jax.jit``.
+    ``decode`` takes latents ``(B, 16, T, H, W)`` (diffusers layout). Every program is compiled
+    ahead of time once per (shape, options, target) and kept in ``programs``, the model's one
+    program cache (the sharded decode uses it too).
     """
 
     def __init__(self, config: WanVAEConfig, model: WanDecoder, *, dtype: str, metadata: dict[str, Any]):
@@ -67,18 +58,49 @@ class WanVAE:
         self.graphdef, self.state = nnx.split(model)
         self.metadata.setdefault("parameters", int(sum(x.size for x in jax.tree.leaves(self.state))))
         self.metadata["dtype"] = dtype
-        self._programs: dict[tuple, Any] = {}
+        self.programs = ProgramCache()
+        self._placed: dict[Any, Any] = {}
 
-    # -- the model as a pure function ---------------------------------------------------------
-    def module(self) -> WanDecoder:
-        return nnx.merge(self.graphdef, self.state)
+    # -- the weights, placed and abstract -------------------------------------------------------
+    def placed_state(self, sharding: jax.sharding.Sharding):
+        """The weights laid out by ``sharding`` (e.g. replicated over a mesh), placed once and kept."""
+        if sharding not in self._placed:
+            self._placed[sharding] = jax.device_put(self.state, sharding)
+        return self._placed[sharding]
 
-    def _program(self, kind: str, **options):
-        key = (kind, tuple(sorted(options.items())))
-        if key not in self._programs:
-            run = local_program(kind, self.graphdef, self.config, DTYPES[self.dtype], SingleDeviceContext, **options)
-            self._programs[key] = jax.jit(run)
-        return self._programs[key]
+    def state_avals(self, sharding: jax.sharding.Sharding | None = None):
+        """The weights as ``jax.ShapeDtypeStruct``s: enough to compile a program without placing them."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), self.state)
+
+    # -- single-device programs -----------------------------------------------------------------
+    def _context(self) -> SingleDeviceContext:
+        return SingleDeviceContext(native_conv=native_conv_for(jax.devices()[0].platform))
+
+    def compile(self, shape: tuple[int, ...], *, denormalize: bool = False, output: Output = "float",
+                chunk: int | None = None) -> jax.stages.Compiled:
+        """The compiled single-device decode of NCTHW latents of ``shape`` (cached in ``programs``;
+        ``memory_analysis()`` and ``as_text()`` answer without running it)."""
+        shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
+        check_latents_shape(shape, self.config)
+        key = ("decode", None, shape, output, denormalize, chunk)
+
+        def lower():
+            run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
+                               denormalize=denormalize, output=output, chunk=chunk)
+            return jax.jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32))
+
+        return self.programs.get(key, lower)
+
+    def _compile_step(self, shape: tuple[int, ...], caches, *, denormalize: bool) -> jax.stages.Compiled:
+        """The stream step for latents of ``shape`` after ``caches`` (abstract; None for frame 0)."""
+        key = ("decode-step", None, tuple(shape), caches is None, denormalize)
+
+        def lower():
+            run = step_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
+                               denormalize=denormalize, output="uint8")
+            return jax.jit(run).lower(self.state_avals(), caches, jax.ShapeDtypeStruct(shape, jnp.float32))
+
+        return self.programs.get(key, lower)
 
     # -- public API ----------------------------------------------------------------------------
     def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None):
@@ -88,30 +110,24 @@ class WanVAE:
         ``(B, 1+4(T-1), 8H, 8W, 3)`` converted on device (``output="uint8"``: a quarter of the bytes).
         ``chunk`` latent frames are decoded per scan step (default 1: the least memory).
         """
-        chunk = chunk or DEFAULT_CHUNK
-        check_options(output, chunk)
-        check_latents_shape(tuple(np.shape(latents)), self.config)
-        program = self._program("full", denormalize=denormalize, output=output, chunk=chunk)
+        program = self.compile(np.shape(latents), denormalize=denormalize, output=output, chunk=chunk)
         return program(self.state, jnp.asarray(latents, jnp.float32))
-
-    def lower(self, shape: tuple[int, ...], *, denormalize=False, output: Output = "float", chunk: int | None = None):
-        """The lowered decode program for ``shape`` (for ``memory_analysis()`` / HLO inspection)."""
-        chunk = chunk or DEFAULT_CHUNK
-        check_latents_shape(shape, self.config)
-        program = self._program("full", denormalize=denormalize, output=output, chunk=chunk)
-        return program.lower(self.state, jax.ShapeDtypeStruct(shape, jnp.float32))
 
     def decode_stream(self, latents, *, denormalize: bool = False, chunk: int | None = None) -> Iterator[np.ndarray]:
         """Yield uint8 frames ``(B, f, 8H, 8W, 3)`` on the host as each decode step finishes."""
-        chunk = chunk or DEFAULT_CHUNK
-        check_options("uint8", chunk)
+        chunk = resolve_chunk(chunk)
         latents = np.asarray(latents, np.float32)
         check_latents_shape(latents.shape, self.config)
-        step = self._program("step", denormalize=denormalize, output="uint8")
         caches = None
         for start, stop in stream_steps(latents.shape[2], chunk):
-            frames, caches = step(self.state, caches, latents[:, :, start:stop])
+            z = latents[:, :, start:stop]
+            step = self._compile_step(z.shape, None if caches is None else _avals(caches), denormalize=denormalize)
+            frames, caches = step(self.state, caches, z)
             yield np.asarray(frames)
+
+
+def _avals(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
 def init_vae(config: WanVAEConfig | None = None, *, seed: int = 0, dtype: str = "float32",

@@ -1,12 +1,20 @@
 """Exact spatially sharded decoding: bands of every frame over the ``tp`` mesh axis, one-row halos.
 
-Public surface: ``make_mesh``, ``sharded_decode``, ``sharded_decode_stream``, the axis-name
-constants, and inspection helpers for memory and HLO (``inspect``).
+Public surface: ``make_mesh``, ``sharded_decode``, ``sharded_decode_stream``, their ahead-of-time
+compiled programs (``compile_decode``, ``compile_decode_stream``), the axis-name constants, and
+inspection helpers for memory and HLO (``inspect``).
 """
 
-from .decode import sharded_decode, sharded_decode_stream
+from .decode import (
+    compile_decode,
+    compile_decode_stream,
+    put_latents,
+    replicated_state,
+    sharded_decode,
+    sharded_decode_stream,
+)
 from .halo import BandContext
-from .inspect import collectives, compiled, halo_bytes, hlo_text, memory_stats
+from .inspect import collectives, halo_bytes, hlo_text, memory_stats
 from .mesh import DP_AXIS, MESH_AXES, TP_AXIS, MeshError, make_mesh
 from .plan import BandPlan, SplitError, choose_split, plan_bands
 
@@ -20,12 +28,15 @@ __all__ = [
     "SplitError",
     "choose_split",
     "collectives",
-    "compiled",
+    "compile_decode",
+    "compile_decode_stream",
     "halo_bytes",
     "hlo_text",
     "make_mesh",
     "memory_stats",
     "plan_bands",
+    "put_latents",
+    "replicated_state",
     "sharded_decode",
     "sharded_decode_stream",
 ]

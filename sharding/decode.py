@@ -8,8 +8,8 @@ stay on the device of their band, and time is never split.
 
 from __future__ import annotations
 
-import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -17,16 +17,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from models.decode import Output, local_program
-from models.vae import DEFAULT_CHUNK, DTYPES, WanVAE, check_latents_shape, check_options, stream_steps
+from models.conv import native_conv_for
+from models.decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
+from models.vae import DTYPES, WanVAE, check_latents_shape
 
 from .halo import BandContext
 from .mesh import DP_AXIS, TP_AXIS, mesh_key
-from .plan import HALOS, BandPlan, Split, SplitError, plan_bands
-
-# Per model: the weights replicated over each mesh, and the compiled programs. Weak keys: a
-# dropped model takes its programs and replicated weights with it.
-_CACHE: "weakref.WeakKeyDictionary[WanVAE, dict]" = weakref.WeakKeyDictionary()
+from .plan import BandPlan, Split, SplitError, check_halo, plan_bands
 
 
 # -- layouts ----------------------------------------------------------------------------------------
@@ -94,21 +91,21 @@ def put_latents(latents, mesh: Mesh) -> jax.Array:
     They are small; each device then slices its band out locally (the split axis may first need
     padding, which a sharded input could not express).
     """
-    return jax.device_put(np.asarray(latents, np.float32), NamedSharding(mesh, P(DP_AXIS)))
+    return jax.device_put(np.asarray(latents, np.float32), latents_sharding(mesh))
 
 
-def model_cache(vae: WanVAE) -> dict:
-    """This model's replicated weights (per mesh), programs and compiled programs."""
-    return _CACHE.setdefault(vae, {"state": {}, "programs": {}})
+def latents_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(DP_AXIS))
 
 
 def replicated_state(vae: WanVAE, mesh: Mesh):
-    """The model weights on every device of ``mesh`` (made once per mesh)."""
-    states = model_cache(vae)["state"]
-    key = mesh_key(mesh)
-    if key not in states:
-        states[key] = jax.device_put(vae.state, NamedSharding(mesh, P()))
-    return states[key]
+    """The model weights on every device of ``mesh`` (placed once per mesh, kept by the model)."""
+    return vae.placed_state(NamedSharding(mesh, P()))
+
+
+def mesh_platform(mesh: Mesh) -> str:
+    """The platform the mesh's programs are compiled for (``"tpu"`` for abstract TPU devices too)."""
+    return mesh.devices.flat[0].platform
 
 
 def _shard(mesh: Mesh, fn: Callable, in_specs, out_specs) -> Callable:
@@ -116,44 +113,103 @@ def _shard(mesh: Mesh, fn: Callable, in_specs, out_specs) -> Callable:
     return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
-def _build(vae: WanVAE, mesh: Mesh, plan: BandPlan, kind: str, *, halo: str, query_chunk: int, **options) -> Callable:
-    """``models.decode.local_program`` on each band under ``shard_map``, latents padded and frames
-    cropped around it. ``kind`` as there: ``"full"`` or ``"step"`` (caches stay on their bands)."""
-    def band_context():
-        return BandContext(plan, halo=halo, query_chunk=query_chunk)
+def _band_context(mesh: Mesh, plan: BandPlan, halo: str, query_chunk: int) -> Callable[[], BandContext]:
+    native = native_conv_for(mesh_platform(mesh))
 
-    local = local_program(kind, vae.graphdef, vae.config, DTYPES[vae.dtype], band_context, **options)
-    output = options["output"]
-    frames, caches, latents = frames_spec(plan, output), cache_spec(plan), latents_spec(plan)
-    if kind == "full":
-        sharded = _shard(mesh, local, (P(), latents), frames)
-
-        def run(state, z):
-            return crop_frames(sharded(state, pad_latents(z, plan)), plan, output)
-        return run
-
-    # A step's caches: None for latent frame 0, then the sharded pytree of the previous step.
-    def run_step(state, step_caches, z):
-        cache_specs = None if step_caches is None else caches
-        sharded = _shard(mesh, local, (P(), cache_specs, latents), (frames, caches))
-        out, new_caches = sharded(state, step_caches, pad_latents(z, plan))
-        return crop_frames(out, plan, output), new_caches
-    return run_step
+    def make() -> BandContext:
+        return BandContext(plan, halo=halo, query_chunk=query_chunk, native_conv=native)
+    return make
 
 
-def program(vae: WanVAE, kind: str, mesh: Mesh, plan: BandPlan, **options) -> Callable:
-    """The jitted sharded program ``kind`` ("full" or "step"), cached per (mesh, plan, options).
+def _full(vae: WanVAE, mesh: Mesh, plan: BandPlan, *, denormalize: bool, output: Output, chunk: int, halo: str,
+          query_chunk: int) -> Callable:
+    """The whole decode on each band under ``shard_map``; latents padded and frames cropped around it."""
+    local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, plan, halo, query_chunk),
+                         denormalize=denormalize, output=output, chunk=chunk)
+    sharded = _shard(mesh, local, (P(), latents_spec(plan)), frames_spec(plan, output))
 
-    ``jax.jit`` then caches its compilations per input shape, so a program is compiled once per
-    (shape, mesh, options).
+    def run(state, latents):
+        return crop_frames(sharded(state, pad_latents(latents, plan)), plan, output)
+    return run
+
+
+def _step(vae: WanVAE, mesh: Mesh, plan: BandPlan, *, first: bool, denormalize: bool, halo: str,
+          query_chunk: int) -> Callable:
+    """One stream step on each band; its caches (None for latent frame 0) stay on their bands."""
+    local = step_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, plan, halo, query_chunk),
+                         denormalize=denormalize, output="uint8")
+    caches = cache_spec(plan)
+    sharded = _shard(mesh, local, (P(), None if first else caches, latents_spec(plan)),
+                     (frames_spec(plan, "uint8"), caches))
+
+    def run(state, step_caches, latents):
+        out, new_caches = sharded(state, step_caches, pad_latents(latents, plan))
+        return crop_frames(out, plan, "uint8"), new_caches
+    return run
+
+
+def _latents_aval(shape: tuple[int, ...], mesh: Mesh) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(shape), jnp.float32, sharding=latents_sharding(mesh))
+
+
+def _state_aval(vae: WanVAE, mesh: Mesh):
+    return vae.state_avals(NamedSharding(mesh, P()))
+
+
+def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "float",
+                   denormalize: bool = False, split: Split | None = None, chunk: int | None = None,
+                   halo: str = "exchange", query_chunk: int = 4096) -> jax.stages.Compiled:
+    """The compiled sharded decode of NCTHW latents of ``shape`` on ``mesh`` (see ``sharded_decode``).
+
+    Compiled ahead of time from abstract weights and latents, so ``mesh`` may hold abstract devices
+    (a TPU topology compiled on a CPU host); the convolution path follows the mesh's platform.
+    Cached in ``vae.programs``: call it as ``compiled(replicated_state(vae, mesh), put_latents(x, mesh))``,
+    or read ``memory_analysis()`` / ``as_text()`` without running it.
     """
-    if options.get("halo", "exchange") not in HALOS:
-        raise ValueError(f"halo must be one of {HALOS}; received {options['halo']!r}")
-    programs = model_cache(vae)["programs"]
-    key = (kind, mesh_key(mesh), plan, tuple(sorted(options.items())))
-    if key not in programs:
-        programs[key] = jax.jit(_build(vae, mesh, plan, kind, **options))
-    return programs[key]
+    shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
+    check_halo(halo)
+    plan = make_plan(vae, shape, mesh, split)
+    key = ("sharded-decode", mesh_key(mesh), shape, plan, output, denormalize, chunk, halo, query_chunk)
+
+    def lower():
+        run = _full(vae, mesh, plan, denormalize=denormalize, output=output, chunk=chunk, halo=halo,
+                    query_chunk=query_chunk)
+        return jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh))
+
+    return vae.programs.get(key, lower)
+
+
+def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool, split: Split | None,
+                     chunk: int, halo: str, query_chunk: int) -> dict[tuple[int, int], jax.stages.Compiled]:
+    """``{(start, stop): compiled step}`` for every step of a stream of latents ``shape``; steps of
+    equal length after the first share one program."""
+    plan = make_plan(vae, shape, mesh, split)
+    options = dict(denormalize=denormalize, halo=halo, query_chunk=query_chunk)
+    state = _state_aval(vae, mesh)
+    cache_sharding = NamedSharding(mesh, cache_spec(plan))
+    programs: dict[tuple[int, int], jax.stages.Compiled] = {}
+    caches = None
+    for start, stop in stream_steps(shape[2], chunk):
+        z = _latents_aval((*shape[:2], stop - start, *shape[3:]), mesh)
+        first = caches is None
+        run = _step(vae, mesh, plan, first=first, **options)
+        key = ("sharded-decode-step", mesh_key(mesh), z.shape, plan, first, denormalize, halo, query_chunk)
+        programs[start, stop] = vae.programs.get(key, lambda run=run, caches=caches, z=z: jax.jit(run).lower(state, caches, z))
+        if first:
+            _, out = jax.eval_shape(run, state, None, z)
+            caches = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cache_sharding), out)
+    return programs
+
+
+def compile_decode_stream(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool = False,
+                          split: Split | None = None, chunk: int | None = None, halo: str = "exchange",
+                          query_chunk: int = 4096) -> tuple[jax.stages.Compiled, ...]:
+    """Every compiled program a ``sharded_decode_stream`` of latents ``shape`` runs (first step, later
+    steps, a shorter last step), compiled now and cached in ``vae.programs``."""
+    check_halo(halo)
+    programs = _stream_programs(vae, tuple(shape), mesh, denormalize=denormalize, split=split,
+                                chunk=resolve_chunk(chunk), halo=halo, query_chunk=query_chunk)
+    return tuple(dict.fromkeys(programs.values()))
 
 
 # -- public API -------------------------------------------------------------------------------------
@@ -184,12 +240,8 @@ def sharded_decode(
     Returns:
       A ``jax.Array`` sharded over the mesh (batch over dp, the split axis over tp).
     """
-    chunk = chunk or DEFAULT_CHUNK
-    check_options(output, chunk)
-    shape = tuple(np.shape(latents))
-    plan = make_plan(vae, shape, mesh, split)
-    run = program(vae, "full", mesh, plan, denormalize=denormalize, output=output, chunk=chunk,
-                  halo=halo, query_chunk=query_chunk)
+    run = compile_decode(vae, np.shape(latents), mesh, output=output, denormalize=denormalize, split=split,
+                         chunk=chunk, halo=halo, query_chunk=query_chunk)
     return run(replicated_state(vae, mesh), put_latents(latents, mesh))
 
 
@@ -210,14 +262,12 @@ def sharded_decode_stream(
     (``f = 4 · chunk``, fewer at the end). The caches between steps stay sharded on the mesh.
     Concatenated along axis 1, the steps equal ``sharded_decode(..., output="uint8")``.
     """
-    chunk = chunk or DEFAULT_CHUNK
-    check_options("uint8", chunk)
+    check_halo(halo)
     latents = np.asarray(latents, np.float32)
-    plan = make_plan(vae, latents.shape, mesh, split)
-    step = program(vae, "step", mesh, plan, denormalize=denormalize, output="uint8", halo=halo,
-                   query_chunk=query_chunk)
+    programs = _stream_programs(vae, latents.shape, mesh, denormalize=denormalize, split=split,
+                                chunk=resolve_chunk(chunk), halo=halo, query_chunk=query_chunk)
     state = replicated_state(vae, mesh)
     caches = None
-    for start, stop in stream_steps(latents.shape[2], chunk):
+    for (start, stop), step in programs.items():
         frames, caches = step(state, caches, put_latents(latents[:, :, start:stop], mesh))
         yield jax.device_get(frames)

@@ -20,7 +20,7 @@ from jax import lax
 from models.spatial import dot_product_attention, zero_pad_hw
 
 from .mesh import TP_AXIS
-from .plan import HALOS, BandPlan, halo_permutations
+from .plan import BandPlan, check_halo, halo_permutations
 
 
 def _positive(axis: int, ndim: int) -> int:
@@ -44,13 +44,13 @@ class BandContext:
         (the edges wrap around) exist as negative controls for tests and benches.
       axis_name: the mesh axis the bands lie along.
       query_chunk: queries per attention score block (passed to ``dot_product_attention``).
+      native_conv: native XLA convolutions (the mesh is on an accelerator; see ``SpatialContext``).
     """
 
     def __init__(self, plan: BandPlan, *, halo: str = "exchange", axis_name: str = TP_AXIS,
-                 query_chunk: int = 4096):
-        if halo not in HALOS:
-            raise ValueError(f"halo must be one of {HALOS}; received {halo!r}")
-        self.plan, self.halo, self.axis_name, self.query_chunk = plan, halo, axis_name, query_chunk
+                 query_chunk: int = 4096, native_conv: bool = False):
+        self.plan, self.halo, self.axis_name, self.query_chunk = plan, check_halo(halo), axis_name, query_chunk
+        self.native_conv = native_conv
 
     def _valid_local(self, local_size: int) -> jax.Array:
         """``(local_size,)`` bool: which of this device's rows exist (at the array's scale)."""
@@ -105,6 +105,8 @@ class HaloRecorder:
     Trace a decode step on one band's shapes with it (``jax.eval_shape``): every ``pad_hw`` call
     appends the shape and dtype of the one-row slab each device sends in each direction.
     """
+
+    native_conv = False  # the conv path does not change what crosses devices
 
     def __init__(self, plan: BandPlan):
         self.plan = plan

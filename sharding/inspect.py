@@ -13,34 +13,18 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from models.decode import decode_step
-from models.vae import DEFAULT_CHUNK, DTYPES, WanVAE
+from models.decode import decode_step, resolve_chunk
+from models.vae import DTYPES, WanVAE
 
-from .decode import make_plan, model_cache, program, replicated_state
+from .decode import compile_decode
 from .halo import HaloRecorder
 from .plan import Split, plan_bands
 
 
-def compiled(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split | None = None,
-             denormalize: bool = False, output: str = "float", chunk: int | None = None,
-             halo: str = "exchange", query_chunk: int = 4096) -> jax.stages.Compiled:
-    """The compiled per-device program of ``sharded_decode`` for NCTHW latents of ``shape`` (cached)."""
-    shape = tuple(shape)
-    plan = make_plan(vae, shape, mesh, split)
-    options = dict(denormalize=denormalize, output=output, chunk=chunk or DEFAULT_CHUNK, halo=halo,
-                   query_chunk=query_chunk)
-    run = program(vae, "full", mesh, plan, **options)
-    cache = model_cache(vae).setdefault("compiled", {})
-    key = (id(run), shape)
-    if key not in cache:
-        state = replicated_state(vae, mesh)
-        cache[key] = run.lower(state, jax.ShapeDtypeStruct(shape, jnp.float32)).compile()
-    return cache[key]
-
-
 def memory_stats(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> dict[str, int]:
-    """``memory_analysis()`` of the per-device program, in bytes: temp, argument, output, code."""
-    stats = compiled(vae, shape, mesh, **options).memory_analysis()
+    """``memory_analysis()`` of the per-device program of ``compile_decode(vae, shape, mesh, **options)``,
+    in bytes: temp, argument, output, alias, code."""
+    stats = compile_decode(vae, shape, mesh, **options).memory_analysis()
     return {
         "temp_bytes": int(stats.temp_size_in_bytes),
         "argument_bytes": int(stats.argument_size_in_bytes),
@@ -51,8 +35,8 @@ def memory_stats(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> 
 
 
 def hlo_text(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> str:
-    """The optimized, SPMD-partitioned HLO of the per-device program."""
-    return compiled(vae, shape, mesh, **options).as_text()
+    """The optimized, SPMD-partitioned HLO of the per-device program of ``compile_decode``."""
+    return compile_decode(vae, shape, mesh, **options).as_text()
 
 
 _COLLECTIVE = re.compile(
@@ -85,7 +69,7 @@ def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, spl
     """
     batch, _, _, height, width = shape
     plan = plan_bands(height, width, tp, split)
-    chunk = chunk or DEFAULT_CHUNK
+    chunk = resolve_chunk(chunk)
     dtype = DTYPES[vae.dtype]
     band_hw = (plan.band, width) if plan.split == "height" else (height, plan.band)
     z_dim = vae.config.z_dim

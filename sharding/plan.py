@@ -21,6 +21,13 @@ class SplitError(ValueError):
     """A split that cannot be made (unknown axis, a mesh that does not fit the batch)."""
 
 
+def check_halo(halo: str) -> str:
+    """The one place that validates a halo mode."""
+    if halo not in HALOS:
+        raise ValueError(f"halo must be one of {HALOS}; received {halo!r}")
+    return halo
+
+
 def band_size(size: int, tp: int) -> int:
     """Latent rows per device: ``ceil(size / tp)``."""
     return -(-size // tp)

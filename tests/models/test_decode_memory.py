@@ -8,7 +8,7 @@ SHAPE = (1, 16, None, 12, 12)  # activations dominate: ~38 MB temp vs ~1 MB of w
 
 def _memory(vae, frames, **options):
     shape = SHAPE[:2] + (frames,) + SHAPE[3:]
-    return vae.lower(shape, **options).compile().memory_analysis()
+    return vae.compile(shape, **options).memory_analysis()
 
 
 def test_temp_memory_is_flat_in_frames():

@@ -6,7 +6,7 @@ from jax import lax
 
 from models.decode import to_uint8
 from models.spatial import SingleDeviceContext, dot_product_attention
-from models.wan import (
+from models.conv import (
     causal_conv3x3x3,
     conv2d_frames,
     interleave_time,

@@ -17,7 +17,7 @@ from flax import nnx
 import models
 from models import keys
 from models.loading import WEIGHTS_NAME
-from models.wan import WanDecoder
+from models.decoder import WanDecoder
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

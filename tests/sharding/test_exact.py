@@ -90,13 +90,14 @@ def test_stream_concatenates_to_the_full_decode(vae, reference):
     assert np.mean(frames == expected) > 0.999
 
 
-def test_programs_are_cached_per_shape_and_mesh(vae):
-    from sharding.decode import model_cache
-
+def test_programs_are_compiled_once_per_shape_and_mesh(vae):
     mesh = sharding.make_mesh(2)
     latents = make_latents(1, 1, 8, WIDTH)
     sharding.sharded_decode(vae, latents, mesh, split="height")
-    before = len(model_cache(vae)["programs"])
+    before = vae.programs.compiles
     sharding.sharded_decode(vae, latents, mesh, split="height")
     sharding.sharded_decode(vae, latents, sharding.make_mesh(2), split="height")  # an equal mesh
-    assert len(model_cache(vae)["programs"]) == before
+    assert vae.programs.compiles == before
+    other_devices = sharding.make_mesh(2, devices=jax.devices()[6:])  # same shape, other devices: compiles
+    sharding.sharded_decode(vae, latents, other_devices, split="height")
+    assert vae.programs.compiles == before + 1

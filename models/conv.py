@@ -1,14 +1,8 @@
-"""Wan 2.1 causal video VAE decoder in Flax nnx, channels-last inside.
+"""The convolutions of the Wan VAE as pure functions, channels-last.
 
-Module and attribute names mirror diffusers' ``AutoencoderKLWan`` so that weight loading is a
-mechanical rename (``models.loading``). Every layer is a function of its input, its causal cache
-and a spatial context (``models.spatial``); caches are plain pytrees so the decode loop can live in
-``lax.scan`` with fixed shapes.
-
-Causal caches: every 3x3x3 conv remembers the last two (spatially padded) frames of its input,
-every upsample3d time conv the last two frames of its input. ``caches=None`` means "first latent
-frame": the past is all zeros, which is exactly what the reference's empty cache means, and the
-upsample3d time conv is skipped (the reference's "Rep" marker).
+Two implementations of each, chosen by the caller (``native``): the native XLA convolution, for
+accelerators, and on CPU a nine-tap matmul plus shifted sums, computed in blocks of frames or
+rows under a byte budget. Both are exact to float32 rounding (``tests/models/test_numerics.py``).
 """
 
 from __future__ import annotations
@@ -17,19 +11,14 @@ import math
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 from jax import lax
 
-from .config import WanVAEConfig
-from .spatial import SpatialContext, matmul_precision
+from .spatial import matmul_precision
 
 CACHE_FRAMES = 2
 _RMS_EPS = 1e-12  # torch.nn.functional.normalize's eps
 
 
-# ---------------------------------------------------------------------------------------------
-# Pure numerics
-# ---------------------------------------------------------------------------------------------
 # On CPU a conv whose temporary buffers (nine tap outputs, folded time taps) would exceed this
 # many bytes runs as a loop over groups of frames, or over blocks of rows of one frame, writing
 # into one output buffer: a 480x832 decode then holds tens of MB of such buffers instead of
@@ -37,9 +26,13 @@ _RMS_EPS = 1e-12  # torch.nn.functional.normalize's eps
 CPU_BLOCK_BYTES = 128 * 2**20
 
 
-def use_native_conv(native: bool | None) -> bool:
-    """Native XLA convolutions everywhere but on CPU (unless a caller forces one or the other)."""
-    return jax.default_backend() != "cpu" if native is None else native
+def native_conv_for(platform: str) -> bool:
+    """Native XLA convolutions on every platform but CPU (where the nine-tap matmul is 3-4x faster).
+
+    Chosen from the platform of the devices a program is *compiled for*, not the host's default
+    backend, so a TPU program compiled ahead of time on a CPU host is the one the chip will run.
+    """
+    return platform != "cpu"
 
 
 def _tap_matmul_conv(x_padded: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -94,7 +87,7 @@ def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per
 
 
 def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                  block_bytes: int = CPU_BLOCK_BYTES, native: bool | None = None) -> jax.Array:
+                  block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
     """3x3 'valid' conv of every frame. ``(B, T, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, H, W, O)``.
 
     On CPU, XLA's convolution reaches 55–95 GFLOP/s on the decoder's shapes while its matmul reaches
@@ -104,7 +97,7 @@ def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
     """
     b, t, hp, wp, c = x_padded.shape
     o = kernel.shape[-1]
-    if use_native_conv(native):
+    if native:
         y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), kernel, (1, 1), "VALID",
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                      precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
@@ -165,7 +158,7 @@ def _upsample_tap_matmul_conv(x_padded: jax.Array, kernel: jax.Array) -> jax.Arr
 
 
 def upsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                             block_bytes: int = CPU_BLOCK_BYTES, native: bool | None = None) -> jax.Array:
+                             block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
     """``conv3x3(zero_pad(upsample_nearest_2x(x)))`` computed from the padded low-resolution frames.
 
     ``(B, T, h+2, w+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, 2h, 2w, O)``. The one-row padding (or halo)
@@ -173,7 +166,7 @@ def upsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.A
     """
     b, t, hp, wp, c = x_padded.shape
     o = kernel.shape[-1]
-    if use_native_conv(native):
+    if native:
         # Native conv over the low-resolution input with 4·O outputs (zeros in the taps a phase
         # does not read), then depth-to-space.
         full = jnp.zeros((3, 3, c, 2, 2, o), jnp.float32)
@@ -196,7 +189,7 @@ def upsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.A
 
 
 def causal_conv3x3x3(past: jax.Array, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                     block_bytes: int = CPU_BLOCK_BYTES, native: bool | None = None) -> jax.Array:
+                     block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
     """Causal 3x3x3 conv: frames ``(B, T, H+2, W+2, C)`` after their past ``(B, 2, H+2, W+2, C)``.
 
     Returns ``(B, T, H, W, O)`` for a kernel ``(3, 3, 3, C, O)``. On CPU the three time taps are
@@ -206,7 +199,7 @@ def causal_conv3x3x3(past: jax.Array, x_padded: jax.Array, kernel: jax.Array, bi
     b, t, hp, wp, c = x_padded.shape
     kt, kh, kw, _, o = kernel.shape
     seq = jnp.concatenate([past, x_padded], axis=1)
-    if use_native_conv(native):
+    if native:
         y = lax.conv_general_dilated(seq, kernel, (1, 1, 1), "VALID", dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
                                      precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
         return (y + bias).astype(x_padded.dtype)
@@ -256,206 +249,8 @@ def interleave_time(x: jax.Array) -> jax.Array:
     return jnp.moveaxis(x, 4, 2).reshape(b, 2 * t, h, w, c2 // 2)
 
 
-def _past_or_zeros(cache: jax.Array | None, x: jax.Array) -> jax.Array:
+def past_or_zeros(cache: jax.Array | None, x: jax.Array) -> jax.Array:
     """The cached two past frames of ``x (B, T, ...)``, or zeros for latent frame 0."""
     if cache is None:
         return jnp.zeros((x.shape[0], CACHE_FRAMES, *x.shape[2:]), x.dtype)
     return cache
-
-
-# ---------------------------------------------------------------------------------------------
-# Layers
-# ---------------------------------------------------------------------------------------------
-def _kernel(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, dtype) -> nnx.Param:
-    return nnx.Param(jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype) / math.sqrt(fan_in))
-
-
-def _bias(rngs: nnx.Rngs, size: int, dtype) -> nnx.Param:
-    return nnx.Param((0.02 * jax.random.normal(rngs.params(), (size,), jnp.float32)).astype(dtype))
-
-
-class PointwiseConv(nnx.Module):
-    """1x1(x1) conv: ``(..., C)`` → ``(..., O)``. Kernel ``(C, O)``."""
-
-    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        self.kernel = _kernel(rngs, (cin, cout), cin, dtype)
-        self.bias = _bias(rngs, cout, dtype)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.einsum("...c,co->...o", x, self.kernel[...], precision=matmul_precision(x.dtype),
-                       preferred_element_type=jnp.float32)
-        return (y + self.bias[...]).astype(x.dtype)
-
-
-class CausalConv3d(nnx.Module):
-    """Causal 3x3x3 conv. Kernel ``(3, 3, 3, C, O)`` (time, height, width, in, out)."""
-
-    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        self.kernel = _kernel(rngs, (3, 3, 3, cin, cout), 27 * cin, dtype)
-        self.bias = _bias(rngs, cout, dtype)
-
-    def __call__(self, x, cache, ctx: SpatialContext):
-        """``x (B, T, H, W, C)``, ``cache (B, 2, H+2, W+2, C)`` or None → ``(B, T, H, W, O)``, new cache."""
-        x_padded = ctx.pad_hw(x)
-        past = _past_or_zeros(cache, x_padded)
-        if cache is None and x.shape[1] == 1:
-            # First frame, all-zero past: only the last time tap sees data (2/3 fewer FLOPs).
-            y = conv2d_frames(x_padded, self.kernel[2], self.bias[...])
-        else:
-            y = causal_conv3x3x3(past, x_padded, self.kernel[...], self.bias[...])
-        return y, next_cache(past, x_padded)
-
-
-class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, *, dtype=jnp.float32):
-        self.gamma = nnx.Param(jnp.ones((dim,), dtype))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return rms_norm(x, self.gamma[...])
-
-
-class ResidualBlock(nnx.Module):
-    """RMSNorm → SiLU → conv → RMSNorm → SiLU → conv, plus a (1x1x1 when widths differ) shortcut."""
-
-    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        self.norm1 = RMSNorm(cin, dtype=dtype)
-        self.conv1 = CausalConv3d(cin, cout, rngs=rngs, dtype=dtype)
-        self.norm2 = RMSNorm(cout, dtype=dtype)
-        self.conv2 = CausalConv3d(cout, cout, rngs=rngs, dtype=dtype)
-        self.conv_shortcut = PointwiseConv(cin, cout, rngs=rngs, dtype=dtype) if cin != cout else None
-
-    def __call__(self, x, caches, ctx: SpatialContext):
-        cache1, cache2 = caches if caches is not None else (None, None)
-        shortcut = x if self.conv_shortcut is None else self.conv_shortcut(x)
-        h, cache1 = self.conv1(jax.nn.silu(self.norm1(x)), cache1, ctx)
-        h, cache2 = self.conv2(jax.nn.silu(self.norm2(h)), cache2, ctx)
-        return h + shortcut, (cache1, cache2)
-
-
-class AttentionBlock(nnx.Module):
-    """Single-head self-attention over the H·W tokens of each frame (no mixing across time)."""
-
-    def __init__(self, dim: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        self.norm = RMSNorm(dim, dtype=dtype)
-        self.to_qkv = PointwiseConv(dim, 3 * dim, rngs=rngs, dtype=dtype)
-        self.proj = PointwiseConv(dim, dim, rngs=rngs, dtype=dtype)
-
-    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
-        b, t, h, w, c = x.shape
-        q, k, v = jnp.split(self.to_qkv(self.norm(x)).reshape(b * t, h, w, 3 * c), 3, axis=-1)
-        return x + self.proj(ctx.attend(q, k, v).reshape(b, t, h, w, c))
-
-
-class MidBlock(nnx.Module):
-    def __init__(self, dim: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        self.resnets = nnx.List([ResidualBlock(dim, dim, rngs=rngs, dtype=dtype) for _ in range(2)])
-        self.attentions = nnx.List([AttentionBlock(dim, rngs=rngs, dtype=dtype)])
-
-    def __call__(self, x, caches, ctx: SpatialContext):
-        caches = caches if caches is not None else (None, None)
-        x, cache0 = self.resnets[0](x, caches[0], ctx)
-        x = self.attentions[0](x, ctx)
-        x, cache1 = self.resnets[1](x, caches[1], ctx)
-        return x, (cache0, cache1)
-
-
-class Resample(nnx.Module):
-    """Nearest 2x spatial upsampling + 3x3 conv halving the width; 'upsample3d' first doubles time
-    with a causal (3, 1, 1) conv to 2C channels interleaved into 2T frames."""
-
-    def __init__(self, dim: int, mode: str, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        self.mode = mode
-        self.resample_kernel = _kernel(rngs, (3, 3, dim, dim // 2), 9 * dim, dtype)
-        self.resample_bias = _bias(rngs, dim // 2, dtype)
-        if mode == "upsample3d":
-            self.time_kernel = _kernel(rngs, (3, dim, 2 * dim), 3 * dim, dtype)
-            self.time_bias = _bias(rngs, 2 * dim, dtype)
-
-    def _time_conv(self, x, cache):
-        past = jnp.concatenate([cache, x], axis=1)
-        t = x.shape[1]
-        kernel = self.time_kernel[...]
-        y = sum(
-            jnp.einsum("bthwc,co->bthwo", past[:, i : i + t], kernel[i], precision=matmul_precision(x.dtype),
-                       preferred_element_type=jnp.float32)
-            for i in range(3)
-        )
-        return interleave_time((y + self.time_bias[...]).astype(x.dtype)), past[:, -CACHE_FRAMES:]
-
-    def __call__(self, x, cache, ctx: SpatialContext):
-        if self.mode == "upsample3d":
-            if cache is None:  # first latent frame: the reference skips the time conv ("Rep")
-                cache = _past_or_zeros(None, x)
-            else:
-                x, cache = self._time_conv(x, cache)
-        # Pad (or fetch halos) at low resolution: the upsampled frame's border rows are copies of it.
-        frames = upsample2x_conv2d_frames(ctx.pad_hw(x), self.resample_kernel[...], self.resample_bias[...])
-        return frames, cache
-
-
-class UpBlock(nnx.Module):
-    def __init__(self, cin: int, cout: int, num_res_blocks: int, mode: str | None, *, rngs, dtype=jnp.float32):
-        dims = [cin] + [cout] * (num_res_blocks + 1)
-        self.resnets = nnx.List(
-            [ResidualBlock(a, b, rngs=rngs, dtype=dtype) for a, b in zip(dims[:-1], dims[1:])]
-        )
-        self.upsamplers = nnx.List([Resample(cout, mode, rngs=rngs, dtype=dtype)] if mode else [])
-
-    def __call__(self, x, caches, ctx: SpatialContext):
-        n = len(self.resnets) + len(self.upsamplers)
-        caches = caches if caches is not None else (None,) * n
-        new = []
-        for resnet, cache in zip(self.resnets, caches):
-            x, cache = resnet(x, cache, ctx)
-            new.append(cache)
-        for upsampler in self.upsamplers:
-            x, cache = upsampler(x, caches[-1], ctx)
-            new.append(cache)
-        return x, tuple(new)
-
-
-class Decoder3d(nnx.Module):
-    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        dims = config.decoder_dims
-        self.conv_in = CausalConv3d(config.z_dim, dims[0], rngs=rngs, dtype=dtype)
-        self.mid_block = MidBlock(dims[0], rngs=rngs, dtype=dtype)
-        blocks = []
-        num_stages = len(config.dim_mult)
-        for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
-            cin = cin // 2 if i > 0 else cin  # each Wan 2.1 upsampler halves the width
-            mode = None
-            if i != num_stages - 1:
-                mode = "upsample3d" if config.temperal_upsample[i] else "upsample2d"
-            blocks.append(UpBlock(cin, cout, config.num_res_blocks, mode, rngs=rngs, dtype=dtype))
-        self.up_blocks = nnx.List(blocks)
-        self.norm_out = RMSNorm(dims[-1], dtype=dtype)
-        self.conv_out = CausalConv3d(dims[-1], config.out_channels, rngs=rngs, dtype=dtype)
-
-    def __call__(self, x, caches, ctx: SpatialContext):
-        caches = caches if caches is not None else (None,) * (3 + len(self.up_blocks))
-        x, conv_in_cache = self.conv_in(x, caches[0], ctx)
-        x, mid_cache = self.mid_block(x, caches[1], ctx)
-        up_caches = []
-        for block, cache in zip(self.up_blocks, caches[2:-1]):
-            x, cache = block(x, cache, ctx)
-            up_caches.append(cache)
-        x, conv_out_cache = self.conv_out(jax.nn.silu(self.norm_out(x)), caches[-1], ctx)
-        return x, (conv_in_cache, mid_cache, *up_caches, conv_out_cache)
-
-
-class WanDecoder(nnx.Module):
-    """``post_quant_conv`` + decoder: latents ``(B, T, H, W, z)`` → frames ``(B, T', 8H, 8W, 3)``.
-
-    Call with ``caches=None`` for latent frame 0 (which must then be the only frame: it yields 1
-    frame) and with the returned caches for every later chunk of frames (4 frames each).
-    """
-
-    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        self.temporal_scale = config.temporal_scale  # frames per latent frame after frame 0 (static)
-        self.post_quant_conv = PointwiseConv(config.z_dim, config.z_dim, rngs=rngs, dtype=dtype)
-        self.decoder = Decoder3d(config, rngs=rngs, dtype=dtype)
-
-    def __call__(self, z: jax.Array, caches, ctx: SpatialContext):
-        if caches is None and z.shape[1] != 1:
-            raise ValueError(f"the first decode step takes exactly 1 latent frame; got {z.shape[1]}")
-        return self.decoder(self.post_quant_conv(z), caches, ctx)

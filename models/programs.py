@@ -1,0 +1,83 @@
+"""One cache of compiled programs per model: ahead-of-time compiles, least recently used out.
+
+Every decode program (single-device or sharded, whole decode or stream step) is lowered and
+compiled explicitly (``jax.jit(...).lower(...).compile()``) and kept here under a key that names
+the program, its target devices, its input shape and its options. Explicit compiles are what make
+``memory_analysis()`` available before a program runs, give an honest count of real compiles, and
+let a server bound how many programs it keeps (``max_entries``).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Hashable
+
+import jax
+
+
+class ProgramCache:
+    """Compiled programs by key; beyond ``max_entries`` the least recently used one is dropped.
+
+    Attributes:
+      max_entries: how many compiled programs to keep (None: all).
+      compiles: real XLA compiles made through this cache.
+      evictions: programs dropped to stay within ``max_entries``.
+      compile_seconds: total time spent compiling.
+      on_compile: called as ``on_compile(key, seconds)`` after each compile.
+      on_evict: called as ``on_evict(key)`` after each eviction.
+    """
+
+    def __init__(self, max_entries: int | None = None):
+        if max_entries is not None and max_entries < 1:
+            raise ValueError(f"max_entries must be ≥ 1 or None; received {max_entries}")
+        self.max_entries = max_entries
+        self.compiles = 0
+        self.evictions = 0
+        self.compile_seconds = 0.0
+        self.on_compile: Callable[[Hashable, float], None] | None = None
+        self.on_evict: Callable[[Hashable], None] | None = None
+        self._entries: collections.OrderedDict[Hashable, jax.stages.Compiled] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, lower: Callable[[], jax.stages.Lowered]) -> jax.stages.Compiled:
+        """The compiled program for ``key``, compiling ``lower()`` on a miss."""
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+        start = time.perf_counter()
+        compiled = lower().compile()
+        seconds = time.perf_counter() - start
+        evicted = []
+        with self._lock:
+            self._entries[key] = compiled
+            self.compiles += 1
+            self.compile_seconds += seconds
+            while self.max_entries is not None and len(self._entries) > self.max_entries:
+                evicted.append(self._entries.popitem(last=False)[0])
+                self.evictions += 1
+        if self.on_compile is not None:
+            self.on_compile(key, seconds)
+        for old in evicted:
+            if self.on_evict is not None:
+                self.on_evict(old)
+        return compiled
+
+    def keys(self) -> list[Hashable]:
+        """Keys of the programs held, least recently used first."""
+        with self._lock:
+            return list(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

@@ -1,0 +1,61 @@
+"""The model's program cache (compiled once, least recently used out) and what a compiled program says."""
+
+import re
+
+import numpy as np
+import pytest
+
+import models
+from models.conv import native_conv_for
+from models.programs import ProgramCache
+
+CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
+SHAPE = (1, 16, 2, 3, 3)
+
+
+@pytest.fixture(scope="module")
+def vae():
+    return models.init_vae(CONFIG, seed=0)
+
+
+def test_a_shape_compiles_once_and_the_cache_drops_the_least_recently_used(vae):
+    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
+    first = np.asarray(vae.decode(x))
+    compiles = vae.programs.compiles
+    assert np.array_equal(np.asarray(vae.decode(x)), first) and vae.programs.compiles == compiles
+
+    seen = []
+    cache = ProgramCache(max_entries=2)
+    cache.on_evict = seen.append
+    for key in ("a", "b", "a", "c"):  # "a" is used again before "c" arrives, so "b" goes
+        cache.get(key, lambda: _Lowered(key))
+    assert cache.keys() == ["a", "c"] and seen == ["b"]
+    assert (cache.compiles, cache.evictions) == (3, 1)
+    with pytest.raises(ValueError, match="max_entries"):
+        ProgramCache(max_entries=0)
+
+
+class _Lowered:
+    """Stands in for ``jax.stages.Lowered``: the cache's bookkeeping does not depend on XLA."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def compile(self):
+        return f"compiled {self.name}"
+
+
+def test_the_profile_names_every_block(vae):
+    """``jax.named_scope`` on every layer: a profile (and the HLO) says which conv is which."""
+    names = set(re.findall(r'op_name="([^"]+)"', vae.compile(SHAPE).as_text()))
+    for path in ("decoder/Decoder3d/up_blocks.1/UpBlock/resnets.0/ResidualBlock/conv1/CausalConv3d",
+                 "decoder/Decoder3d/mid_block/MidBlock/attentions.0/AttentionBlock",
+                 "decoder/Decoder3d/up_blocks.0/UpBlock/upsamplers.0/Resample/time_conv",
+                 "decode_step/WanDecoder/post_quant_conv/PointwiseConv"):
+        assert any(path in name for name in names), path
+
+
+def test_the_conv_path_follows_the_target_platform(vae):
+    assert native_conv_for("tpu") and native_conv_for("gpu") and not native_conv_for("cpu")
+    # On this CPU host the single-device program uses the nine-tap matmul: no convolution ops.
+    assert " convolution(" not in vae.compile(SHAPE).as_text()
