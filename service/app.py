@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None, *, vae: Any = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        worker = _start_worker(state, partial(startup, settings, vae=vae, runner_factory=runner_factory))
+        worker = _start_worker(state, partial(startup, settings, state.metrics, vae=vae, runner_factory=runner_factory))
         try:
             yield
         finally:

@@ -23,6 +23,10 @@ def _serve_parser(sub) -> None:
                    help="latent shape to compile before ready (repeatable), e.g. 16x21x60x104, or "
                    "16x21x60x104:uint8,stream to compile only those outputs (uint8, float, stream; default all)")
     p.add_argument("--compile-cache", metavar="DIR", help="JAX persistent compilation cache")
+    p.add_argument("--shapes", action="append", metavar="CxTxHxW|warmed|any",
+                   help="serve only these latent shapes (repeatable), or only the warmed shapes and outputs; "
+                   "others get 422 (default: any)")
+    p.add_argument("--max-programs", type=int, help="compiled programs kept, least recently used dropped (0: all)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or VAESERVE_API_KEY)")
     p.add_argument("--cpu-devices", type=int, help="fake N CPU devices (tp/dp without accelerators)")
     p.add_argument("--request-timeout-s", type=float)

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from .codec import Limits
+from .metrics import Metrics
 from .runner import DeviceRunner
-from .settings import Settings, Warmup
-from .state import ModelState
+from .settings import WARMUP_OUTPUTS, Settings
+from .state import ModelState, ServedShapes
 
 log = logging.getLogger("vaeserve")
 
@@ -65,27 +66,62 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
         mean=np.asarray(config.latents_mean, np.float32).reshape(per_channel),
         std=np.asarray(config.latents_std, np.float32).reshape(per_channel),
         devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
-        warmed=tuple(settings.warmup))
+        warmed=tuple(settings.warmup), served=served_shapes(settings))
 
 
-def warm_up(runner: DeviceRunner, warmup: Warmup) -> None:
-    """Run every program a request of this latent shape can need, for every batch bucket: zeros
-    in, discarded frames out (the same calls as requests, so the same compiled programs)."""
-    for size in runner.buckets:
-        zeros = np.zeros((size, *warmup.shape), np.float32)
+def served_shapes(settings: Settings) -> ServedShapes | None:
+    """What ``--shapes`` allows: None (any shape), or ``{(C, T, H, W): outputs}`` — the warm-up
+    shapes with their warmed outputs, or the listed shapes with every output."""
+    if settings.shapes == "any":
+        return None
+    if settings.shapes == "warmed":
+        served: dict[tuple[int, ...], set[str]] = {}
+        for warmup in settings.warmup:
+            served.setdefault(warmup.shape, set()).update(warmup.outputs)
+        return {shape: frozenset(outputs) for shape, outputs in served.items()}
+    return {shape: frozenset(WARMUP_OUTPUTS) for shape in settings.shapes}
+
+
+def watch_programs(vae: Any, settings: Settings, metrics: Metrics) -> None:
+    """Bound the model's program cache and count what it does. The callbacks run in the thread
+    that compiles (the worker's); prometheus metrics are thread-safe."""
+    cache = vae.programs
+    cache.max_entries = settings.max_programs or None
+
+    def compiled(key: Any, seconds: float) -> None:
+        metrics.compiles.inc()
+        metrics.compile_seconds.observe(seconds)
+        metrics.programs.set(len(cache))
+        log.info("compiled %s in %.1f s", key[0] if isinstance(key, tuple) else key, seconds)
+
+    def evicted(key: Any) -> None:
+        metrics.evictions.inc()
+        metrics.programs.set(len(cache))
+
+    cache.on_compile, cache.on_evict = compiled, evicted
+    metrics.programs.set(len(cache))
+
+
+def warm_up(model: ModelState, settings: Settings) -> None:
+    """Compile every program a request of each warm-up shape can need (its outputs, every batch
+    bucket) before the service says it is ready."""
+    cache = model.vae.programs
+    evictions = cache.evictions
+    for warmup in settings.warmup:
         start = time.monotonic()
         for output in warmup.outputs:
-            if output == "stream":
-                for _ in runner.decode_stream(zeros[:, :, :2]):  # frame 0 and one later step: every step program
-                    pass
-            else:
-                runner.decode(zeros, output=output)
-        log.info("warm-up %s x %s compiled in %.1f s", size, warmup, time.monotonic() - start)
+            model.runner.compile(warmup.shape, output="uint8" if output == "stream" else output,
+                                 stream=output == "stream")
+        log.info("warm-up %s compiled in %.1f s", warmup, time.monotonic() - start)
+    if cache.evictions != evictions:
+        raise ValueError(f"max_programs={settings.max_programs} is smaller than the {len(cache) + cache.evictions - evictions}"
+                         " programs the warm-up compiled: raise it (or 0 for no limit)")
 
 
-def startup(settings: Settings, *, vae: Any = None, runner_factory: RunnerFactory | None = None) -> ModelState:
+def startup(settings: Settings, metrics: Metrics, *, vae: Any = None,
+            runner_factory: RunnerFactory | None = None) -> ModelState:
     configure_jax(settings)
     model = load_model(settings, vae=vae, runner_factory=runner_factory)
-    for warmup in settings.warmup:
-        warm_up(model.runner, warmup)
+    watch_programs(model.vae, settings, metrics)
+    warm_up(model, settings)
     return model

@@ -60,14 +60,6 @@ class DeviceRunner:
         self.mesh = mesh
         self.buckets = batch_buckets(max_batch, dp)
         self._thread: int | None = None
-        self._seen: set[tuple] = set()  # TODO(program cache): replaced by vae.programs after the merge
-
-    def _note(self, key: tuple) -> None:
-        self._seen.add(key)
-
-    @property
-    def compiled_shapes(self) -> list[list]:
-        return sorted([[kind, list(shape), *rest] for kind, shape, *rest in self._seen], key=str)
 
     def _check_thread(self) -> None:
         # One thread owns the devices; a second caller would interleave collectives.
@@ -83,7 +75,6 @@ class DeviceRunner:
         self._check_thread()
         n = latents.shape[0]
         padded = pad_batch(latents, bucket_for(n, self.buckets))
-        self._note(("decode", padded.shape, output))
         result = sharding.sharded_decode(self.vae, padded, self.mesh, output=output)
         return np.asarray(result)[:n]
 
@@ -94,6 +85,35 @@ class DeviceRunner:
         self._check_thread()
         n = latents.shape[0]
         padded = pad_batch(latents, bucket_for(n, self.buckets))
-        self._note(("stream", padded.shape))
         for chunk in sharding.sharded_decode_stream(self.vae, padded, self.mesh):
             yield np.asarray(chunk)[:n]
+
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> None:
+        """Compile, without running, every program a request of latent ``shape`` ``(C, T, H, W)``
+        can need, at every batch bucket: the decode of ``output``, or every step of a stream.
+        The programs land in the model's cache (``vae.programs``), where requests find them."""
+        import sharding
+
+        self._check_thread()
+        for size in self.buckets:
+            if stream:
+                sharding.compile_decode_stream(self.vae, (size, *shape), self.mesh)
+            else:
+                sharding.compile_decode(self.vae, (size, *shape), self.mesh, output=output)
+
+    def programs(self) -> list[list]:
+        """The compiled programs of this runner's mesh in the model's cache, least recently used
+        first: ``["decode", [B, C, T, H, W], output]`` or ``["stream-step", [B, C, t, H, W],
+        "first" | "next"]``. (A read of the cache; it is safe from any thread.)"""
+        from sharding.mesh import mesh_key
+
+        mesh = mesh_key(self.mesh)
+        described = []
+        for key in self.vae.programs.keys():
+            if not (isinstance(key, tuple) and len(key) > 4 and key[1] == mesh):
+                continue
+            if key[0] == "sharded-decode":
+                described.append(["decode", list(key[2]), key[4]])
+            elif key[0] == "sharded-decode-step":
+                described.append(["stream-step", list(key[2]), "first" if key[4] else "next"])
+        return described

@@ -83,6 +83,13 @@ class Settings(BaseSettings):
         "stream; default all)",
     )
     compile_cache: str | None = Field(None, description="JAX persistent compilation cache directory")
+    shapes: list[LatentShape] | Literal["any", "warmed"] = Field(
+        "any", description="latent shapes served: any, only the warmed ones (and their outputs), or a list; "
+        "others -> 422"
+    )
+    max_programs: int = Field(
+        64, ge=0, description="compiled programs kept (least recently used dropped); 0 = no limit"
+    )
 
     # --- network --------------------------------------------------------------------------
     host: str = "127.0.0.1"
@@ -122,6 +129,16 @@ class Settings(BaseSettings):
     def _split_warmup(cls, value: Any) -> Any:
         if isinstance(value, str):  # "16x2x4x4;16x1x8x8:uint8"
             value = [part for part in value.split(";") if part.strip()]
+        return value
+
+    @field_validator("shapes", mode="before")
+    @classmethod
+    def _parse_shapes(cls, value: Any) -> Any:
+        # --shapes warmed / --shapes 16x21x60x104 --shapes ... / VAESERVE_SHAPES=warmed or a JSON list
+        if isinstance(value, (list, tuple)) and len(value) == 1 and value[0] in ("any", "warmed"):
+            return value[0]
+        if isinstance(value, (list, tuple)):
+            return [parse_latent_shape(v) for v in value]
         return value
 
     @model_validator(mode="after")

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from .worker import Worker
 
 Phase = Literal["loading", "ready", "draining", "failed"]
+# Strict shapes: latent (C, T, H, W) -> the outputs served for it ("uint8", "float", "stream").
+ServedShapes = dict[tuple[int, ...], frozenset[str]]
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,15 @@ class ModelState:
     devices: list[str]
     platform: str
     warmed: tuple[Warmup, ...]
+    served: ServedShapes | None  # None: any shape (programs compiled on demand, LRU-bounded)
+
+    def check_served(self, shape: tuple[int, ...], output: str) -> None:
+        """422 unless latents of ``shape`` (C, T, H, W) are served with ``output`` (``--shapes``)."""
+        if self.served is None or output in self.served.get(shape, ()):
+            return
+        allowed = sorted(f"{'x'.join(map(str, s))}:{','.join(sorted(o))}" for s, o in self.served.items())
+        raise Problem(422, "shape-not-allowed", f"latents {'x'.join(map(str, shape))} with output {output} are not "
+                      "served here (--shapes)", expected=allowed, received=f"{'x'.join(map(str, shape))}:{output}")
 
     def denormalize(self, latents: np.ndarray) -> np.ndarray:
         """``z · latents_std + latents_mean`` per channel, on the host (float32)."""

@@ -34,7 +34,8 @@ async def decode(request: Request, params: DecodeParamsDep, media_type: MediaTyp
     try:
         async with read_body(request, max_bytes=settings.max_body_bytes, budget=state.reading,
                              timeout_s=settings.read_timeout_s, retry_after_s=settings.retry_after_s) as body:
-            latents, batched = await anyio.to_thread.run_sync(decode_inputs, body, media_type, params, model)
+            latents, batched = await anyio.to_thread.run_sync(decode_inputs, body, media_type, params, model,
+                                                              state.metrics)
         job = Job(request_id, "decode", latents, params.output, params.stream, deadline=arrived + params.timeout_s,
                   loop=asyncio.get_running_loop(), arrived=arrived)
         worker.submit(job, ticket)

@@ -47,4 +47,4 @@ async def list_models(state: StateDep) -> ModelList:
         metadata=meta, mesh=MeshInfo(dp=settings.dp, tp=settings.tp, devices=model.devices),
         batch_buckets=model.runner.buckets, warmed_shapes=[list(w.shape) for w in model.warmed],
         warmed=[WarmedShape(shape=list(w.shape), outputs=list(w.outputs)) for w in model.warmed],
-        compiled=model.runner.compiled_shapes)])
+        compiled=model.runner.programs())])

@@ -33,7 +33,7 @@ from service.runner import DeviceRunner
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(base_dim=8, num_res_blocks=1)
 LATENT = (1, 16, 2, 4, 4)  # -> (1, 5, 32, 32, 3) frames
-WARM = "16x2x4x4"
+WARM = "16x2x4x4:uint8"  # the uint8 programs only: each compile costs seconds on 2 cores
 
 
 def make_test_model(**overrides):
@@ -143,17 +143,22 @@ def settings_for_tests(**overrides) -> Settings:
 
 
 @contextlib.contextmanager
-def app_client(vae, *, runner_factory=None, **settings) -> Iterator[TestClient]:
-    """A TestClient (in-process, lifespan run) around ``create_app`` once its model is ready."""
+def app_client(vae, *, runner_factory=None, expect_ready=True, **settings) -> Iterator[TestClient]:
+    """A TestClient (in-process, lifespan run) around ``create_app`` once its start-up is over
+    (ready, or with ``expect_ready=False`` ready or failed)."""
     app = create_app(settings_for_tests(**settings), vae=vae, runner_factory=runner_factory)
     with TestClient(app, raise_server_exceptions=False) as client:
-        wait_ready(lambda: client.get("/readyz").status_code)
+        wait_ready(lambda: client.get("/readyz"), expect_ready=expect_ready)
         yield client
 
 
-def wait_ready(probe: Callable[[], int], timeout: float = 60) -> None:
+def wait_ready(probe: Callable[[], httpx.Response | None], timeout: float = 120, expect_ready: bool = True) -> None:
     deadline = time.monotonic() + timeout
-    while probe() != 200:
+    while True:
+        response = probe()
+        if response is not None and (response.status_code == 200 or (
+                not expect_ready and response.json().get("status") == "failed")):
+            return
         if time.monotonic() > deadline:
             raise RuntimeError("app not ready in time")
         time.sleep(0.05)
@@ -189,15 +194,15 @@ def thread_server(vae, *, runner_factory=None, **settings) -> Iterator[ThreadSer
     thread.start()
     url = f"http://127.0.0.1:{config_settings.port}"
     try:
-        wait_ready(lambda: _status(url + "/readyz"))
+        wait_ready(lambda: _get(url + "/readyz"))
         yield ThreadServer(url, server, app)
     finally:
         server.should_exit = True
         thread.join(60)
 
 
-def _status(url: str) -> int:
+def _get(url: str) -> httpx.Response | None:
     try:
-        return httpx.get(url, timeout=2).status_code
+        return httpx.get(url, timeout=2)
     except httpx.HTTPError:
-        return 0
+        return None

@@ -198,6 +198,8 @@ def test_metrics_count_what_was_sent(server):
     assert 1 <= server.metric("vaeserve_decode_seconds_count") - hist0 <= 3  # some may share a batch
     assert server.metric("vaeserve_requests_total", route="/v1/decode", status="415") >= 1
     assert server.metric("vaeserve_ready") == 1
+    assert server.metric("vaeserve_compiles_total") >= 2  # the warm-up buckets 1 and 2 at least
+    assert server.metric("vaeserve_programs") == server.metric("vaeserve_compiles_total")  # none evicted
 
 
 def test_deadline_gives_504_then_service_recovers(server):
