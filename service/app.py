@@ -8,7 +8,7 @@ and embedders), builds the mesh and runner, and compiles the warm-up shapes in i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -23,17 +23,22 @@ from .metrics import Metrics
 from .middleware import RequestContext
 from .routes import decode, operations
 from .settings import Settings
-from .state import ServiceState
+from .state import ModelState, ServiceState
 from .worker import Worker
 
 
-def _start_worker(state: ServiceState, startup_fn: Any) -> Worker:
+def _start_worker(state: ServiceState, startup_fn: Callable[[], ModelState]) -> Worker:
     loop = asyncio.get_running_loop()
     settings = state.settings
+    def on_ready(model: ModelState) -> None:  # called in the worker thread: hop onto the loop
+        loop.call_soon_threadsafe(state.set_ready, model)
+
+    def on_failed(error: str) -> None:
+        loop.call_soon_threadsafe(state.set_failed, error)
+
     worker = Worker(startup=startup_fn, metrics=state.metrics, max_queue=settings.max_queue,
-                    max_batch=settings.max_batch, retry_after_s=settings.retry_after_s,
-                    on_ready=lambda model: loop.call_soon_threadsafe(state.set_ready, model),
-                    on_failed=lambda error: loop.call_soon_threadsafe(state.set_failed, error))
+                    max_batch=settings.max_batch, retry_after_s=settings.retry_after_s, on_ready=on_ready,
+                    on_failed=on_failed)
     state.worker = worker
     worker.start()
     return worker

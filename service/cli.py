@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 
-
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="run the HTTP decoding service")
     p.add_argument("--model", help="diffusers-format VAE folder (default: embedded Wan 2.1, random weights)")

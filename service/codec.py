@@ -64,16 +64,16 @@ def media_type(content_type: str | None) -> str:
 
 
 def check_content_type(content_type: str | None) -> str:
-    kind = media_type(content_type)
-    if kind not in ACCEPTED_CONTENT_TYPES:
+    given = media_type(content_type)
+    if given not in ACCEPTED_CONTENT_TYPES:
         raise Problem(
             415,
             "unsupported-media-type",
-            f"Content-Type {kind or '(none)'!r} is not a latent tensor format",
+            f"Content-Type {given or '(none)'!r} is not a latent tensor format",
             expected=list(ACCEPTED_CONTENT_TYPES),
-            received=kind or None,
+            received=given or None,
         )
-    return kind
+    return given
 
 
 def _shape_problem(slug: str, detail: str, shape: tuple[int, ...] | list) -> Problem:
@@ -219,10 +219,10 @@ def parse_latents(
 
     Values are not checked here: NaN/Inf are refused by :func:`check_finite` once scaling and
     denormalizing are applied (finite inputs can overflow there)."""
-    kind = check_content_type(content_type)
-    if kind == NPY_CONTENT_TYPE:
+    given = check_content_type(content_type)
+    if given == NPY_CONTENT_TYPE:
         array = parse_npy(body)
-    elif kind == SAFETENSORS_CONTENT_TYPE:
+    elif given == SAFETENSORS_CONTENT_TYPE:
         array = parse_safetensors(body)
     else:
         array = parse_raw(body, shape, dtype)
@@ -300,16 +300,16 @@ def encode_mp4(frames: np.ndarray, *, fps: int, crf: int) -> bytes:
 
 def mp4_boxes(data: bytes) -> list[str]:
     """The top-level box types of an MP4, in file order (``["ftyp", "moov", "free", "mdat"]``)."""
-    kinds, offset = [], 0
+    boxes, offset = [], 0
     while offset + 8 <= len(data):
-        size, kind = struct.unpack(">I4s", data[offset : offset + 8])
+        size, box = struct.unpack(">I4s", data[offset : offset + 8])
         if size == 1:  # a 64-bit size follows the type
             (size,) = struct.unpack(">Q", data[offset + 8 : offset + 16])
-        kinds.append(kind.decode("latin-1"))
+        boxes.append(box.decode("latin-1"))
         if size < 8:  # 0: the box runs to the end of the file
             break
         offset += size
-    return kinds
+    return boxes
 
 
 def decode_mp4(data: bytes) -> np.ndarray:

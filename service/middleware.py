@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from typing import Any
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -85,7 +84,7 @@ class RequestContext:
         finally:
             self._count(scope, exchange)
 
-    def _count(self, scope: dict[str, Any], exchange: _Exchange) -> None:
+    def _count(self, scope: Scope, exchange: _Exchange) -> None:
         route = scope["path"] if scope["path"] in ROUTES else "other"
         status = exchange.status
         if status is None:  # nothing was sent: the client left, or the app never answered

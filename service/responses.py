@@ -87,8 +87,9 @@ async def stream(request: Request, job: Job, batched: bool) -> Response:
 
     Errors before the first chunk are ordinary problem responses; after it the status line is
     gone, so an error travels in-band as a ``{"type": "error"}`` message."""
-    assert job.chunks is not None
-    getter = asyncio.ensure_future(job.chunks.get())
+    chunks = job.chunks
+    assert chunks is not None
+    getter = asyncio.ensure_future(chunks.get())
     try:
         first = await wait_for(request, job, getter)
     finally:
@@ -110,7 +111,7 @@ async def stream(request: Request, job: Job, batched: bool) -> Response:
                     {"type": "frames", "index": index, "frame_start": frames, "shape": list(chunk.shape),
                      "dtype": "uint8"}, np.ascontiguousarray(chunk).tobytes())
                 index, frames = index + 1, frames + item.shape[1]
-                item = await job.chunks.get()
+                item = await chunks.get()
             yield codec.stream_message({"type": "end", "chunks": index, "frames": frames})
         finally:
             if item is not STREAM_END:
