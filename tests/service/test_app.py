@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import threading
 
 import httpx
 import numpy as np
 import pytest
 
-from service import create_app
+from service import codec, create_app
 from service.client import read_stream
 from service.runner import DeviceRunner
 
@@ -70,6 +71,32 @@ def test_early_answers_close_a_connection_whose_body_was_not_read(client):
     late = post(client, x[:, :8], shape="1,8,2,4,4")  # 422 after reading the body
     assert_problem(late, 422, "invalid-channels")
     assert "connection" not in late.headers
+
+
+def _safetensors(shape, nbytes: int, header: bytes | None = None) -> bytes:
+    header = header or json.dumps({"z": {"dtype": "F32", "shape": shape, "data_offsets": [0, nbytes]}}).encode()
+    return struct.pack("<Q", len(header)) + header + b"\0" * nbytes
+
+
+HOSTILE = [  # id, body, content type, query, slug: each was a 500 or a wrong 200 in the hostile run
+    ("raw-65-dims", b"\0" * 4, "tensor/binary", {"shape": ",".join(["1"] * 65), "dtype": "float32"}, "invalid-ndim"),
+    ("st-65-dims", _safetensors([1] * 65, 4), "application/x-safetensors", {}, "invalid-ndim"),
+    ("st-negative", _safetensors([-1, 16, -2, 4, 4], 2048), "application/x-safetensors", {}, "invalid-shape"),
+    ("st-nested", _safetensors(None, 0, b"[" * 20_000 + b"]" * 20_000), "application/x-safetensors", {},
+     "invalid-safetensors"),
+    ("npy-T0", codec.encode_npy(np.zeros((1, 16, 0, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
+    ("npy-B0", codec.encode_npy(np.zeros((0, 16, 2, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
+    ("st-W0", _safetensors([1, 16, 2, 4, 0], 0), "application/x-safetensors", {}, "invalid-shape"),
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_bodies_are_422_and_the_next_request_is_served(client, case):
+    _, body, content_type, query, slug = case
+    r = client.post("/v1/decode", content=body, params={"output_type": "npy", **query},
+                    headers={"Content-Type": content_type})
+    assert_problem(r, 422, slug)
+    assert post(client, latents()).status_code == 200
 
 
 @pytest.mark.parametrize("params", [
