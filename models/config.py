@@ -81,7 +81,7 @@ class WanVAEConfig:
         self.validate()
 
     @classmethod
-    def wan22(cls, **overrides: Any) -> "WanVAEConfig":
+    def wan22(cls, **overrides: Any) -> WanVAEConfig:
         """The real Wan 2.2 (TI2V-5B) VAE: 48 latent channels, 16x spatial, decoder width 256."""
         real = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, patch_size=2,
                     in_channels=12, out_channels=12, scale_factor_spatial=16,
