@@ -101,9 +101,9 @@ def decode_frames(
     """Decode channels-last latents ``(B, T, H, W, z)``.
 
     Returns float32 ``(B, 3, F, sH, sW)`` (``output="float"``) or uint8 ``(B, F, sH, sW, 3)``,
-    ``F = 1 + 4(T-1)`` and ``s = 8`` for Wan 2.1, 16 for Wan 2.2. Every step writes its frames into one preallocated output
-    buffer carried through the scan, so peak memory is the output plus one step's activations and
-    caches, whatever ``T`` is.
+    ``F = 1 + 4(T-1)``, ``s = 8`` for Wan 2.1 and 16 for Wan 2.2. Every step writes its frames into
+    one preallocated output buffer carried through the scan, so peak memory is the output plus one
+    step's activations and caches, whatever ``T`` is.
     """
     num_latent = z.shape[1]
     first, caches = decode_step(model, None, z[:, :1], ctx, output=output)
