@@ -96,7 +96,7 @@ class ResidualUpBlock(nnx.Module):
         )
         # diffusers names it ``upsampler`` (no list) here: the weights are ``upsampler.resample.1.*``.
         self.upsampler = Resample(cout, mode, rngs=rngs, dtype=dtype, cout=cout) if mode else None
-        self.avg_shortcut = DupUp3D(cin, cout, temporal=mode == "upsample3d") if mode else None
+        self.avg_shortcut = DupUp3D(cout, temporal=mode == "upsample3d") if mode else None
 
     @scoped
     def __call__(self, x: jax.Array, caches: UpBlockCache | None, ctx: SpatialContext, *,

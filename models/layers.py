@@ -275,8 +275,8 @@ class DupUp3D(nnx.Module):
     chunk) when ``temporal``, else ``T``.
     """
 
-    def __init__(self, cin: int, cout: int, *, temporal: bool):
-        self.cin, self.cout, self.factor_t = cin, cout, 2 if temporal else 1
+    def __init__(self, cout: int, *, temporal: bool):
+        self.cout, self.factor_t = cout, 2 if temporal else 1
 
     @scoped
     def __call__(self, x: jax.Array, *, first_chunk: bool) -> jax.Array:
