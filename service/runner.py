@@ -88,7 +88,7 @@ class DeviceRunner:
         if fault:
             raise RuntimeError("injected device fault (fault_injection is on)")
         result = sharding.sharded_decode(self.vae, padded, self.mesh, output=output)
-        return np.asarray(result)[:n]
+        return sharding.to_host(result)[:n]  # all-gathered when the mesh spans processes
 
     def decode_stream(self, latents: np.ndarray, *, fault: bool = False) -> Iterator[np.ndarray]:
         """Yields ``(B, f, 8H, 8W, 3)`` uint8 chunks as each decode chunk finishes."""

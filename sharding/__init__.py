@@ -12,6 +12,7 @@ from .decode import (
     replicated_state,
     sharded_decode,
     sharded_decode_stream,
+    to_host,
 )
 from .halo import BandContext
 from .inspect import collectives, halo_bytes, hlo_text, memory_stats
@@ -39,4 +40,5 @@ __all__ = [
     "replicated_state",
     "sharded_decode",
     "sharded_decode_stream",
+    "to_host",
 ]

@@ -1,0 +1,139 @@
+"""One process of a 2-process test slice (2 CPU devices each, gloo collectives).
+
+``python tests/multihost/slice_process.py SCENARIO --process-id I --port P --out DIR``. Every
+process builds the same tiny model and the same handler table (two ``DeviceRunner``s: tp = 4
+across both processes, and tp = 2 x dp = 2 with one replica per process), then process 0 drives
+SCENARIO while the follower runs ``broadcast.follow``:
+
+* ``parity``: decodes (uint8, float, stream) on both meshes, a stream abandoned after its first
+  step, a call that raises on every process, and a negative control without halos; saves
+  ``DIR/slice.npz`` and ``DIR/report.json``; stops the slice; every process exits 0.
+* ``idle``: one decode, then waits for the follower to be killed; exits 3 (slice failed).
+* ``busy``: decodes in a loop until the follower is killed mid-call; exits 3.
+* ``sigterm``: serves until a follower's stop request arrives (SIGTERM), then stops the slice.
+
+Process 0 writes ``DIR/ready`` after its first decode, for the test to act on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from service.distributed import SliceMonitor, exit_on_failure, initialize  # noqa: E402
+
+# The smallest Wan-shaped decoder (one up stage, 2x in space and time): compiles dominate these tests.
+MICRO = dict(base_dim=8, num_res_blocks=0, dim_mult=(1, 2), temperal_downsample=(True,), scale_factor_spatial=2,
+             scale_factor_temporal=2)
+SHAPE = (2, 16, 3, 8, 4)  # B=2 (one per dp replica), T=3 (frame 0, then the scan), H=8: 2 rows per band at tp=4
+HEARTBEAT_S = 3
+
+
+def test_latents(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+
+
+def build_handlers(vae, runners) -> dict:
+    import sharding
+
+    handlers = {}
+    for name, runner in runners.items():
+        handlers[f"{name}.decode"] = lambda z, runner=runner, **options: runner.decode(z, **options)
+        handlers[f"{name}.stream"] = lambda z, runner=runner: runner.decode_stream(z)
+    # Negative control: the same tp=4 decode without halo exchange (bands decoded independently).
+    no_halo = functools.partial(sharding.sharded_decode, vae, mesh=runners["tp4"].mesh, halo="none")
+    handlers["tp4.decode_no_halo"] = lambda z: sharding.to_host(no_halo(z))
+    return handlers
+
+
+def drive_parity(leader, out: Path) -> None:
+    z = test_latents()
+    arrays, report = {}, {}
+    for mesh in ("tp4", "tp2dp2"):
+        arrays[f"{mesh}_uint8"] = leader.call(f"{mesh}.decode", z, output="uint8")
+        arrays[f"{mesh}_float"] = leader.call(f"{mesh}.decode", z, output="float")
+        arrays[f"{mesh}_stream"] = np.concatenate(list(leader.stream(f"{mesh}.stream", z)), axis=1)
+    (out / "ready").touch()
+    # A consumer that stops after the first step: the slice must stay in step for the next call.
+    steps = leader.stream("tp4.stream", z)
+    next(steps)
+    steps.close()
+    arrays["after_abandoned_stream"] = leader.call("tp4.decode", z, output="uint8")
+    # The same error on every process (16 latent channels expected) leaves the slice usable.
+    try:
+        leader.call("tp4.decode", z[:, :15], output="uint8")
+    except Exception as error:
+        report["bad_call_error"] = type(error).__name__
+    arrays["after_error"] = leader.call("tp4.decode", z, output="float")
+    arrays["no_halo"] = leader.call("tp4.decode_no_halo", z)
+    np.savez(out / "slice.npz", **arrays)
+    (out / "report.json").write_text(json.dumps(report))
+
+
+def drive_faults(leader, scenario: str, out: Path, stop_requested: threading.Event) -> None:
+    z = test_latents()
+    leader.call("tp4.decode", z, output="uint8")
+    (out / "ready").touch()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not stop_requested.is_set():
+        if scenario == "busy":
+            leader.call("tp4.decode", z, output="uint8")
+        else:
+            time.sleep(0.1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", choices=["parity", "idle", "busy", "sigterm"])
+    parser.add_argument("--process-id", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s p{args.process_id} %(levelname)s %(message)s")
+
+    control = initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=2, process_id=args.process_id,
+                         heartbeat_timeout_s=HEARTBEAT_S, initialization_timeout_s=60, cpu_devices=2)
+    exit_on_failure(control, grace_s=0.5)
+    stop_requested = threading.Event()
+    monitor = SliceMonitor(control, interval_s=0.5, call_timeout_s=120,
+                           on_stop_request=lambda pid, reason: stop_requested.set()).start()
+
+    import models
+    import sharding
+    from service.broadcast import Channel, Leader, follow
+    from service.runner import DeviceRunner
+
+    vae = models.init_vae(models.WanVAEConfig(**MICRO), seed=0)
+    runners = {"tp4": DeviceRunner(vae, sharding.make_mesh(4), max_batch=2, dp=1),
+               "tp2dp2": DeviceRunner(vae, sharding.make_mesh(2, dp=2), max_batch=2, dp=2)}
+    handlers = build_handlers(vae, runners)
+    channel = Channel(control, poll_s=0.25)
+    if control.is_leader:
+        leader = Leader(channel, monitor, handlers)
+        if args.scenario == "parity":
+            drive_parity(leader, args.out)
+        else:
+            drive_faults(leader, args.scenario, args.out, stop_requested)
+        leader.stop()
+    else:
+        signal.signal(signal.SIGTERM, lambda signum, frame: control.request_stop("SIGTERM"))
+        follow(channel, handlers)
+    monitor.stop()
+    control.shutdown(timeout_s=20)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
