@@ -26,6 +26,8 @@ What JAX 0.10.2 does by itself, and why this module changes it (measured on 2 CP
 * With recoverability on, ``jax.distributed.shutdown`` no longer waits for the other processes; a
   follower whose coordinator has gone aborts (exit 134). Hence the explicit stop barrier and the
   followers-first order in ``shutdown``.
+* The preemption service (on by default) catches SIGTERM; with it, a SIGTERM that arrives before
+  the service's own handler is ignored. It is turned off here.
 * A CPU (gloo) collective whose peer process dies fails at once ("Connection closed by peer"); one
   whose peer is alive but absent waits indefinitely (observed: 200 s, then completed). Accelerator
   collectives give no such promise, hence the call deadline (``call_timeout_s``).
@@ -39,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 log = logging.getLogger("vaeserve")
 
@@ -83,6 +85,9 @@ def initialize(*, coordinator_address: str | None = None, num_processes: int | N
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # Survive a follower's death long enough to answer 503 and say why (see the module docstring).
     jax.config.update("jax_enable_recoverability", True)
+    # JAX's preemption service catches SIGTERM (to agree on a checkpoint step); until the service
+    # installs its own handler, a SIGTERM would then be swallowed instead of stopping the process.
+    jax.config.update("jax_enable_preemption_service", False)
     jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                initialization_timeout=initialization_timeout_s,
                                heartbeat_timeout_seconds=heartbeat_timeout_s)
@@ -267,13 +272,16 @@ class SliceControl:
 
 
 def exit_on_failure(control: SliceControl, *, grace_s: float = 2.0, code: int = EXIT_SLICE_FAILED) -> None:
-    """After a failure, exit this process with ``code`` once ``grace_s`` has passed (time to
-    answer requests in flight with 503). ``os._exit``: a device thread may be stuck in a
-    collective that will never return, and a normal exit would wait for it."""
+    """After a failure, exit this process with ``code``: process 0 once ``grace_s`` has passed
+    (time to answer requests in flight with 503, and for the followers to read the failure), a
+    follower at once (it answers no requests, and must leave before process 0 takes the
+    coordination service down). ``os._exit``: a device thread may be stuck in a collective that
+    will never return, and a normal exit would wait for it."""
+    delay_s = grace_s if control.is_leader else 0.0
 
     def schedule(reason: str) -> None:
         def leave() -> None:
-            time.sleep(grace_s)
+            time.sleep(delay_s)
             log.critical("exiting with code %d: %s", code, reason)
             logging.shutdown()
             os._exit(code)
@@ -281,6 +289,14 @@ def exit_on_failure(control: SliceControl, *, grace_s: float = 2.0, code: int = 
         threading.Thread(target=leave, name="vaeserve-exit", daemon=True).start()
 
     control.on_failure(schedule)
+
+
+def wait_for_exit(timeout_s: float = 60.0) -> NoReturn:
+    """Park a thread that has nothing left to do after a failure until ``exit_on_failure`` ends
+    the process. Returning instead would run the normal exit, which stops the coordination
+    service at once (on process 0), before the followers have read why."""
+    time.sleep(timeout_s)
+    os._exit(EXIT_SLICE_FAILED)
 
 
 # -- the monitor ------------------------------------------------------------------------------------

@@ -8,11 +8,13 @@ SCENARIO while the follower runs ``broadcast.follow``:
 * ``parity``: decodes (uint8, float, stream) on both meshes, a stream abandoned after its first
   step, a call that raises on every process, and a negative control without halos; saves
   ``DIR/slice.npz`` and ``DIR/report.json``; stops the slice; every process exits 0.
-* ``idle``: one decode, then waits for the follower to be killed; exits 3 (slice failed).
+* ``idle``: waits, ready at once, for the follower to be killed; exits 3 (slice failed).
 * ``busy``: decodes in a loop until the follower is killed mid-call; exits 3.
 * ``sigterm``: serves until a follower's stop request arrives (SIGTERM), then stops the slice.
+* ``diverge``: one call that fails on the follower only; both processes exit 3.
 
-Process 0 writes ``DIR/ready`` after its first decode, for the test to act on.
+Each process writes ``DIR/ready{I}`` when the test may act (its signal handler installed; process 0
+after the first decode for ``busy``).
 """
 
 from __future__ import annotations
@@ -30,18 +32,32 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "models")]
 
-from service.distributed import SliceMonitor, exit_on_failure, initialize  # noqa: E402
+from service.distributed import SliceFailed, SliceMonitor, exit_on_failure, initialize, wait_for_exit  # noqa: E402
 
 # The smallest Wan-shaped decoder (one up stage, 2x in space and time): compiles dominate these tests.
 MICRO = dict(base_dim=8, num_res_blocks=0, dim_mult=(1, 2), temperal_downsample=(True,), scale_factor_spatial=2,
              scale_factor_temporal=2)
 SHAPE = (2, 16, 3, 8, 4)  # B=2 (one per dp replica), T=3 (frame 0, then the scan), H=8: 2 rows per band at tp=4
-HEARTBEAT_S = 3
+# Failure detection in the fault scenarios: heartbeat timeout + monitor interval, then process 0's
+# grace before it exits. The parity slice is not timed, and is given a longer heartbeat.
+FAULT_HEARTBEAT_S, PARITY_HEARTBEAT_S = 3, 10
+INTERVAL_S, GRACE_S = 0.5, 1.5
 
 
-def test_latents(seed: int = 0) -> np.ndarray:
+def micro_vae():
+    """The MICRO decoder with seeded NumPy weights (perturbed gammas and biases): built in well
+    under a second, where ``init_vae``'s one small compile per initializer takes ~20 s here."""
+    import models
+    from models.loading import build_vae
+    from wan_reference import seeded_decoder_weights
+
+    config = models.WanVAEConfig(**MICRO)
+    return build_vae(config, seeded_decoder_weights(config, seed=7), dtype="float32", metadata={"source": "seed 7"})
+
+
+def slice_latents(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
 
 
@@ -55,17 +71,24 @@ def build_handlers(vae, runners) -> dict:
     # Negative control: the same tp=4 decode without halo exchange (bands decoded independently).
     no_halo = functools.partial(sharding.sharded_decode, vae, mesh=runners["tp4"].mesh, halo="none")
     handlers["tp4.decode_no_halo"] = lambda z: sharding.to_host(no_halo(z))
+    handlers["diverge"] = _fail_on_followers
     return handlers
 
 
+def _fail_on_followers(array) -> None:
+    import jax
+
+    if jax.process_index() != 0:
+        raise RuntimeError("a fault on this process only")
+
+
 def drive_parity(leader, out: Path) -> None:
-    z = test_latents()
+    z = slice_latents()
     arrays, report = {}, {}
     for mesh in ("tp4", "tp2dp2"):
         arrays[f"{mesh}_uint8"] = leader.call(f"{mesh}.decode", z, output="uint8")
         arrays[f"{mesh}_float"] = leader.call(f"{mesh}.decode", z, output="float")
-        arrays[f"{mesh}_stream"] = np.concatenate(list(leader.stream(f"{mesh}.stream", z)), axis=1)
-    (out / "ready").touch()
+    arrays["tp4_stream"] = np.concatenate(list(leader.stream("tp4.stream", z)), axis=1)
     # A consumer that stops after the first step: the slice must stay in step for the next call.
     steps = leader.stream("tp4.stream", z)
     next(steps)
@@ -83,20 +106,22 @@ def drive_parity(leader, out: Path) -> None:
 
 
 def drive_faults(leader, scenario: str, out: Path, stop_requested: threading.Event) -> None:
-    z = test_latents()
-    leader.call("tp4.decode", z, output="uint8")
-    (out / "ready").touch()
+    if scenario == "busy":
+        leader.call("tp4.decode", slice_latents(), output="uint8")
+    (out / "ready0").touch()
+    if scenario == "diverge":
+        leader.call("diverge")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not stop_requested.is_set():
         if scenario == "busy":
-            leader.call("tp4.decode", z, output="uint8")
+            leader.call("tp4.decode", slice_latents(), output="uint8")
         else:
-            time.sleep(0.1)
+            time.sleep(0.05)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["parity", "idle", "busy", "sigterm"])
+    parser.add_argument("scenario", choices=["parity", "idle", "busy", "sigterm", "diverge"])
     parser.add_argument("--process-id", type=int, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -104,10 +129,11 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s p{args.process_id} %(levelname)s %(message)s")
 
     control = initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=2, process_id=args.process_id,
-                         heartbeat_timeout_s=HEARTBEAT_S, initialization_timeout_s=60, cpu_devices=2)
-    exit_on_failure(control, grace_s=0.5)
+                         heartbeat_timeout_s=PARITY_HEARTBEAT_S if args.scenario == "parity" else FAULT_HEARTBEAT_S,
+                         initialization_timeout_s=60, cpu_devices=2)
+    exit_on_failure(control, grace_s=GRACE_S)
     stop_requested = threading.Event()
-    monitor = SliceMonitor(control, interval_s=0.5, call_timeout_s=120,
+    monitor = SliceMonitor(control, interval_s=INTERVAL_S, call_timeout_s=120,
                            on_stop_request=lambda pid, reason: stop_requested.set()).start()
 
     import models
@@ -115,21 +141,26 @@ def main() -> int:
     from service.broadcast import Channel, Leader, follow
     from service.runner import DeviceRunner
 
-    vae = models.init_vae(models.WanVAEConfig(**MICRO), seed=0)
+    vae = micro_vae()
     runners = {"tp4": DeviceRunner(vae, sharding.make_mesh(4), max_batch=2, dp=1),
                "tp2dp2": DeviceRunner(vae, sharding.make_mesh(2, dp=2), max_batch=2, dp=2)}
     handlers = build_handlers(vae, runners)
     channel = Channel(control, poll_s=0.25)
-    if control.is_leader:
-        leader = Leader(channel, monitor, handlers)
-        if args.scenario == "parity":
-            drive_parity(leader, args.out)
+    try:
+        if control.is_leader:
+            leader = Leader(channel, monitor, handlers)
+            if args.scenario == "parity":
+                drive_parity(leader, args.out)
+            else:
+                drive_faults(leader, args.scenario, args.out, stop_requested)
+            leader.stop()
         else:
-            drive_faults(leader, args.scenario, args.out, stop_requested)
-        leader.stop()
-    else:
-        signal.signal(signal.SIGTERM, lambda signum, frame: control.request_stop("SIGTERM"))
-        follow(channel, handlers)
+            signal.signal(signal.SIGTERM, lambda signum, frame: control.request_stop("SIGTERM"))
+            (args.out / f"ready{control.process_id}").touch()
+            follow(channel, handlers)
+    except SliceFailed as failure:
+        logging.critical("the slice failed: %s", failure)
+        wait_for_exit()
     monitor.stop()
     control.shutdown(timeout_s=20)
     return 0
