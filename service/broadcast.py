@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,15 +164,18 @@ class Channel:
         self.control = control
         self.poll_s = poll_s
         self.seq = 0
+        self.last_send_s = 0.0  # how long the last ``send`` took (doorbell, header and payload)
 
     def send(self, call: Call) -> int:
         """Process 0: deliver ``call`` to every process; returns its sequence number."""
+        start = time.perf_counter()
         header = encode_header(call, self.seq + 1)
         self.seq += 1
         self.control.ring(self.seq)
         _broadcast(header)
         if call.array is not None:
             _broadcast(pack_payload(call.array))
+        self.last_send_s = time.perf_counter() - start
         return self.seq
 
     def receive(self) -> tuple[int, Call]:
