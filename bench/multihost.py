@@ -208,12 +208,13 @@ def report(args, slices: dict[int, dict]) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for name, latents_shape, frames_shape in PRODUCTION:
         rows = {processes: data["results"][f"protocol:{name}"] for processes, data in slices.items()}
-        send = {p: _stat(r, "send", 1e3) for p, r in rows.items()}
-        gather = {p: _stat(r, "gather", 1e3) for p, r in rows.items()}
+        send_ms = {p: _stat(r, "send", 1e3) for p, r in rows.items()}
+        gather_ms = {p: _stat(r, "gather", 1e3) for p, r in rows.items()}
         frames_mb = np.prod(frames_shape) / 1e6
-        print(f"| {name} | {np.prod(latents_shape) * 4 / 1e6:.1f} | {send[1][0]:.1f} / {send[1][1]:.1f} "
-              f"| {send[2][0]:.1f} / {send[2][1]:.1f} | {frames_mb:.0f} | {gather[1][0]:.0f} / {gather[1][1]:.0f} "
-              f"| {gather[2][0]:.0f} / {gather[2][1]:.0f} | {frames_mb / (gather[2][1] / 1e3):,.0f} |")
+        print(f"| {name} | {np.prod(latents_shape) * 4 / 1e6:.1f} | {send_ms[1][0]:.1f} / {send_ms[1][1]:.1f} "
+              f"| {send_ms[2][0]:.1f} / {send_ms[2][1]:.1f} | {frames_mb:.0f} "
+              f"| {gather_ms[1][0]:.0f} / {gather_ms[1][1]:.0f} | {gather_ms[2][0]:.0f} / {gather_ms[2][1]:.0f} "
+              f"| {frames_mb / (gather_ms[2][1] / 1e3):,.0f} |")
     print(f"\nCPU devices are forced host devices sharing {os.cpu_count()} cores; 2 processes talk over loopback (gloo).")
 
 

@@ -27,7 +27,7 @@ import json
 import logging
 import struct
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,7 +236,7 @@ class Leader:
             self._agree(seq, op, OK)
         return result
 
-    def stream(self, op: str, array: np.ndarray | None = None, **options: Any) -> Iterator[Any]:
+    def stream(self, op: str, array: np.ndarray | None = None, **options: Any) -> Generator[Any, None, None]:
         """Like ``call`` for a handler that yields; yields process 0's items.
 
         If the consumer stops early (its client went away), the remaining steps still run here:

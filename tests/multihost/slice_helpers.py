@@ -33,6 +33,7 @@ class SliceProcess:
     process_id: int
     process: subprocess.Popen
     log_path: Path
+    url: str | None = None  # a ``vaeserve serve`` process: its HTTP address
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -44,7 +45,7 @@ class SliceProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
-            raise AssertionError(f"process {self.process_id} still running after {timeout} s:\n{self.log()[-3000:]}")
+            raise AssertionError(f"process {self.process_id} still running after {timeout} s:\n{self.log()[-3000:]}") from None
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.process.poll() is None:
@@ -86,3 +87,43 @@ def stop_all(processes: list[SliceProcess]) -> None:
             process.process.wait(10)
         except subprocess.TimeoutExpired:
             pass
+
+
+def start_serve_slice(model_dir: Path, out: Path, *args: str, num_processes: int = 2) -> list[SliceProcess]:
+    """``num_processes`` × ``python -m service serve`` (2 CPU devices each) forming one slice, each
+    on its own HTTP port; ``args`` are added to every command line."""
+    coordinator = free_port()
+    processes = []
+    for pid in range(num_processes):
+        port = free_port()
+        log_path = out / f"serve{pid}.log"
+        cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
+               "--port", str(port), "--cpu-devices", "2", "--coordinator-address", f"127.0.0.1:{coordinator}",
+               "--num-processes", str(num_processes), "--process-id", str(pid), *args]
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(cmd, cwd=REPO, env=slice_env(), stdout=log, stderr=subprocess.STDOUT)
+        processes.append(SliceProcess(pid, process, log_path, f"http://127.0.0.1:{port}"))
+    return processes
+
+
+def wait_until_serving(processes: list[SliceProcess], timeout: float) -> None:
+    """Wait until every process answers ``/readyz`` 200; fail at once if one exits."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    waiting = list(processes)
+    while waiting:
+        for process in list(waiting):
+            if process.process.poll() is not None:
+                stop_all(processes)
+                raise AssertionError(f"process {process.process_id} exited with {process.process.returncode}:\n"
+                                     f"{process.log()[-3000:]}")
+            try:
+                if httpx.get(f"{process.url}/readyz", timeout=2).status_code == 200:
+                    waiting.remove(process)
+            except httpx.HTTPError:
+                pass
+        if waiting and time.monotonic() > deadline:
+            stop_all(processes)
+            raise AssertionError(f"processes {[p.process_id for p in waiting]} not ready within {timeout} s")
+        time.sleep(0.2)

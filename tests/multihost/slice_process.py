@@ -27,7 +27,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,9 +51,10 @@ INTERVAL_S, GRACE_S = 0.5, 1.5
 def micro_vae():
     """The MICRO decoder with seeded NumPy weights (perturbed gammas and biases): built in well
     under a second, where ``init_vae``'s one small compile per initializer takes ~20 s here."""
+    from wan_reference import seeded_decoder_weights
+
     import models
     from models.loading import build_vae
-    from wan_reference import seeded_decoder_weights
 
     config = models.WanVAEConfig(**MICRO)
     return build_vae(config, seeded_decoder_weights(config, seed=7), dtype="float32", metadata={"source": "seed 7"})
@@ -61,10 +64,10 @@ def slice_latents(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
 
 
-def build_handlers(vae, runners) -> dict:
+def build_handlers(vae, runners) -> dict[str, Callable[..., Any]]:
     import sharding
 
-    handlers = {}
+    handlers: dict[str, Callable[..., Any]] = {}
     for name, runner in runners.items():
         handlers[f"{name}.decode"] = lambda z, runner=runner, **options: runner.decode(z, **options)
         handlers[f"{name}.stream"] = lambda z, runner=runner: runner.decode_stream(z)
@@ -136,7 +139,6 @@ def main() -> int:
     monitor = SliceMonitor(control, interval_s=INTERVAL_S, call_timeout_s=120,
                            on_stop_request=lambda pid, reason: stop_requested.set()).start()
 
-    import models
     import sharding
     from service.broadcast import Channel, Leader, follow
     from service.runner import DeviceRunner

@@ -11,10 +11,10 @@ import signal
 import time
 
 import pytest
-
-from service.distributed import EXIT_SLICE_FAILED
 from slice_helpers import start_slice, stop_all, wait_until_ready
 from slice_process import FAULT_HEARTBEAT_S, GRACE_S, INTERVAL_S
+
+from service.distributed import EXIT_SLICE_FAILED
 
 START_TIMEOUT_S = 240
 EXIT_BOUND_S = FAULT_HEARTBEAT_S + INTERVAL_S + GRACE_S + 5

@@ -2,9 +2,9 @@
 
 One slice (``slice_process.py parity``) runs every check of this module: tp = 4 across both
 processes (the halo between bands 1 and 2 crosses processes; uint8, float and streamed frames) and
-tp = 2 x dp = 2 (one replica per process; uint8 and float), a stream abandoned after one step, a call that fails
-on every process, and a negative control without halos. The references are decoded here, in one
-process, on the same mesh shapes.
+tp = 2 x dp = 2 (one replica per process; uint8 and float), a stream abandoned after one step, a
+call that fails on every process, and a negative control without halos. The references are
+decoded in the pytest process, on the same mesh shapes (``conftest.references``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ import json
 
 import numpy as np
 import pytest
-
-import sharding
 from slice_helpers import start_slice, stop_all
-from slice_process import micro_vae, slice_latents
 
 SLICE_TIMEOUT_S = 400  # compiles of ~10 small programs per process on 2 shared cores
 
@@ -29,20 +26,6 @@ def slice_run(tmp_path_factory):
         yield processes, out
     finally:
         stop_all(processes)
-
-
-@pytest.fixture(scope="module")
-def references():
-    """The single-process decodes of the same latents (computed while the slice runs)."""
-    vae = micro_vae()
-    z = slice_latents()
-    tp4, tp2dp2 = sharding.make_mesh(4), sharding.make_mesh(2, dp=2)
-    return {
-        "tp4_uint8": sharding.to_host(sharding.sharded_decode(vae, z, tp4, output="uint8")),
-        "tp4_float": sharding.to_host(sharding.sharded_decode(vae, z, tp4, output="float")),
-        "tp4_stream": np.concatenate(list(sharding.sharded_decode_stream(vae, z, tp4)), axis=1),
-        "tp2dp2_float": sharding.to_host(sharding.sharded_decode(vae, z, tp2dp2, output="float")),
-    }
 
 
 @pytest.fixture(scope="module")
