@@ -230,7 +230,10 @@ class SliceControl:
                 except Exception:  # the coordination service is part of what may have failed
                     log.exception("could not publish the failure to the followers")
             for listener in self._listeners:
-                listener(reason)
+                try:
+                    listener(reason)
+                except Exception:  # one broken listener must not keep the others (the exit) from running
+                    log.exception("slice failure listener %r failed", listener)
         return SliceFailed(self.failure or reason)
 
     def raise_if_failed(self) -> None:
