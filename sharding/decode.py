@@ -95,7 +95,10 @@ def put_latents(latents, mesh: Mesh) -> jax.Array:
     ``device_put`` would all-gather the whole array across processes to check that they agree).
     """
     latents = np.asarray(latents, np.float32)
-    return jax.make_array_from_callback(latents.shape, latents_sharding(mesh), lambda index: latents[index])
+    placement = latents_sharding(mesh)
+    shards = [jax.device_put(latents[index], device)  # explicit transfers, one per local device
+              for device, index in placement.addressable_devices_indices_map(latents.shape).items()]
+    return jax.make_array_from_single_device_arrays(latents.shape, placement, shards)
 
 
 def to_host(array: jax.Array) -> np.ndarray:

@@ -14,11 +14,12 @@ router = APIRouter()
 
 @router.get("/healthz", response_model=Health, tags=["operations"], responses={503: {"model": Health}})
 async def healthz(state: StateDep) -> Response:
-    # Liveness: the process serves HTTP. A failed model load also fails liveness so that an
-    # orchestrator restarts the container instead of keeping a server that can never be ready.
+    # Liveness: the process serves HTTP. A failed model load (or multi-host slice) also fails
+    # liveness, saying why, so that an orchestrator restarts the container instead of keeping a
+    # server that can never be ready.
     if state.phase == "failed":
-        return JSONResponse(Health(status="failed", detail=state.error).model_dump(), status_code=503)
-    return JSONResponse(Health(status="ok").model_dump())
+        return JSONResponse(Health(status="failed", detail=state.error).model_dump(exclude_none=True), status_code=503)
+    return JSONResponse(Health(status="ok").model_dump(exclude_none=True))
 
 
 @router.get("/readyz", response_model=Ready, tags=["operations"], responses={503: {"model": Ready}})
