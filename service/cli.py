@@ -1,4 +1,4 @@
-"""``vaeserve``: serve | decode | convert | loadtest."""
+"""``vaeserve``: serve | decode | convert | plan | loadtest."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import logging
 import signal
 import sys
 from pathlib import Path
+
+from . import plan_cli
 
 log = logging.getLogger("vaeserve")
 
@@ -63,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _decode_parser(sub)
     _convert_parser(sub)
+    plan_cli.add_parser(sub)
     sub.add_parser("loadtest", help="httpx load test (see vaeserve loadtest --help)", add_help=False)
     return parser
 
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return loadtest_main(argv[1:])
     args = build_parser().parse_args(argv)
-    handler = {"serve": serve, "decode": decode, "convert": convert}[args.command]
+    handler = {"serve": serve, "decode": decode, "convert": convert, "plan": plan_cli.run}[args.command]
     return handler(args)
 
 

@@ -6,7 +6,7 @@ implementation (ours skips the zero taps of frame 0; that saving is not counted 
 
 from __future__ import annotations
 
-from models import WanVAEConfig
+from .config import WanVAEConfig
 
 
 def _step_flops(config: WanVAEConfig, h: int, w: int, first: bool) -> float:
