@@ -89,6 +89,26 @@ def collective_summary(found: list[dict]) -> dict[str, dict[str, int]]:
     return summary
 
 
+_CONV_SCOPES = ("CausalConv3d/", "Resample/resample/")  # the 3x3(x3) convolutions' named scopes
+
+
+def conv_ops(hlo: str) -> dict[str, int]:
+    """How the 3x3(x3) convolutions were compiled: ``{"convolution", "tap_matmul"}`` instruction counts.
+
+    ``convolution``: native convolution instructions. ``tap_matmul``: dots traced inside a
+    convolution layer's scope — the CPU path's nine-tap matmul, which an accelerator program
+    must not contain (it is what compiling for a TPU from a CPU host ran before the conv path
+    followed the target devices).
+    """
+    native = tap = 0
+    for line in hlo.splitlines():
+        if " convolution(" in line:
+            native += 1
+        elif " dot(" in line and any(scope in line for scope in _CONV_SCOPES):
+            tap += 1
+    return {"convolution": native, "tap_matmul": tap}
+
+
 def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, split: Split | None = None,
                chunk: int | None = None) -> dict[str, int]:
     """Halo traffic of one decode step, from tracing the band program (no mesh, no compile).
