@@ -143,8 +143,7 @@ def plan_mesh(vae: WanVAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip
     compiled = compile_decode(vae, shape, mesh, output=output)
     compile_s = time.perf_counter() - start
     memory = program_memory(compiled)
-    total = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"] + memory["temp_bytes"]
-             + memory["code_bytes"])
+    total = program_total_bytes(memory)
     usable = int(hbm_bytes * (1 - headroom))
     bands = plan_bands(shape[3], shape[4], tp)
     flops = device_flops(vae.config, shape, tp, dp, bands.split, bands.band)
@@ -262,4 +261,69 @@ def plan_decode(vae: WanVAE, latents: Sequence[int], devices: Sequence[jax.Devic
         dtype=vae.dtype, output=output, latents=(batch, *tuple(latents)),
         video=video_for_latents(vae.config, latents), headroom=headroom, meshes=meshes, skipped=skipped,
         recommendation=recommend(meshes, len(devices)),
+    )
+
+
+# -- the guard at serve time ------------------------------------------------------------------------
+class WontFitError(RuntimeError):
+    """A compiled program that needs more memory per device than the device has."""
+
+
+def program_total_bytes(memory: dict[str, int]) -> int:
+    """Bytes one device holds while the program runs: arguments + output − aliased + temp + code."""
+    return (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"] + memory["temp_bytes"]
+            + memory["code_bytes"])
+
+
+def device_bytes_limit(devices: Sequence[jax.Device]) -> int | None:
+    """The least ``memory_stats()["bytes_limit"]`` over ``devices``; None where the runtime reports
+    none (CPU devices, abstract TPU devices)."""
+    limits = []
+    for device in devices:
+        try:
+            stats = device.memory_stats()
+        except Exception:  # noqa: BLE001 - unimplemented on some platforms
+            stats = None
+        if stats and "bytes_limit" in stats:
+            limits.append(int(stats["bytes_limit"]))
+    return min(limits) if limits else None
+
+
+def what_would_fit(memory: dict[str, int], *, batch: int, tp: int, dp: int, devices: int, limit: int) -> str:
+    """An estimate of the tp (or the batch) that would fit ``limit``, from one compiled program.
+
+    Weights and code stay the same per device; temp and output bytes scale as ``batch / tp``
+    (``memory_analysis`` over tp = 1, 2, 4, 8 follows that closely). An estimate to confirm with
+    ``vaeserve plan``, not a promise.
+    """
+    fixed = memory["argument_bytes"] + memory["code_bytes"] - memory["alias_bytes"]
+    scaling = memory["temp_bytes"] + memory["output_bytes"]
+    per_replica = max(1, batch // dp)
+    for candidate in (2**k for k in range(1, 12)):
+        if tp < candidate <= devices // dp and fixed + scaling * tp / candidate <= limit:
+            return (f"tp={candidate} would fit (estimated {(fixed + scaling * tp / candidate) / 1e9:.2f} GB per "
+                    f"device; {devices} devices here): serve with --tp {candidate} --dp {max(1, devices // candidate)}")
+    most = int((limit - fixed) // (scaling / per_replica)) if limit > fixed and scaling else 0
+    if 1 <= most < per_replica:
+        return f"a batch of {most} per replica would fit (estimated): serve with --max-batch {most * dp}"
+    return ("no tp or batch on these devices fits (estimated): serve a smaller shape, bfloat16, or more devices "
+            "per frame (check with `vaeserve plan`)")
+
+
+def check_fits(compiled: jax.stages.Compiled, *, shape: tuple[int, ...], mesh: jax.sharding.Mesh,
+               limit: int, devices: int | None = None) -> int:
+    """The bytes per device of ``compiled`` (the decode of NCTHW latents ``shape`` on ``mesh``) if they
+    fit ``limit``; else ``WontFitError`` with the shape, the bytes needed vs available and what would fit.
+    ``devices``: how many the host has (default: the mesh's)."""
+    memory = program_memory(compiled)
+    needed = program_total_bytes(memory)
+    if needed <= limit:
+        return needed
+    tp, dp = mesh.shape[TP_AXIS], mesh.shape[DP_AXIS]
+    hint = what_would_fit(memory, batch=shape[0], tp=tp, dp=dp, devices=devices or mesh.devices.size, limit=limit)
+    raise WontFitError(
+        f"the decode of latents {tuple(shape)} at tp={tp}, dp={dp} needs {needed / 1e9:.2f} GB per device "
+        f"(weights and inputs {memory['argument_bytes'] / 1e9:.2f}, output {memory['output_bytes'] / 1e9:.2f}, "
+        f"temp {memory['temp_bytes'] / 1e9:.2f}, code {memory['code_bytes'] / 1e9:.2f}) but {limit / 1e9:.2f} GB "
+        f"are available ({needed} > {limit} bytes); {hint}"
     )

@@ -1,5 +1,6 @@
 """The planner's pure parts: video ↔ latent shapes, chip facts, recommendations, HLO parsing, the CLI's
-refusals. No compiles (``test_tpu_aot.py`` compiles for a TPU slice)."""
+refusals, and the serve-time memory guard on a real compiled CPU program (the one
+``test_sharded_memory.py`` compiles). ``test_tpu_aot.py`` compiles for a TPU slice."""
 
 import dataclasses
 import re
@@ -12,7 +13,21 @@ import models
 from service import cli
 from sharding.chips import CHIPS, TopologyError, chip_facts, topology_name
 from sharding.inspect import collective_summary, collectives
-from sharding.planner import MeshPlan, PlanError, latent_shape_for_video, parse_dims, recommend, video_for_latents
+import sharding
+from sharding.inspect import program_memory
+from sharding.planner import (
+    MeshPlan,
+    PlanError,
+    WontFitError,
+    check_fits,
+    device_bytes_limit,
+    latent_shape_for_video,
+    parse_dims,
+    program_total_bytes,
+    recommend,
+    video_for_latents,
+    what_would_fit,
+)
 
 WAN21 = models.WanVAEConfig()
 
@@ -129,3 +144,28 @@ def test_mesh_plan_fields_are_the_documented_json_fields():
     fields = {f.name for f in dataclasses.fields(MeshPlan)}
     assert {"tp", "dp", "split", "argument_bytes", "output_bytes", "temp_bytes", "code_bytes", "total_bytes",
             "hbm_bytes", "fits", "flops", "bytes_accessed", "halo_bytes", "compile_s", "bound_s"} <= fields
+
+
+def test_guard_passes_what_fits_and_refuses_what_does_not(vae):
+    shape, mesh = (1, 16, 2, 32, 32), sharding.make_mesh(1)  # test_sharded_memory's tp = 1 program
+    compiled = sharding.compile_decode(vae, shape, mesh, split="height")
+    memory = program_memory(compiled)
+    needed = program_total_bytes(memory)
+    assert check_fits(compiled, shape=shape, mesh=mesh, limit=needed) == needed
+    with pytest.raises(WontFitError) as refused:
+        check_fits(compiled, shape=shape, mesh=mesh, limit=needed - 1, devices=8)
+    message = str(refused.value)
+    assert f"latents {shape} at tp=1, dp=1" in message and f"({needed} > {needed - 1} bytes)" in message
+    assert "tp=2 would fit" in message and "--tp 2 --dp 4" in message
+    fixed = memory["argument_bytes"] + memory["code_bytes"]
+    with pytest.raises(WontFitError, match="no tp or batch on these devices fits"):
+        check_fits(compiled, shape=shape, mesh=mesh, limit=fixed, devices=1)
+    assert device_bytes_limit(mesh.devices.flat) is None  # CPU devices report no limit: no guard
+
+
+def test_what_would_fit_suggests_a_smaller_batch_when_tp_cannot_grow():
+    memory = {"argument_bytes": 100, "code_bytes": 0, "alias_bytes": 0, "temp_bytes": 300, "output_bytes": 100}
+    # 4 latents per replica: 100 fixed + 100 per latent; 250 bytes hold 1 latent.
+    hint = what_would_fit(memory, batch=4, tp=1, dp=1, devices=1, limit=250)
+    assert hint.startswith("a batch of 1 per replica would fit") and "--max-batch 1" in hint
+    assert "tp=4 would fit" in what_would_fit(memory, batch=4, tp=1, dp=1, devices=8, limit=250)
