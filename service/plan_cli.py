@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = models.load_config(args.model)
+        latents: tuple[int, ...]
         if args.video:
             width, height, frames = parse_dims(args.video, 3, "--video WxHxF")
             latents = latent_shape_for_video(config, width, height, frames)

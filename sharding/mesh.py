@@ -6,7 +6,7 @@ width) that exchange one-row halos. The mesh is built once by the caller and pas
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np

@@ -24,9 +24,9 @@ from typing import Any
 import jax
 from tqdm import tqdm
 
+from models.config import WanVAEConfig
 from models.decode import Output, check_output
 from models.flops import decode_flops
-from models.config import WanVAEConfig
 from models.vae import WanVAE
 
 from .chips import ChipFacts, chip_facts, devices_per_chip
@@ -155,7 +155,7 @@ def plan_mesh(vae: WanVAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip
         fits=total <= usable, flops=flops, cost_analysis_flops=float(cost.get("flops", 0.0)),
         bytes_accessed=bytes_accessed,
         halo_bytes=halo["first_per_device"] + (shape[2] - 1) * halo["next_per_device"],
-        collectives=collective_summary(collectives(compiled.as_text())), compile_s=round(compile_s, 3),
+        collectives=collective_summary(collectives(compiled.as_text() or "")), compile_s=round(compile_s, 3),
         bound_s=max(flops / chip.peak_bf16_flops, bytes_accessed / chip.hbm_bytes_per_s),
     )
 

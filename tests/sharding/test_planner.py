@@ -10,11 +10,10 @@ import jax.numpy as jnp
 import pytest
 
 import models
+import sharding
 from service import cli
 from sharding.chips import CHIPS, TopologyError, chip_facts, topology_name
-from sharding.inspect import collective_summary, collectives
-import sharding
-from sharding.inspect import program_memory
+from sharding.inspect import collective_summary, collectives, program_memory
 from sharding.planner import (
     MeshPlan,
     PlanError,
