@@ -24,6 +24,8 @@ def program_memory(compiled: jax.stages.Compiled) -> dict[str, int]:
     """``memory_analysis()`` of a compiled per-device program, in bytes: temp, argument, output,
     alias, code. Answers for programs compiled for abstract devices too (nothing runs)."""
     stats = compiled.memory_analysis()
+    if stats is None:
+        raise RuntimeError("this backend's compiler gives no memory_analysis() for the program")
     return {
         "temp_bytes": int(stats.temp_size_in_bytes),
         "argument_bytes": int(stats.argument_size_in_bytes),
@@ -40,7 +42,7 @@ def memory_stats(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> 
 
 def hlo_text(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> str:
     """The optimized, SPMD-partitioned HLO of the per-device program of ``compile_decode``."""
-    return compile_decode(vae, shape, mesh, **options).as_text()
+    return compile_decode(vae, shape, mesh, **options).as_text() or ""
 
 
 COLLECTIVE_OPS = ("collective-permute", "all-gather", "all-reduce", "all-to-all", "reduce-scatter")
