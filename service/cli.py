@@ -30,6 +30,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-programs", type=int, help="compiled programs kept, least recently used dropped (0: all)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or VAESERVE_API_KEY)")
     p.add_argument("--cpu-devices", type=int, help="fake N CPU devices (tp/dp without accelerators)")
+    p.add_argument("--device-memory-bytes", type=int,
+                   help="per-device memory the warm-up programs must fit (default: the device's bytes_limit)")
     p.add_argument("--request-timeout-s", type=float)
     p.add_argument("--drain-timeout-s", type=float)
     p.add_argument("--read-timeout-s", type=float, help="time to receive the headers, and again the body (408)")

@@ -289,6 +289,10 @@ def device_bytes_limit(devices: Sequence[jax.Device]) -> int | None:
     return min(limits) if limits else None
 
 
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
 def what_would_fit(memory: dict[str, int], *, batch: int, tp: int, dp: int, devices: int, limit: int) -> str:
     """An estimate of the tp (or the batch) that would fit ``limit``, from one compiled program.
 
@@ -301,8 +305,8 @@ def what_would_fit(memory: dict[str, int], *, batch: int, tp: int, dp: int, devi
     per_replica = max(1, batch // dp)
     for candidate in (2**k for k in range(1, 12)):
         if tp < candidate <= devices // dp and fixed + scaling * tp / candidate <= limit:
-            return (f"tp={candidate} would fit (estimated {(fixed + scaling * tp / candidate) / 1e9:.2f} GB per "
-                    f"device; {devices} devices here): serve with --tp {candidate} --dp {max(1, devices // candidate)}")
+            return (f"tp={candidate} would fit (estimated {_size(fixed + scaling * tp / candidate)} per device; "
+                    f"{devices} devices here): serve with --tp {candidate} --dp {max(1, devices // candidate)}")
     most = int((limit - fixed) // (scaling / per_replica)) if limit > fixed and scaling else 0
     if 1 <= most < per_replica:
         return f"a batch of {most} per replica would fit (estimated): serve with --max-batch {most * dp}"
@@ -322,8 +326,8 @@ def check_fits(compiled: jax.stages.Compiled, *, shape: tuple[int, ...], mesh: j
     tp, dp = mesh.shape[TP_AXIS], mesh.shape[DP_AXIS]
     hint = what_would_fit(memory, batch=shape[0], tp=tp, dp=dp, devices=devices or mesh.devices.size, limit=limit)
     raise WontFitError(
-        f"the decode of latents {tuple(shape)} at tp={tp}, dp={dp} needs {needed / 1e9:.2f} GB per device "
-        f"(weights and inputs {memory['argument_bytes'] / 1e9:.2f}, output {memory['output_bytes'] / 1e9:.2f}, "
-        f"temp {memory['temp_bytes'] / 1e9:.2f}, code {memory['code_bytes'] / 1e9:.2f}) but {limit / 1e9:.2f} GB "
+        f"the decode of latents {tuple(shape)} at tp={tp}, dp={dp} needs {_size(needed)} per device "
+        f"(weights and inputs {_size(memory['argument_bytes'])}, output {_size(memory['output_bytes'])}, "
+        f"temp {_size(memory['temp_bytes'])}, code {_size(memory['code_bytes'])}) but {_size(limit)} "
         f"are available ({needed} > {limit} bytes); {hint}"
     )
