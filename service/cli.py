@@ -1,4 +1,4 @@
-"""``vaeserve``: serve | decode | convert | loadtest."""
+"""``vaeserve``: serve | decode | convert | plan | loadtest."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+
+from . import plan_cli
 
 
 def _serve_parser(sub) -> None:
@@ -28,6 +30,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-programs", type=int, help="compiled programs kept, least recently used dropped (0: all)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or VAESERVE_API_KEY)")
     p.add_argument("--cpu-devices", type=int, help="fake N CPU devices (tp/dp without accelerators)")
+    p.add_argument("--device-memory-bytes", type=int,
+                   help="per-device memory the warm-up programs must fit (default: the device's bytes_limit)")
     p.add_argument("--request-timeout-s", type=float)
     p.add_argument("--drain-timeout-s", type=float)
     p.add_argument("--read-timeout-s", type=float, help="time to receive the headers, and again the body (408)")
@@ -77,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _decode_parser(sub)
     _convert_parser(sub)
+    plan_cli.add_parser(sub)
     sub.add_parser("loadtest", help="httpx load test (see vaeserve loadtest --help)", add_help=False)
     return parser
 
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return loadtest_main(argv[1:])
     args = build_parser().parse_args(argv)
-    handler = {"serve": serve, "decode": decode, "convert": convert}[args.command]
+    handler = {"serve": serve, "decode": decode, "convert": convert, "plan": plan_cli.run}[args.command]
     return handler(args)
 
 

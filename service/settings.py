@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     max_programs: int = Field(
         64, ge=0, description="compiled programs kept (least recently used dropped); 0 = no limit"
     )
+    device_memory_bytes: int | None = Field(
+        None, ge=1, description="memory per device that every warm-up program must fit before the service "
+        "starts; None = the devices' memory_stats()['bytes_limit'] (accelerators; CPU reports none: no check)"
+    )
 
     # --- multi-host slice (one process per host; process 0 serves requests) ----------------
     distributed: Literal["off", "auto"] = Field(

@@ -94,14 +94,18 @@ class SliceRunner:
         finally:
             steps.close()  # a reader that left: the remaining steps still run on every process
 
-    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> None:
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> list[tuple[tuple[int, ...], Any]]:
+        """Every process compiles; process 0's programs are returned (for the memory check)."""
         try:
-            self._leader.call("compile", None, shape=list(shape), output=output, stream=stream)
+            return self._leader.call("compile", None, shape=list(shape), output=output, stream=stream)
         except SliceFailed as failure:
             raise _unavailable(failure) from failure
 
     def programs(self) -> list[list]:
         return self._runner.programs()
+
+    def program_memory(self) -> list[dict[str, Any]]:
+        return self._runner.program_memory()
 
 
 @dataclass
