@@ -9,12 +9,12 @@ SCENARIO while the follower runs ``broadcast.follow``:
   step, a call that raises on every process, and a negative control without halos; saves
   ``DIR/slice.npz`` and ``DIR/report.json``; stops the slice; every process exits 0.
 * ``idle``: waits, ready at once, for the follower to be killed; exits 3 (slice failed).
-* ``busy``: decodes in a loop until the follower is killed mid-call; exits 3.
+* ``busy``: all-gathers across the processes in a loop until the follower is killed mid-call; exits 3.
 * ``sigterm``: serves until a follower's stop request arrives (SIGTERM), then stops the slice.
 * ``diverge``: one call that fails on the follower only; both processes exit 3.
 
 Each process writes ``DIR/ready{I}`` when the test may act (its signal handler installed; process 0
-after the first decode for ``busy``).
+after the first call for ``busy``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,18 @@ def build_handlers(vae, runners) -> dict[str, Callable[..., Any]]:
     no_halo = functools.partial(sharding.sharded_decode, vae, mesh=runners["tp4"].mesh, halo="none")
     handlers["tp4.decode_no_halo"] = lambda z: sharding.to_host(no_halo(z))
     handlers["diverge"] = _fail_on_followers
+    handlers["collectives"] = _collectives
     return handlers
+
+
+def _collectives(array) -> None:
+    """100 cross-process all-gathers back to back: a call that is inside device collectives most of
+    the time and compiles in well under a second (unlike a decode). A fixed count, not a time: every
+    process must make the same collectives (a timed loop diverges and hangs)."""
+    from jax.experimental import multihost_utils
+
+    for _ in range(100):
+        multihost_utils.process_allgather(np.ones(1 << 16, np.float32))
 
 
 def _fail_on_followers(array) -> None:
@@ -110,14 +121,14 @@ def drive_parity(leader, out: Path) -> None:
 
 def drive_faults(leader, scenario: str, out: Path, stop_requested: threading.Event) -> None:
     if scenario == "busy":
-        leader.call("tp4.decode", slice_latents(), output="uint8")
+        leader.call("collectives")
     (out / "ready0").touch()
     if scenario == "diverge":
         leader.call("diverge")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not stop_requested.is_set():
         if scenario == "busy":
-            leader.call("tp4.decode", slice_latents(), output="uint8")
+            leader.call("collectives")
         else:
             time.sleep(0.05)
 
