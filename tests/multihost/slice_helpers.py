@@ -25,7 +25,7 @@ def slice_env() -> dict[str, str]:
     """The test environment without the 8 fake devices tests/conftest.py asks for: every slice
     process fakes its own 2 (``jax_num_cpu_devices``)."""
     env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
-    return {**env, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    return {**env, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "PYTHONPATH": str(REPO)}
 
 
 @dataclass
@@ -39,13 +39,18 @@ class SliceProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait(self, timeout: float) -> int:
-        """The exit code; a process still running after ``timeout`` is killed and the test fails."""
+        """The exit code; a process still running after ``timeout`` fails the test, with its
+        threads' Python stacks (SIGABRT makes faulthandler print them) in the message."""
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-            raise AssertionError(f"process {self.process_id} still running after {timeout} s:\n{self.log()[-3000:]}") from None
+            self.process.send_signal(signal.SIGABRT)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+            raise AssertionError(f"process {self.process_id} still running after {timeout} s:\n{self.log()[-6000:]}") from None
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.process.poll() is None:
