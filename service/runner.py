@@ -76,7 +76,7 @@ class DeviceRunner:
         n = latents.shape[0]
         padded = pad_batch(latents, bucket_for(n, self.buckets))
         result = sharding.sharded_decode(self.vae, padded, self.mesh, output=output)
-        return np.asarray(result)[:n]
+        return sharding.to_host(result)[:n]  # all-gathered when the mesh spans processes
 
     def decode_stream(self, latents: np.ndarray) -> Iterator[np.ndarray]:
         """Yields ``(B, f, 8H, 8W, 3)`` uint8 chunks as each decode step finishes."""

@@ -14,6 +14,7 @@ from .decode import (
     replicated_state,
     sharded_decode,
     sharded_decode_stream,
+    to_host,
 )
 from .halo import BandContext
 from .inspect import collectives, halo_bytes, hlo_text, memory_stats
@@ -47,5 +48,6 @@ __all__ = [
     "replicated_state",
     "sharded_decode",
     "sharded_decode_stream",
+    "to_host",
     "topology_devices",
 ]
