@@ -18,14 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import models  # noqa: E402
-from flops import decode_flops  # noqa: E402
+from models.flops import decode_flops  # noqa: E402
 
 
 def timed(fn, runs: int, name: str) -> tuple[list[float], object]:
@@ -40,7 +40,7 @@ def timed(fn, runs: int, name: str) -> tuple[list[float], object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="wan2.1", choices=sorted(models.EMBEDDED),
+    parser.add_argument("--model", default="wan2.1", choices=sorted(models.MODEL_NAMES),
                         help="the real architecture to time (random weights)")
     parser.add_argument("--shape", help="latents B,C,T,H,W (default: 9 frames of 128x128)")
     parser.add_argument("--runs", type=int, default=3)
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=1, help="latent frames per scan step")
     parser.add_argument("--skip-diffusers", action="store_true", help="time ours only (no torch needed)")
     args = parser.parse_args()
-    config = models.EMBEDDED[args.model]()
+    config = models.MODEL_NAMES[args.model]()
     side = 128 // config.spatial_scale
     shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else (1, config.z_dim, 3, side, side)
     latents = np.random.default_rng(0).standard_normal(shape).astype(np.float32)

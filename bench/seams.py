@@ -119,7 +119,7 @@ def main(args: argparse.Namespace) -> None:
     import sharding
 
     torch.set_num_threads(os.cpu_count() or 1)
-    config = models.EMBEDDED[args.model]().to_dict()
+    config = models.MODEL_NAMES[args.model]().to_dict()
     del config["_class_name"]
     if args.config == "tiny":
         config.update(base_dim=8, decoder_base_dim=8, num_res_blocks=1)

@@ -33,13 +33,14 @@ from .decoder import WanDecoder
 log = logging.getLogger("vaeserve.models")
 
 DEFAULT_SEED = 0
+# Architectures by name: their configs need no checkpoint (planning compiles from shapes alone), and
+# ``load_vae(name)`` builds them with seeded random weights (the embedded models).
+MODEL_NAMES: dict[str, Callable[[], WanVAEConfig]] = {"wan2.1": WanVAEConfig, "wan2.2": WanVAEConfig.wan22}
+DEFAULT_MODEL = "wan2.1"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 # Present in full VAE checkpoints, not needed to decode: accepted and skipped.
 _ENCODER_PREFIXES = ("encoder.", "quant_conv.")
-# The embedded models, by name: the real architectures, with seeded random weights.
-EMBEDDED: dict[str, Callable[[], WanVAEConfig]] = {"wan2.1": WanVAEConfig, "wan2.2": WanVAEConfig.wan22}
-DEFAULT_MODEL = "wan2.1"
 
 
 class WeightsError(ValueError):
@@ -71,6 +72,11 @@ def _read_safetensors(files: list[Path]) -> dict[str, Any]:
 
 
 def _read_pth(path: Path) -> dict[str, Any]:
+    return {name: _torch_to_numpy(t) for name, t in _torch_state(path).items()}
+
+
+def _torch_state(path: Path) -> dict[str, Any]:
+    """A ``.pth`` state dict, memory-mapped (tensors are read when touched), unwrapped."""
     try:
         import torch
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -82,7 +88,7 @@ def _read_pth(path: Path) -> dict[str, Any]:
     for wrapper in ("state_dict", "model"):
         if isinstance(state, dict) and wrapper in state and isinstance(state[wrapper], dict):
             state = state[wrapper]
-    return {name: _torch_to_numpy(t) for name, t in state.items()}
+    return state
 
 
 def _torch_to_numpy(tensor) -> np.ndarray:
@@ -153,14 +159,22 @@ def build_vae(config: WanVAEConfig, tensors: dict[str, Any], *, dtype: str, meta
     return WanVAE(config, model, dtype=dtype, metadata=metadata)
 
 
+def _model_name(path: str | Path | None) -> str | None:
+    """The model name ``path`` stands for (None: ``DEFAULT_MODEL``), or None for a real path.
+    Only strings are names: ``Path("wan2.2")`` or ``"./wan2.2"`` is a folder."""
+    if path is None:
+        return DEFAULT_MODEL
+    return path if isinstance(path, str) and path in MODEL_NAMES else None
+
+
 def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32") -> WanVAE:
-    """The embedded model ``name`` (``EMBEDDED``): the real architecture with seeded random weights."""
-    if name not in EMBEDDED:
-        raise ValueError(f"no embedded model {name!r}; expected one of {sorted(EMBEDDED)}")
+    """The model ``name`` (``MODEL_NAMES``): the real architecture with seeded random weights."""
+    if name not in MODEL_NAMES:
+        raise ValueError(f"no embedded model {name!r}; expected one of {sorted(MODEL_NAMES)}")
     version = name.removeprefix("wan")
     log.warning("using the embedded %s VAE with RANDOM weights (seed %d): it decodes noise, not video",
                 name, DEFAULT_SEED)
-    return init_vae(EMBEDDED[name](), seed=DEFAULT_SEED, dtype=dtype, metadata={
+    return init_vae(MODEL_NAMES[name](), seed=DEFAULT_SEED, dtype=dtype, metadata={
         "name": name,
         "source": f"embedded default (Wan {version} architecture, random weights, seed {DEFAULT_SEED})"})
 
@@ -168,9 +182,10 @@ def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32") -> WanVAE:
 def load_vae(path: str | Path | None = None, dtype: str = "float32") -> WanVAE:
     """Load a Wan 2.1 or 2.2 VAE decoder (see the module docstring for the accepted ``path``s)."""
     resolve_dtype(dtype)
-    if path is None or (isinstance(path, str) and path in EMBEDDED):
-        return embedded_vae(path or DEFAULT_MODEL, dtype)
-    path = Path(path)
+    name = _model_name(path)
+    if name is not None:
+        return embedded_vae(name, dtype)
+    path = Path(path)  # type: ignore[arg-type]
     if path.is_dir():
         folder = _diffusers_folder(path)
         config = WanVAEConfig.from_json(folder / "config.json")
@@ -188,6 +203,36 @@ def load_vae(path: str | Path | None = None, dtype: str = "float32") -> WanVAE:
         raise FileNotFoundError(f"no model at {path}")
     log.info("loading Wan VAE from %s (%s)", path, dtype)
     return build_vae(config, tensors, dtype=dtype, metadata={"source": str(path), "random_weights": False})
+
+
+def load_config(path: str | Path | None = None) -> WanVAEConfig:
+    """The config ``load_vae(path)`` would build, read without loading any tensor.
+
+    ``path`` is anything ``load_vae`` accepts, or a model name in ``MODEL_NAMES``.
+    """
+    name = _model_name(path)
+    if name is not None:
+        return MODEL_NAMES[name]()
+    path = Path(path)  # type: ignore[arg-type]
+    if path.is_dir():
+        return WanVAEConfig.from_json(_diffusers_folder(path) / "config.json")
+    if path.is_file():
+        config_file = path.parent / "config.json"
+        if config_file.is_file():
+            return WanVAEConfig.from_json(config_file)
+        names = _checkpoint_names(path)
+        return original_release_config(names) if _is_original_naming(names) else WanVAEConfig()
+    raise FileNotFoundError(f"no model at {path} (nor a model name: {sorted(MODEL_NAMES)})")
+
+
+def _checkpoint_names(path: Path) -> list[str]:
+    """The tensor names of one checkpoint file, without reading its tensors (a ``.pth`` is mapped)."""
+    if path.suffix in (".pth", ".pt", ".ckpt"):
+        return list(_torch_state(path))
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        return list(f.keys())
 
 
 # -- writing ------------------------------------------------------------------------------------

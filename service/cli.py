@@ -1,4 +1,4 @@
-"""``vaeserve``: serve | decode | convert | loadtest."""
+"""``vaeserve``: serve | decode | convert | plan | loadtest."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+
+from . import plan_cli
 
 
 def _serve_parser(sub) -> None:
@@ -29,6 +31,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-programs", type=int, help="compiled programs kept, least recently used dropped (0: all)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or VAESERVE_API_KEY)")
     p.add_argument("--cpu-devices", type=int, help="fake N CPU devices (tp/dp without accelerators)")
+    p.add_argument("--device-memory-bytes", type=int,
+                   help="per-device memory the warm-up programs must fit (default: the device's bytes_limit)")
     p.add_argument("--request-timeout-s", type=float)
     p.add_argument("--drain-timeout-s", type=float)
     p.add_argument("--read-timeout-s", type=float, help="time to receive the headers, and again the body (408)")
@@ -40,6 +44,15 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-height", type=int)
     p.add_argument("--max-width", type=int)
     p.add_argument("--log-level")
+    slice_ = p.add_argument_group("multi-host slice (one process per host; process 0 serves requests)")
+    slice_.add_argument("--distributed", choices=["off", "auto"],
+                        help="auto: join a slice, JAX detecting what is not given (TPU VMs, GKE TPU pods)")
+    slice_.add_argument("--coordinator-address", metavar="HOST:PORT", help="process 0's coordinator, on every process")
+    slice_.add_argument("--num-processes", type=int, help="processes in the slice")
+    slice_.add_argument("--process-id", type=int, help="this process's rank (0 serves requests)")
+    slice_.add_argument("--heartbeat-timeout-s", type=int, help="a process silent this long is dead")
+    slice_.add_argument("--call-timeout-s", type=float, help="a device call unfinished after this fails the slice")
+    slice_.add_argument("--failure-grace-s", type=float, help="503s before process 0 exits after a failure")
 
 
 def _decode_parser(sub) -> None:
@@ -70,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _decode_parser(sub)
     _convert_parser(sub)
+    plan_cli.add_parser(sub)
     sub.add_parser("loadtest", help="httpx load test (see vaeserve loadtest --help)", add_help=False)
     return parser
 
@@ -152,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return loadtest_main(argv[1:])
     args = build_parser().parse_args(argv)
-    handler = {"serve": serve, "decode": decode, "convert": convert}[args.command]
+    handler = {"serve": serve, "decode": decode, "convert": convert, "plan": plan_cli.run}[args.command]
     return handler(args)
 
 

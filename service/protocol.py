@@ -40,6 +40,7 @@ class DecodeParams:
 
 class Health(BaseModel):
     status: Literal["ok", "failed"]
+    detail: str | None = None  # why it failed (a model that did not load, a multi-host slice that failed)
 
 
 class Ready(BaseModel):
@@ -52,6 +53,7 @@ class MeshInfo(BaseModel):
     dp: int
     tp: int
     devices: list[str]
+    processes: int = 1  # JAX processes (hosts) the mesh spans
 
 
 class WarmedShape(BaseModel):
@@ -71,6 +73,19 @@ class LatentsInfo(BaseModel):
     max_latent_width: int
 
 
+class ProgramMemory(BaseModel):
+    """Per-device bytes of one compiled program (``memory_analysis()``)."""
+
+    program: str
+    shape: list[int]
+    variant: str
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    total_bytes: int
+
+
 class ModelInfo(BaseModel):
     id: str
     source: str | None
@@ -84,6 +99,8 @@ class ModelInfo(BaseModel):
     warmed_shapes: list[list[int]]
     warmed: list[WarmedShape]
     compiled: list[list[Any]]
+    program_memory: list[ProgramMemory]
+    device_memory_bytes: int | None  # what the warm-up checked programs against (None: unknown, no check)
 
 
 class ModelList(BaseModel):

@@ -19,6 +19,7 @@ from .settings import Settings, Warmup
 if TYPE_CHECKING:
     from .admission import ByteBudget
     from .runner import DeviceRunner
+    from .slice import SliceMember
     from .worker import Worker
 
 Phase = Literal["loading", "ready", "draining", "failed"]
@@ -39,6 +40,13 @@ class ModelState:
     platform: str
     warmed: tuple[Warmup, ...]
     served: ServedShapes | None  # None: any shape (programs compiled on demand, LRU-bounded)
+    device_memory_bytes: int | None = None  # per-device memory warm-up programs must fit (None: no check)
+    slice: SliceMember | None = None  # this process's part in a multi-host slice (service.slice)
+
+    @property
+    def follower(self) -> bool:
+        """A process of a multi-host slice other than process 0: it serves probes, not requests."""
+        return self.slice is not None and not self.slice.is_leader
 
     def check_served(self, shape: tuple[int, ...], output: str) -> None:
         """422 unless latents of ``shape`` (C, T, H, W) are served with ``output`` (``--shapes``)."""
@@ -62,6 +70,7 @@ class ServiceState:
     phase: Phase = "loading"
     model: ModelState | None = None
     error: str | None = None
+    refused: bool = False  # start-up refused to serve as configured: the process exits non-zero
 
     # -- transitions (event loop only) -----------------------------------------------------------
     def set_ready(self, model: ModelState) -> None:
@@ -70,11 +79,24 @@ class ServiceState:
             self.phase = "ready"
 
     def set_failed(self, error: str) -> None:
-        self.phase, self.error = "failed", error
+        if not self.refused:  # the refusal's message is the one to keep
+            self.phase, self.error = "failed", error
+
+    def set_refused(self, error: str) -> None:
+        """Start-up found the configuration cannot work (``loading.StartupRefused``): fail, then exit."""
+        self.set_failed(error)
+        self.refused = True
 
     def set_draining(self) -> None:
         if self.phase != "failed":
             self.phase = "draining"
+
+    def fail_slice(self, reason: str) -> None:
+        """The multi-host slice failed: unhealthy with the reason, and every request waiting or in
+        flight answered 503 now (the process exits after ``failure_grace_s``)."""
+        self.set_failed(f"the multi-host slice failed: {reason}")
+        if self.worker is not None:
+            self.worker.abort(Problem(503, "unavailable", self.error or reason, headers=self.retry_after()))
 
     # -- reads -------------------------------------------------------------------------------------
     def retry_after(self) -> dict[str, str]:
@@ -85,4 +107,9 @@ class ServiceState:
         if self.phase != "ready" or self.model is None or self.worker is None:
             detail = self.error if self.phase == "failed" else f"service is {self.phase}"
             raise Problem(503, "unavailable", detail or "unavailable", headers=self.retry_after())
+        if self.model.follower:
+            assert self.model.slice is not None
+            control = self.model.slice.control
+            raise Problem(503, "unavailable", f"this is process {control.process_id} of a {control.num_processes}-process "
+                          "slice: it follows process 0, which serves requests")
         return self.model, self.worker

@@ -1,10 +1,12 @@
 """Exact spatially sharded decoding: bands of every frame over the ``tp`` mesh axis, one-row halos.
 
 Public surface: ``make_mesh``, ``sharded_decode``, ``sharded_decode_stream``, their ahead-of-time
-compiled programs (``compile_decode``, ``compile_decode_stream``), the axis-name constants, and
-inspection helpers for memory and HLO (``inspect``).
+compiled programs (``compile_decode``, ``compile_decode_stream``), the axis-name constants,
+inspection helpers for memory and HLO (``inspect``), and planning for TPU slices without a TPU
+(``topology_devices``, ``plan_decode``, ``check_fits``).
 """
 
+from .chips import TopologyError, topology_devices
 from .decode import (
     compile_decode,
     compile_decode_stream,
@@ -12,11 +14,13 @@ from .decode import (
     replicated_state,
     sharded_decode,
     sharded_decode_stream,
+    to_host,
 )
 from .halo import BandContext
 from .inspect import collectives, halo_bytes, hlo_text, memory_stats
 from .mesh import DP_AXIS, MESH_AXES, TP_AXIS, MeshError, make_mesh
 from .plan import BandPlan, SplitError, choose_split, plan_bands
+from .planner import PlanError, WontFitError, check_fits, plan_decode
 
 __all__ = [
     "DP_AXIS",
@@ -25,7 +29,11 @@ __all__ = [
     "BandContext",
     "BandPlan",
     "MeshError",
+    "PlanError",
     "SplitError",
+    "TopologyError",
+    "WontFitError",
+    "check_fits",
     "choose_split",
     "collectives",
     "compile_decode",
@@ -35,8 +43,11 @@ __all__ = [
     "make_mesh",
     "memory_stats",
     "plan_bands",
+    "plan_decode",
     "put_latents",
     "replicated_state",
     "sharded_decode",
     "sharded_decode_stream",
+    "to_host",
+    "topology_devices",
 ]

@@ -105,9 +105,17 @@ def test_original_pth_loads_and_converts_to_a_folder_diffusers_loads(tmp_path, r
 
 
 def test_embedded_models_by_name():
-    """``load_vae("wan2.2")`` builds ``EMBEDDED["wan2.2"]`` with seeded random weights (the service
+    """``load_vae("wan2.2")`` builds ``MODEL_NAMES["wan2.2"]`` with seeded random weights (the service
     test ``test_wan22_service`` loads it for real: 555 M parameters take ~30 s to draw)."""
-    assert models.EMBEDDED["wan2.2"]() == models.WanVAEConfig.wan22()
-    assert models.EMBEDDED["wan2.1"]() == models.WanVAEConfig()
+    assert models.MODEL_NAMES["wan2.2"]() == models.WanVAEConfig.wan22()
+    assert models.MODEL_NAMES["wan2.1"]() == models.WanVAEConfig()
     with pytest.raises(ValueError, match="no embedded model 'wan3'"):
         embedded_vae("wan3")
+    assert models.load_config("wan2.2") == models.WanVAEConfig.wan22()
+
+
+def test_config_of_an_original_checkpoint_from_its_key_names(tmp_path):
+    """Without a config.json beside it, ``Wan2.2_VAE.pth`` is known by its nested block names."""
+    torch = pytest.importorskip("torch")
+    torch.save({name: torch.zeros(1) for name in ORIGINAL_22}, tmp_path / "Wan2.2_VAE.pth")
+    assert models.load_config(tmp_path / "Wan2.2_VAE.pth") == models.WanVAEConfig.wan22()
