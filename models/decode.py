@@ -16,8 +16,8 @@ from flax import nnx
 from jax import lax
 
 from .config import WanVAEConfig
-from .spatial import SpatialContext
 from .decoder import DecoderCache, WanDecoder
+from .spatial import SpatialContext
 
 # What a decode returns: float32 NCTHW frames in [-1, 1], or uint8 NTHWC frames.
 Output = Literal["float", "uint8"]
@@ -82,11 +82,12 @@ def _time_axis(output: Output) -> int:
 
 
 def decode_step(model: WanDecoder, caches: DecoderCache | None, z: jax.Array, ctx: SpatialContext, *,
-                output: Output) -> tuple[jax.Array, DecoderCache]:
+                output: Output, inner_frames: int | None = None) -> tuple[jax.Array, DecoderCache]:
     """One decode step: latents ``(B, c, H, W, z)`` and the previous step's caches (None for latent
-    frame 0, then ``c`` must be 1) → (frames in the output layout, the new caches)."""
+    frame 0, then ``c`` must be 1) → (frames in the output layout, the new caches). ``inner_frames``:
+    frames per inner step after each temporal upsampler (``models.decoder.Decoder3d``)."""
     with jax.named_scope("decode_step"):
-        frames, caches = model(z, caches, ctx)
+        frames, caches = model(z, caches, ctx, inner_frames=inner_frames)
         return _layout(finish_frames(frames, output), output), caches
 
 
@@ -97,16 +98,18 @@ def decode_frames(
     *,
     chunk: int = 1,
     output: Output = "float",
+    inner_frames: int | None = None,
 ) -> jax.Array:
     """Decode channels-last latents ``(B, T, H, W, z)``.
 
     Returns float32 ``(B, 3, F, sH, sW)`` (``output="float"``) or uint8 ``(B, F, sH, sW, 3)``,
     ``F = 1 + 4(T-1)``, ``s = 8`` for Wan 2.1 and 16 for Wan 2.2. Every step writes its frames into
     one preallocated output buffer carried through the scan, so peak memory is the output plus one
-    step's activations and caches, whatever ``T`` is.
+    step's activations and caches, whatever ``T`` is. Inside a step, the stages after each temporal
+    upsampler run ``inner_frames`` frames at a time (None: automatic; see ``Decoder3d``).
     """
     num_latent = z.shape[1]
-    first, caches = decode_step(model, None, z[:, :1], ctx, output=output)
+    first, caches = decode_step(model, None, z[:, :1], ctx, output=output)  # one frame: no inner loop
     axis = _time_axis(output)
     per_latent = model.temporal_scale  # frames per later latent frame; frame 0 yields one
     shape = list(first.shape)
@@ -115,7 +118,7 @@ def decode_frames(
 
     def step(carry, z_chunk, start):
         caches, buffer = carry
-        frames, caches = decode_step(model, caches, z_chunk, ctx, output=output)
+        frames, caches = decode_step(model, caches, z_chunk, ctx, output=output, inner_frames=inner_frames)
         return caches, lax.dynamic_update_slice_in_dim(buffer, frames, start, axis)
 
     rest = z[:, 1:]
@@ -139,24 +142,26 @@ StepProgram = Callable[..., tuple[jax.Array, DecoderCache]]
 
 
 def full_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
-                 denormalize: bool, output: Output, chunk: int) -> Program:
+                 denormalize: bool, output: Output, chunk: int, inner_frames: int | None = None) -> Program:
     """``(state, latents NCTHW) → frames``: the whole decode on one device (or one band: the
     single-device and the sharded decode differ only in ``make_context``)."""
 
     def run(state, latents: jax.Array) -> jax.Array:
         z = prepare_latents(latents, config, dtype, denormalize=denormalize)
-        return decode_frames(nnx.merge(graphdef, state), z, make_context(), chunk=chunk, output=output)
+        return decode_frames(nnx.merge(graphdef, state), z, make_context(), chunk=chunk, output=output,
+                             inner_frames=inner_frames)
 
     return run
 
 
 def step_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
-                 denormalize: bool, output: Output) -> StepProgram:
+                 denormalize: bool, output: Output, inner_frames: int | None = None) -> StepProgram:
     """``(state, caches, latents NCTHW) → (frames, caches)``: one streaming decode step, with
     ``caches=None`` for latent frame 0."""
 
     def run(state, caches: DecoderCache | None, latents: jax.Array) -> tuple[jax.Array, DecoderCache]:
         z = prepare_latents(latents, config, dtype, denormalize=denormalize)
-        return decode_step(nnx.merge(graphdef, state), caches, z, make_context(), output=output)
+        return decode_step(nnx.merge(graphdef, state), caches, z, make_context(), output=output,
+                           inner_frames=inner_frames)
 
     return run

@@ -9,15 +9,23 @@ runs that loop.
 Every up block is a callable ``(x, caches, ctx, *, first_chunk) -> (x, caches)`` whose caches have
 a fixed shape after latent frame 0, so a block can also be stepped on its own (frame by frame).
 ``first_chunk`` (latent frame 0) is passed explicitly; only Wan 2.2's shortcut needs it.
+
+Frame-level streaming (``inner_frames``): after each temporal upsampler, the later stages see
+2, then 4 frames per latent frame, at up to full resolution. Their only dependence on the past is
+the causal caches, so they run on ``inner_frames`` frames at a time in an inner ``lax.scan`` that
+carries those caches: the same computation, reordered, holding one group's activations instead of
+the whole step's.
 """
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from collections.abc import Callable
+from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 from .config import WanVAEConfig
 from .layers import (
@@ -38,6 +46,57 @@ from .spatial import SpatialContext
 
 # (conv_in, mid_block, *up_blocks, conv_out): what one decode step hands to the next.
 DecoderCache: TypeAlias = tuple[ConvCache | MidBlockCache | UpBlockCache, ...]
+
+# ``inner_frames=None`` streams one frame at a time once a full-resolution frame of the decoder's
+# last stage (per device, before conv_out) holds this many bytes; smaller frames keep the whole
+# step together: a step of them is a few MB anyway, and an inner loop would only add iterations.
+STREAM_MIN_FRAME_BYTES = 4 * 2**20
+
+
+def check_inner_frames(inner_frames: int | None) -> int | None:
+    """``None`` (automatic: see ``stream_group``) or an integer ≥ 1; anything else is refused."""
+    if inner_frames is not None and (not isinstance(inner_frames, int) or isinstance(inner_frames, bool)
+                                     or inner_frames < 1):
+        raise ValueError(f"inner_frames must be None (automatic) or an integer ≥ 1 frame; received {inner_frames!r}")
+    return inner_frames
+
+
+def stream_group(inner_frames: int | None, full_frame_bytes: int) -> int | None:
+    """Frames per inner step: ``inner_frames`` if given, else 1 for frames of at least
+    ``STREAM_MIN_FRAME_BYTES`` at full resolution, else None (no inner loop)."""
+    if inner_frames is not None:
+        return inner_frames
+    return 1 if full_frame_bytes >= STREAM_MIN_FRAME_BYTES else None
+
+
+Carry = Any  # a pytree of causal caches
+
+
+def scan_frame_groups(stage: Callable[[jax.Array, Carry], tuple[jax.Array, Carry]], x: jax.Array, carry: Carry,
+                      group: int) -> tuple[jax.Array, Carry]:
+    """Run a causal stage over ``x (B, T, ...)`` ``group`` frames at a time, carrying its caches.
+
+    ``stage(x_group, carry) → (y_group, carry)`` must map ``g`` input frames to ``r·g`` output
+    frames (``r`` fixed) and depend on earlier frames only through ``carry``; the result then equals
+    ``stage(x, carry)``. Whole groups run in a ``lax.scan`` (one group's activations alive at a time),
+    a shorter last group after it. ``group ≥ T`` is the stage itself, with no loop.
+    """
+    frames = x.shape[1]
+    if group >= frames:
+        return stage(x, carry)
+    count, remainder = divmod(frames, group)
+
+    def body(carry, index):
+        y, carry = stage(lax.dynamic_slice_in_dim(x, index * group, group, axis=1), carry)
+        return carry, y
+
+    carry, ys = lax.scan(body, carry, jnp.arange(count))  # ys (count, B, r·g, ...)
+    y = jnp.moveaxis(ys, 0, 1)
+    y = y.reshape(y.shape[0], count * y.shape[2], *y.shape[3:])
+    if remainder:
+        tail, carry = stage(x[:, count * group :], carry)
+        y = jnp.concatenate([y, tail], axis=1)
+    return y, carry
 
 
 class UpBlock(nnx.Module):
@@ -141,23 +200,49 @@ class Decoder3d(nnx.Module):
         self.up_blocks = nnx.List(blocks)
         self.norm_out = RMSNorm(dims[-1], dtype=dtype)
         self.conv_out = CausalConv3d(dims[-1], config.out_channels, rngs=rngs, dtype=dtype)
+        # Static: the up blocks whose upsampler doubles time (the later stages stream frame groups),
+        # and the size of a last-stage frame relative to a latent pixel (to pick the group size).
+        self.temporal_blocks = tuple(i for i, up in enumerate(config.temperal_upsample[: num_stages - 1]) if up)
+        self.last_stage_pixel = (2 ** (num_stages - 1)) ** 2 * dims[-1]  # channels·pixels per latent pixel
 
     @scoped
     def __call__(self, x: jax.Array, caches: DecoderCache | None, ctx: SpatialContext, *,
-                 first_chunk: bool) -> tuple[jax.Array, DecoderCache]:
+                 first_chunk: bool, inner_frames: int | None = None) -> tuple[jax.Array, DecoderCache]:
+        """``inner_frames``: frames per inner step of the stages after each temporal upsampler (None:
+        automatic, see ``stream_group``; ≥ the step's frames: no inner loop). Latent frame 0 yields
+        one frame and never loops."""
         caches = caches if caches is not None else (None,) * (3 + len(self.up_blocks))
         with jax.named_scope("conv_in"):
             x, conv_in_cache = self.conv_in(x, caches[0], ctx)
         with jax.named_scope("mid_block"):
             x, mid_cache = self.mid_block(x, caches[1], ctx)
-        up_caches = []
-        for i, block in enumerate(self.up_blocks):
+        b, _, h, w, _ = x.shape
+        group = None if first_chunk else stream_group(inner_frames, b * h * w * self.last_stage_pixel
+                                                      * jnp.dtype(x.dtype).itemsize)
+        x, upper = self._upper(0, x, tuple(caches[2:]), ctx, first_chunk=first_chunk, group=group)
+        return x, (conv_in_cache, mid_cache, *upper)
+
+    def _upper(self, start: int, x: jax.Array, caches: tuple, ctx: SpatialContext, *, first_chunk: bool,
+               group: int | None) -> tuple[jax.Array, tuple]:
+        """Up blocks ``start…`` then the head, on ``x``; ``caches`` are theirs, then conv_out's.
+
+        After a temporal upsampler (and ``group`` set) the rest runs ``group`` frames at a time.
+        """
+        new = []
+        for i in range(start, len(self.up_blocks)):
             with jax.named_scope(f"up_blocks.{i}"):
-                x, cache = block(x, caches[2 + i], ctx, first_chunk=first_chunk)
-            up_caches.append(cache)
+                x, cache = self.up_blocks[i](x, caches[i - start], ctx, first_chunk=first_chunk)
+            new.append(cache)
+            if group is not None and i in self.temporal_blocks:
+                def later_stages(frames, later_caches, after=i + 1):
+                    return self._upper(after, frames, later_caches, ctx, first_chunk=False, group=group)
+
+                with jax.named_scope(f"frame_groups_after_up_blocks.{i}"):
+                    x, later = scan_frame_groups(later_stages, x, caches[i + 1 - start :], group)
+                return x, (*new, *later)
         with jax.named_scope("conv_out"):
             x, conv_out_cache = self.conv_out(jax.nn.silu(self.norm_out(x)), caches[-1], ctx)
-        return x, (conv_in_cache, mid_cache, *up_caches, conv_out_cache)
+        return x, (*new, conv_out_cache)
 
 
 class WanDecoder(nnx.Module):
@@ -166,6 +251,7 @@ class WanDecoder(nnx.Module):
 
     Call with ``caches=None`` for latent frame 0 (which must then be the only frame: it yields 1
     frame) and with the returned caches for every later chunk of frames (4 frames each).
+    ``inner_frames``: frames per inner step after each temporal upsampler (``Decoder3d``).
     """
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
@@ -175,14 +261,14 @@ class WanDecoder(nnx.Module):
         self.decoder = Decoder3d(config, rngs=rngs, dtype=dtype)
 
     @scoped
-    def __call__(self, z: jax.Array, caches: DecoderCache | None,
-                 ctx: SpatialContext) -> tuple[jax.Array, DecoderCache]:
+    def __call__(self, z: jax.Array, caches: DecoderCache | None, ctx: SpatialContext, *,
+                 inner_frames: int | None = None) -> tuple[jax.Array, DecoderCache]:
         first_chunk = caches is None  # latent frame 0: the reference's first_chunk=True
         if first_chunk and z.shape[1] != 1:
             raise ValueError(f"the first decode step takes exactly 1 latent frame; got {z.shape[1]}")
         with jax.named_scope("post_quant_conv"):
             z = self.post_quant_conv(z)
         with jax.named_scope("decoder"):
-            frames, caches = self.decoder(z, caches, ctx, first_chunk=first_chunk)
+            frames, caches = self.decoder(z, caches, ctx, first_chunk=first_chunk, inner_frames=inner_frames)
         with jax.named_scope("unpatchify"):
             return unpatchify(frames, self.patch), caches

@@ -13,7 +13,7 @@ from flax import nnx
 from .config import WanVAEConfig
 from .conv import native_conv_for
 from .decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
-from .decoder import WanDecoder
+from .decoder import WanDecoder, check_inner_frames
 from .programs import ProgramCache
 from .spatial import SingleDeviceContext
 
@@ -78,52 +78,60 @@ class WanVAE:
         return SingleDeviceContext(native_conv=native_conv_for(jax.devices()[0].platform))
 
     def compile(self, shape: tuple[int, ...], *, denormalize: bool = False, output: Output = "float",
-                chunk: int | None = None) -> jax.stages.Compiled:
+                chunk: int | None = None, inner_frames: int | None = None) -> jax.stages.Compiled:
         """The compiled single-device decode of NCTHW latents of ``shape`` (cached in ``programs``;
         ``memory_analysis()`` and ``as_text()`` answer without running it)."""
         shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
+        inner_frames = check_inner_frames(inner_frames)
         check_latents_shape(shape, self.config)
-        key = ("decode", None, shape, output, denormalize, chunk)
+        key = ("decode", None, shape, output, denormalize, chunk, inner_frames)
 
         def lower():
             run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
-                               denormalize=denormalize, output=output, chunk=chunk)
+                               denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames)
             return jax.jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32))
 
         return self.programs.get(key, lower)
 
-    def _compile_step(self, shape: tuple[int, ...], caches, *, denormalize: bool) -> jax.stages.Compiled:
+    def _compile_step(self, shape: tuple[int, ...], caches, *, denormalize: bool,
+                      inner_frames: int | None) -> jax.stages.Compiled:
         """The stream step for latents of ``shape`` after ``caches`` (abstract; None for frame 0)."""
-        key = ("decode-step", None, tuple(shape), caches is None, denormalize)
+        key = ("decode-step", None, tuple(shape), caches is None, denormalize, inner_frames)
 
         def lower():
             run = step_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
-                               denormalize=denormalize, output="uint8")
+                               denormalize=denormalize, output="uint8", inner_frames=inner_frames)
             return jax.jit(run).lower(self.state_avals(), caches, jax.ShapeDtypeStruct(shape, jnp.float32))
 
         return self.programs.get(key, lower)
 
     # -- public API ----------------------------------------------------------------------------
-    def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None):
+    def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None,
+               inner_frames: int | None = None):
         """Decode ``(B, z, T, H, W)`` latents.
 
         Returns float32 ``(B, 3, 1+4(T-1), sH, sW)`` in ``[-1, 1]`` (``output="float"``) or uint8 frames
         ``(B, 1+4(T-1), sH, sW, 3)`` converted on device (``output="uint8"``: a quarter of the bytes);
         ``s = config.spatial_scale`` (8 for Wan 2.1, 16 for Wan 2.2).
-        ``chunk`` latent frames are decoded per scan step (default 1: the least memory).
+        ``chunk`` latent frames are decoded per scan step (default 1: the least memory). Inside a step,
+        the stages after each temporal upsampler run ``inner_frames`` frames at a time (None:
+        automatic, one frame once a full-resolution frame holds ≥ 4 MB; ``4 · chunk``: whole steps).
         """
-        program = self.compile(np.shape(latents), denormalize=denormalize, output=output, chunk=chunk)
+        program = self.compile(np.shape(latents), denormalize=denormalize, output=output, chunk=chunk,
+                               inner_frames=inner_frames)
         return program(self.state, jnp.asarray(latents, jnp.float32))
 
-    def decode_stream(self, latents, *, denormalize: bool = False, chunk: int | None = None) -> Iterator[np.ndarray]:
+    def decode_stream(self, latents, *, denormalize: bool = False, chunk: int | None = None,
+                      inner_frames: int | None = None) -> Iterator[np.ndarray]:
         """Yield uint8 frames ``(B, f, sH, sW, 3)`` on the host as each decode step finishes."""
-        chunk = resolve_chunk(chunk)
+        chunk, inner_frames = resolve_chunk(chunk), check_inner_frames(inner_frames)
         latents = np.asarray(latents, np.float32)
         check_latents_shape(latents.shape, self.config)
         caches = None
         for start, stop in stream_steps(latents.shape[2], chunk):
             z = latents[:, :, start:stop]
-            step = self._compile_step(z.shape, None if caches is None else _avals(caches), denormalize=denormalize)
+            step = self._compile_step(z.shape, None if caches is None else _avals(caches), denormalize=denormalize,
+                                      inner_frames=inner_frames)
             frames, caches = step(self.state, caches, z)
             yield np.asarray(frames)
 

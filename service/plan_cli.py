@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--output", choices=["uint8", "float"], default="uint8", help="decoded frames as served")
     p.add_argument("--headroom", type=float, default=None,
                    help="share of HBM kept free (default 0.1): a mesh fits when its bytes ≤ (1 − headroom) · HBM")
+    p.add_argument("--inner-frames", type=int, default=None, metavar="N",
+                   help="frames per inner step of the stages after each temporal upsampler (default: automatic, "
+                        "as a server runs: 1 once a full-resolution frame per device holds ≥ 4 MB; 4: whole steps)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
 
 
@@ -47,6 +50,12 @@ def _tps(text: str) -> list[int]:
     return tps
 
 
+def _inner_frames(value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise SystemExit(f"vaeserve plan: --inner-frames must be ≥ 1 (or left out: automatic); received {value}")
+    return value
+
+
 def _gb(n: float) -> str:
     return f"{n / 1e9:,.2f}"
 
@@ -58,7 +67,7 @@ def format_table(plan: dict[str, Any]) -> str:
         f"{plan['topology']}: {plan['devices']} x {chip['name']} devices "
         f"({_gb(chip['hbm_bytes'] / plan['devices_per_chip'])} GB HBM each); "
         f"{video['width']}x{video['height']}x{video['frames']} from latents {plan['latents']} per replica, "
-        f"{plan['dtype']}, {plan['output']} out; fits = total ≤ {1 - plan['headroom']:.0%} of HBM",
+        f"{plan['dtype']}, {plan['output']} out, inner frames {plan.get('inner_frames') or 'automatic'}; fits = total ≤ {1 - plan['headroom']:.0%} of HBM",
         "",
         "| tp | dp | split | args GB | out GB | temp GB | code GB | total GB | fits | TFLOP | "
         "bytes accessed GB (scan body once) | halo MB | collectives | compile s | bound s |",
@@ -103,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
         vae = models.abstract_vae(config, dtype=args.dtype)
         plan = plan_decode(vae, latents, devices, topology=args.topology, tps=_tps(args.tp), dp=args.dp,
                            batch=args.batch, output=args.output,
-                           headroom=HEADROOM if args.headroom is None else args.headroom, progress=True)
+                           headroom=HEADROOM if args.headroom is None else args.headroom,
+                           inner_frames=_inner_frames(args.inner_frames), progress=True)
     except (PlanError, TopologyError, models.ConfigError, FileNotFoundError, sharding.SplitError) as e:
         print(f"vaeserve plan: error: {e}", file=sys.stderr)
         return 2

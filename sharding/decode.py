@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from models.conv import native_conv_for
 from models.decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
+from models.decoder import check_inner_frames
 from models.vae import DTYPES, WanVAE, check_latents_shape
 
 from .halo import BandContext
@@ -140,11 +141,11 @@ def _band_context(mesh: Mesh, plan: BandPlan, halo: str, query_chunk: int) -> Ca
     return make
 
 
-def _full(vae: WanVAE, mesh: Mesh, plan: BandPlan, *, denormalize: bool, output: Output, chunk: int, halo: str,
-          query_chunk: int) -> Callable:
+def _full(vae: WanVAE, mesh: Mesh, plan: BandPlan, *, denormalize: bool, output: Output, chunk: int,
+          inner_frames: int | None, halo: str, query_chunk: int) -> Callable:
     """The whole decode on each band under ``shard_map``; latents padded and frames cropped around it."""
     local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, plan, halo, query_chunk),
-                         denormalize=denormalize, output=output, chunk=chunk)
+                         denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames)
     sharded = _shard(mesh, local, (P(), latents_spec(plan)), frames_spec(plan, output))
 
     def run(state, latents):
@@ -152,11 +153,11 @@ def _full(vae: WanVAE, mesh: Mesh, plan: BandPlan, *, denormalize: bool, output:
     return run
 
 
-def _step(vae: WanVAE, mesh: Mesh, plan: BandPlan, *, first: bool, denormalize: bool, halo: str,
-          query_chunk: int) -> Callable:
+def _step(vae: WanVAE, mesh: Mesh, plan: BandPlan, *, first: bool, denormalize: bool, inner_frames: int | None,
+          halo: str, query_chunk: int) -> Callable:
     """One stream step on each band; its caches (None for latent frame 0) stay on their bands."""
     local = step_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, plan, halo, query_chunk),
-                         denormalize=denormalize, output="uint8")
+                         denormalize=denormalize, output="uint8", inner_frames=inner_frames)
     caches = cache_spec(plan)
     sharded = _shard(mesh, local, (P(), None if first else caches, latents_spec(plan)),
                      (frames_spec(plan, "uint8"), caches))
@@ -177,7 +178,8 @@ def _state_aval(vae: WanVAE, mesh: Mesh):
 
 def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "float",
                    denormalize: bool = False, split: Split | None = None, chunk: int | None = None,
-                   halo: str = "exchange", query_chunk: int = 4096) -> jax.stages.Compiled:
+                   inner_frames: int | None = None, halo: str = "exchange",
+                   query_chunk: int = 4096) -> jax.stages.Compiled:
     """The compiled sharded decode of NCTHW latents of ``shape`` on ``mesh`` (see ``sharded_decode``).
 
     Compiled ahead of time from abstract weights and latents, so ``mesh`` may hold abstract devices
@@ -186,24 +188,27 @@ def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: O
     or read ``memory_analysis()`` / ``as_text()`` without running it.
     """
     shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
+    inner_frames = check_inner_frames(inner_frames)
     check_halo(halo)
     plan = make_plan(vae, shape, mesh, split)
-    key = ("sharded-decode", mesh_key(mesh), shape, plan, output, denormalize, chunk, halo, query_chunk)
+    key = ("sharded-decode", mesh_key(mesh), shape, plan, output, denormalize, chunk, inner_frames, halo, query_chunk)
 
     def lower():
-        run = _full(vae, mesh, plan, denormalize=denormalize, output=output, chunk=chunk, halo=halo,
-                    query_chunk=query_chunk)
+        run = _full(vae, mesh, plan, denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
+                    halo=halo, query_chunk=query_chunk)
         return jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh))
 
     return vae.programs.get(key, lower)
 
 
 def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool, split: Split | None,
-                     chunk: int, halo: str, query_chunk: int) -> dict[tuple[int, int], jax.stages.Compiled]:
+                     chunk: int, inner_frames: int | None, halo: str,
+                     query_chunk: int) -> dict[tuple[int, int], jax.stages.Compiled]:
     """``{(start, stop): compiled step}`` for every step of a stream of latents ``shape``; steps of
     equal length after the first share one program."""
     plan = make_plan(vae, shape, mesh, split)
-    options = dict(denormalize=denormalize, halo=halo, query_chunk=query_chunk)
+    options = dict(denormalize=denormalize, inner_frames=check_inner_frames(inner_frames), halo=halo,
+                   query_chunk=query_chunk)
     state = _state_aval(vae, mesh)
     cache_sharding = NamedSharding(mesh, cache_spec(plan))
     programs: dict[tuple[int, int], jax.stages.Compiled] = {}
@@ -212,7 +217,7 @@ def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denorma
         z = _latents_aval((*shape[:2], stop - start, *shape[3:]), mesh)
         first = caches is None
         run = _step(vae, mesh, plan, first=first, **options)
-        key = ("sharded-decode-step", mesh_key(mesh), z.shape, plan, first, denormalize, halo, query_chunk)
+        key = ("sharded-decode-step", mesh_key(mesh), z.shape, plan, first, denormalize, inner_frames, halo, query_chunk)
         programs[start, stop] = vae.programs.get(key, lambda run=run, caches=caches, z=z: jax.jit(run).lower(state, caches, z))
         if first:
             _, out = jax.eval_shape(run, state, None, z)
@@ -221,13 +226,14 @@ def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denorma
 
 
 def compile_decode_stream(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool = False,
-                          split: Split | None = None, chunk: int | None = None, halo: str = "exchange",
-                          query_chunk: int = 4096) -> tuple[jax.stages.Compiled, ...]:
+                          split: Split | None = None, chunk: int | None = None, inner_frames: int | None = None,
+                          halo: str = "exchange", query_chunk: int = 4096) -> tuple[jax.stages.Compiled, ...]:
     """Every compiled program a ``sharded_decode_stream`` of latents ``shape`` runs (first step, later
     steps, a shorter last step), compiled now and cached in ``vae.programs``."""
     check_halo(halo)
     programs = _stream_programs(vae, tuple(shape), mesh, denormalize=denormalize, split=split,
-                                chunk=resolve_chunk(chunk), halo=halo, query_chunk=query_chunk)
+                                chunk=resolve_chunk(chunk), inner_frames=inner_frames, halo=halo,
+                                query_chunk=query_chunk)
     return tuple(dict.fromkeys(programs.values()))
 
 
@@ -241,6 +247,7 @@ def sharded_decode(
     output: Output = "float",
     split: Split | None = None,
     chunk: int | None = None,
+    inner_frames: int | None = None,
     halo: str = "exchange",
     query_chunk: int = 4096,
 ) -> jax.Array:
@@ -254,13 +261,16 @@ def sharded_decode(
       output: ``"float"`` → float32 ``(B, 3, F, 8H, 8W)`` in [-1, 1]; ``"uint8"`` → ``(B, F, 8H, 8W, 3)``.
       split: ``"height"``, ``"width"`` or None (the axis that needs less padding).
       chunk: latent frames per scan step (default 1: least memory).
+      inner_frames: frames per inner step of the stages after each temporal upsampler (None:
+        automatic, one frame at a time once a band's full-resolution frame holds ≥ 4 MB; see
+        ``models.decoder.Decoder3d``). The frames are the same computation whatever it is.
       halo: ``"exchange"``; ``"none"``/``"cyclic"`` are broken on purpose (negative controls).
       query_chunk: attention queries per score block on each device.
     Returns:
       A ``jax.Array`` sharded over the mesh (batch over dp, the split axis over tp).
     """
     run = compile_decode(vae, np.shape(latents), mesh, output=output, denormalize=denormalize, split=split,
-                         chunk=chunk, halo=halo, query_chunk=query_chunk)
+                         chunk=chunk, inner_frames=inner_frames, halo=halo, query_chunk=query_chunk)
     return run(replicated_state(vae, mesh), put_latents(latents, mesh))
 
 
@@ -272,6 +282,7 @@ def sharded_decode_stream(
     denormalize: bool = False,
     split: Split | None = None,
     chunk: int | None = None,
+    inner_frames: int | None = None,
     halo: str = "exchange",
     query_chunk: int = 4096,
 ) -> Iterator[np.ndarray]:
@@ -284,7 +295,8 @@ def sharded_decode_stream(
     check_halo(halo)
     latents = np.asarray(latents, np.float32)
     programs = _stream_programs(vae, latents.shape, mesh, denormalize=denormalize, split=split,
-                                chunk=resolve_chunk(chunk), halo=halo, query_chunk=query_chunk)
+                                chunk=resolve_chunk(chunk), inner_frames=inner_frames, halo=halo,
+                                query_chunk=query_chunk)
     state = replicated_state(vae, mesh)
     caches = None
     for (start, stop), step in programs.items():

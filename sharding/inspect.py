@@ -126,8 +126,13 @@ def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, spl
     band_hw = (plan.band, width) if plan.split == "height" else (height, plan.band)
     z_dim = vae.config.z_dim
 
+    # Traced as whole steps (no inner frame loop, whose body a trace would see once): the rows
+    # exchanged are the same however a step's frames are grouped.
+    whole_step = vae.config.temporal_scale * chunk
+
     def step(state, caches, z):
-        return decode_step(nnx.merge(vae.graphdef, state), caches, z, recorder, output="uint8")
+        return decode_step(nnx.merge(vae.graphdef, state), caches, z, recorder, output="uint8",
+                           inner_frames=whole_step)
 
     slabs = {}
     caches = None

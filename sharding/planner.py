@@ -136,11 +136,13 @@ def device_flops(config: WanVAEConfig, shape: tuple[int, ...], tp: int, dp: int,
 
 
 def plan_mesh(vae: WanVAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: ChipFacts, *,
-              hbm_bytes: int, output: Output = "uint8", headroom: float = HEADROOM) -> MeshPlan:
-    """Compile the decode of NCTHW latents ``shape`` on ``mesh`` and report one device's needs."""
+              hbm_bytes: int, output: Output = "uint8", headroom: float = HEADROOM,
+              inner_frames: int | None = None) -> MeshPlan:
+    """Compile the decode of NCTHW latents ``shape`` on ``mesh`` and report one device's needs
+    (``inner_frames``: as in ``compile_decode``; None is what a server runs)."""
     tp, dp = mesh.shape[TP_AXIS], mesh.shape[DP_AXIS]
     start = time.perf_counter()
-    compiled = compile_decode(vae, shape, mesh, output=output)
+    compiled = compile_decode(vae, shape, mesh, output=output, inner_frames=inner_frames)
     compile_s = time.perf_counter() - start
     memory = program_memory(compiled)
     total = program_total_bytes(memory)
@@ -173,6 +175,7 @@ class Plan:
     dtype: str
     output: str
     latents: tuple[int, ...]  # per dp replica: (batch, C, T, H, W)
+    inner_frames: int | None  # frames per inner step after each temporal upsampler (None: automatic)
     video: tuple[int, int, int]  # width, height, frames
     headroom: float
     meshes: list[MeshPlan]
@@ -192,6 +195,7 @@ class Plan:
             "dtype": self.dtype,
             "output": self.output,
             "latents": list(self.latents),
+            "inner_frames": self.inner_frames,
             "video": {"width": width, "height": height, "frames": frames},
             "headroom": self.headroom,
             "meshes": [dataclasses.asdict(m) for m in self.meshes],
@@ -228,7 +232,7 @@ def recommend(meshes: Sequence[MeshPlan], devices: int) -> dict[str, Any]:
 
 def plan_decode(vae: WanVAE, latents: Sequence[int], devices: Sequence[jax.Device], *, topology: str,
                 tps: Sequence[int] = (1, 2, 4, 8), dp: int = 1, batch: int = 1, output: Output = "uint8",
-                headroom: float = HEADROOM, progress: bool = False) -> Plan:
+                headroom: float = HEADROOM, inner_frames: int | None = None, progress: bool = False) -> Plan:
     """Plan the decode of latents ``(C, T, H, W)``, ``batch`` per dp replica, on ``devices``.
 
     Every ``tp`` in ``tps`` with ``dp·tp`` ≤ the devices is compiled (the others are listed in
@@ -253,12 +257,12 @@ def plan_decode(vae: WanVAE, latents: Sequence[int], devices: Sequence[jax.Devic
         bar.set_postfix_str(f"compiling tp={tp} dp={dp}")
         mesh = make_mesh(tp, dp, devices=devices)
         meshes.append(plan_mesh(vae, shape, mesh, chip, hbm_bytes=chip.hbm_bytes // per_chip, output=output,
-                                headroom=headroom))
+                                headroom=headroom, inner_frames=inner_frames))
     return Plan(
         topology=topology, chip=chip, devices=len(devices), devices_per_chip=per_chip,
         model={"source": vae.metadata.get("source"), "parameters": vae.metadata.get("parameters"),
                "config": vae.config.to_dict()},
-        dtype=vae.dtype, output=output, latents=(batch, *tuple(latents)),
+        dtype=vae.dtype, output=output, latents=(batch, *tuple(latents)), inner_frames=inner_frames,
         video=video_for_latents(vae.config, latents), headroom=headroom, meshes=meshes, skipped=skipped,
         recommendation=recommend(meshes, len(devices)),
     )
