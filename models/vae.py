@@ -1,7 +1,9 @@
-"""``WanVAE``: a loaded decoder, its config and metadata, and its compiled programs."""
+"""``WanVAE``: a loaded decoder (and encoder, when the checkpoint has one), its config and
+metadata, and its compiled programs."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,18 +16,33 @@ from .config import WanVAEConfig
 from .conv import native_conv_for
 from .decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
 from .decoder import WanDecoder
+from .encode import encode_program, option_avals, resolve_encode_chunk
+from .encoder import FRAMES_PER_CHUNK, WanEncoder
 from .programs import ProgramCache
 from .spatial import SingleDeviceContext
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+SEED_RANGE = 2**32  # jax.random.PRNGKey keeps 32 bits of a seed without x64
 
 
-class LatentsError(ValueError):
-    """Latents whose shape does not fit the model; ``expected``/``received`` say how."""
+class ShapeError(ValueError):
+    """An input whose shape does not fit the model; ``expected``/``received`` say how."""
 
     def __init__(self, message: str, *, expected: Any, received: Any):
         super().__init__(f"{message}: expected {expected}, received {received}")
         self.expected, self.received = expected, received
+
+
+class LatentsError(ShapeError):
+    """Latents whose shape does not fit the decoder."""
+
+
+class FramesError(ShapeError):
+    """Frames whose shape does not fit the encoder."""
+
+
+class NoEncoderError(RuntimeError):
+    """Encode asked of a model whose checkpoint holds no encoder weights."""
 
 
 def resolve_dtype(dtype: str):
@@ -43,23 +60,70 @@ def check_latents_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
         raise LatentsError("every latent dimension must be ≥ 1", expected="B, T, H, W ≥ 1", received=shape)
 
 
-class WanVAE:
-    """A Wan 2.1 VAE decoder ready to decode.
+def nearest_valid(value: int, step: int, offset: int = 0) -> list[int]:
+    """The valid values ``offset + step·k`` just below and above ``value`` (positive, and for
+    ``offset`` 0 at least ``step``): ``nearest_valid(7, 4, 1) == [5, 9]``, ``nearest_valid(5, 8) == [8]``."""
+    lower = offset + (value - offset) // step * step
+    return [v for v in (lower, lower + step) if v >= (offset or step)]
 
-    ``decode`` takes latents ``(B, 16, T, H, W)`` (diffusers layout). Every program is compiled
-    ahead of time once per (shape, options, target) and kept in ``programs``, the model's one
-    program cache (the sharded decode uses it too).
+
+def check_frames_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
+    """Frames ``(B, 3, F, H, W)`` with ``F = 1 + 4k`` and ``H``, ``W`` multiples of the spatial scale.
+
+    diffusers silently drops frames beyond ``1 + 4k`` and crops sizes; we refuse them and name the
+    nearest valid values in ``expected``.
+    """
+    if len(shape) != 5:
+        raise FramesError("frames must be (B, C, F, H, W)", expected="5 dimensions", received=len(shape))
+    if shape[1] != config.in_channels:
+        raise FramesError("frame channels", expected=config.in_channels, received=shape[1])
+    if min(shape) < 1:
+        raise FramesError("every frame dimension must be ≥ 1", expected="B, F, H, W ≥ 1", received=shape)
+    if (shape[2] - 1) % FRAMES_PER_CHUNK:
+        raise FramesError(f"the frame count must be 1 + {FRAMES_PER_CHUNK}k",
+                          expected=nearest_valid(shape[2], FRAMES_PER_CHUNK, 1), received=shape[2])
+    scale = config.spatial_scale
+    for axis, name in ((3, "height"), (4, "width")):
+        if shape[axis] % scale:
+            raise FramesError(f"the {name} must be a multiple of {scale}",
+                              expected=nearest_valid(shape[axis], scale), received=shape[axis])
+
+
+def prng_key(seed: int | None) -> np.ndarray:
+    """``jax.random.PRNGKey(seed)`` as host ``uint32[2]``; a fresh random seed when ``seed`` is None."""
+    if seed is None:
+        seed = secrets.randbelow(SEED_RANGE)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < SEED_RANGE:
+        raise ValueError(f"seed must be an integer in [0, 2**32); received {seed!r}")
+    return np.asarray(jax.random.PRNGKey(int(seed)))
+
+
+class WanVAE:
+    """A Wan 2.1 VAE ready to decode, and to encode when its checkpoint holds an encoder.
+
+    ``decode`` takes latents ``(B, 16, T, H, W)``, ``encode`` frames ``(B, 3, F, H, W)`` (diffusers
+    layouts). Every program is compiled ahead of time once per (shape, options, target) and kept
+    in ``programs``, the model's one program cache (the sharded programs use it too). The decoder's
+    weights are ``graphdef``/``state``, the encoder's ``encoder_graphdef``/``encoder_state`` (None
+    for a decode-only checkpoint).
     """
 
-    def __init__(self, config: WanVAEConfig, model: WanDecoder, *, dtype: str, metadata: dict[str, Any]):
+    def __init__(self, config: WanVAEConfig, model: WanDecoder, *, dtype: str, metadata: dict[str, Any],
+                 encoder: WanEncoder | None = None):
         self.config = config
         self.dtype = dtype
         self.metadata = dict(metadata)
         self.graphdef, self.state = nnx.split(model)
+        self.encoder_graphdef, self.encoder_state = nnx.split(encoder) if encoder is not None else (None, None)
         self.metadata.setdefault("parameters", int(sum(x.size for x in jax.tree.leaves(self.state))))
+        self.metadata["encoder_parameters"] = int(sum(x.size for x in jax.tree.leaves(self.encoder_state)))
         self.metadata["dtype"] = dtype
         self.programs = ProgramCache()
         self._placed: dict[Any, Any] = {}
+
+    @property
+    def has_encoder(self) -> bool:
+        return self.encoder_state is not None
 
     # -- the weights, placed and abstract -------------------------------------------------------
     def placed_state(self, sharding: jax.sharding.Sharding):
@@ -71,6 +135,26 @@ class WanVAE:
     def state_avals(self, sharding: jax.sharding.Sharding | None = None):
         """The weights as ``jax.ShapeDtypeStruct``s: enough to compile a program without placing them."""
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), self.state)
+
+    def require_encoder(self) -> None:
+        """Raise ``NoEncoderError`` unless the checkpoint had encoder weights."""
+        if not self.has_encoder:
+            reason = self.metadata.get("no_encoder_reason") or (
+                "it has no encoder weights (encoder.*, quant_conv.*); load a full VAE checkpoint to encode")
+            raise NoEncoderError(f"the model from {self.metadata.get('source', 'this checkpoint')!r} "
+                                 f"can decode but not encode: {reason}")
+
+    def placed_encoder_state(self, sharding: jax.sharding.Sharding):
+        """The encoder weights laid out by ``sharding``, placed once and kept."""
+        self.require_encoder()
+        if ("encoder", sharding) not in self._placed:
+            self._placed["encoder", sharding] = jax.device_put(self.encoder_state, sharding)
+        return self._placed["encoder", sharding]
+
+    def encoder_state_avals(self, sharding: jax.sharding.Sharding | None = None):
+        """The encoder weights as ``jax.ShapeDtypeStruct``s."""
+        self.require_encoder()
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), self.encoder_state)
 
     # -- single-device programs -----------------------------------------------------------------
     def _context(self) -> SingleDeviceContext:
@@ -102,7 +186,37 @@ class WanVAE:
 
         return self.programs.get(key, lower)
 
+    def compile_encode(self, shape: tuple[int, ...], *, chunk: int | None = None) -> jax.stages.Compiled:
+        """The compiled single-device encode of NCTHW frames of ``shape`` (cached in ``programs``),
+        called as ``compiled(vae.encoder_state, frames, prng_key(seed), sample, normalize)``; one
+        program serves every sampling/normalization option."""
+        self.require_encoder()
+        shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
+        check_frames_shape(shape, self.config)
+        key = ("encode", None, shape, chunk)
+
+        def lower():
+            run = encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype], self._context, chunk=chunk)
+            return jax.jit(run).lower(self.encoder_state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
+                                      *option_avals())
+
+        return self.programs.get(key, lower)
+
     # -- public API ----------------------------------------------------------------------------
+    def encode(self, frames, *, sample: bool = False, seed: int | None = None, normalize: bool = False,
+               chunk: int | None = None) -> jax.Array:
+        """Encode frames ``(B, 3, F, H, W)`` in [-1, 1], ``F = 1 + 4k``, ``H`` and ``W`` multiples of 8.
+
+        Returns float32 latents ``(B, 16, 1 + k, H/8, W/8)``: the posterior mean (what pipelines use),
+        or with ``sample`` a draw ``mean + std · jax.random.normal(jax.random.PRNGKey(seed), shape)``
+        (a fresh seed when None); with ``normalize``, ``(z − latents_mean) / latents_std`` after.
+        ``chunk`` groups of 4 frames are encoded per scan step (default 1: the reference's chunks).
+        Raises ``NoEncoderError`` for a decode-only checkpoint, ``FramesError`` for a bad shape.
+        """
+        program = self.compile_encode(np.shape(frames), chunk=chunk)
+        return program(self.encoder_state, jnp.asarray(frames, jnp.float32), prng_key(seed if sample else 0),
+                       np.bool_(sample), np.bool_(normalize))
+
     def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None):
         """Decode ``(B, 16, T, H, W)`` latents.
 
@@ -131,10 +245,12 @@ def _avals(tree):
 
 
 def init_vae(config: WanVAEConfig | None = None, *, seed: int = 0, dtype: str = "float32",
-             metadata: dict[str, Any] | None = None) -> WanVAE:
-    """A decoder with deterministic seeded random weights (it decodes noise: for tests and demos)."""
+             metadata: dict[str, Any] | None = None, encoder: bool = True) -> WanVAE:
+    """A VAE with deterministic seeded random weights (it decodes noise: for tests and demos);
+    ``encoder=False`` leaves out the encoder, as a decode-only checkpoint does."""
     config = config or WanVAEConfig()
     model = WanDecoder(config, rngs=nnx.Rngs(seed), dtype=resolve_dtype(dtype))
+    encoder_model = WanEncoder(config, rngs=nnx.Rngs(seed + 1), dtype=resolve_dtype(dtype)) if encoder else None
     meta = {"source": f"random weights (seed {seed})", "random_weights": True}
     meta.update(metadata or {})
-    return WanVAE(config, model, dtype=dtype, metadata=meta)
+    return WanVAE(config, model, dtype=dtype, metadata=meta, encoder=encoder_model)

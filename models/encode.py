@@ -1,0 +1,132 @@
+"""Encode programs: frame 0 outside, later chunks of 4 frames in a ``lax.scan``; the posterior after.
+
+Pure functions of a merged ``WanEncoder`` and a spatial context, so the single-device path
+(``WanVAE.encode``) and the sharded path (``sharding.encode``) run the very same code. The encoder
+part (``encode_moments``) is what runs per band; the posterior (mean or sample, normalization)
+is per latent pixel and runs on the whole latent array after it, so a sample's noise does not
+depend on how the frame was split.
+
+Layouts: frames ``(B, 3, F, H, W)`` NCTHW in [-1, 1] and latents ``(B, z, T, H/8, W/8)`` at the
+public boundary, ``(B, T, H, W, C)`` inside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from .config import WanVAEConfig
+from .encoder import FRAMES_PER_CHUNK, EncoderCache, WanEncoder
+from .spatial import SpatialContext
+
+DEFAULT_ENCODE_CHUNK = 1  # 4-frame groups per encode step: 1 is the reference's chunking and the least memory
+LOGVAR_RANGE = (-30.0, 20.0)  # diffusers' DiagonalGaussianDistribution clamps the log-variance here
+
+
+def latent_frames(frames: int, config: WanVAEConfig) -> int:
+    """Latent frames for ``frames = 1 + 4k`` input frames: ``1 + k`` for Wan 2.1."""
+    return 1 + (frames - 1) // FRAMES_PER_CHUNK * (FRAMES_PER_CHUNK // config.temporal_scale)
+
+
+def resolve_encode_chunk(chunk: int | None) -> int:
+    """4-frame groups per encode step: ``None`` means ``DEFAULT_ENCODE_CHUNK``; otherwise ≥ 1."""
+    chunk = DEFAULT_ENCODE_CHUNK if chunk is None else chunk
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be an integer ≥ 1 (groups of {FRAMES_PER_CHUNK} frames); received {chunk!r}")
+    return chunk
+
+
+def encode_step(model: WanEncoder, caches: EncoderCache | None, frames: jax.Array, ctx: SpatialContext,
+                dtype) -> tuple[jax.Array, EncoderCache]:
+    """Frames ``(B, 3, f, H, W)`` NCTHW (``f = 1`` with ``caches=None``) → moments
+    ``(B, t, H/8, W/8, 2z)`` and the new caches. Only this chunk is moved channels-last."""
+    with jax.named_scope("encode_step"):
+        return model(jnp.moveaxis(frames, 1, -1).astype(dtype), caches, ctx)
+
+
+def encode_moments(model: WanEncoder, frames: jax.Array, ctx: SpatialContext, *, dtype,
+                   chunk: int = DEFAULT_ENCODE_CHUNK) -> jax.Array:
+    """The posterior moments of frames ``(B, 3, F, H, W)``, ``F = 1 + 4k``: ``(B, T, H/8, W/8, 2z)``.
+
+    Frame 0 runs alone, then ``4 · chunk`` frames per ``lax.scan`` step (a shorter last step if
+    ``k`` is not a multiple of ``chunk``), each step slicing its frames out of the input, so the
+    working memory is one step's activations and the fixed-shape caches, whatever ``F`` is.
+    """
+    first, caches = encode_step(model, None, frames[:, :, :1], ctx, dtype)
+    step_frames = FRAMES_PER_CHUNK * chunk
+    num_steps, remainder = divmod(frames.shape[2] - 1, step_frames)
+    pieces = [first]
+    if num_steps:
+        def body(caches, index):
+            x = lax.dynamic_slice_in_dim(frames, 1 + index * step_frames, step_frames, axis=2)
+            moments, caches = encode_step(model, caches, x, ctx, dtype)
+            return caches, moments
+
+        caches, scanned = lax.scan(body, caches, jnp.arange(num_steps))
+        pieces.append(jnp.moveaxis(scanned, 0, 1).reshape(scanned.shape[1], -1, *scanned.shape[3:]))
+    if remainder:
+        last, _ = encode_step(model, caches, frames[:, :, 1 + num_steps * step_frames :], ctx, dtype)
+        pieces.append(last)
+    return jnp.concatenate(pieces, axis=1)
+
+
+def normalize_latents(z: jax.Array, config: WanVAEConfig) -> jax.Array:
+    """``(z − latents_mean) / latents_std`` per channel of NCTHW latents (the inverse of
+    ``denormalize_latents``; what pipelines apply after encoding)."""
+    shape = (len(config.latents_mean), 1, 1, 1)
+    mean = jnp.asarray(config.latents_mean, jnp.float32).reshape(shape)
+    std = jnp.asarray(config.latents_std, jnp.float32).reshape(shape)
+    return (z - mean) / std
+
+
+def latents_from_moments(moments: jax.Array, key: jax.Array, sample: jax.Array, normalize: jax.Array,
+                         config: WanVAEConfig) -> jax.Array:
+    """Moments ``(B, T, h, w, 2z)`` → float32 NCTHW latents ``(B, z, T, h, w)``.
+
+    The posterior mean (diffusers' ``latent_dist.mode()``, what pipelines use), or where ``sample``
+    ``mean + exp(logvar / 2) · jax.random.normal(key, (B, z, T, h, w))``, the log-variance clamped
+    to [-30, 20] as diffusers does; then, where ``normalize``, ``normalize_latents``. ``sample`` and
+    ``normalize`` are traced booleans: one compiled program serves every option (the latents are
+    small next to the encoder, so the unused branch costs nothing worth a second compile).
+    """
+    moments = jnp.moveaxis(moments.astype(jnp.float32), -1, 1)
+    mean, logvar = jnp.split(moments, 2, axis=1)
+    std = jnp.exp(0.5 * jnp.clip(logvar, *LOGVAR_RANGE))
+    z = jnp.where(sample, mean + std * jax.random.normal(key, mean.shape, jnp.float32), mean)
+    return jnp.where(normalize, normalize_latents(z, config), z)
+
+
+MomentsProgram = Callable[[object, jax.Array], jax.Array]
+EncodeProgram = Callable[[object, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def moments_program(graphdef, dtype, make_context: Callable[[], SpatialContext], *, chunk: int) -> MomentsProgram:
+    """``(state, frames NCTHW) → moments (B, T, h, w, 2z)`` on one device (or one band: the
+    single-device and the sharded encode differ only in ``make_context``)."""
+
+    def run(state, frames: jax.Array) -> jax.Array:
+        return encode_moments(nnx.merge(graphdef, state), frames, make_context(), dtype=dtype, chunk=chunk)
+
+    return run
+
+
+def encode_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
+                   chunk: int) -> EncodeProgram:
+    """``(state, frames NCTHW, key, sample, normalize) → latents (B, z, T, H/8, W/8)``: the whole
+    single-device encode (``key`` a raw ``uint32[2]`` PRNG key, the flags boolean scalars)."""
+    moments = moments_program(graphdef, dtype, make_context, chunk=chunk)
+
+    def run(state, frames: jax.Array, key: jax.Array, sample: jax.Array, normalize: jax.Array) -> jax.Array:
+        return latents_from_moments(moments(state, frames), key, sample, normalize, config)
+
+    return run
+
+
+def option_avals() -> tuple[jax.ShapeDtypeStruct, ...]:
+    """The abstract ``(key, sample, normalize)`` arguments of an encode program."""
+    return (jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((), jnp.bool_),
+            jax.ShapeDtypeStruct((), jnp.bool_))
