@@ -1,24 +1,31 @@
-"""The Wan video VAE decoder in Flax nnx, its configuration, weight loading and compiled programs."""
+"""The Wan video VAE (decoder and encoder) in Flax nnx, its configuration, weight loading and
+compiled programs."""
 
 from .config import ConfigError, WanVAEConfig
 from .decode import OUTPUTS, Output, denormalize_latents, to_uint8
-from .programs import ProgramCache
+from .encode import latent_frames, normalize_latents
 from .loading import WeightsError, convert_wan_pth, load_vae, save_vae
-from .vae import LatentsError, WanVAE, init_vae
+from .programs import ProgramCache
+from .vae import FramesError, LatentsError, NoEncoderError, ShapeError, WanVAE, init_vae
 
 __all__ = [
     "ConfigError",
+    "FramesError",
     "LatentsError",
+    "NoEncoderError",
     "OUTPUTS",
     "Output",
     "ProgramCache",
+    "ShapeError",
     "WanVAE",
     "WanVAEConfig",
     "WeightsError",
     "convert_wan_pth",
     "denormalize_latents",
     "init_vae",
+    "latent_frames",
     "load_vae",
+    "normalize_latents",
     "save_vae",
     "to_uint8",
 ]
