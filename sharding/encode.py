@@ -18,7 +18,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from models.encode import latents_from_moments, moments_program, option_avals, resolve_encode_chunk
+from models.encode import (
+    latents_from_moments,
+    moments_program,
+    option_avals,
+    resolve_encode_chunk,
+)
 from models.vae import DTYPES, WanVAE, check_frames_shape, prng_key
 
 from .decode import _band_context, _check_mesh, _shard, _spec

@@ -114,3 +114,16 @@ def test_frame_shapes_that_do_not_fit_are_refused_with_the_nearest_valid_values(
     with pytest.raises(models.FramesError) as info:
         loaded("tiny_r1").encode(np.zeros(shape, np.float32))
     assert (info.value.expected, info.value.received) == (expected, received)
+
+
+def test_bfloat16_close_to_float32(loaded, tmp_path):
+    """bfloat16 (opt-in) keeps float32 accumulation: relative L2 vs diffusers' float32 ≤ 2e-2."""
+    name, shape = "tiny_r1", ENCODE_CASES["tiny_r1"][2][0]
+    frames, fixture = _case(name, shape)
+    config = case_config(name)
+    folder = write_diffusers_folder(tmp_path, config, seeded_vae_weights(config, ENCODE_CASES[name][1]))
+    half = models.load_vae(folder, dtype="bfloat16")
+    assert half.encoder_state["encoder"]["conv_in"]["kernel"][...].dtype.name == "bfloat16"
+    latents = np.asarray(half.encode(frames), np.float64)
+    rel_l2 = np.linalg.norm(latents - fixture["mean"]) / np.linalg.norm(fixture["mean"])
+    assert 0 < rel_l2 <= 2e-2, rel_l2

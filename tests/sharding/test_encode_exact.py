@@ -26,7 +26,7 @@ def make_frames(shape) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def reference(vae):
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def encode(shape, sample=False, normalize=False):
         return np.asarray(vae.encode(make_frames(shape), sample=sample, seed=5, normalize=normalize))
 
