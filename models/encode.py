@@ -12,10 +12,13 @@ public boundary, ``(B, T, H, W, C)`` inside.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import lax
 
@@ -25,6 +28,7 @@ from .spatial import SpatialContext
 
 DEFAULT_ENCODE_CHUNK = 1  # 4-frame groups per encode step: 1 is the reference's chunking and the least memory
 LOGVAR_RANGE = (-30.0, 20.0)  # diffusers' DiagonalGaussianDistribution clamps the log-variance here
+SEED_RANGE = 2**32  # jax.random.PRNGKey keeps 32 bits of a seed without x64
 
 
 def latent_frames(frames: int, config: WanVAEConfig) -> int:
@@ -83,25 +87,80 @@ def normalize_latents(z: jax.Array, config: WanVAEConfig) -> jax.Array:
     return (z - mean) / std
 
 
-def latents_from_moments(moments: jax.Array, key: jax.Array, sample: jax.Array, normalize: jax.Array,
-                         config: WanVAEConfig) -> jax.Array:
+class PosteriorOptions(NamedTuple):
+    """Per-row options of the posterior, arguments of an encode program (a pytree of arrays).
+
+    Per row, not per call, so that requests with different options share one device batch and
+    padding a batch cannot change a request's noise. Row ``b`` of a request with seed ``s`` draws
+    ``jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(s), b), (z, T, h, w))``.
+
+    Attributes:
+      keys: ``(B, 2)`` uint32, ``jax.random.PRNGKey(seed)`` of the request each row belongs to.
+      rows: ``(B,)`` int32, the row's index within its request.
+      sample: ``(B,)`` bool, draw from the posterior (else its mean).
+      normalize: ``(B,)`` bool, ``(z − latents_mean) / latents_std`` after.
+    """
+
+    keys: jax.Array
+    rows: jax.Array
+    sample: jax.Array
+    normalize: jax.Array
+
+    @staticmethod
+    def avals(batch: int, sharding=None) -> PosteriorOptions:
+        """The abstract options of a batch of ``batch`` rows (to compile a program)."""
+        def aval(shape, dtype):
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+        return PosteriorOptions(aval((batch, 2), jnp.uint32), aval((batch,), jnp.int32), aval((batch,), jnp.bool_),
+                                aval((batch,), jnp.bool_))
+
+    @staticmethod
+    def concatenate(parts: list[PosteriorOptions], batch: int) -> PosteriorOptions:
+        """Host options of several requests stacked, then padded with mean-only rows to ``batch``."""
+        fields = [np.concatenate([np.asarray(getattr(p, name)) for p in parts]) for name in PosteriorOptions._fields]
+        missing = batch - len(fields[1])
+        return PosteriorOptions(*(np.concatenate([f, np.zeros((missing, *f.shape[1:]), f.dtype)]) for f in fields))
+
+
+def prng_key(seed: int | None) -> np.ndarray:
+    """``jax.random.PRNGKey(seed)`` as host ``uint32[2]``; a fresh random seed when ``seed`` is None."""
+    if seed is None:
+        seed = secrets.randbelow(SEED_RANGE)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < SEED_RANGE:
+        raise ValueError(f"seed must be an integer in [0, 2**32); received {seed!r}")
+    with jax.transfer_guard("allow"):  # a deliberate 8-byte round trip, also inside guarded hot paths
+        return np.asarray(jax.random.PRNGKey(int(seed)))
+
+
+def posterior_options(batch: int, *, sample: bool = False, seed: int | None = None,
+                      normalize: bool = False) -> PosteriorOptions:
+    """Host options for one request of ``batch`` rows (a fresh seed when sampling without one)."""
+    key = prng_key(seed if sample else 0)
+    return PosteriorOptions(np.tile(key, (batch, 1)), np.arange(batch, dtype=np.int32),
+                            np.full(batch, sample, np.bool_), np.full(batch, normalize, np.bool_))
+
+
+def latents_from_moments(moments: jax.Array, options: PosteriorOptions, config: WanVAEConfig) -> jax.Array:
     """Moments ``(B, T, h, w, 2z)`` → float32 NCTHW latents ``(B, z, T, h, w)``.
 
-    The posterior mean (diffusers' ``latent_dist.mode()``, what pipelines use), or where ``sample``
-    ``mean + exp(logvar / 2) · jax.random.normal(key, (B, z, T, h, w))``, the log-variance clamped
-    to [-30, 20] as diffusers does; then, where ``normalize``, ``normalize_latents``. ``sample`` and
-    ``normalize`` are traced booleans: one compiled program serves every option (the latents are
-    small next to the encoder, so the unused branch costs nothing worth a second compile).
+    Per row: the posterior mean (diffusers' ``latent_dist.mode()``, what pipelines use), or where
+    ``options.sample`` ``mean + exp(logvar / 2) · noise`` (the log-variance clamped to [-30, 20]
+    as diffusers does); then, where ``options.normalize``, ``normalize_latents``. The options are
+    traced: one compiled program serves every mix of them (the latents are small next to the
+    encoder, so the unused branch costs nothing worth a second compile).
     """
     moments = jnp.moveaxis(moments.astype(jnp.float32), -1, 1)
     mean, logvar = jnp.split(moments, 2, axis=1)
     std = jnp.exp(0.5 * jnp.clip(logvar, *LOGVAR_RANGE))
-    z = jnp.where(sample, mean + std * jax.random.normal(key, mean.shape, jnp.float32), mean)
-    return jnp.where(normalize, normalize_latents(z, config), z)
+    noise = jax.vmap(lambda key, row: jax.random.normal(jax.random.fold_in(key, row), mean.shape[1:]))(
+        options.keys, options.rows)
+    rows = (-1,) + (1,) * (mean.ndim - 1)
+    z = jnp.where(options.sample.reshape(rows), mean + std * noise, mean)
+    return jnp.where(options.normalize.reshape(rows), normalize_latents(z, config), z)
 
 
 MomentsProgram = Callable[[object, jax.Array], jax.Array]
-EncodeProgram = Callable[[object, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+EncodeProgram = Callable[[object, jax.Array, PosteriorOptions], jax.Array]
 
 
 def moments_program(graphdef, dtype, make_context: Callable[[], SpatialContext], *, chunk: int) -> MomentsProgram:
@@ -116,17 +175,11 @@ def moments_program(graphdef, dtype, make_context: Callable[[], SpatialContext],
 
 def encode_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
                    chunk: int) -> EncodeProgram:
-    """``(state, frames NCTHW, key, sample, normalize) → latents (B, z, T, H/8, W/8)``: the whole
-    single-device encode (``key`` a raw ``uint32[2]`` PRNG key, the flags boolean scalars)."""
+    """``(state, frames NCTHW, options) → latents (B, z, T, H/8, W/8)``: the whole single-device
+    encode (``options`` a ``PosteriorOptions`` of the batch)."""
     moments = moments_program(graphdef, dtype, make_context, chunk=chunk)
 
-    def run(state, frames: jax.Array, key: jax.Array, sample: jax.Array, normalize: jax.Array) -> jax.Array:
-        return latents_from_moments(moments(state, frames), key, sample, normalize, config)
+    def run(state, frames: jax.Array, options: PosteriorOptions) -> jax.Array:
+        return latents_from_moments(moments(state, frames), options, config)
 
     return run
-
-
-def option_avals() -> tuple[jax.ShapeDtypeStruct, ...]:
-    """The abstract ``(key, sample, normalize)`` arguments of an encode program."""
-    return (jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((), jnp.bool_),
-            jax.ShapeDtypeStruct((), jnp.bool_))

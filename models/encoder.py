@@ -12,7 +12,7 @@ AvgDown3D shortcut) from ``_down_blocks``. Both are local per band, so the spati
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,8 +37,15 @@ from .spatial import SpatialContext
 # diffusers' ``_encode`` hard-codes frame 0 alone, then 4 frames per encoder call.
 FRAMES_PER_CHUNK = 4
 
-# (conv_in, *down_blocks, mid_block, conv_out): what one encode step hands to the next.
-EncoderCache: TypeAlias = tuple[ConvCache | ResidualCache | DownsampleCache | MidBlockCache, ...]
+
+
+class EncoderCache(NamedTuple):
+    """What one encode step hands to the next (a pytree: it is the ``lax.scan`` carry)."""
+
+    conv_in: ConvCache
+    down_blocks: tuple[ResidualCache | DownsampleCache, ...]
+    mid_block: MidBlockCache
+    conv_out: ConvCache
 
 
 def encoder_dims(config: WanVAEConfig) -> tuple[int, ...]:
@@ -89,19 +96,19 @@ class Encoder3d(nnx.Module):
     @scoped
     def __call__(self, x: jax.Array, caches: EncoderCache | None,
                  ctx: SpatialContext) -> tuple[jax.Array, EncoderCache]:
-        caches = caches if caches is not None else (None,) * (3 + len(self.down_blocks))
         with jax.named_scope("conv_in"):
-            x, conv_in_cache = self.conv_in(x, caches[0], ctx)
+            x, conv_in_cache = self.conv_in(x, None if caches is None else caches.conv_in, ctx)
         down_caches = []
         for i, block in enumerate(self.down_blocks):
             with jax.named_scope(f"down_blocks.{i}"):
-                x, cache = block(x, caches[1 + i], ctx)
+                x, cache = block(x, None if caches is None else caches.down_blocks[i], ctx)
             down_caches.append(cache)
         with jax.named_scope("mid_block"):
-            x, mid_cache = self.mid_block(x, caches[-2], ctx)
+            x, mid_cache = self.mid_block(x, None if caches is None else caches.mid_block, ctx)
         with jax.named_scope("conv_out"):
-            x, conv_out_cache = self.conv_out(jax.nn.silu(self.norm_out(x)), caches[-1], ctx)
-        return x, (conv_in_cache, *down_caches, mid_cache, conv_out_cache)
+            x = jax.nn.silu(self.norm_out(x))
+            x, conv_out_cache = self.conv_out(x, None if caches is None else caches.conv_out, ctx)
+        return x, EncoderCache(conv_in_cache, tuple(down_caches), mid_cache, conv_out_cache)
 
 
 class WanEncoder(nnx.Module):

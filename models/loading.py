@@ -134,7 +134,7 @@ def _misshaped(expected: dict[str, tuple], tensors: dict[str, Any]) -> list[str]
     return problems
 
 
-def _assemble(graphdef, expected: dict[str, tuple], tensors: dict[str, Any], target) -> nnx.Module:
+def _assemble(graphdef, expected: dict[str, tuple], tensors: dict[str, Any], target) -> Any:
     leaves = []
     for name, (path, var) in expected.items():
         array = keys.from_torch(path, np.asarray(tensors[name]), var.shape)

@@ -3,7 +3,6 @@ metadata, and its compiled programs."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,13 +15,12 @@ from .config import WanVAEConfig
 from .conv import native_conv_for
 from .decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
 from .decoder import WanDecoder
-from .encode import encode_program, option_avals, resolve_encode_chunk
+from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
 from .encoder import FRAMES_PER_CHUNK, WanEncoder
 from .programs import ProgramCache
 from .spatial import SingleDeviceContext
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-SEED_RANGE = 2**32  # jax.random.PRNGKey keeps 32 bits of a seed without x64
 
 
 class ShapeError(ValueError):
@@ -89,16 +87,6 @@ def check_frames_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
                               expected=nearest_valid(shape[axis], scale), received=shape[axis])
 
 
-def prng_key(seed: int | None) -> np.ndarray:
-    """``jax.random.PRNGKey(seed)`` as host ``uint32[2]``; a fresh random seed when ``seed`` is None."""
-    if seed is None:
-        seed = secrets.randbelow(SEED_RANGE)
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < SEED_RANGE:
-        raise ValueError(f"seed must be an integer in [0, 2**32); received {seed!r}")
-    with jax.transfer_guard("allow"):  # a deliberate 8-byte round trip, also inside guarded hot paths
-        return np.asarray(jax.random.PRNGKey(int(seed)))
-
-
 class WanVAE:
     """A Wan 2.1 VAE ready to decode, and to encode when its checkpoint holds an encoder.
 
@@ -115,7 +103,10 @@ class WanVAE:
         self.dtype = dtype
         self.metadata = dict(metadata)
         self.graphdef, self.state = nnx.split(model)
-        self.encoder_graphdef, self.encoder_state = nnx.split(encoder) if encoder is not None else (None, None)
+        self.encoder_graphdef: nnx.GraphDef | None = None
+        self.encoder_state: nnx.State | None = None
+        if encoder is not None:
+            self.encoder_graphdef, self.encoder_state = nnx.split(encoder)
         self.metadata.setdefault("parameters", int(sum(x.size for x in jax.tree.leaves(self.state))))
         self.metadata["encoder_parameters"] = int(sum(x.size for x in jax.tree.leaves(self.encoder_state)))
         self.metadata["dtype"] = dtype
@@ -189,8 +180,8 @@ class WanVAE:
 
     def compile_encode(self, shape: tuple[int, ...], *, chunk: int | None = None) -> jax.stages.Compiled:
         """The compiled single-device encode of NCTHW frames of ``shape`` (cached in ``programs``),
-        called as ``compiled(vae.encoder_state, frames, prng_key(seed), sample, normalize)``; one
-        program serves every sampling/normalization option."""
+        called as ``compiled(vae.encoder_state, frames, posterior_options(B, ...))``; one program
+        serves every sampling/normalization option."""
         self.require_encoder()
         shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
         check_frames_shape(shape, self.config)
@@ -199,7 +190,7 @@ class WanVAE:
         def lower():
             run = encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype], self._context, chunk=chunk)
             return jax.jit(run).lower(self.encoder_state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
-                                      *option_avals())
+                                      PosteriorOptions.avals(shape[0]))
 
         return self.programs.get(key, lower)
 
@@ -209,14 +200,15 @@ class WanVAE:
         """Encode frames ``(B, 3, F, H, W)`` in [-1, 1], ``F = 1 + 4k``, ``H`` and ``W`` multiples of 8.
 
         Returns float32 latents ``(B, 16, 1 + k, H/8, W/8)``: the posterior mean (what pipelines use),
-        or with ``sample`` a draw ``mean + std · jax.random.normal(jax.random.PRNGKey(seed), shape)``
+        or with ``sample`` a draw ``mean + std · noise``, row ``b``'s noise
+        ``jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(seed), b), (16, 1 + k, H/8, W/8))``
         (a fresh seed when None); with ``normalize``, ``(z − latents_mean) / latents_std`` after.
         ``chunk`` groups of 4 frames are encoded per scan step (default 1: the reference's chunks).
         Raises ``NoEncoderError`` for a decode-only checkpoint, ``FramesError`` for a bad shape.
         """
         program = self.compile_encode(np.shape(frames), chunk=chunk)
-        return program(self.encoder_state, jnp.asarray(frames, jnp.float32), prng_key(seed if sample else 0),
-                       np.bool_(sample), np.bool_(normalize))
+        options = posterior_options(np.shape(frames)[0], sample=sample, seed=seed, normalize=normalize)
+        return program(self.encoder_state, jnp.asarray(frames, jnp.float32), options)
 
     def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None):
         """Decode ``(B, 16, T, H, W)`` latents.

@@ -19,12 +19,13 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from models.encode import (
+    PosteriorOptions,
     latents_from_moments,
     moments_program,
-    option_avals,
+    posterior_options,
     resolve_encode_chunk,
 )
-from models.vae import DTYPES, WanVAE, check_frames_shape, prng_key
+from models.vae import DTYPES, WanVAE, check_frames_shape
 
 from .decode import _band_context, _check_mesh, _shard, _spec
 from .mesh import TP_AXIS, mesh_key
@@ -70,10 +71,9 @@ def put_frames(frames, plan: BandPlan, mesh: Mesh, scale: int) -> jax.Array:
     return jax.device_put(np.pad(frames, widths), NamedSharding(mesh, frames_spec(plan)))
 
 
-def put_options(seed: int | None, sample: bool, normalize: bool, mesh: Mesh) -> tuple[jax.Array, ...]:
-    """The ``(key, sample, normalize)`` program arguments, replicated on the mesh."""
-    values = (prng_key(seed if sample else 0), np.bool_(sample), np.bool_(normalize))
-    return tuple(jax.device_put(v, NamedSharding(mesh, P())) for v in values)
+def put_options(options: PosteriorOptions, mesh: Mesh) -> PosteriorOptions:
+    """Host posterior options onto the mesh, replicated (a few bytes per row)."""
+    return jax.device_put(options, NamedSharding(mesh, P()))
 
 
 def crop_moments(moments: jax.Array, plan: BandPlan) -> jax.Array:
@@ -89,7 +89,7 @@ def compile_encode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Sp
 
     Compiled ahead of time from abstract weights and frames (``mesh`` may hold abstract devices)
     and cached in ``vae.programs``; one program serves every sampling/normalization option. Call
-    it as ``compiled(replicated_encoder_state(vae, mesh), put_frames(...), *put_options(...))``.
+    it as ``compiled(replicated_encoder_state(vae, mesh), put_frames(...), put_options(...))``.
     """
     shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
     check_halo(halo)
@@ -102,15 +102,14 @@ def compile_encode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Sp
                                 chunk=chunk)
         sharded = _shard(mesh, local, (P(), frames_spec(plan)), moments_spec(plan))
 
-        def run(state, frames, key, sample, normalize):
-            moments = crop_moments(sharded(state, frames), plan)
-            return latents_from_moments(moments, key, sample, normalize, vae.config)
+        def run(state, frames, options):
+            return latents_from_moments(crop_moments(sharded(state, frames), plan), options, vae.config)
 
         replicated = NamedSharding(mesh, P())
         frames = jax.ShapeDtypeStruct(padded_frames_shape(shape, plan, scale), jnp.float32,
                                       sharding=NamedSharding(mesh, frames_spec(plan)))
-        options = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated) for a in option_avals()]
-        return jax.jit(run).lower(vae.encoder_state_avals(replicated), frames, *options)
+        return jax.jit(run).lower(vae.encoder_state_avals(replicated), frames,
+                                  PosteriorOptions.avals(shape[0], replicated))
 
     return vae.programs.get(key, lower)
 
@@ -150,5 +149,6 @@ def sharded_encode(
     program = compile_encode(vae, np.shape(frames), mesh, split=split, chunk=chunk, halo=halo,
                              query_chunk=query_chunk)
     plan = make_encode_plan(vae, np.shape(frames), mesh, split)
+    options = posterior_options(np.shape(frames)[0], sample=sample, seed=seed, normalize=normalize)
     return program(replicated_encoder_state(vae, mesh), put_frames(frames, plan, mesh, vae.config.spatial_scale),
-                   *put_options(seed, sample, normalize, mesh))
+                   put_options(options, mesh))

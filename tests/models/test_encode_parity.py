@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import models
-from models.vae import prng_key
+from models.encode import PosteriorOptions, posterior_options
 from wan_reference import (
     ENCODE_CASES,
     case_config,
@@ -71,23 +71,46 @@ def test_a_misplaced_encoder_weight_breaks_parity(loaded, tmp_path):
     weights["encoder.down_blocks.2.norm2.gamma"] *= 1.5  # a residual block of the second stage
     wrong = models.load_vae(write_diffusers_folder(tmp_path, config, weights))
     program = loaded(name).compile_encode(shape)
-    latents = np.asarray(program(wrong.encoder_state, frames, prng_key(0), np.bool_(False), np.bool_(False)))
+    latents = np.asarray(program(wrong.encoder_state, frames, posterior_options(shape[0])))
     assert np.abs(latents - fixture["mean"]).max() > 100 * PARITY_TOL
+
+
+def _noise(seed: int, shape) -> np.ndarray:
+    """Row ``b``: ``jax.random.normal(fold_in(PRNGKey(seed), b), shape[1:])`` (the documented noise)."""
+    key = jax.random.PRNGKey(seed)
+    return np.stack([np.asarray(jax.random.normal(jax.random.fold_in(key, b), shape[1:])) for b in range(shape[0])])
 
 
 def test_sample_is_the_mean_plus_diffusers_std_times_seeded_noise(loaded):
     name, shape = SCANNED
     frames, fixture = _case(name, shape)
     vae = loaded(name)
-    noise = np.asarray(jax.random.normal(jax.random.PRNGKey(7), fixture["mean"].shape))
     sample = np.asarray(vae.encode(frames, sample=True, seed=7))
     # The log-variance path (clamped, exp(·/2)) agrees with diffusers' std.
-    assert np.abs(sample - (fixture["mean"] + fixture["std"] * noise)).max() <= PARITY_TOL
+    expected = fixture["mean"] + fixture["std"] * _noise(7, fixture["mean"].shape)
+    assert np.abs(sample - expected).max() <= PARITY_TOL
     assert np.array_equal(np.asarray(vae.encode(frames, sample=True, seed=7)), sample)
     assert np.abs(np.asarray(vae.encode(frames, sample=True, seed=8)) - sample).max() > 0.1
     assert np.array_equal(np.asarray(vae.encode(frames, seed=7)), np.asarray(vae.encode(frames)))  # no sample: the mean
     with pytest.raises(ValueError, match="seed must be an integer"):
         vae.encode(frames, sample=True, seed=2**32)
+
+
+def test_one_batch_serves_rows_with_different_options(loaded):
+    """Options are per row, so requests with different seeds and flags share one device batch and
+    each row is what encoding that request alone gives (the service batches this way)."""
+    name, shape = SCANNED
+    frames, fixture = _case(name, shape)
+    vae = loaded(name)
+    config = vae.config
+    options = PosteriorOptions.concatenate([posterior_options(1, sample=True, seed=7),
+                                            posterior_options(1, normalize=True)], batch=2)
+    latents = np.asarray(vae.compile_encode(shape)(vae.encoder_state, frames, options))
+    first = fixture["mean"][:1] + fixture["std"][:1] * _noise(7, fixture["mean"][:1].shape)
+    mean = np.asarray(config.latents_mean, np.float32)[:, None, None, None]
+    std = np.asarray(config.latents_std, np.float32)[:, None, None, None]
+    assert np.abs(latents[0] - first[0]).max() <= PARITY_TOL
+    assert np.abs(latents[1] - (fixture["mean"][1] - mean) / std).max() <= PARITY_TOL
 
 
 def test_normalize_is_the_inverse_of_decode_denormalize(loaded):
