@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from pathlib import Path
-
-log = logging.getLogger("vaeserve")
 
 
 def _serve_parser(sub) -> None:
@@ -21,18 +18,26 @@ def _serve_parser(sub) -> None:
     p.add_argument("--port", type=int)
     p.add_argument("--max-queue", type=int)
     p.add_argument("--max-batch", type=int)
-    p.add_argument("--warmup", action="append", metavar="CxTxHxW",
-                   help="latent shape to compile before ready (repeatable), e.g. 16x21x60x104")
+    p.add_argument("--warmup", action="append", metavar="CxTxHxW[:OUTPUTS]",
+                   help="latent shape to compile before ready (repeatable), e.g. 16x21x60x104, or "
+                   "16x21x60x104:uint8,stream to compile only those outputs (uint8, float, stream; default all)")
     p.add_argument("--compile-cache", metavar="DIR", help="JAX persistent compilation cache")
+    p.add_argument("--shapes", action="append", metavar="CxTxHxW|warmed|any",
+                   help="serve only these latent shapes (repeatable), or only the warmed shapes and outputs; "
+                   "others get 422 (default: any)")
+    p.add_argument("--max-programs", type=int, help="compiled programs kept, least recently used dropped (0: all)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or VAESERVE_API_KEY)")
     p.add_argument("--cpu-devices", type=int, help="fake N CPU devices (tp/dp without accelerators)")
     p.add_argument("--request-timeout-s", type=float)
     p.add_argument("--drain-timeout-s", type=float)
+    p.add_argument("--read-timeout-s", type=float, help="time to receive the headers, and again the body (408)")
+    p.add_argument("--keepalive-timeout-s", type=int, help="idle keep-alive connections are closed after this")
+    p.add_argument("--max-connections", type=int, help="open connections before uvicorn answers 503")
     p.add_argument("--max-body-bytes", type=int)
+    p.add_argument("--max-reading-bytes", type=int, help="bytes of request bodies read at once (429 past it)")
     p.add_argument("--max-frames", type=int)
     p.add_argument("--max-height", type=int)
     p.add_argument("--max-width", type=int)
-    p.add_argument("--fault-injection", action="store_true", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log-level")
 
 
@@ -68,31 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from .app import create_app
+    from .server import serve as run_server
     from .settings import Settings
 
     overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     settings = Settings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=settings.drain_timeout_s, lifespan="on")
-
-    class Server(uvicorn.Server):
-        # Mark the app draining the moment the signal lands: /readyz turns 503 and new decode
-        # requests on open connections get 503, while uvicorn lets in-flight requests finish.
-        def handle_exit(self, sig, frame):
-            app.state.draining = True
-            super().handle_exit(sig, frame)
-
-    server = Server(config)
-    # uvicorn re-raises the signal it caught once it has shut down, so that the default action
-    # (death by SIGTERM) still happens. A drained shutdown is a success: exit 0 instead.
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    server.run()
-    return 0 if server.started else 1
+    return run_server(create_app(settings), settings)
 
 
 def _load_latents(path: Path):

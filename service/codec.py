@@ -13,9 +13,12 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import struct
+import tempfile
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import av
 import ml_dtypes
@@ -61,16 +64,36 @@ def media_type(content_type: str | None) -> str:
 
 
 def check_content_type(content_type: str | None) -> str:
-    kind = media_type(content_type)
-    if kind not in ACCEPTED_CONTENT_TYPES:
+    given = media_type(content_type)
+    if given not in ACCEPTED_CONTENT_TYPES:
         raise Problem(
             415,
             "unsupported-media-type",
-            f"Content-Type {kind or '(none)'!r} is not a latent tensor format",
+            f"Content-Type {given or '(none)'!r} is not a latent tensor format",
             expected=list(ACCEPTED_CONTENT_TYPES),
-            received=kind or None,
+            received=given or None,
         )
-    return kind
+    return given
+
+
+def _shape_problem(slug: str, detail: str, shape: tuple[int, ...] | list) -> Problem:
+    # A hostile shape can have thousands of entries: echo short ones, count long ones.
+    received = list(shape) if len(shape) <= 8 else f"{len(shape)} dimensions"
+    return Problem(422, slug, detail, expected=["(C, T, H, W)", "(B, C, T, H, W)"] if slug == "invalid-ndim"
+                   else "positive sizes, e.g. 1,16,21,60,104", received=received)
+
+
+def check_shape(shape: tuple[int, ...]) -> None:
+    """The one shape check for every body format, before any reshape or allocation: latents are
+    ``(C, T, H, W)`` or ``(B, C, T, H, W)`` with every size at least 1 (numpy would accept zeros,
+    and negative pairs multiply to a positive byte count)."""
+    if len(shape) not in (4, 5):
+        raise _shape_problem("invalid-ndim", f"latents must have 4 or 5 dims, got {len(shape)}", shape)
+    if min(shape) < 1:
+        raise _shape_problem("invalid-shape", "every latent size must be at least 1", shape)
+
+
+_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII only: int() would also take "1_6" and full-width digits
 
 
 def parse_shape(values: list[str] | None) -> tuple[int, ...] | None:
@@ -79,14 +102,12 @@ def parse_shape(values: list[str] | None) -> tuple[int, ...] | None:
     if not values:
         return None
     text = ",".join(values).replace("[", "").replace("]", "")
-    try:
-        shape = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise Problem(422, "invalid-shape", "shape must be integers", expected="e.g. 1,16,21,60,104",
-                      received=values) from None
-    if not shape or min(shape) < 1:
-        raise Problem(422, "invalid-shape", "shape needs positive sizes", expected="e.g. 1,16,21,60,104",
-                      received=list(shape))
+    parts = [part.strip(" ") for part in text.split(",") if part.strip(" ")]
+    if not parts or not all(_DIGITS.fullmatch(part) for part in parts):
+        raise Problem(422, "invalid-shape", "shape must be ASCII decimal integers", expected="e.g. 1,16,21,60,104",
+                      received=values)
+    shape = tuple(int(part) for part in parts)
+    check_shape(shape)
     return shape
 
 
@@ -102,6 +123,7 @@ def parse_raw(body: bytes, shape: tuple[int, ...] | None, dtype: str | None) -> 
     if shape is None:
         raise Problem(422, "missing-shape", "raw bodies need a 'shape' query parameter",
                       expected="shape=B,C,T,H,W", received=None)
+    check_shape(shape)
     wire = _raw_dtype(dtype)
     expected = math.prod(shape) * wire.itemsize
     if len(body) != expected:
@@ -115,6 +137,10 @@ def parse_raw(body: bytes, shape: tuple[int, ...] | None, dtype: str | None) -> 
     return np.frombuffer(body, dtype=wire).reshape(shape)
 
 
+_NPY_DTYPES = {np.dtype("<f4"): "float32", np.dtype("<f2"): "float16", np.dtype(">f4"): "float32",
+               np.dtype(">f2"): "float16"}
+
+
 def parse_npy(body: bytes) -> np.ndarray:
     """``.npy`` bytes. ``allow_pickle=False``: object arrays would run code from the client."""
     try:
@@ -124,45 +150,62 @@ def parse_npy(body: bytes) -> np.ndarray:
                       received=f"{len(body)} bytes") from None
     if not isinstance(array, np.ndarray):
         raise Problem(422, "invalid-npy", "expected one array", expected=".npy", received=type(array).__name__)
-    names = {np.dtype("<f4"): "float32", np.dtype("<f2"): "float16", np.dtype(">f4"): "float32",
-             np.dtype(">f2"): "float16"}
-    if array.dtype not in names:
+    if array.dtype not in _NPY_DTYPES:
         raise Problem(422, "invalid-dtype", f"unsupported dtype {array.dtype}", expected=["float32", "float16"],
                       received=str(array.dtype))
+    check_shape(array.shape)
     return array
+
+
+def _safetensors_problem(body: bytes, detail: str) -> Problem:
+    return Problem(422, "invalid-safetensors", detail, expected="safetensors with one F32/F16/BF16 tensor",
+                   received=f"{len(body)} bytes")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _safetensors_header(body: bytes) -> tuple[dict, int]:
+    """The JSON header (a dict) and its length; 422 for anything malformed."""
+    if len(body) < 8:
+        raise _safetensors_problem(body, "body shorter than the 8-byte header length")
+    (header_len,) = struct.unpack("<Q", body[:8])
+    if header_len > min(_SAFETENSORS_MAX_HEADER, len(body) - 8):
+        raise _safetensors_problem(body, f"header length {header_len} is out of range")
+    try:
+        header = json.loads(body[8 : 8 + header_len])
+    except (ValueError, RecursionError):  # RecursionError: deeply nested arrays or objects
+        raise _safetensors_problem(body, "header is not JSON (or is nested too deeply)") from None
+    if not isinstance(header, dict):
+        raise _safetensors_problem(body, "header is not a JSON object")
+    return header, header_len
 
 
 def parse_safetensors(body: bytes) -> np.ndarray:
     """A safetensors file with exactly one tensor (any name). Parsed by hand so that bfloat16
     works without torch and so every malformed header gets a precise 422."""
-    def bad(detail: str) -> Problem:
-        return Problem(422, "invalid-safetensors", detail, expected="safetensors with one F32/F16/BF16 tensor",
-                       received=f"{len(body)} bytes")
-
-    if len(body) < 8:
-        raise bad("body shorter than the 8-byte header length")
-    (header_len,) = struct.unpack("<Q", body[:8])
-    if header_len > min(_SAFETENSORS_MAX_HEADER, len(body) - 8):
-        raise bad(f"header length {header_len} is out of range")
-    try:
-        header = json.loads(body[8 : 8 + header_len])
-    except ValueError:
-        raise bad("header is not JSON") from None
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"} if isinstance(header, dict) else {}
+    header, header_len = _safetensors_header(body)
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
     if len(tensors) != 1:
-        raise bad(f"expected exactly one tensor, found {len(tensors)}")
+        raise _safetensors_problem(body, f"expected exactly one tensor, found {len(tensors)}")
     (info,) = tensors.values()
-    try:
-        dtype_name = _SAFETENSORS_DTYPES[info["dtype"]]
-        shape = tuple(int(s) for s in info["shape"])
-        start, end = (int(o) for o in info["data_offsets"])
-    except (KeyError, TypeError, ValueError):
+    fields = info if isinstance(info, dict) else {}
+    dtype_name = _SAFETENSORS_DTYPES.get(fields.get("dtype"))  # type: ignore[arg-type]
+    if dtype_name is None:
         raise Problem(422, "invalid-dtype", "unsupported safetensors tensor", expected=list(_SAFETENSORS_DTYPES),
-                      received=_jsonable_info(info)) from None
+                      received=_jsonable_info(info))
+    shape, offsets = fields.get("shape"), fields.get("data_offsets")
+    if not isinstance(shape, list) or not all(_is_int(s) for s in shape):
+        raise _safetensors_problem(body, "tensor shape must be a list of integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets):
+        raise _safetensors_problem(body, "data_offsets must be two integers")
+    check_shape(tuple(shape))
+    start, end = offsets
     data = body[8 + header_len :]
     if not 0 <= start <= end <= len(data):
-        raise bad(f"data offsets {[start, end]} outside the {len(data)}-byte buffer")
-    return parse_raw(data[start:end], shape, dtype_name)
+        raise _safetensors_problem(body, f"data offsets {[start, end]} outside the {len(data)}-byte buffer")
+    return parse_raw(data[start:end], tuple(shape), dtype_name)
 
 
 def _jsonable_info(info) -> str:
@@ -172,21 +215,24 @@ def _jsonable_info(info) -> str:
 def parse_latents(
     body: bytes, content_type: str, shape: tuple[int, ...] | None, dtype: str | None, limits: Limits
 ) -> tuple[np.ndarray, bool]:
-    """Body -> ``(latents (B, C, T, H, W) float32, had_batch_dim)``; raises Problem on bad input."""
-    kind = check_content_type(content_type)
-    if kind == NPY_CONTENT_TYPE:
+    """Body -> ``(latents (B, C, T, H, W) float32, had_batch_dim)``; raises Problem on bad input.
+
+    Values are not checked here: NaN/Inf are refused by :func:`check_finite` once scaling and
+    denormalizing are applied (finite inputs can overflow there)."""
+    given = check_content_type(content_type)
+    if given == NPY_CONTENT_TYPE:
         array = parse_npy(body)
-    elif kind == SAFETENSORS_CONTENT_TYPE:
+    elif given == SAFETENSORS_CONTENT_TYPE:
         array = parse_safetensors(body)
     else:
         array = parse_raw(body, shape, dtype)
-    return validate_latents(array, limits)
+    return check_limits(array, limits)
 
 
-def validate_latents(array: np.ndarray, limits: Limits) -> tuple[np.ndarray, bool]:
-    if array.ndim not in (4, 5):
-        raise Problem(422, "invalid-ndim", f"latents must have 4 or 5 dims, got {array.ndim}",
-                      expected=["(C, T, H, W)", "(B, C, T, H, W)"], received=list(array.shape))
+def check_limits(array: np.ndarray, limits: Limits) -> tuple[np.ndarray, bool]:
+    """Channels and the configured size limits; returns float32 ``(B, C, T, H, W)`` and whether
+    the input had the batch dimension."""
+    check_shape(array.shape)
     batched = array.ndim == 5
     latents = array if batched else array[None]
     b, c, t, h, w = latents.shape
@@ -203,17 +249,22 @@ def validate_latents(array: np.ndarray, limits: Limits) -> tuple[np.ndarray, boo
         if value > limit:
             raise Problem(422, slug, f"output {name} {value} is over the limit {limit}",
                           expected=f"{name} <= {limit}", received=value)
-    latents = np.ascontiguousarray(latents, dtype=np.float32)
+    return np.ascontiguousarray(latents, dtype=np.float32), batched
+
+
+def check_finite(latents: np.ndarray, *, transformed: bool = False) -> None:
+    """422 unless every value is finite. ``transformed``: scaling or denormalizing was applied,
+    which can overflow float32 from finite inputs, so the detail says where the values came from."""
     finite = np.isfinite(latents)
     if not finite.all():
         bad = int(latents.size - np.count_nonzero(finite))
-        raise Problem(422, "non-finite", f"latents contain {bad} NaN/Inf values",
+        where = " after scaling/denormalizing" if transformed else ""
+        raise Problem(422, "non-finite", f"latents contain {bad} NaN/Inf values{where}",
                       expected="finite values", received=f"{bad} non-finite of {latents.size}")
-    return latents, batched
 
 
 def apply_scaling(latents: np.ndarray, scaling_factor: float | None, shift_factor: float | None) -> np.ndarray:
-    """diffusers' remote client convention: ``latents / scaling_factor + shift_factor``."""
+    """diffusers' remote client convention: ``latents / scaling_factor + shift_factor`` (float32)."""
     if scaling_factor is not None:
         latents = latents / np.float32(scaling_factor)
     if shift_factor is not None:
@@ -226,20 +277,39 @@ def apply_scaling(latents: np.ndarray, scaling_factor: float | None, shift_facto
 
 
 def encode_mp4(frames: np.ndarray, *, fps: int, crf: int) -> bytes:
-    """H.264 (libx264, yuv420p) in MP4. H and W are multiples of 8 here, so even (yuv420p needs it).
-    No ``faststart``: moving the index needs a second pass over a real file, not a BytesIO."""
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height = int(frames.shape[2]), int(frames.shape[1])
-        stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": str(crf), "preset": "veryfast"}
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")):
+    """H.264 (libx264, yuv420p) in MP4 with the ``moov`` index before the media (faststart), so a
+    player or browser starts before the whole file has arrived. H and W are multiples of 8 here,
+    so even (yuv420p needs it).
+
+    FFmpeg's faststart moves the index in a second pass that reopens the output by name, which a
+    BytesIO does not have: the video goes through a private temporary file."""
+    with tempfile.TemporaryDirectory(prefix="vaeserve-mp4-") as folder:
+        path = Path(folder) / "video.mp4"
+        with av.open(str(path), mode="w", format="mp4", options={"movflags": "+faststart"}) as container:
+            stream = container.add_stream("libx264", rate=fps)
+            stream.width, stream.height = int(frames.shape[2]), int(frames.shape[1])
+            stream.pix_fmt = "yuv420p"
+            stream.options = {"crf": str(crf), "preset": "veryfast"}
+            for frame in frames:
+                for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")):
+                    container.mux(packet)
+            for packet in stream.encode():
                 container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return buffer.getvalue()
+        return path.read_bytes()
+
+
+def mp4_boxes(data: bytes) -> list[str]:
+    """The top-level box types of an MP4, in file order (``["ftyp", "moov", "free", "mdat"]``)."""
+    boxes, offset = [], 0
+    while offset + 8 <= len(data):
+        size, box = struct.unpack(">I4s", data[offset : offset + 8])
+        if size == 1:  # a 64-bit size follows the type
+            (size,) = struct.unpack(">Q", data[offset + 8 : offset + 16])
+        boxes.append(box.decode("latin-1"))
+        if size < 8:  # 0: the box runs to the end of the file
+            break
+        offset += size
+    return boxes
 
 
 def decode_mp4(data: bytes) -> np.ndarray:

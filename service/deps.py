@@ -1,79 +1,72 @@
-"""FastAPI dependencies: settings and worker from ``app.state``, auth, body limits, query params."""
+"""FastAPI dependencies: the service state, auth, body headers, query parameters."""
 
 from __future__ import annotations
 
 import secrets
 from typing import Annotated
 
+import numpy as np
 from fastapi import Depends, Header, Query, Request
 
 from .codec import check_content_type, parse_shape
 from .errors import Problem
-from .metrics import Metrics
 from .protocol import DecodeParams, OutputType
-from .settings import Settings
-from .worker import Worker
+from .state import ServiceState
 
 
-def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+def get_state(request: Request) -> ServiceState:
+    return request.app.state.service
 
 
-def get_worker(request: Request) -> Worker:
-    return request.app.state.worker
+StateDep = Annotated[ServiceState, Depends(get_state)]
+
+_OWS = " \t"  # HTTP's optional whitespace; nothing else around a token is forgiven
 
 
-def get_metrics(request: Request) -> Metrics:
-    return request.app.state.metrics
-
-
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-WorkerDep = Annotated[Worker, Depends(get_worker)]
-MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-
-
-def require_api_key(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> None:
-    """``Authorization: Bearer KEY`` when an API key is configured; constant-time comparison."""
-    if settings.api_key is None:
+def require_api_key(state: StateDep, authorization: Annotated[str | None, Header()] = None) -> None:
+    """``Authorization: Bearer KEY`` when an API key is configured: the scheme is case-insensitive,
+    the token is compared exactly (constant time) once the spaces after ``Bearer`` are skipped."""
+    key = state.settings.api_key
+    if key is None:
         return
-    scheme, _, token = (authorization or "").partition(" ")
-    expected = settings.api_key.get_secret_value()
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected.encode()):
+    scheme, _, token = (authorization or "").strip(_OWS).partition(" ")
+    given = token.lstrip(_OWS).encode("latin-1")  # Starlette decodes header bytes as latin-1
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given, key.get_secret_value().encode()):
         raise Problem(401, "unauthorized", "missing or wrong bearer token",
                       expected="Authorization: Bearer <key>",
                       received="no Authorization header" if authorization is None else "a different token",
                       headers={"WWW-Authenticate": 'Bearer realm="vaeserve"'})
 
 
-def check_body_headers(request: Request, settings: SettingsDep) -> str:
+def check_body_headers(request: Request, state: StateDep) -> str:
     """415 and 413 from the headers alone, before a byte of the body is read."""
-    kind = check_content_type(request.headers.get("content-type"))
+    media_type = check_content_type(request.headers.get("content-type"))
     length = request.headers.get("content-length")
     if length is not None:
-        try:
-            size = int(length)
-        except ValueError:
-            raise Problem(400, "bad-content-length", "Content-Length is not an integer", received=length) from None
-        if size > settings.max_body_bytes:
+        if not length.isascii() or not length.isdigit():
+            raise Problem(400, "bad-content-length", "Content-Length is not an integer", expected="digits",
+                          received=length)
+        size, limit = int(length), state.settings.max_body_bytes
+        if size > limit:
             raise Problem(413, "payload-too-large", f"body of {size} bytes is over the limit",
-                          expected=f"<= {settings.max_body_bytes} bytes", received=size)
-    return kind
+                          expected=f"<= {limit} bytes", received=size)
+    return media_type
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, enforcing the limit while streaming (chunked uploads carry no Content-Length)."""
-    parts, total = [], 0
-    async for part in request.stream():
-        total += len(part)
-        if total > limit:
-            raise Problem(413, "payload-too-large", "body is over the limit",
-                          expected=f"<= {limit} bytes", received=f"> {limit} bytes (chunked)")
-        parts.append(part)
-    return b"".join(parts)
+def _float32(name: str, value: float | None, *, positive: bool = False) -> float | None:
+    """The latents are float32: a factor must stay finite (and non-zero to divide by) there too."""
+    if value is None:
+        return None
+    with np.errstate(over="ignore"):  # 1e39 becomes inf, 1e-50 becomes 0: both refused below
+        narrowed = np.float32(value)
+    if not np.isfinite(narrowed) or (positive and narrowed <= 0):
+        raise Problem(422, "invalid-parameter", f"{name} is not usable in float32",
+                      expected=f"finite{' non-zero' if positive else ''} float32", received=value)
+    return value
 
 
 def decode_params(
-    settings: SettingsDep,
+    state: StateDep,
     output_type: OutputType = "mp4",
     denormalize: Annotated[bool | None, Query(description="z * latents_std + latents_mean first")] = None,
     do_scaling: Annotated[bool | None, Query(description="diffusers' name for denormalize")] = None,
@@ -84,21 +77,24 @@ def decode_params(
     frame: Annotated[int, Query(ge=0, description="png: which output frame")] = 0,
     shape: Annotated[list[str] | None, Query(description="raw bodies: B,C,T,H,W or C,T,H,W")] = None,
     dtype: Annotated[str | None, Query(description="raw bodies: float32 | float16 | bfloat16")] = None,
-    scaling_factor: Annotated[float | None, Query(gt=0)] = None,
-    shift_factor: float | None = None,
-    timeout_s: Annotated[float | None, Query(gt=0, description="deadline, capped by the server's")] = None,
+    scaling_factor: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
+    shift_factor: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    timeout_s: Annotated[float | None, Query(gt=0, allow_inf_nan=False,
+                                             description="deadline, capped by the server's")] = None,
 ) -> DecodeParams:
+    settings = state.settings
     if denormalize is None:
         denormalize = bool(do_scaling)
     cap = settings.request_timeout_s
     return DecodeParams(
         output_type=output_type, denormalize=denormalize, partial_postprocess=partial_postprocess,
         stream=stream, fps=fps or settings.default_fps, crf=settings.default_crf if crf is None else crf,
-        frame=frame, shape=parse_shape(shape), dtype=dtype, scaling_factor=scaling_factor,
-        shift_factor=shift_factor, timeout_s=min(timeout_s or cap, cap),
+        frame=frame, shape=parse_shape(shape), dtype=dtype,
+        scaling_factor=_float32("scaling_factor", scaling_factor, positive=True),
+        shift_factor=_float32("shift_factor", shift_factor), timeout_s=min(timeout_s or cap, cap),
     )
 
 
 DecodeParamsDep = Annotated[DecodeParams, Depends(decode_params)]
-BodyKindDep = Annotated[str, Depends(check_body_headers)]
+MediaTypeDep = Annotated[str, Depends(check_body_headers)]
 ApiKeyDep = Depends(require_api_key)

@@ -7,7 +7,6 @@ extension members ``request_id`` and, where the client sent something wrong, ``e
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,7 +17,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 PROBLEM_BASE = "https://vaeserve.dev/problems/"
 
-log = logging.getLogger("vaeserve")
+
+class ClientGone(Exception):
+    """The client closed the connection before the answer (reported as status 499, nginx's code)."""
+
+
+CLIENT_GONE = 499
 
 
 class Problem(Exception):
@@ -60,21 +64,21 @@ class Problem(Exception):
         return body
 
 
-def problem_response(problem: Problem, request: Request) -> JSONResponse:
-    request_id = getattr(request.state, "request_id", None)
+def render_problem(problem: Problem, path: str, request_id: str | None) -> JSONResponse:
     headers = dict(problem.headers)
     if request_id:
         headers["X-Request-Id"] = request_id
-    return JSONResponse(
-        problem.body(request.url.path, request_id),
-        status_code=problem.status,
-        headers=headers,
-        media_type=PROBLEM_CONTENT_TYPE,
-    )
+    return JSONResponse(problem.body(path, request_id), status_code=problem.status, headers=headers,
+                        media_type=PROBLEM_CONTENT_TYPE)
+
+
+def problem_response(problem: Problem, request: Request) -> JSONResponse:
+    return render_problem(problem, request.url.path, getattr(request.state, "request_id", None))
 
 
 def _http_slug(status: int) -> str:
     return {
+        400: "bad-request",
         401: "unauthorized",
         404: "not-found",
         405: "method-not-allowed",
@@ -110,11 +114,8 @@ async def _on_validation_error(request: Request, exc: RequestValidationError) ->
     return problem_response(problem, request)
 
 
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    request_id = getattr(request.state, "request_id", None)
-    log.exception("unhandled error in request %s", request_id)
-    problem = Problem(500, "internal-error", f"internal error ({type(exc).__name__}); request id {request_id}")
-    return problem_response(problem, request)
+def internal_error(exc: BaseException, request_id: str | None) -> Problem:
+    return Problem(500, "internal-error", f"internal error ({type(exc).__name__}); request id {request_id}")
 
 
 def _jsonable(value: Any) -> Any:
@@ -128,7 +129,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(Problem, _on_problem)
-    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(Exception, _on_unexpected)
+    """Client errors. Unexpected exceptions are answered by ``service.middleware.RequestContext``:
+    a handler for ``Exception`` would run in Starlette's ServerErrorMiddleware, which re-raises
+    after answering, and uvicorn then drops the keep-alive connection without saying so."""
+    app.add_exception_handler(Problem, _on_problem)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _on_http_exception)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _on_validation_error)  # type: ignore[arg-type]

@@ -42,11 +42,23 @@ class Plan:
     params: dict = field(default_factory=dict)
     api_key: str | None = None
     timeout_s: float = 600.0
+    frames_per_video: int = 0  # from the served model's config (see model_frames)
 
     @property
     def frames_per_request(self) -> int:
         batch = self.shape[0] if len(self.shape) == 5 else 1
-        return batch * (1 + 4 * (self.shape[-3] - 1))
+        return batch * self.frames_per_video
+
+
+async def model_frames(client: httpx.AsyncClient, url: str, headers: dict, latent_frames: int) -> int:
+    """Output frames per video, from the config the server reports: the frame formula lives in
+    the model config only (a Wan 2.2 or test model need not make 4 frames per latent frame)."""
+    from models.config import WanVAEConfig
+
+    response = await client.get(url.split("/v1/decode")[0].rstrip("/") + "/v1/models", headers=headers)
+    response.raise_for_status()
+    config = WanVAEConfig.from_dict(response.json()["data"][0]["config"])
+    return config.num_output_frames(latent_frames)
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:
@@ -154,6 +166,8 @@ async def run(args: argparse.Namespace) -> dict:
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
         runner = Runner(plan, client, latents.tobytes())
+        auth = {"Authorization": runner.headers["Authorization"]} if plan.api_key else {}
+        plan.frames_per_video = await model_frames(client, plan.url, auth, args.shape[-3])
         warm = [await runner.one() for _ in range(args.warmup)]
         if any(s.status != "200" for s in warm):
             raise SystemExit(f"warm-up failed: {[s.status for s in warm]}")

@@ -41,7 +41,19 @@ class Metrics:
         )
         self.queue_depth = Gauge("vaeserve_queue_depth", "Requests waiting for the device", registry=r)
         self.frames = Counter("vaeserve_frames_decoded", "Output frames decoded (excluding padding)", registry=r)
-        self.compiles = Counter("vaeserve_compiles", "Decode programs compiled (new shapes)", registry=r)
+        self.compiles = Counter(
+            "vaeserve_compiles", "XLA compiles of decode programs (or loads from --compile-cache)", registry=r
+        )
+        self.compile_seconds = Histogram(
+            "vaeserve_compile_seconds", "Time per program compile", buckets=_SECONDS_BUCKETS, registry=r
+        )
+        self.programs = Gauge("vaeserve_programs", "Compiled programs held in the model's cache", registry=r)
+        self.evictions = Counter(
+            "vaeserve_program_evictions", "Compiled programs dropped to stay within max_programs", registry=r
+        )
+        self.refused_shapes = Counter(
+            "vaeserve_shapes_refused", "Requests refused because their shape is not served (--shapes)", registry=r
+        )
         self.dropped = Counter(
             "vaeserve_dropped", "Queued requests dropped before decoding", ["reason"], registry=r
         )

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from models.decode import Output
+
 OutputType = Literal["mp4", "pt", "npy", "png"]
 
 
@@ -27,6 +29,14 @@ class DecodeParams:
     shift_factor: float | None
     timeout_s: float
 
+    @property
+    def output(self) -> Output:
+        """What the device produces: float only for ``pt`` tensors; uint8 frames otherwise
+        (mp4, png, npy, ``pt`` with ``partial_postprocess``, streams)."""
+        if self.output_type == "pt" and not self.partial_postprocess and not self.stream:
+            return "float"
+        return "uint8"
+
 
 class Health(BaseModel):
     status: Literal["ok", "failed"]
@@ -44,6 +54,11 @@ class MeshInfo(BaseModel):
     devices: list[str]
 
 
+class WarmedShape(BaseModel):
+    shape: list[int]
+    outputs: list[str]
+
+
 class ModelInfo(BaseModel):
     id: str
     source: str | None
@@ -54,6 +69,7 @@ class ModelInfo(BaseModel):
     mesh: MeshInfo
     batch_buckets: list[int]
     warmed_shapes: list[list[int]]
+    warmed: list[WarmedShape]
     compiled: list[list[Any]]
 
 
@@ -73,3 +89,40 @@ class Problem(BaseModel):
     request_id: str | None = None
     expected: Any = None
     received: Any = None
+
+
+# ---- OpenAPI: what /docs and schema-driven clients (and fuzzers) see -----------------------------
+
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"description": description, "content": {"application/problem+json": {"schema": Problem.model_json_schema()}}}
+    for code, description in {
+        400: "malformed request headers", 401: "API key set and the bearer token missing or wrong",
+        408: "the body did not arrive in time", 413: "body over max_body_bytes",
+        415: "Content-Type not a latent format", 422: "the body or a parameter is invalid",
+        429: "queue full, or too many body bytes being read", 500: "the decode failed",
+        503: "loading, draining or failed", 504: "no result within the deadline",
+    }.items()
+}
+
+# The formats of the request body (README: Request body); raw bodies need ?shape=&dtype=.
+DECODE_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "latents (B, 16, T, H, W) or (16, T, H, W)",
+        "content": {media: _BINARY for media in (
+            "application/octet-stream", "tensor/binary", "application/x-npy", "application/x-safetensors")},
+    }
+}
+
+DECODE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "by output_type: video/mp4, application/x-npy, image/png, application/octet-stream (pt); "
+        "application/x-vaeserve-stream with stream=true",
+        "content": {media: _BINARY for media in (
+            "video/mp4", "application/x-npy", "image/png", "application/octet-stream",
+            "application/x-vaeserve-stream")},
+    },
+    **PROBLEM_RESPONSES,
+}

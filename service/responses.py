@@ -13,18 +13,12 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from . import codec
-from .errors import Problem
+from .errors import ClientGone, Problem
 from .metrics import Metrics
 from .protocol import DecodeParams
 from .worker import STREAM_END, Job, JobResult
 
 STREAM_MEDIA_TYPE = "application/x-vaeserve-stream"
-CLIENT_GONE = 499  # nginx's code: the client closed the connection before the answer
-
-
-class ClientGone(Exception):
-    pass
-
 
 async def _wait_disconnect(request: Request) -> None:
     # The body is already read, so the next ASGI message can only be http.disconnect.
@@ -49,7 +43,7 @@ async def wait_for(request: Request, job: Job, awaitable: asyncio.Future):
         return awaitable.result()
     if watcher in done:
         job.cancel("client-gone")
-        raise ClientGone()
+        raise ClientGone("client left while its request was queued or decoding")
     job.cancel("deadline")
     raise Problem(504, "deadline-exceeded", f"no result within the deadline (request id {job.request_id})",
                   expected="decode finished before the deadline", received="deadline passed")
@@ -93,8 +87,9 @@ async def stream(request: Request, job: Job, batched: bool) -> Response:
 
     Errors before the first chunk are ordinary problem responses; after it the status line is
     gone, so an error travels in-band as a ``{"type": "error"}`` message."""
-    assert job.chunks is not None
-    getter = asyncio.ensure_future(job.chunks.get())
+    chunks = job.chunks
+    assert chunks is not None
+    getter = asyncio.ensure_future(chunks.get())
     try:
         first = await wait_for(request, job, getter)
     finally:
@@ -116,7 +111,7 @@ async def stream(request: Request, job: Job, batched: bool) -> Response:
                     {"type": "frames", "index": index, "frame_start": frames, "shape": list(chunk.shape),
                      "dtype": "uint8"}, np.ascontiguousarray(chunk).tobytes())
                 index, frames = index + 1, frames + item.shape[1]
-                item = await job.chunks.get()
+                item = await chunks.get()
             yield codec.stream_message({"type": "end", "chunks": index, "frames": frames})
         finally:
             if item is not STREAM_END:

@@ -1,8 +1,9 @@
-"""The one interface to the devices: ``DeviceRunner.decode(batch)``.
+"""The one interface to the devices: ``DeviceRunner``.
 
 Everything that touches JAX after start-up goes through this class, from one thread (the
-worker's). That keeps a later multi-host mode small: process 0 would broadcast each batch
-(``multihost_utils.broadcast_one_to_all``) and every process would call the same method.
+worker's). Its methods take host arrays and return host arrays and are deterministic, which keeps
+a later multi-host mode small: process 0 would broadcast each call's inputs
+(``multihost_utils.broadcast_one_to_all``) and every process would make the same call.
 
 Batches are padded up to a *bucket* size (powers of two up to ``max_batch``, each a multiple of
 ``dp``) so that the number of compiled programs per latent shape stays at log2(max_batch) + 1.
@@ -10,16 +11,13 @@ Batches are padded up to a *bucket* size (powers of two up to ``max_batch``, eac
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any
 
 import numpy as np
 
-log = logging.getLogger("vaeserve")
-
-Output = Literal["uint8", "float"]
+from models.decode import Output
 
 
 def batch_buckets(max_batch: int, dp: int) -> list[int]:
@@ -53,16 +51,14 @@ class DeviceRunner:
 
     ``decode(latents (B, C, T, H, W) float32)`` returns ``(B, F, 8H, 8W, 3)`` uint8 for
     ``output="uint8"`` or ``(B, 3, F, 8H, 8W)`` float32 in [-1, 1] for ``output="float"``.
-    Latents are expected *already denormalized* (the worker does it on the host, so the
+    Latents are expected *already denormalized* (the service does it on the host, so the
     device program does not depend on that flag).
     """
 
-    def __init__(self, vae, mesh, *, max_batch: int, dp: int, on_compile=None):
+    def __init__(self, vae: Any, mesh: Any, *, max_batch: int, dp: int):
         self.vae = vae
         self.mesh = mesh
         self.buckets = batch_buckets(max_batch, dp)
-        self._seen: set[tuple] = set()
-        self._on_compile = on_compile or (lambda key: None)
         self._thread: int | None = None
 
     def _check_thread(self) -> None:
@@ -73,36 +69,51 @@ class DeviceRunner:
         elif self._thread != ident:
             raise RuntimeError("DeviceRunner used from two threads")
 
-    def _note_shape(self, key: tuple) -> None:
-        if key not in self._seen:
-            self._seen.add(key)
-            self._on_compile(key)
-
-    def decode(self, latents: np.ndarray, *, output: Output = "uint8", fault: bool = False) -> np.ndarray:
+    def decode(self, latents: np.ndarray, *, output: Output = "uint8") -> np.ndarray:
         import sharding
 
         self._check_thread()
         n = latents.shape[0]
         padded = pad_batch(latents, bucket_for(n, self.buckets))
-        self._note_shape(("decode", padded.shape, output))
-        if fault:
-            raise RuntimeError("injected device fault (fault_injection is on)")
         result = sharding.sharded_decode(self.vae, padded, self.mesh, output=output)
         return np.asarray(result)[:n]
 
-    def decode_stream(self, latents: np.ndarray, *, fault: bool = False) -> Iterator[np.ndarray]:
-        """Yields ``(B, f, 8H, 8W, 3)`` uint8 chunks as each decode chunk finishes."""
+    def decode_stream(self, latents: np.ndarray) -> Iterator[np.ndarray]:
+        """Yields ``(B, f, 8H, 8W, 3)`` uint8 chunks as each decode step finishes."""
         import sharding
 
         self._check_thread()
         n = latents.shape[0]
         padded = pad_batch(latents, bucket_for(n, self.buckets))
-        self._note_shape(("stream", padded.shape))
-        if fault:
-            raise RuntimeError("injected device fault (fault_injection is on)")
         for chunk in sharding.sharded_decode_stream(self.vae, padded, self.mesh):
             yield np.asarray(chunk)[:n]
 
-    @property
-    def compiled_shapes(self) -> list[list]:
-        return sorted([[kind, list(shape), *rest] for kind, shape, *rest in self._seen], key=str)
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> None:
+        """Compile, without running, every program a request of latent ``shape`` ``(C, T, H, W)``
+        can need, at every batch bucket: the decode of ``output``, or every step of a stream.
+        The programs land in the model's cache (``vae.programs``), where requests find them."""
+        import sharding
+
+        self._check_thread()
+        for size in self.buckets:
+            if stream:
+                sharding.compile_decode_stream(self.vae, (size, *shape), self.mesh)
+            else:
+                sharding.compile_decode(self.vae, (size, *shape), self.mesh, output=output)
+
+    def programs(self) -> list[list]:
+        """The compiled programs of this runner's mesh in the model's cache, least recently used
+        first: ``["decode", [B, C, T, H, W], output]`` or ``["stream-step", [B, C, t, H, W],
+        "first" | "next"]``. (A read of the cache; it is safe from any thread.)"""
+        from sharding.mesh import mesh_key
+
+        mesh = mesh_key(self.mesh)
+        described = []
+        for key in self.vae.programs.keys():
+            if not (isinstance(key, tuple) and len(key) > 4 and key[1] == mesh):
+                continue
+            if key[0] == "sharded-decode":
+                described.append(["decode", list(key[2]), key[4]])
+            elif key[0] == "sharded-decode-step":
+                described.append(["stream-step", list(key[2]), "first" if key[4] else "next"])
+        return described

@@ -9,14 +9,18 @@ embedders can make their own. Environment variables use the prefix ``VAESERVE_``
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LatentShape = tuple[int, int, int, int]  # (C, T, H, W) of one latent, without the batch dim
+# What a warm-up compiles for a shape: the uint8 frames (mp4, png, npy, pt + partial_postprocess),
+# the float tensor (pt) and the step programs of stream=true. Every one by default.
+WarmupOutput = Literal["uint8", "float", "stream"]
+WARMUP_OUTPUTS: tuple[WarmupOutput, ...] = ("uint8", "float", "stream")
 
-_SHAPE_RE = re.compile(r"^\s*(\d+)\s*[x,]\s*(\d+)\s*[x,]\s*(\d+)\s*[x,]\s*(\d+)\s*$")
+_SHAPE_RE = re.compile(r"^\s*([0-9]+)\s*[x,]\s*([0-9]+)\s*[x,]\s*([0-9]+)\s*[x,]\s*([0-9]+)\s*$")
 
 
 def parse_latent_shape(text: str | tuple | list) -> LatentShape:
@@ -33,6 +37,33 @@ def parse_latent_shape(text: str | tuple | list) -> LatentShape:
     return values  # type: ignore[return-value]
 
 
+class Warmup(BaseModel):
+    """One ``--warmup`` entry: a latent shape and the outputs to compile for it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    shape: LatentShape
+    outputs: tuple[WarmupOutput, ...] = WARMUP_OUTPUTS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, value: Any) -> Any:
+        """``"16x21x60x104"`` (every output) or ``"16x21x60x104:uint8,stream"``; a bare shape
+        sequence is accepted too."""
+        if isinstance(value, str):
+            shape, _, outputs = value.partition(":")
+            parsed: dict[str, Any] = {"shape": parse_latent_shape(shape)}
+            if outputs.strip():
+                parsed["outputs"] = tuple(part.strip() for part in outputs.split(","))
+            return parsed
+        if isinstance(value, (tuple, list)):
+            return {"shape": parse_latent_shape(value)}
+        return value
+
+    def __str__(self) -> str:
+        return "x".join(map(str, self.shape)) + ":" + ",".join(self.outputs)
+
+
 class Settings(BaseSettings):
     """Service configuration. Defaults suit one host with a handful of accelerators."""
 
@@ -46,16 +77,32 @@ class Settings(BaseSettings):
     cpu_devices: int | None = Field(
         None, ge=1, description="fake this many CPU devices (testing tp/dp without accelerators)"
     )
-    warmup: list[LatentShape] = Field(
-        default_factory=list, description="latent shapes (C, T, H, W) compiled before /readyz is 200"
+    warmup: list[Warmup] = Field(
+        default_factory=list,
+        description="latent shapes CxTxHxW[:outputs] compiled before /readyz is 200 (outputs: uint8, float, "
+        "stream; default all)",
     )
     compile_cache: str | None = Field(None, description="JAX persistent compilation cache directory")
+    shapes: list[LatentShape] | Literal["any", "warmed"] = Field(
+        "any", description="latent shapes served: any, only the warmed ones (and their outputs), or a list; "
+        "others -> 422"
+    )
+    max_programs: int = Field(
+        64, ge=0, description="compiled programs kept (least recently used dropped); 0 = no limit"
+    )
 
     # --- network --------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_key: SecretStr | None = Field(None, description="if set, require 'Authorization: Bearer KEY'")
     log_level: str = "info"
+    max_connections: int = Field(
+        256, ge=1, description="open connections (and requests in progress); past it uvicorn answers 503"
+    )
+    keepalive_timeout_s: int = Field(5, ge=1, description="an idle keep-alive connection is closed after this")
+    read_timeout_s: float = Field(
+        30.0, gt=0, description="time to receive a request's headers, and again its body; past it -> 408"
+    )
 
     # --- scheduling -----------------------------------------------------------------------
     max_queue: int = Field(16, ge=1, description="requests waiting for the device; more -> 429")
@@ -66,6 +113,9 @@ class Settings(BaseSettings):
 
     # --- input limits (checked before any device work) ------------------------------------
     max_body_bytes: int = Field(64 * 2**20, ge=1, description="Content-Length above this -> 413")
+    max_reading_bytes: int = Field(
+        256 * 2**20, ge=1, description="bytes of request bodies being read at once; past it -> 429"
+    )
     max_frames: int = Field(129, ge=1, description="output frames per video, 1 + 4 (T - 1)")
     max_height: int = Field(1280, ge=8, description="output height in pixels, 8 H")
     max_width: int = Field(1280, ge=8, description="output width in pixels, 8 W")
@@ -74,14 +124,27 @@ class Settings(BaseSettings):
     default_fps: int = Field(16, ge=1, le=240)
     default_crf: int = Field(18, ge=0, le=51)
 
-    # --- testing ----------------------------------------------------------------------------
-    fault_injection: bool = Field(
-        False, description="honour 'X-Vaeserve-Fault: device' (tests of the 500 path only)"
-    )
-
     @field_validator("warmup", mode="before")
     @classmethod
-    def _parse_warmup(cls, value):
-        if isinstance(value, str):
+    def _split_warmup(cls, value: Any) -> Any:
+        if isinstance(value, str):  # "16x2x4x4;16x1x8x8:uint8"
             value = [part for part in value.split(";") if part.strip()]
-        return [parse_latent_shape(v) for v in value]
+        return value
+
+    @field_validator("shapes", mode="before")
+    @classmethod
+    def _parse_shapes(cls, value: Any) -> Any:
+        # --shapes warmed / --shapes 16x21x60x104 --shapes ... / VAESERVE_SHAPES=warmed or a JSON list
+        if isinstance(value, (list, tuple)) and len(value) == 1 and value[0] in ("any", "warmed"):
+            return value[0]
+        if isinstance(value, (list, tuple)):
+            return [parse_latent_shape(v) for v in value]
+        return value
+
+    @model_validator(mode="after")
+    def _body_fits_reading_budget(self) -> Settings:
+        # A body of max_body_bytes could otherwise never be admitted.
+        if self.max_reading_bytes < self.max_body_bytes:
+            raise ValueError(f"max_reading_bytes ({self.max_reading_bytes}) must be at least max_body_bytes "
+                             f"({self.max_body_bytes})")
+        return self

@@ -1,9 +1,10 @@
 """One thread owns the devices; requests wait for it in a bounded queue.
 
-The event loop (FastAPI handlers) only ever calls :meth:`Worker.submit`; the worker thread loads
-the model, compiles the warm-up shapes, then loops: take the oldest live job plus every queued job
-of the same latent shape and output kind (up to ``max_batch`` latents), decode them as one batch
-through :class:`service.runner.DeviceRunner`, and hand each job its slice back on its own loop.
+The event loop (route handlers) only ever calls :meth:`Worker.reserve` and :meth:`Worker.submit`;
+the worker thread runs the start-up (load + warm-up, :mod:`service.loading`), then loops: take the
+oldest live job plus every queued job that can share its program (same operation, input shape,
+output and stream flag, up to ``max_batch`` inputs), run them as one batch through the runner,
+and hand each job its slice back on its own event loop.
 
 Jobs whose client went away or whose deadline passed while queued are dropped before they cost
 device time.
@@ -16,19 +17,24 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
-from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from models.decode import Output
+
 from .errors import Problem
 from .metrics import Metrics
-from .runner import DeviceRunner
+
+if TYPE_CHECKING:
+    from .runner import DeviceRunner
+    from .state import ModelState
 
 log = logging.getLogger("vaeserve")
 
-JobKind = Literal["uint8", "float", "stream"]
+Operation = Literal["decode"]  # "encode" joins when the encoder is served
 STREAM_END = object()  # stream sentinel: no more chunks
 
 
@@ -37,34 +43,41 @@ class JobResult:
     array: np.ndarray
     queue_s: float
     decode_s: float
-    batch_size: int
+    batch_size: int  # inputs (latents) in the device batch this job rode in, padding excluded
 
 
 @dataclass
 class Job:
-    """One request's latents ``(B, C, T, H, W)`` float32 (already denormalized) and its reply slot."""
+    """One request's inputs (decode: latents ``(B, C, T, H, W)`` float32, already scaled and
+    denormalized) and its reply slot: a future, or a chunk queue when ``stream`` is set."""
 
     request_id: str
-    latents: np.ndarray
-    kind: JobKind
+    operation: Operation
+    inputs: np.ndarray
+    output: Output
+    stream: bool
     deadline: float  # time.monotonic()
     loop: asyncio.AbstractEventLoop
+    arrived: float = field(default_factory=time.monotonic)
     future: asyncio.Future = field(init=False)
     chunks: asyncio.Queue | None = field(init=False, default=None)
-    arrived: float = field(default_factory=time.monotonic)
-    fault: bool = False
     cancelled: bool = False  # set by the handler when its client left or it gave up
     cancel_reason: str = ""
     started: float | None = None
 
     def __post_init__(self) -> None:
         self.future = self.loop.create_future()
-        if self.kind == "stream":
+        if self.stream:
             self.chunks = asyncio.Queue()
 
     @property
+    def size(self) -> int:
+        return int(self.inputs.shape[0])
+
+    @property
     def key(self) -> tuple:
-        return (self.latents.shape[1:], self.kind)
+        """Jobs with equal keys run the same device program and may share a batch."""
+        return (self.operation, self.inputs.shape[1:], self.output, self.stream)
 
     def cancel(self, reason: str = "client-gone") -> None:
         if not self.cancelled:
@@ -91,22 +104,56 @@ class Job:
         assert self.chunks is not None
         self._call(self.chunks.put_nowait, item)
 
+    def fail(self, problem: Problem) -> None:
+        """Answer with ``problem``: in-band for a stream (its status line may be gone), else the future."""
+        if self.stream:
+            self.push(problem)
+        else:
+            self.resolve(problem)
+
+
+class Ticket:
+    """A queue slot reserved before the request body is read (so a full queue answers 429 without
+    buffering the body). :meth:`Worker.submit` spends it; :meth:`release` returns an unspent one."""
+
+    def __init__(self, worker: Worker):
+        self._worker: Worker | None = worker
+
+    def release(self) -> None:
+        if self._worker is not None:
+            self._worker._release()
+            self._worker = None
+
+    def spend(self) -> Worker:
+        if self._worker is None:
+            raise RuntimeError("queue ticket used twice")
+        worker, self._worker = self._worker, None
+        return worker
+
+
+def _frames(out: np.ndarray, output: Output) -> int:
+    """Output frames in a decode result: uint8 ``(B, F, H, W, 3)`` or float ``(B, 3, F, H, W)``."""
+    return out.shape[0] * out.shape[1 if output == "uint8" else 2]
+
 
 class Worker:
-    """Device owner thread. States: loading -> ready -> stopping -> stopped (or failed)."""
+    """Device owner thread. Runs ``startup()`` (load + warm-up), then serves the queue until
+    :meth:`stop`. ``on_ready`` / ``on_failed`` are called from the worker thread."""
 
-    def __init__(self, *, load: Callable[[], tuple[DeviceRunner, dict]], warmup: Callable[[DeviceRunner], None],
-                 metrics: Metrics, max_queue: int, max_batch: int, retry_after_s: int):
-        self._load = load
-        self._warmup = warmup
+    def __init__(self, *, startup: Callable[[], ModelState], metrics: Metrics, max_queue: int, max_batch: int,
+                 retry_after_s: int, on_ready: Callable[[ModelState], None], on_failed: Callable[[str], None]):
+        self._startup = startup
+        self._on_ready = on_ready
+        self._on_failed = on_failed
         self.metrics = metrics
         self.max_queue = max_queue
         self.max_batch = max_batch
         self.retry_after_s = retry_after_s
-        self.state = "loading"
-        self.error: str | None = None
-        self.runner: DeviceRunner | None = None
-        self.info: dict = {}
+        self._runner: DeviceRunner | None = None
+        self._accepting = True  # False once stop() begins: no new reservations
+        self._running = True  # False once the queue is drained or the drain timed out
+        self._reserved = 0  # tickets handed out and not yet spent or released
+        self._busy = False  # a batch is on the device (stop() waits for it)
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._main, name="vaeserve-device", daemon=True)
@@ -116,33 +163,61 @@ class Worker:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
-        retry = {"Retry-After": str(self.retry_after_s)}
+    def reserve(self) -> Ticket:
+        """A queue slot, or 429 when ``max_queue`` requests already wait (or are being read)."""
         with self._cond:
-            if self.state != "ready":
-                detail = self.error if self.state == "failed" else f"service is {self.state}"
-                raise Problem(503, "unavailable", detail, headers=retry)
-            if len(self._queue) >= self.max_queue:
+            if not self._accepting:
+                raise Problem(503, "unavailable", "service is draining", headers=self._retry())
+            waiting = len(self._queue) + self._reserved
+            if waiting >= self.max_queue:
                 self._purge_abandoned()
-            if len(self._queue) >= self.max_queue:
-                raise Problem(429, "queue-full", f"{len(self._queue)} requests are already waiting",
-                              expected=f"queue below {self.max_queue}", received=len(self._queue), headers=retry)
+                waiting = len(self._queue) + self._reserved
+            if waiting >= self.max_queue:
+                raise Problem(429, "queue-full", f"{waiting} requests are already waiting",
+                              expected=f"fewer than {self.max_queue} waiting", received=waiting,
+                              headers=self._retry())
+            self._reserved += 1
+            self._publish_depth()
+        return Ticket(self)
+
+    def submit(self, job: Job, ticket: Ticket) -> None:
+        ticket.spend()
+        with self._cond:
+            self._reserved -= 1
+            if not self._accepting:
+                self._publish_depth()
+                raise Problem(503, "unavailable", "service is draining", headers=self._retry())
             self._queue.append(job)
-            self.metrics.queue_depth.set(len(self._queue))
+            self._publish_depth()
             self._cond.notify()
 
-    def stop(self, timeout: float) -> None:
-        """Stop taking work, fail what is still queued (503), wait for the current batch."""
+    def _release(self) -> None:
         with self._cond:
-            if self.state in ("loading", "ready"):
-                self.state = "stopping"
+            self._reserved -= 1
+            self._publish_depth()
+
+    def stop(self, timeout: float) -> None:
+        """Drain: take no new work, finish what is queued and running (up to ``timeout`` seconds),
+        then fail what is left with 503 and stop the thread."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._accepting = False
+            while self._thread.is_alive() and (self._queue or self._busy) and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            self._running = False
             leftover = list(self._queue)
             self._queue.clear()
-            self.metrics.queue_depth.set(0)
+            self._publish_depth()
             self._cond.notify_all()
         for job in leftover:
-            job.resolve(Problem(503, "unavailable", "service is shutting down"))
-        self._thread.join(timeout)
+            job.fail(Problem(503, "unavailable", "service is shutting down", headers=self._retry()))
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _retry(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+    def _publish_depth(self) -> None:
+        self.metrics.queue_depth.set(len(self._queue) + self._reserved)
 
     def _purge_abandoned(self) -> None:
         """Free the slots of jobs whose handler gave up (client gone, deadline) (lock held), so
@@ -152,39 +227,36 @@ class Worker:
                 self.metrics.dropped.labels(job.cancel_reason).inc()
         self._queue = collections.deque(job for job in self._queue if not job.cancelled)
 
-    @property
-    def queue_depth(self) -> int:
-        return len(self._queue)
-
     # ---- worker-thread side --------------------------------------------------------------
 
     def _main(self) -> None:
         try:
-            self.runner, self.info = self._load()
-            self._warmup(self.runner)
-        except Exception as exc:  # report through /readyz instead of dying silently
+            model = self._startup()
+        except Exception as exc:  # report through /healthz and /readyz instead of dying silently
             log.exception("model load or warm-up failed")
-            with self._cond:
-                self.state, self.error = "failed", f"model load failed: {type(exc).__name__}: {exc}"
+            self._on_failed(f"model load failed: {type(exc).__name__}: {exc}")
             return
         with self._cond:
-            if self.state == "loading":
-                self.state = "ready"
-                self.metrics.ready.set(1)
-                log.info("ready: compiled %s", self.runner.compiled_shapes)
+            if not self._running:  # stopped while loading
+                return
+        self._runner = model.runner
+        self.metrics.ready.set(1)
+        self._on_ready(model)
         while True:
             with self._cond:
-                while not self._queue and self.state == "ready":
+                while not self._queue and self._running:
                     self._cond.wait()
-                if self.state != "ready":
+                if not self._running:
                     break
                 batch = self._take_batch()
-                self.metrics.queue_depth.set(len(self._queue))
+                self._busy = bool(batch)
+                self._publish_depth()
             if batch:
                 self._run(batch)
-        with self._cond:
-            self.state = "stopped"
-            self.metrics.ready.set(0)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()  # stop() waits for an empty queue and an idle device
+        self.metrics.ready.set(0)
 
     def _live(self, job: Job, now: float) -> bool:
         if job.cancelled:
@@ -192,7 +264,7 @@ class Worker:
             return False
         if now > job.deadline:
             self.metrics.dropped.labels("deadline").inc()
-            job.resolve(Problem(504, "deadline-exceeded", "the request waited past its deadline in the queue"))
+            job.fail(Problem(504, "deadline-exceeded", "the request waited past its deadline in the queue"))
             return False
         return True
 
@@ -205,15 +277,15 @@ class Worker:
                 break
         else:
             return []
-        batch, size = [head], head.latents.shape[0]
-        if head.kind == "stream":  # streams are decoded alone, chunk by chunk
+        batch, size = [head], head.size
+        if head.stream:  # streams run alone, step by step
             return batch
         for job in list(self._queue):
-            if job.key == head.key and size + job.latents.shape[0] <= self.max_batch:
+            if job.key == head.key and size + job.size <= self.max_batch:
                 self._queue.remove(job)
                 if self._live(job, now):
                     batch.append(job)
-                    size += job.latents.shape[0]
+                    size += job.size
         return batch
 
     def _run(self, batch: list[Job]) -> None:
@@ -221,31 +293,43 @@ class Worker:
         for job in batch:
             job.started = start
             self.metrics.queue_seconds.observe(start - job.arrived)
+        size = sum(job.size for job in batch)
+        self.metrics.batch_size.observe(size)
         try:
-            if batch[0].kind == "stream":
+            if batch[0].stream:
                 self._run_stream(batch[0])
                 return
-            latents = np.concatenate([job.latents for job in batch], axis=0)
-            self.metrics.batch_size.observe(latents.shape[0])
-            out = self.runner.decode(latents, output=batch[0].kind, fault=any(j.fault for j in batch))
+            out = self._execute(batch)
         except Exception as exc:
             self._fail(batch, exc)
             return
         decode_s = time.monotonic() - start
         self.metrics.decode_seconds.observe(decode_s)
-        frame_axis = 1 if batch[0].kind == "uint8" else 2
-        self.metrics.frames.inc(out.shape[0] * out.shape[frame_axis])
+        self.metrics.frames.inc(_frames(out, batch[0].output))
         offset = 0
         for job in batch:
-            n = job.latents.shape[0]
-            job.resolve(JobResult(out[offset : offset + n], start - job.arrived, decode_s, len(batch)))
-            offset += n
+            job.resolve(JobResult(out[offset : offset + job.size], start - job.arrived, decode_s, size))
+            offset += job.size
+
+    def _execute(self, batch: list[Job]) -> np.ndarray:
+        """The one device call of a batch, by operation (host arrays in, host array out)."""
+        assert self._runner is not None
+        inputs = np.concatenate([job.inputs for job in batch], axis=0)
+        head = batch[0]
+        if head.operation == "decode":
+            return self._runner.decode(inputs, output=head.output)
+        raise ValueError(f"unknown operation {head.operation!r}")
+
+    def _steps(self, job: Job) -> Iterator[np.ndarray]:
+        assert self._runner is not None
+        if job.operation == "decode":
+            return self._runner.decode_stream(job.inputs)
+        raise ValueError(f"operation {job.operation!r} does not stream")
 
     def _run_stream(self, job: Job) -> None:
         start = time.monotonic()
-        self.metrics.batch_size.observe(job.latents.shape[0])
-        for chunk in self.runner.decode_stream(job.latents, fault=job.fault):
-            self.metrics.frames.inc(chunk.shape[0] * chunk.shape[1])
+        for chunk in self._steps(job):
+            self.metrics.frames.inc(_frames(chunk, job.output))
             if job.cancelled:  # the reader left: stop spending device time on it
                 self.metrics.dropped.labels(job.cancel_reason).inc()
                 break
@@ -256,10 +340,5 @@ class Worker:
     def _fail(self, batch: list[Job], exc: Exception) -> None:
         log.error("device error on batch %s: %r", [j.request_id for j in batch], exc, exc_info=exc)
         for job in batch:
-            problem = Problem(500, "device-error",
-                              f"decode failed on the device ({type(exc).__name__}); request id {job.request_id}")
-            if job.kind == "stream":
-                job.push(problem)
-            else:
-                job.resolve(problem)
-
+            job.fail(Problem(500, "device-error",
+                             f"decode failed on the device ({type(exc).__name__}); request id {job.request_id}"))

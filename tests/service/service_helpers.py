@@ -1,4 +1,5 @@
-"""Helpers for the service tests: a tiny model factory, latents, and real uvicorn servers in subprocesses.
+"""Helpers for the service tests: a tiny model factory, latents, real uvicorn servers in subprocesses
+and in threads, in-process clients, and a runner that fails on demand.
 
 Servers run ``python -m service serve`` (the same code path as ``vaeserve serve``) on 127.0.0.1 and
 a free port, with the tiny model saved to a temporary diffusers-format folder. They inherit the
@@ -7,26 +8,32 @@ test environment (tests/conftest.py sets XLA_FLAGS for 8 CPU devices before JAX 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 
 import httpx
 import numpy as np
+import uvicorn
+from fastapi.testclient import TestClient
 
 import models
+from service import Settings, create_app
+from service.runner import DeviceRunner
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(base_dim=8, num_res_blocks=1)
 LATENT = (1, 16, 2, 4, 4)  # -> (1, 5, 32, 32, 3) frames
-WARM = "16x2x4x4"
+WARM = "16x2x4x4:uint8"  # the uint8 programs only: each compile costs seconds on 2 cores
 
 
 def make_test_model(**overrides):
@@ -100,3 +107,102 @@ def start_server(model_dir: Path, log_path: Path, *args: str, ready_timeout: flo
         time.sleep(0.2)
     server.stop(signal.SIGKILL)
     raise RuntimeError(f"server not ready in {ready_timeout} s:\n{server.log()}")
+
+
+# ---- in-process: the app with a runner of the test's choosing ----------------------------------
+
+class PoisonRunner(DeviceRunner):
+    """A real runner that fails like a device would for latents whose first value is POISON
+    (so one app can show the failure and then serve the next request)."""
+
+    POISON = 7.0
+
+    def decode(self, latents, *, output="uint8"):
+        if latents[0].flat[0] == self.POISON:
+            raise RuntimeError("device fell over")
+        return super().decode(latents, output=output)
+
+    def decode_stream(self, latents):
+        for index, chunk in enumerate(super().decode_stream(latents)):
+            if latents[0].flat[0] == self.POISON and index == 1:  # after the first chunk went out
+                raise RuntimeError("device fell over mid-stream")
+            yield chunk
+
+
+def poisoned(x: np.ndarray) -> np.ndarray:
+    x = x.copy()
+    x.reshape(-1)[0] = PoisonRunner.POISON
+    return x
+
+
+def settings_for_tests(**overrides) -> Settings:
+    """Settings that ignore VAESERVE_* variables of the environment running the tests."""
+    base = dict(max_batch=2, max_queue=4, max_frames=9, max_height=64, max_width=64, max_body_bytes=65536,
+                max_reading_bytes=65536 * 4, warmup=[], log_level="warning")
+    return Settings(**{**base, **overrides})
+
+
+@contextlib.contextmanager
+def app_client(vae, *, runner_factory=None, expect_ready=True, **settings) -> Iterator[TestClient]:
+    """A TestClient (in-process, lifespan run) around ``create_app`` once its start-up is over
+    (ready, or with ``expect_ready=False`` ready or failed)."""
+    app = create_app(settings_for_tests(**settings), vae=vae, runner_factory=runner_factory)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        wait_ready(lambda: client.get("/readyz"), expect_ready=expect_ready)
+        yield client
+
+
+def wait_ready(probe: Callable[[], httpx.Response | None], timeout: float = 120, expect_ready: bool = True) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        response = probe()
+        if response is not None and (response.status_code == 200 or (
+                not expect_ready and response.json().get("status") == "failed")):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("app not ready in time")
+        time.sleep(0.05)
+
+
+# ---- a real uvicorn server in a thread of the test process --------------------------------------
+
+@dataclass
+class ThreadServer:
+    url: str
+    server: uvicorn.Server
+    app: object
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.url.removeprefix("http://").split(":")
+        return host, int(port)
+
+    def metric(self, name: str, **labels) -> float:
+        return Server.metric(self, name, **labels)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def thread_server(vae, *, runner_factory=None, **settings) -> Iterator[ThreadServer]:
+    """``create_app`` served by uvicorn (configured as ``vaeserve serve`` configures it) on
+    127.0.0.1 in a thread: real sockets, real HTTP/1.1, and the runner a test injects."""
+    from service.server import uvicorn_config
+
+    config_settings = settings_for_tests(port=free_port(), **settings)
+    app = create_app(config_settings, vae=vae, runner_factory=runner_factory)
+    server = uvicorn.Server(uvicorn_config(app, config_settings, log_config=None))
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{config_settings.port}"
+    try:
+        wait_ready(lambda: _get(url + "/readyz"))
+        yield ThreadServer(url, server, app)
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+def _get(url: str) -> httpx.Response | None:
+    try:
+        return httpx.get(url, timeout=2)
+    except httpx.HTTPError:
+        return None

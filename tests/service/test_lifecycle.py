@@ -131,6 +131,12 @@ def test_sigterm_drains_in_flight_work_and_exits_0(server):
     time.sleep(1.0)
     assert server.metric("vaeserve_queue_depth") >= 1  # work is queued when the signal lands
     server.process.send_signal(15)
+    time.sleep(0.5)
+    # As the README says: the listening socket closes at once, so new connections are refused
+    # while the work already received still finishes.
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url + "/healthz", timeout=2)
+    assert any(r is None for r in results), "the drain was over before the refusal was checked"
     for t in threads:
         t.join(120)
     assert server.process.wait(60) == 0, server.log()

@@ -26,8 +26,7 @@ LIMITS = ["--max-frames", "9", "--max-height", "64", "--max-width", "64", "--max
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "server.log"
-    srv = start_server(tiny_model_dir, log, "--warmup", WARM, "--max-batch", "2", "--max-queue", "4",
-                       "--fault-injection", *LIMITS)
+    srv = start_server(tiny_model_dir, log, "--warmup", WARM, "--max-batch", "2", "--max-queue", "4", *LIMITS)
     yield srv
     assert srv.stop() == 0, srv.log()
 
@@ -131,22 +130,6 @@ def test_stream_chunks_concatenate_to_full_decode(server):
     assert np.array_equal(np.concatenate(chunks, axis=1), full)
 
 
-def test_stream_device_error_is_a_problem(server):
-    with pytest.raises(DecodeError) as info:
-        list(_stream_with_fault(server, latents()))
-    assert info.value.problem["status"] == 500 and info.value.problem["request_id"]
-
-
-def _stream_with_fault(server, x):
-    # decode_stream has no header hook; the fault header is test-only, so post it by hand.
-    from service.client import _raise_for_problem
-
-    with httpx.stream("POST", server.url + "/v1/decode", content=x.tobytes(), params=raw(x, stream="true"),
-                      headers={"Content-Type": "tensor/binary", "X-Vaeserve-Fault": "device"}) as r:
-        _raise_for_problem(r)
-        yield from r.iter_bytes()
-
-
 # ---- diffusers' own client ----------------------------------------------------------------------
 
 
@@ -215,7 +198,8 @@ def test_metrics_count_what_was_sent(server):
     assert 1 <= server.metric("vaeserve_decode_seconds_count") - hist0 <= 3  # some may share a batch
     assert server.metric("vaeserve_requests_total", route="/v1/decode", status="415") >= 1
     assert server.metric("vaeserve_ready") == 1
-    assert server.metric("vaeserve_compiles_total") >= 2  # the warm-up buckets 1 and 2
+    assert server.metric("vaeserve_compiles_total") >= 2  # the warm-up buckets 1 and 2 at least
+    assert server.metric("vaeserve_programs") == server.metric("vaeserve_compiles_total")  # none evicted
 
 
 def test_deadline_gives_504_then_service_recovers(server):
@@ -223,16 +207,6 @@ def test_deadline_gives_504_then_service_recovers(server):
     r = post(server, x.tobytes(), **raw(x, output_type="npy", timeout_s=1e-6))
     assert r.status_code == 504 and r.headers["content-type"] == PROBLEM
     assert r.json()["request_id"] == r.headers["X-Request-Id"]
-    assert post(server, x.tobytes(), **raw(x, output_type="npy")).status_code == 200
-
-
-def test_device_error_is_500_with_request_id_then_next_succeeds(server):
-    x = latents(seed=11)
-    r = post(server, x.tobytes(), headers={"X-Vaeserve-Fault": "device", "X-Request-Id": "fault-1"},
-             **raw(x, output_type="npy"))
-    assert r.status_code == 500 and r.headers["content-type"] == PROBLEM
-    body = r.json()
-    assert body["request_id"] == "fault-1" and "fault-1" in body["detail"]
     assert post(server, x.tobytes(), **raw(x, output_type="npy")).status_code == 200
 
 

@@ -1,0 +1,127 @@
+"""Start-up of the device worker: JAX options, the model, the mesh, the runner and the warm-up.
+
+All of it runs in the worker thread (``Worker(startup=...)``), so ``/healthz`` answers at once and
+``/readyz`` turns 200 only when a request for a warmed shape will not stall on a compile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .codec import Limits
+from .metrics import Metrics
+from .runner import DeviceRunner
+from .settings import WARMUP_OUTPUTS, Settings
+from .state import ModelState, ServedShapes
+
+log = logging.getLogger("vaeserve")
+
+# Builds the runner from (vae, mesh, max_batch=, dp=); tests pass a DeviceRunner subclass that fails.
+RunnerFactory = Callable[..., DeviceRunner]
+
+
+def configure_jax(settings: Settings) -> None:
+    import jax
+
+    if settings.cpu_devices:
+        jax.config.update("jax_num_cpu_devices", settings.cpu_devices)
+    if settings.compile_cache:
+        jax.config.update("jax_compilation_cache_dir", settings.compile_cache)
+        # Cache every program: a decode compile is expensive even when XLA thinks it is quick.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def _load_vae(settings: Settings) -> Any:
+    import models
+
+    if settings.model is None:
+        log.warning("no --model given: loading the embedded default (Wan 2.1 architecture)")
+    return models.load_vae(settings.model, dtype=settings.dtype)
+
+
+def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFactory | None = None) -> ModelState:
+    """The model (``vae`` if given, else ``settings.model``), its mesh and runner, and the request
+    limits and normalization taken from its config. Nothing is compiled yet."""
+    import jax
+
+    import sharding
+
+    vae = vae if vae is not None else _load_vae(settings)
+    if vae.metadata.get("random_weights"):
+        log.warning("the model has RANDOM weights: outputs are noise-like, for testing only")
+    mesh = sharding.make_mesh(settings.tp, settings.dp)
+    runner = (runner_factory or DeviceRunner)(vae, mesh, max_batch=settings.max_batch, dp=settings.dp)
+    config = vae.config
+    limits = Limits(channels=config.z_dim, max_batch=settings.max_batch, max_frames=settings.max_frames,
+                    max_height=settings.max_height, max_width=settings.max_width,
+                    temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale)
+    per_channel = (1, config.z_dim, 1, 1, 1)
+    return ModelState(
+        vae=vae, runner=runner, limits=limits,
+        mean=np.asarray(config.latents_mean, np.float32).reshape(per_channel),
+        std=np.asarray(config.latents_std, np.float32).reshape(per_channel),
+        devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
+        warmed=tuple(settings.warmup), served=served_shapes(settings))
+
+
+def served_shapes(settings: Settings) -> ServedShapes | None:
+    """What ``--shapes`` allows: None (any shape), or ``{(C, T, H, W): outputs}`` — the warm-up
+    shapes with their warmed outputs, or the listed shapes with every output."""
+    if settings.shapes == "any":
+        return None
+    if settings.shapes == "warmed":
+        served: dict[tuple[int, ...], set[str]] = {}
+        for warmup in settings.warmup:
+            served.setdefault(warmup.shape, set()).update(warmup.outputs)
+        return {shape: frozenset(outputs) for shape, outputs in served.items()}
+    return {shape: frozenset(WARMUP_OUTPUTS) for shape in settings.shapes}
+
+
+def watch_programs(vae: Any, settings: Settings, metrics: Metrics) -> None:
+    """Bound the model's program cache and count what it does. The callbacks run in the thread
+    that compiles (the worker's); prometheus metrics are thread-safe."""
+    cache = vae.programs
+    cache.max_entries = settings.max_programs or None
+
+    def compiled(key: Any, seconds: float) -> None:
+        metrics.compiles.inc()
+        metrics.compile_seconds.observe(seconds)
+        metrics.programs.set(len(cache))
+        log.info("compiled %s in %.1f s", key[0] if isinstance(key, tuple) else key, seconds)
+
+    def evicted(key: Any) -> None:
+        metrics.evictions.inc()
+        metrics.programs.set(len(cache))
+
+    cache.on_compile, cache.on_evict = compiled, evicted
+    metrics.programs.set(len(cache))
+
+
+def warm_up(model: ModelState, settings: Settings) -> None:
+    """Compile every program a request of each warm-up shape can need (its outputs, every batch
+    bucket) before the service says it is ready."""
+    cache = model.vae.programs
+    evictions = cache.evictions
+    for warmup in settings.warmup:
+        start = time.monotonic()
+        for output in warmup.outputs:
+            model.runner.compile(warmup.shape, output="uint8" if output == "stream" else output,
+                                 stream=output == "stream")
+        log.info("warm-up %s compiled in %.1f s", warmup, time.monotonic() - start)
+    if cache.evictions != evictions:
+        raise ValueError(f"max_programs={settings.max_programs} is smaller than the {len(cache) + cache.evictions - evictions}"
+                         " programs the warm-up compiled: raise it (or 0 for no limit)")
+
+
+def startup(settings: Settings, metrics: Metrics, *, vae: Any = None,
+            runner_factory: RunnerFactory | None = None) -> ModelState:
+    configure_jax(settings)
+    model = load_model(settings, vae=vae, runner_factory=runner_factory)
+    watch_programs(model.vae, settings, metrics)
+    warm_up(model, settings)
+    return model

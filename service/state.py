@@ -1,0 +1,88 @@
+"""The service's state: one object, built by ``create_app``, kept on ``app.state.service``.
+
+Only the event loop writes it. The worker thread reports start-up results through the callbacks
+the lifespan gives it, which hop onto the loop (``call_soon_threadsafe``); route handlers read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from .codec import Limits
+from .errors import Problem
+from .metrics import Metrics
+from .settings import Settings, Warmup
+
+if TYPE_CHECKING:
+    from .admission import ByteBudget
+    from .runner import DeviceRunner
+    from .worker import Worker
+
+Phase = Literal["loading", "ready", "draining", "failed"]
+# Strict shapes: latent (C, T, H, W) -> the outputs served for it ("uint8", "float", "stream").
+ServedShapes = dict[tuple[int, ...], frozenset[str]]
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """What start-up produced; read-only afterwards (built by ``service.loading.load_model``)."""
+
+    vae: Any
+    runner: DeviceRunner
+    limits: Limits
+    mean: np.ndarray  # (1, C, 1, 1, 1) float32: latents_mean
+    std: np.ndarray  # (1, C, 1, 1, 1) float32: latents_std
+    devices: list[str]
+    platform: str
+    warmed: tuple[Warmup, ...]
+    served: ServedShapes | None  # None: any shape (programs compiled on demand, LRU-bounded)
+
+    def check_served(self, shape: tuple[int, ...], output: str) -> None:
+        """422 unless latents of ``shape`` (C, T, H, W) are served with ``output`` (``--shapes``)."""
+        if self.served is None or output in self.served.get(shape, ()):
+            return
+        allowed = sorted(f"{'x'.join(map(str, s))}:{','.join(sorted(o))}" for s, o in self.served.items())
+        raise Problem(422, "shape-not-allowed", f"latents {'x'.join(map(str, shape))} with output {output} are not "
+                      "served here (--shapes)", expected=allowed, received=f"{'x'.join(map(str, shape))}:{output}")
+
+    def denormalize(self, latents: np.ndarray) -> np.ndarray:
+        """``z · latents_std + latents_mean`` per channel, on the host (float32)."""
+        return latents * self.std + self.mean
+
+
+@dataclass
+class ServiceState:
+    settings: Settings
+    metrics: Metrics
+    reading: ByteBudget
+    worker: Worker | None = None  # set by the lifespan
+    phase: Phase = "loading"
+    model: ModelState | None = None
+    error: str | None = None
+
+    # -- transitions (event loop only) -----------------------------------------------------------
+    def set_ready(self, model: ModelState) -> None:
+        self.model = model
+        if self.phase == "loading":
+            self.phase = "ready"
+
+    def set_failed(self, error: str) -> None:
+        self.phase, self.error = "failed", error
+
+    def set_draining(self) -> None:
+        if self.phase != "failed":
+            self.phase = "draining"
+
+    # -- reads -------------------------------------------------------------------------------------
+    def retry_after(self) -> dict[str, str]:
+        return {"Retry-After": str(self.settings.retry_after_s)}
+
+    def serving(self) -> tuple[ModelState, Worker]:
+        """The model and worker, or 503 while loading, draining or failed."""
+        if self.phase != "ready" or self.model is None or self.worker is None:
+            detail = self.error if self.phase == "failed" else f"service is {self.phase}"
+            raise Problem(503, "unavailable", detail or "unavailable", headers=self.retry_after())
+        return self.model, self.worker

@@ -1,0 +1,267 @@
+"""The app in-process (``TestClient``, lifespan run, tiny model): routing, validation, error
+mapping, auth, the 500 paths through an injected failing runner, OpenAPI, and the drain an
+embedding ASGI server gets from the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from service import codec, create_app
+from service.client import read_stream
+from service.runner import DeviceRunner
+
+from service_helpers import PoisonRunner, app_client, latents, poisoned, settings_for_tests
+
+PROBLEM = "application/problem+json"
+KEY = "s3cret"
+
+
+def raw_query(x: np.ndarray, **params) -> dict:
+    return {"shape": ",".join(map(str, x.shape)), "dtype": "float32", "output_type": "npy", **params}
+
+
+def post(client, x: np.ndarray, *, headers=None, content_type="tensor/binary", **params):
+    return client.post("/v1/decode", content=x.tobytes(), params=raw_query(x, **params),
+                       headers={"Content-Type": content_type, **(headers or {})})
+
+
+def assert_problem(response, status: int, slug: str) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM
+    body = response.json()
+    assert body["type"].endswith("/" + slug) and body["status"] == status, body
+    assert body["request_id"] == response.headers["X-Request-Id"]
+    return body
+
+
+@pytest.fixture(scope="module")
+def client(tiny_vae):
+    with app_client(tiny_vae, runner_factory=PoisonRunner, api_key=KEY) as client:
+        client.headers["Authorization"] = f"Bearer {KEY}"
+        yield client
+
+
+# ---- routing and error mapping ------------------------------------------------------------------
+
+
+def test_unknown_route_and_method_are_problems(client):
+    assert_problem(client.get("/nope"), 404, "not-found")
+    assert_problem(client.get("/v1/decode"), 405, "method-not-allowed")
+
+
+def test_bad_parameters_are_422_with_expected_and_received(client):
+    x = latents()
+    body = assert_problem(post(client, x, output_type="gif"), 422, "invalid-parameter")
+    assert body["received"] == ["gif"] and body["expected"][0]["loc"] == ["query", "output_type"]
+    assert_problem(post(client, x, fps=0), 422, "invalid-parameter")
+
+
+def test_early_answers_close_a_connection_whose_body_was_not_read(client):
+    x = latents()
+    early = post(client, x, content_type="text/plain")  # 415 from the headers: body never read
+    assert_problem(early, 415, "unsupported-media-type")
+    assert early.headers["connection"] == "close"
+    late = post(client, x[:, :8], shape="1,8,2,4,4")  # 422 after reading the body
+    assert_problem(late, 422, "invalid-channels")
+    assert "connection" not in late.headers
+
+
+def _safetensors(shape, nbytes: int, header: bytes | None = None) -> bytes:
+    header = header or json.dumps({"z": {"dtype": "F32", "shape": shape, "data_offsets": [0, nbytes]}}).encode()
+    return struct.pack("<Q", len(header)) + header + b"\0" * nbytes
+
+
+HOSTILE = [  # id, body, content type, query, slug: each was a 500 or a wrong 200 in the hostile run
+    ("raw-65-dims", b"\0" * 4, "tensor/binary", {"shape": ",".join(["1"] * 65), "dtype": "float32"}, "invalid-ndim"),
+    ("st-65-dims", _safetensors([1] * 65, 4), "application/x-safetensors", {}, "invalid-ndim"),
+    ("st-negative", _safetensors([-1, 16, -2, 4, 4], 2048), "application/x-safetensors", {}, "invalid-shape"),
+    ("st-nested", _safetensors(None, 0, b"[" * 20_000 + b"]" * 20_000), "application/x-safetensors", {},
+     "invalid-safetensors"),
+    ("npy-T0", codec.encode_npy(np.zeros((1, 16, 0, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
+    ("npy-B0", codec.encode_npy(np.zeros((0, 16, 2, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
+    ("st-W0", _safetensors([1, 16, 2, 4, 0], 0), "application/x-safetensors", {}, "invalid-shape"),
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_bodies_are_422_and_the_next_request_is_served(client, case):
+    _, body, content_type, query, slug = case
+    r = client.post("/v1/decode", content=body, params={"output_type": "npy", **query},
+                    headers={"Content-Type": content_type})
+    assert_problem(r, 422, slug)
+    assert post(client, latents()).status_code == 200
+
+
+@pytest.mark.parametrize("params", [
+    {"shift_factor": "nan"}, {"shift_factor": "inf"}, {"shift_factor": "-Infinity"}, {"scaling_factor": "inf"},
+    {"shift_factor": "1e39"}, {"scaling_factor": "1e-50"}, {"scaling_factor": "0"}, {"timeout_s": "nan"},
+], ids=lambda p: "=".join(next(iter(p.items()))))
+def test_factors_that_are_not_finite_float32_are_refused(client, params):
+    # Each of these used to answer 200 with black frames (NaN in pt).
+    body = assert_problem(post(client, latents(), **params), 422, "invalid-parameter")
+    assert "expected" in body and "received" in body
+
+
+@pytest.mark.parametrize("params", [
+    {"scaling_factor": "1e-38"},  # 10 / 1e-38 overflows float32
+    {"shift_factor": "3e38", "denormalize": "true"},  # finite after the shift, not after the std
+], ids=["scaling", "denormalize"])
+def test_finiteness_is_checked_after_scaling_and_denormalizing(client, params):
+    x = np.full((1, 16, 2, 4, 4), 10.0, np.float32)
+    body = assert_problem(post(client, x, **params), 422, "non-finite")
+    assert "after scaling" in body["detail"]
+
+
+def test_finite_factors_still_decode(client):
+    assert post(client, latents(), scaling_factor="2.5", shift_factor="-0.1").status_code == 200
+
+
+# ---- auth -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [f"Bearer {KEY}", f"bearer {KEY}", f"Bearer   {KEY}", f"BEARER {KEY} "])
+def test_bearer_token_accepted(client, value):
+    assert client.get("/v1/models", headers={"Authorization": value}).status_code == 200
+
+
+@pytest.mark.parametrize("value", [f"Bearer {KEY}\xa0", f"Bearer \x85{KEY}", f"Bearer {KEY}x", f"Bearer {KEY[:-1]}",
+                                   KEY, f"Basic {KEY}", "Bearer"])
+def test_bearer_token_compared_exactly(client, value):
+    # str.strip() used to forgive Unicode spaces (NBSP, NEL) around the token.
+    r = client.get("/v1/models", headers={"Authorization": value.encode("latin-1")})
+    body = assert_problem(r, 401, "unauthorized")
+    assert body["expected"] == "Authorization: Bearer <key>" and r.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_probes_and_metrics_need_no_key(client):
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert client.get(path, headers={"Authorization": ""}).status_code == 200
+
+
+# ---- the 500 paths, through a runner that fails -------------------------------------------------
+
+
+def test_device_error_is_500_with_request_id_then_next_succeeds(client):
+    x = latents(seed=11)
+    r = post(client, poisoned(x), headers={"X-Request-Id": "fault-1"})
+    body = assert_problem(r, 500, "device-error")
+    assert body["request_id"] == "fault-1" and "fault-1" in body["detail"]
+    assert post(client, x).status_code == 200
+
+
+def test_stream_device_error_in_band_after_the_first_chunk(client):
+    x = poisoned(latents((1, 16, 3, 4, 4), seed=12))
+    r = post(client, x, stream="true")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-vaeserve-stream"
+    messages = list(read_stream(iter([r.content])))
+    assert [h["type"] for h, _ in messages] == ["frames", "error"]
+    assert messages[1][0]["problem"]["type"].endswith("/device-error")
+
+
+def test_internal_error_is_a_500_problem(tiny_vae):
+    class GarbageRunner(DeviceRunner):  # answers a shape no encoder can take
+        def decode(self, latents, *, output="uint8"):
+            return np.zeros((latents.shape[0], 2), np.uint8)
+
+    with app_client(tiny_vae, runner_factory=GarbageRunner) as client:
+        body = assert_problem(post(client, latents(), output_type="mp4"), 500, "internal-error")
+        assert body["request_id"] in body["detail"]
+        metrics = client.get("/metrics").text
+        assert 'vaeserve_requests_total{route="/v1/decode",status="500"} 1.0' in metrics
+
+
+def test_failed_start_up_fails_liveness_and_readiness(tiny_vae):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no devices today")
+
+    app = create_app(settings_for_tests(), vae=tiny_vae, runner_factory=broken)
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as client:
+        for _ in range(200):
+            if client.get("/healthz").status_code == 503:
+                break
+            threading.Event().wait(0.05)
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "failed"
+        assert "no devices today" in ready.json()["detail"]
+        assert_problem(post(client, latents()), 503, "unavailable")
+
+
+# ---- headers of a decode answer --------------------------------------------------------------------
+
+
+def test_batch_size_header_counts_latents(client):
+    r = post(client, latents((2, 16, 2, 4, 4), seed=13))
+    assert r.status_code == 200 and r.headers["X-Batch-Size"] == "2"  # one request, two latents
+
+
+# ---- OpenAPI ------------------------------------------------------------------------------------
+
+
+def test_openapi_declares_bodies_and_media_types(client):
+    spec = client.get("/openapi.json").json()
+    decode = spec["paths"]["/v1/decode"]["post"]
+    assert set(decode["requestBody"]["content"]) == {
+        "application/octet-stream", "tensor/binary", "application/x-npy", "application/x-safetensors"}
+    ok = set(decode["responses"]["200"]["content"])
+    assert "application/json" not in ok and {"video/mp4", "application/x-vaeserve-stream"} <= ok
+    for code in ("401", "413", "415", "422", "429", "500", "503", "504"):
+        assert set(decode["responses"][code]["content"]) == {PROBLEM}
+    metrics = spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert [media.split(";")[0] for media in metrics] == ["text/plain"]
+
+
+# ---- embedding: the lifespan drains ----------------------------------------------------------------
+
+
+class SlowRunner(DeviceRunner):
+    started = threading.Event()
+
+    def decode(self, latents, *, output="uint8"):
+        SlowRunner.started.set()
+        threading.Event().wait(1.0)  # long enough to shut down while it runs
+        return super().decode(latents, output=output)
+
+
+def test_lifespan_shutdown_drains_for_any_asgi_server(tiny_vae):
+    """What uvicorn, hypercorn or a test harness does: lifespan startup, requests, lifespan
+    shutdown while one is in flight. The in-flight one finishes; new ones get 503."""
+    app = create_app(settings_for_tests(), vae=tiny_vae, runner_factory=SlowRunner)
+    x = latents(seed=14)
+
+    async def scenario():
+        inbox: asyncio.Queue = asyncio.Queue()
+        outbox: asyncio.Queue = asyncio.Queue()
+        lifespan = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}},
+                                           inbox.get, outbox.put))
+        await inbox.put({"type": "lifespan.startup"})
+        assert (await outbox.get())["type"] == "lifespan.startup.complete"
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+            while (await client.get("/readyz")).status_code != 200:
+                await asyncio.sleep(0.05)
+            in_flight = asyncio.create_task(client.post("/v1/decode", content=x.tobytes(), params=raw_query(x),
+                                                        headers={"Content-Type": "tensor/binary"}))
+            await asyncio.to_thread(SlowRunner.started.wait, 60)
+            await inbox.put({"type": "lifespan.shutdown"})
+            await asyncio.sleep(0.1)
+            ready = await client.get("/readyz")
+            late = await client.post("/v1/decode", content=x.tobytes(), params=raw_query(x),
+                                     headers={"Content-Type": "tensor/binary"})
+            done = await in_flight
+        assert (await outbox.get())["type"] == "lifespan.shutdown.complete"
+        await lifespan
+        return ready, late, done
+
+    ready, late, done = asyncio.run(scenario())
+    assert ready.status_code == 503 and ready.json()["status"] == "draining"
+    assert_problem(late, 503, "unavailable")
+    assert done.status_code == 200, done.text
+    assert json.loads(done.headers["X-Batch-Size"]) == 1

@@ -1,0 +1,167 @@
+"""Body parsing and encoders (``service.codec``), without a server: every body format goes
+through one shape check, malformed bodies are 422 problems (never an exception numpy or json
+raises), and MP4s start with their index."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from service import codec
+from service.errors import Problem
+
+from service_helpers import latents
+
+LIMITS = codec.Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)
+RAW, NPY, SAFETENSORS = "tensor/binary", "application/x-npy", "application/x-safetensors"
+
+
+def problem_of(fn, *args) -> Problem:
+    with pytest.raises(Problem) as info:
+        fn(*args)
+    return info.value
+
+
+def safetensors_body(shape, nbytes: int, *, dtype: str = "F32", header: bytes | None = None) -> bytes:
+    if header is None:
+        header = json.dumps({"z": {"dtype": dtype, "shape": shape, "data_offsets": [0, nbytes]}}).encode()
+    return struct.pack("<Q", len(header)) + header + b"\0" * nbytes
+
+
+def parse(body: bytes, media_type: str, shape=None, dtype=None):
+    return codec.parse_latents(body, media_type, shape, dtype, LIMITS)
+
+
+# ---- forms that work ----------------------------------------------------------------------------
+
+
+def test_parse_shape_forms():
+    assert codec.parse_shape(["1", "16", "2", "4", "4"]) == (1, 16, 2, 4, 4)  # requests' repeated keys
+    assert codec.parse_shape(["1,16,2,4,4"]) == (1, 16, 2, 4, 4)
+    assert codec.parse_shape(["[1, 16, 2, 4, 4]"]) == (1, 16, 2, 4, 4)
+    assert codec.parse_shape(["16,2,4,4"]) == (16, 2, 4, 4)
+    assert codec.parse_shape(None) is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_raw_dtypes_round_trip(dtype):
+    x = latents()
+    wire = x.astype(codec.WIRE_DTYPES[dtype])
+    out, batched = parse(wire.tobytes(), RAW, x.shape, dtype)
+    assert batched and out.dtype == np.float32
+    assert np.array_equal(out, wire.astype(np.float32))
+
+
+def test_safetensors_bf16_and_errors():
+    x = latents().astype(ml_dtypes.bfloat16)
+    header = json.dumps({"z": {"dtype": "BF16", "shape": list(x.shape), "data_offsets": [0, x.nbytes]}}).encode()
+    body = struct.pack("<Q", len(header)) + header + x.tobytes()
+    assert np.array_equal(codec.parse_safetensors(body), x)
+    two = safetensors.numpy.save({"a": np.zeros(2, np.float32), "b": np.zeros(2, np.float32)})
+    assert "exactly one" in problem_of(codec.parse_safetensors, two).detail
+    assert problem_of(codec.parse_safetensors, b"\xff" * 16).status == 422
+    ints = safetensors.numpy.save({"a": np.zeros(2, np.int32)})
+    assert problem_of(codec.parse_safetensors, ints).slug == "invalid-dtype"
+
+
+def test_npy_refuses_pickles_and_ints():
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([object()], dtype=object), allow_pickle=True)
+    assert problem_of(codec.parse_npy, buffer.getvalue()).slug == "invalid-npy"
+    assert problem_of(codec.parse_npy, codec.encode_npy(np.zeros(3, np.int64))).received == "int64"
+    big_endian = latents().astype(">f4")
+    out, _ = parse(codec.encode_npy(big_endian), NPY)
+    assert np.array_equal(out, latents())
+
+
+def test_limits_are_on_output_sizes():
+    ok, _ = codec.check_limits(np.zeros((2, 16, 3, 8, 8), np.float32), LIMITS)  # 9 frames, 64x64
+    assert ok.shape == (2, 16, 3, 8, 8)
+    assert problem_of(codec.check_limits, np.zeros((1, 16, 4, 8, 8), np.float32), LIMITS).received == 13
+
+
+# ---- the hostile run's bodies: 422 at parse time, the same for every format ---------------------
+
+ZERO_SIZED = [(1, 16, 0, 4, 4), (1, 16, 2, 0, 4), (1, 16, 2, 4, 0), (0, 16, 2, 4, 4)]
+
+
+@pytest.mark.parametrize("shape", ZERO_SIZED, ids=["T0", "H0", "W0", "B0"])
+@pytest.mark.parametrize("media_type", [RAW, NPY, SAFETENSORS])
+def test_zero_sizes_are_refused_in_every_format(shape, media_type):
+    # npy and safetensors used to pass these on (B=0 answered 200 with an empty array; T/H/W=0
+    # reached the device and failed there as a 500).
+    body = {RAW: b"", NPY: codec.encode_npy(np.zeros(shape, np.float32)),
+            SAFETENSORS: safetensors_body(list(shape), 0)}[media_type]
+    problem = problem_of(parse, body, media_type, shape, "float32")
+    assert (problem.status, problem.slug, problem.received) == (422, "invalid-shape", list(shape))
+
+
+@pytest.mark.parametrize("media_type", [RAW, SAFETENSORS])
+def test_more_than_64_dims_is_a_422_not_a_numpy_error(media_type):
+    shape = (1,) * 65
+    body = {RAW: b"\0" * 4, SAFETENSORS: safetensors_body(list(shape), 4)}[media_type]
+    problem = problem_of(parse, body, media_type, shape, "float32")
+    assert (problem.status, problem.slug, problem.received) == (422, "invalid-ndim", "65 dimensions")
+
+
+def test_safetensors_negative_sizes_with_a_positive_product():
+    body = safetensors_body([-1, 16, -2, 4, 4], 2048)  # -1 * 16 * -2 * 4 * 4 * 4 bytes = 2048
+    problem = problem_of(parse, body, SAFETENSORS)
+    assert (problem.slug, problem.received) == ("invalid-shape", [-1, 16, -2, 4, 4])
+
+
+def test_safetensors_deeply_nested_header():
+    problem = problem_of(parse, safetensors_body(None, 0, header=b"[" * 100_000 + b"]" * 100_000), SAFETENSORS)
+    assert (problem.status, problem.slug) == (422, "invalid-safetensors")
+
+
+@pytest.mark.parametrize("shape", [[1.5, 16, 2, 4, 4], [True, 16, 2, 4, 4], ["1", 16, 2, 4, 4], "12"])
+def test_safetensors_shape_must_be_integers(shape):
+    assert problem_of(parse, safetensors_body(shape, 2048), SAFETENSORS).slug == "invalid-safetensors"
+
+
+@pytest.mark.parametrize("text", ["1,1_6,2,4,4", "1,\uff11\uff16,2,4,4", "1,+16,2,4,4", "1,16.0,2,4,4", "1,16,x"])
+def test_query_shape_takes_ascii_digits_only(text):
+    # int() accepts "1_6", full-width digits and a sign: the query must not.
+    problem = problem_of(codec.parse_shape, [text])
+    assert (problem.status, problem.slug) == (422, "invalid-shape")
+
+
+def test_query_shape_checks_dims_and_sizes():
+    assert problem_of(codec.parse_shape, ["1,16,0,4,4"]).received == [1, 16, 0, 4, 4]
+    assert problem_of(codec.parse_shape, ["2,4,4"]).slug == "invalid-ndim"
+    assert problem_of(codec.parse_shape, [",".join(["1"] * 100)]).received == "100 dimensions"
+
+
+def test_finiteness_is_checked_where_asked():
+    x = latents()
+    codec.check_finite(x)
+    with np.errstate(over="ignore"):
+        scaled = codec.apply_scaling(x, None, 1e39)  # finite input and factor, inf in float32
+    problem = problem_of(codec.check_finite, scaled)
+    assert problem.slug == "non-finite" and problem.received == f"{x.size} non-finite of {x.size}"
+
+
+# ---- encoders -----------------------------------------------------------------------------------
+
+
+def test_png_encoder_matches_pil():
+    from PIL import Image
+
+    frame = np.random.default_rng(0).integers(0, 256, (24, 40, 3), dtype=np.uint8)
+    image = Image.open(io.BytesIO(codec.encode_png(frame)))
+    assert image.size == (40, 24) and np.array_equal(np.asarray(image), frame)
+
+
+def test_mp4_has_its_index_before_the_media():
+    frames = np.random.default_rng(0).integers(0, 256, (5, 32, 48, 3), dtype=np.uint8)
+    video = codec.encode_mp4(frames, fps=16, crf=18)
+    boxes = codec.mp4_boxes(video)
+    assert boxes[0] == "ftyp" and boxes.index("moov") < boxes.index("mdat"), boxes
+    assert codec.decode_mp4(video).shape == frames.shape

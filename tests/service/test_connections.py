@@ -1,0 +1,212 @@
+"""Connections against a real uvicorn server (in a thread, configured as ``vaeserve serve`` does):
+errors leave keep-alive connections usable, slow and idle clients are cut off, the number of
+connections is bounded, and full queues or reading budgets answer before the body is read."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from service.runner import DeviceRunner
+
+from service_helpers import latents, thread_server
+
+PROBLEM = "application/problem+json"
+
+
+def request_head(content_length: int, *, path: str = "/v1/decode?shape=1,16,2,4,4&dtype=float32") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: tensor/binary\r\n"
+            f"Content-Length: {content_length}\r\n\r\n").encode()
+
+
+def read_reply(sock: socket.socket, timeout: float = 10) -> tuple[str, dict, bytes, bool]:
+    """(status line, headers, body, closed) of one response; ``closed``: the server hung up after it."""
+    sock.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        part = sock.recv(65536)
+        if not part:
+            break
+        data += part
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    while len(body) < int(headers.get("content-length", 0)):
+        part = sock.recv(65536)
+        if not part:
+            break
+        body += part
+    try:
+        closed = sock.recv(1) == b""
+    except (TimeoutError, ConnectionResetError):
+        closed = False
+    return lines[0], headers, body, closed
+
+
+def assert_closed_within(sock: socket.socket, seconds: float) -> float:
+    start = time.monotonic()
+    sock.settimeout(seconds + 5)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    elapsed = time.monotonic() - start
+    assert elapsed < seconds + 2, elapsed
+    return elapsed
+
+
+class GarbageRunner(DeviceRunner):
+    """Frames of a shape no video encoder takes: mp4 answers fail inside the app (an internal
+    error, not a device error); npy answers still work."""
+
+    def decode(self, latents, *, output="uint8"):
+        return np.zeros((latents.shape[0], 2), np.uint8)
+
+
+# ---- errors keep the connection usable --------------------------------------------------------
+
+
+def test_pooled_connection_survives_internal_errors(tiny_vae):
+    # The hostile run: after an internal 500 the server dropped the keep-alive connection without
+    # saying so, and 18 of 20 next requests on a pooled httpx client failed.
+    x = latents()
+    params = {"shape": "1,16,2,4,4", "dtype": "float32"}
+    with thread_server(tiny_vae, runner_factory=GarbageRunner) as srv, \
+            httpx.Client(base_url=srv.url, limits=httpx.Limits(max_connections=1), timeout=30) as client:
+        statuses = []
+        for _ in range(10):
+            for output_type in ("mp4", "npy"):
+                r = client.post("/v1/decode", content=x.tobytes(), params={**params, "output_type": output_type},
+                                headers={"Content-Type": "tensor/binary"})
+                statuses.append(r.status_code)
+                assert "connection" not in r.headers
+        assert statuses == [500, 200] * 10
+        assert r.headers["content-type"] != PROBLEM
+        assert srv.metric("vaeserve_requests_total", route="/v1/decode", status="500") == 10
+
+
+def test_client_leaving_mid_upload_is_499_and_one_line(tiny_vae, caplog):
+    # The hostile run: counted as status 500 and logged as two ERROR tracebacks each.
+    with thread_server(tiny_vae) as srv:
+        caplog.set_level(logging.INFO)
+        with socket.create_connection(srv.address) as sock:
+            sock.sendall(request_head(2048) + b"\0" * 100)
+            time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while srv.metric("vaeserve_requests_total", route="/v1/decode", status="499") != 1:
+            assert time.monotonic() < deadline, "499 not counted"
+            time.sleep(0.05)
+        assert srv.metric("vaeserve_requests_total", route="/v1/decode", status="500") == 0
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    gone = [r for r in caplog.records if r.name == "vaeserve" and "client left" in r.getMessage()]
+    assert errors == [] and len(gone) == 1, [r.getMessage() for r in caplog.records]
+
+
+# ---- slow and idle clients -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def timed_server(tiny_vae):
+    with thread_server(tiny_vae, read_timeout_s=1.0, keepalive_timeout_s=1) as srv:
+        yield srv
+
+
+def test_headers_that_never_finish_get_408_and_close(timed_server):
+    with socket.create_connection(timed_server.address) as sock:
+        sock.sendall(b"POST /v1/decode HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        start = time.monotonic()
+        status, headers, body, closed = read_reply(sock)
+    assert time.monotonic() - start < 3
+    assert status.startswith("HTTP/1.1 408") and headers["content-type"] == PROBLEM and closed
+    assert json.loads(body)["type"].endswith("/request-timeout")
+
+
+def test_body_that_never_finishes_gets_408_problem_and_close(timed_server):
+    before = timed_server.metric("vaeserve_requests_total", route="/v1/decode", status="408")
+    with socket.create_connection(timed_server.address) as sock:
+        sock.sendall(request_head(2048) + b"\0" * 100)
+        start = time.monotonic()
+        status, headers, body, closed = read_reply(sock)
+    assert time.monotonic() - start < 3
+    assert status.startswith("HTTP/1.1 408") and headers["connection"] == "close" and closed
+    problem = json.loads(body)
+    assert problem["type"].endswith("/request-timeout") and problem["received"] == "100 bytes"
+    assert timed_server.metric("vaeserve_requests_total", route="/v1/decode", status="408") == before + 1
+
+
+def test_silent_and_idle_connections_are_closed(timed_server):
+    with socket.create_connection(timed_server.address) as silent:
+        assert_closed_within(silent, 1.0)  # opened, never sent a byte
+    with socket.create_connection(timed_server.address) as idle:
+        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _, _, _ = read_reply(idle, timeout=1.5)
+        assert status.startswith("HTTP/1.1 200")
+        assert_closed_within(idle, 1.0)  # keep-alive, then nothing
+
+
+def test_unread_body_after_an_early_answer_must_still_arrive_in_time(timed_server):
+    # 415 from the headers: the server says Connection: close and does not wait for the body.
+    with socket.create_connection(timed_server.address) as sock:
+        sock.sendall(request_head(10_000).replace(b"tensor/binary", b"text/plain") + b"\0" * 10)
+        status, headers, _, _ = read_reply(sock, timeout=1.5)
+        assert status.startswith("HTTP/1.1 415") and headers["connection"] == "close"
+        assert_closed_within(sock, 1.0)
+
+
+def test_connections_beyond_the_limit_get_503(tiny_vae):
+    with thread_server(tiny_vae, max_connections=3) as srv:
+        held = [socket.create_connection(srv.address) for _ in range(3)]
+        try:
+            time.sleep(0.2)
+            assert httpx.get(srv.url + "/healthz").status_code == 503
+        finally:
+            for sock in held:
+                sock.close()
+        time.sleep(0.2)
+        assert httpx.get(srv.url + "/healthz").status_code == 200
+
+
+# ---- admission before the body --------------------------------------------------------------------
+
+
+def test_full_queue_answers_429_before_reading_the_body(tiny_vae):
+    # The hostile run: bodies were read (16 x 52 MiB, +1.2 GB RSS) before the queue limit applied.
+    with thread_server(tiny_vae, max_queue=1, read_timeout_s=30) as srv:
+        with socket.create_connection(srv.address) as reading:
+            reading.sendall(request_head(2048) + b"\0" * 100)  # holds the only slot while it uploads
+            time.sleep(0.3)
+            with socket.create_connection(srv.address) as refused:
+                refused.sendall(request_head(2048))  # headers only: the answer must not wait for a body
+                status, headers, body, _ = read_reply(refused, timeout=5)
+            reading.sendall(b"\0" * 1948)
+            ok, _, _, _ = read_reply(reading)
+    assert status.startswith("HTTP/1.1 429") and headers["retry-after"] == "1" and headers["connection"] == "close"
+    problem = json.loads(body)
+    assert problem["type"].endswith("/queue-full") and problem["received"] == 1
+    assert ok.startswith("HTTP/1.1 200")
+
+
+def test_bytes_being_read_are_capped(tiny_vae):
+    with thread_server(tiny_vae, max_body_bytes=4096, max_reading_bytes=6000, read_timeout_s=30) as srv:
+        with socket.create_connection(srv.address) as reading:
+            reading.sendall(request_head(4096) + b"\0" * 100)  # 4096 bytes held for this upload
+            time.sleep(0.3)
+            with socket.create_connection(srv.address) as refused:
+                refused.sendall(request_head(2048))
+                status, headers, body, _ = read_reply(refused, timeout=5)
+            reading.sendall(b"\0" * 3996)
+            read_reply(reading)  # a 422 (wrong length), after which the budget is free again
+        problem = json.loads(body)
+        assert status.startswith("HTTP/1.1 429") and problem["type"].endswith("/busy-reading")
+        assert problem["received"] == 4096 + 2048 and problem["expected"] == "at most 6000 bytes at once"
+        x = latents()
+        r = httpx.post(srv.url + "/v1/decode", content=x.tobytes(), headers={"Content-Type": "tensor/binary"},
+                       params={"shape": "1,16,2,4,4", "dtype": "float32", "output_type": "npy"}, timeout=60)
+        assert r.status_code == 200
