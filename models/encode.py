@@ -123,13 +123,20 @@ class PosteriorOptions(NamedTuple):
 
 
 def prng_key(seed: int | None) -> np.ndarray:
-    """``jax.random.PRNGKey(seed)`` as host ``uint32[2]``; a fresh random seed when ``seed`` is None."""
+    """``jax.random.PRNGKey(seed)`` as host ``uint32[2]``; a fresh random seed when ``seed`` is None.
+
+    Built on the host, with no device work (a server calls this on its event loop, not on the
+    thread that owns the devices): for JAX's default threefry2x32 generator a 32-bit seed's key is
+    ``[0, seed]`` (``tests/models/test_encode_parity.py`` checks it against ``jax.random.PRNGKey``).
+    """
     if seed is None:
         seed = secrets.randbelow(SEED_RANGE)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < SEED_RANGE:
         raise ValueError(f"seed must be an integer in [0, 2**32); received {seed!r}")
-    with jax.transfer_guard("allow"):  # a deliberate 8-byte round trip, also inside guarded hot paths
-        return np.asarray(jax.random.PRNGKey(int(seed)))
+    if jax.config.jax_default_prng_impl != "threefry2x32":
+        raise ValueError(f"encode seeds assume JAX's threefry2x32 generator; jax_default_prng_impl is "
+                         f"{jax.config.jax_default_prng_impl!r}")
+    return np.array([0, seed], np.uint32)
 
 
 def posterior_options(batch: int, *, sample: bool = False, seed: int | None = None,

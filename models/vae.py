@@ -24,11 +24,13 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 class ShapeError(ValueError):
-    """An input whose shape does not fit the model; ``expected``/``received`` say how."""
+    """An input whose shape does not fit the model; ``expected``/``received`` say how, ``what``
+    names the part that does not fit (``"ndim"``, ``"channels"``, ``"sizes"``, ``"frames"``,
+    ``"height"``, ``"width"``)."""
 
-    def __init__(self, message: str, *, expected: Any, received: Any):
+    def __init__(self, message: str, *, expected: Any, received: Any, what: str = "shape"):
         super().__init__(f"{message}: expected {expected}, received {received}")
-        self.expected, self.received = expected, received
+        self.expected, self.received, self.what = expected, received, what
 
 
 class LatentsError(ShapeError):
@@ -72,19 +74,20 @@ def check_frames_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
     nearest valid values in ``expected``.
     """
     if len(shape) != 5:
-        raise FramesError("frames must be (B, C, F, H, W)", expected="5 dimensions", received=len(shape))
+        raise FramesError("frames must be (B, C, F, H, W)", expected="5 dimensions", received=len(shape), what="ndim")
     if shape[1] != config.in_channels:
-        raise FramesError("frame channels", expected=config.in_channels, received=shape[1])
+        raise FramesError("frame channels", expected=config.in_channels, received=shape[1], what="channels")
     if min(shape) < 1:
-        raise FramesError("every frame dimension must be ≥ 1", expected="B, F, H, W ≥ 1", received=shape)
+        raise FramesError("every frame dimension must be ≥ 1", expected="B, F, H, W ≥ 1", received=shape,
+                          what="sizes")
     if (shape[2] - 1) % FRAMES_PER_CHUNK:
         raise FramesError(f"the frame count must be 1 + {FRAMES_PER_CHUNK}k",
-                          expected=nearest_valid(shape[2], FRAMES_PER_CHUNK, 1), received=shape[2])
+                          expected=nearest_valid(shape[2], FRAMES_PER_CHUNK, 1), received=shape[2], what="frames")
     scale = config.spatial_scale
     for axis, name in ((3, "height"), (4, "width")):
         if shape[axis] % scale:
             raise FramesError(f"the {name} must be a multiple of {scale}",
-                              expected=nearest_valid(shape[axis], scale), received=shape[axis])
+                              expected=nearest_valid(shape[axis], scale), received=shape[axis], what=name)
 
 
 class WanVAE:

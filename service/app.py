@@ -21,7 +21,7 @@ from .errors import install_error_handlers
 from .loading import RunnerFactory, startup
 from .metrics import Metrics
 from .middleware import RequestContext
-from .routes import decode, operations
+from .routes import decode, encode, operations
 from .settings import Settings
 from .state import ModelState, ServiceState
 from .worker import Worker
@@ -61,10 +61,12 @@ def create_app(settings: Settings | None = None, *, vae: Any = None,
             await anyio.to_thread.run_sync(worker.stop, settings.drain_timeout_s)
 
     app = FastAPI(title="vaeserve", version="0.1.0", lifespan=lifespan,
-                  description="Latents in, MP4 / frames / tensors out (Wan 2.1 VAE on JAX).")
+                  description="Latents in, MP4 / frames / tensors out; images / video / frames in, latents "
+                  "out (Wan 2.1 VAE on JAX).")
     app.state.service = state
     install_error_handlers(app)
     app.include_router(operations.router)
     app.include_router(decode.router)
+    app.include_router(encode.router)
     app.add_middleware(RequestContext, metrics=state.metrics)
     return app

@@ -66,7 +66,8 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
         mean=np.asarray(config.latents_mean, np.float32).reshape(per_channel),
         std=np.asarray(config.latents_std, np.float32).reshape(per_channel),
         devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
-        warmed=tuple(settings.warmup), served=served_shapes(settings))
+        warmed=tuple(settings.warmup), served=served_shapes(settings),
+        encode_served=None if settings.shapes == "any" else frozenset(settings.encode_warmup))
 
 
 def served_shapes(settings: Settings) -> ServedShapes | None:
@@ -104,7 +105,7 @@ def watch_programs(vae: Any, settings: Settings, metrics: Metrics) -> None:
 
 def warm_up(model: ModelState, settings: Settings) -> None:
     """Compile every program a request of each warm-up shape can need (its outputs, every batch
-    bucket) before the service says it is ready."""
+    bucket; the encode of each ``encode_warmup`` frame shape) before the service says it is ready."""
     cache = model.vae.programs
     evictions = cache.evictions
     for warmup in settings.warmup:
@@ -113,6 +114,12 @@ def warm_up(model: ModelState, settings: Settings) -> None:
             model.runner.compile(warmup.shape, output="uint8" if output == "stream" else output,
                                  stream=output == "stream")
         log.info("warm-up %s compiled in %.1f s", warmup, time.monotonic() - start)
+    if settings.encode_warmup and not model.vae.has_encoder:
+        raise ValueError("--encode-warmup needs a checkpoint with an encoder; this one has none")
+    for shape in settings.encode_warmup:
+        start = time.monotonic()
+        model.runner.compile_encode(shape)
+        log.info("warm-up encode %s compiled in %.1f s", "x".join(map(str, shape)), time.monotonic() - start)
     if cache.evictions != evictions:
         raise ValueError(f"max_programs={settings.max_programs} is smaller than the {len(cache) + cache.evictions - evictions}"
                          " programs the warm-up compiled: raise it (or 0 for no limit)")

@@ -47,12 +47,13 @@ def pad_batch(latents: np.ndarray, size: int) -> np.ndarray:
 
 
 class DeviceRunner:
-    """Holds the model and the mesh; decodes host batches to host arrays.
+    """Holds the model and the mesh; decodes and encodes host batches to host arrays.
 
     ``decode(latents (B, C, T, H, W) float32)`` returns ``(B, F, 8H, 8W, 3)`` uint8 for
     ``output="uint8"`` or ``(B, 3, F, 8H, 8W)`` float32 in [-1, 1] for ``output="float"``.
     Latents are expected *already denormalized* (the service does it on the host, so the
-    device program does not depend on that flag).
+    device program does not depend on that flag). ``encode(frames (B, 3, F, H, W) float32,
+    options)`` returns float32 latents ``(B, z, T, H/8, W/8)``.
     """
 
     def __init__(self, vae: Any, mesh: Any, *, max_batch: int, dp: int):
@@ -88,6 +89,28 @@ class DeviceRunner:
         for chunk in sharding.sharded_decode_stream(self.vae, padded, self.mesh):
             yield np.asarray(chunk)[:n]
 
+    def encode(self, frames: np.ndarray, options: list[Any]) -> np.ndarray:
+        """Encode a batch: ``options`` holds each request's ``PosteriorOptions``, its rows in batch
+        order (seeds and flags are per row, so requests with different options share the call)."""
+        import sharding
+        from models.encode import PosteriorOptions
+
+        self._check_thread()
+        n = frames.shape[0]
+        size = bucket_for(n, self.buckets)
+        result = sharding.sharded_encode(self.vae, pad_batch(frames, size), self.mesh,
+                                         options=PosteriorOptions.concatenate(options, size))
+        return np.asarray(result)[:n]
+
+    def compile_encode(self, shape: tuple[int, ...]) -> None:
+        """Compile, without running, the encode of frames ``shape`` ``(3, F, H, W)`` at every batch
+        bucket (one program serves every sampling/normalization option)."""
+        import sharding
+
+        self._check_thread()
+        for size in self.buckets:
+            sharding.compile_encode(self.vae, (size, *shape), self.mesh)
+
     def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> None:
         """Compile, without running, every program a request of latent ``shape`` ``(C, T, H, W)``
         can need, at every batch bucket: the decode of ``output``, or every step of a stream.
@@ -103,8 +126,9 @@ class DeviceRunner:
 
     def programs(self) -> list[list]:
         """The compiled programs of this runner's mesh in the model's cache, least recently used
-        first: ``["decode", [B, C, T, H, W], output]`` or ``["stream-step", [B, C, t, H, W],
-        "first" | "next"]``. (A read of the cache; it is safe from any thread.)"""
+        first: ``["decode", [B, C, T, H, W], output]``, ``["stream-step", [B, C, t, H, W],
+        "first" | "next"]`` or ``["encode", [B, 3, F, H, W]]``. (A read of the cache; it is safe
+        from any thread.)"""
         from sharding.mesh import mesh_key
 
         mesh = mesh_key(self.mesh)
@@ -116,4 +140,6 @@ class DeviceRunner:
                 described.append(["decode", list(key[2]), key[4]])
             elif key[0] == "sharded-decode-step":
                 described.append(["stream-step", list(key[2]), "first" if key[4] else "next"])
+            elif key[0] == "sharded-encode":
+                described.append(["encode", list(key[2])])
         return described

@@ -127,6 +127,7 @@ def sharded_encode(
     sample: bool = False,
     seed: int | None = None,
     normalize: bool = False,
+    options: PosteriorOptions | None = None,
     split: Split | None = None,
     chunk: int | None = None,
     halo: str = "exchange",
@@ -140,6 +141,8 @@ def sharded_encode(
         ``B`` a multiple of the mesh's ``dp``.
       mesh: a ``(dp, tp)`` mesh from ``make_mesh``.
       sample, seed, normalize, chunk: as in ``WanVAE.encode`` (the same seed gives the same noise).
+      options: per-row posterior options instead of ``sample``/``seed``/``normalize`` (a server
+        batching several requests passes each request's rows; see ``PosteriorOptions``).
       split: ``"height"``, ``"width"`` or None (the latent axis that needs less padding).
       halo: ``"exchange"``; ``"none"``/``"cyclic"`` are broken on purpose (negative controls).
       query_chunk: attention queries per score block on each device.
@@ -149,6 +152,7 @@ def sharded_encode(
     program = compile_encode(vae, np.shape(frames), mesh, split=split, chunk=chunk, halo=halo,
                              query_chunk=query_chunk)
     plan = make_encode_plan(vae, np.shape(frames), mesh, split)
-    options = posterior_options(np.shape(frames)[0], sample=sample, seed=seed, normalize=normalize)
+    if options is None:
+        options = posterior_options(np.shape(frames)[0], sample=sample, seed=seed, normalize=normalize)
     return program(replicated_encoder_state(vae, mesh), put_frames(frames, plan, mesh, vae.config.spatial_scale),
                    put_options(options, mesh))

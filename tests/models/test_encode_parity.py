@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import models
-from models.encode import PosteriorOptions, posterior_options
+from models.encode import PosteriorOptions, posterior_options, prng_key
 from wan_reference import (
     ENCODE_CASES,
     case_config,
@@ -94,6 +94,11 @@ def test_sample_is_the_mean_plus_diffusers_std_times_seeded_noise(loaded):
     assert np.array_equal(np.asarray(vae.encode(frames, seed=7)), np.asarray(vae.encode(frames)))  # no sample: the mean
     with pytest.raises(ValueError, match="seed must be an integer"):
         vae.encode(frames, sample=True, seed=2**32)
+
+
+def test_host_seed_keys_are_jax_prng_keys():
+    for seed in (0, 1, 12345, 2**31, 2**32 - 1):
+        assert np.array_equal(prng_key(seed), np.asarray(jax.random.PRNGKey(seed))), seed
 
 
 def test_one_batch_serves_rows_with_different_options(loaded):
