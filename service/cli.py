@@ -6,6 +6,10 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .frames import BodyFormat
 
 
 def _serve_parser(sub) -> None:
@@ -152,7 +156,7 @@ def decode(args: argparse.Namespace) -> int:
     return 0
 
 
-_FRAME_SUFFIXES = {".mp4": "mp4", ".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".npy": "npy",
+_FRAME_SUFFIXES: dict[str, BodyFormat] = {".mp4": "mp4", ".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".npy": "npy",
                    ".safetensors": "safetensors"}
 
 

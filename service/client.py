@@ -126,11 +126,13 @@ def encode(url: str, frames: np.ndarray | bytes, *, normalize: bool = False, sam
     latents ``(B, z, T, H/8, W/8)``. ``params``: ``scaling_factor``, ``shift_factor``, ``timeout_s``."""
     query = {"normalize": normalize, "sample": sample, "seed": seed, "output_type": "pt", **params}
     if isinstance(frames, bytes):
-        args = {"content": frames, "params": {k: (str(v).lower() if isinstance(v, bool) else v)
-                                              for k, v in query.items() if v is not None},
-                "headers": {"Authorization": f"Bearer {api_key}"} if api_key else {}}
+        content: bytes = frames
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        query = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in query.items() if v is not None}
     else:
         args = _request_args(frames, api_key, query)
-    response = httpx.post(_endpoint(url, "/v1/encode"), timeout=timeout, **args)
+        content, query, headers = args["content"], args["params"], args["headers"]
+    response = httpx.post(_endpoint(url, "/v1/encode"), content=content, params=query, headers=headers,
+                          timeout=timeout)
     _raise_for_problem(response)
     return np.frombuffer(response.content, "<f4").reshape(json.loads(response.headers["shape"]))
