@@ -119,8 +119,8 @@ class HaloRecorder:
     """A single-band stand-in context that records what ``BandContext`` would exchange.
 
     Trace a decode step on one band's shapes with it (``jax.eval_shape``): every ``pad_hw`` call
-    appends the shape and dtype of the one-row slab each device sends in each direction
-    (``pad_hw_after``, which sends in one direction only, to ``one_way``).
+    appends the shape and dtype of the one-row slab each device sends in each direction. (It has
+    no ``pad_hw_after``: it records decode steps, whose convs all pad on every side.)
     """
 
     native_conv = False  # the conv path does not change what crosses devices
@@ -128,20 +128,12 @@ class HaloRecorder:
     def __init__(self, plan: BandPlan):
         self.plan = plan
         self.slabs: list[tuple[tuple[int, ...], np.dtype]] = []
-        self.one_way: list[tuple[tuple[int, ...], np.dtype]] = []
-
-    def _slab(self, x: jax.Array) -> tuple[tuple[int, ...], np.dtype]:
-        shape = list(x.shape)
-        shape[_positive(self.plan.axis, x.ndim)] = 1
-        return tuple(shape), np.dtype(x.dtype)
 
     def pad_hw(self, x: jax.Array) -> jax.Array:
-        self.slabs.append(self._slab(x))
+        shape = list(x.shape)
+        shape[_positive(self.plan.axis, x.ndim)] = 1
+        self.slabs.append((tuple(shape), np.dtype(x.dtype)))
         return zero_pad_hw(x)
-
-    def pad_hw_after(self, x: jax.Array) -> jax.Array:
-        self.one_way.append(self._slab(x))
-        return zero_pad_hw_after(x)
 
     def attend(self, q, k, v):
         return q  # shapes only
