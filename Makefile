@@ -18,10 +18,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 # torch==2.13.0 resolves to the local CPU build; install it before diffusers so that
-# diffusers' own torch requirement is already satisfied (no CUDA wheels pulled).
+# diffusers' own torch requirement is already satisfied (no CUDA wheels pulled). The aot extra
+# brings libtpu: the tests compile decode programs for a TPU slice without a TPU.
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,aot]'
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

@@ -17,13 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import models  # noqa: E402
-from flops import decode_flops  # noqa: E402
+from models.flops import decode_flops  # noqa: E402
 
 
 def timed(fn, runs: int) -> tuple[list[float], object]:

@@ -5,7 +5,7 @@
 
 Prints min and median seconds over ``--runs`` timed runs after one warm-up (which includes our
 compile), the ratio ours/diffusers from the same run, achieved GFLOP/s on the nominal FLOPs
-(bench/flops.py), and the max abs difference of the posterior means as a sanity check.
+(models/flops.py), and the max abs difference of the posterior means as a sanity check.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from flops import encode_flops  # noqa: E402
+from models.flops import encode_flops  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import models  # noqa: E402

@@ -4,14 +4,15 @@ compiled programs."""
 from .config import ConfigError, WanVAEConfig
 from .decode import OUTPUTS, Output, denormalize_latents, to_uint8
 from .encode import latent_frames, normalize_latents
-from .loading import WeightsError, convert_wan_pth, load_vae, save_vae
+from .loading import MODEL_NAMES, WeightsError, convert_wan_pth, load_config, load_vae, save_vae
 from .programs import ProgramCache
-from .vae import FramesError, LatentsError, NoEncoderError, ShapeError, WanVAE, init_vae
+from .vae import FramesError, LatentsError, NoEncoderError, ShapeError, WanVAE, abstract_vae, init_vae
 
 __all__ = [
     "ConfigError",
     "FramesError",
     "LatentsError",
+    "MODEL_NAMES",
     "NoEncoderError",
     "OUTPUTS",
     "Output",
@@ -20,10 +21,12 @@ __all__ = [
     "WanVAE",
     "WanVAEConfig",
     "WeightsError",
+    "abstract_vae",
     "convert_wan_pth",
     "denormalize_latents",
     "init_vae",
     "latent_frames",
+    "load_config",
     "load_vae",
     "normalize_latents",
     "save_vae",

@@ -36,6 +36,8 @@ from .vae import WanVAE, init_vae, resolve_dtype
 log = logging.getLogger("vaeserve.models")
 
 DEFAULT_SEED = 0
+# Architectures by name: their configs need no checkpoint (planning compiles from shapes alone).
+MODEL_NAMES = {"wan2.1": WanVAEConfig}
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 # The encoder's tensors: optional as a whole (a decode-only checkpoint has none of them).
@@ -196,6 +198,22 @@ def load_vae(path: str | Path | None = None, dtype: str = "float32") -> WanVAE:
         raise FileNotFoundError(f"no model at {path}")
     log.info("loading Wan VAE from %s (%s)", path, dtype)
     return build_vae(config, tensors, dtype=dtype, metadata={"source": str(path), "random_weights": False})
+
+
+def load_config(path: str | Path | None = None) -> WanVAEConfig:
+    """The config ``load_vae(path)`` would build, read without loading any tensor.
+
+    ``path`` is anything ``load_vae`` accepts, or a model name in ``MODEL_NAMES``.
+    """
+    if path is None or str(path) in MODEL_NAMES:
+        return MODEL_NAMES[str(path) if path is not None else "wan2.1"]()
+    path = Path(path)
+    if path.is_dir():
+        return WanVAEConfig.from_json(_diffusers_folder(path) / "config.json")
+    if path.is_file():
+        config_file = path.parent / "config.json"
+        return WanVAEConfig.from_json(config_file) if config_file.is_file() else WanVAEConfig()
+    raise FileNotFoundError(f"no model at {path} (nor a model name: {sorted(MODEL_NAMES)})")
 
 
 # -- writing ------------------------------------------------------------------------------------

@@ -65,6 +65,11 @@ class ProgramCache:
                 self.on_evict(old)
         return compiled
 
+    def peek(self, key: Hashable) -> jax.stages.Compiled | None:
+        """The compiled program for ``key`` if held, without marking it used (for inspection)."""
+        with self._lock:
+            return self._entries.get(key)
+
     def keys(self) -> list[Hashable]:
         """Keys of the programs held, least recently used first."""
         with self._lock:

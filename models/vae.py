@@ -273,3 +273,12 @@ def init_vae(config: WanVAEConfig | None = None, *, seed: int = 0, dtype: str = 
     meta = {"source": f"random weights (seed {seed})", "random_weights": True}
     meta.update(metadata or {})
     return WanVAE(config, model, dtype=dtype, metadata=meta, encoder=encoder_model)
+
+
+def abstract_vae(config: WanVAEConfig | None = None, *, dtype: str = "float32") -> WanVAE:
+    """A decoder with shapes and dtypes but no weights (``nnx.eval_shape``): enough to compile
+    its programs and read their memory, at no cost of initialising the weights. It cannot decode."""
+    config = config or WanVAEConfig()
+    model = nnx.eval_shape(lambda: WanDecoder(config, rngs=nnx.Rngs(0), dtype=resolve_dtype(dtype)))
+    return WanVAE(config, model, dtype=dtype, metadata={"source": "abstract (shapes only, no weights)",
+                                                        "abstract": True})

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from .admission import ByteBudget
 from .errors import install_error_handlers
-from .loading import RunnerFactory, startup
+from .loading import RunnerFactory, StartupRefused, startup
 from .metrics import Metrics
 from .middleware import RequestContext
 from .routes import decode, encode, operations
@@ -36,7 +36,14 @@ def _start_worker(state: ServiceState, startup_fn: Callable[[], ModelState]) -> 
     def on_failed(error: str) -> None:
         loop.call_soon_threadsafe(state.set_failed, error)
 
-    worker = Worker(startup=startup_fn, metrics=state.metrics, max_queue=settings.max_queue,
+    def startup_or_refuse() -> ModelState:
+        try:
+            return startup_fn()
+        except StartupRefused as refusal:  # the serving process exits (server.serve)
+            loop.call_soon_threadsafe(state.set_refused, f"start-up refused: {refusal}")
+            raise
+
+    worker = Worker(startup=startup_or_refuse, metrics=state.metrics, max_queue=settings.max_queue,
                     max_batch=settings.max_batch, retry_after_s=settings.retry_after_s, on_ready=on_ready,
                     on_failed=on_failed)
     state.worker = worker

@@ -1,4 +1,4 @@
-"""``vaeserve``: serve | decode | encode | convert | loadtest."""
+"""``vaeserve``: serve | decode | encode | convert | plan | loadtest."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from . import plan_cli
 
 if TYPE_CHECKING:
     from .frames import BodyFormat
@@ -34,6 +36,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-programs", type=int, help="compiled programs kept, least recently used dropped (0: all)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or VAESERVE_API_KEY)")
     p.add_argument("--cpu-devices", type=int, help="fake N CPU devices (tp/dp without accelerators)")
+    p.add_argument("--device-memory-bytes", type=int,
+                   help="per-device memory the warm-up programs must fit (default: the device's bytes_limit)")
     p.add_argument("--request-timeout-s", type=float)
     p.add_argument("--drain-timeout-s", type=float)
     p.add_argument("--read-timeout-s", type=float, help="time to receive the headers, and again the body (408)")
@@ -90,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     _decode_parser(sub)
     _encode_parser(sub)
     _convert_parser(sub)
+    plan_cli.add_parser(sub)
     sub.add_parser("loadtest", help="httpx load test (see vaeserve loadtest --help)", add_help=False)
     return parser
 
@@ -241,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return loadtest_main(argv[1:])
     args = build_parser().parse_args(argv)
-    handler = {"serve": serve, "decode": decode, "encode": encode, "convert": convert}[args.command]
+    handler = {"serve": serve, "decode": decode, "encode": encode, "convert": convert,
+               "plan": plan_cli.run}[args.command]
     return handler(args)
 
 

@@ -25,6 +25,11 @@ log = logging.getLogger("vaeserve")
 RunnerFactory = Callable[..., DeviceRunner]
 
 
+class StartupRefused(RuntimeError):
+    """The service cannot work as configured (a warm-up program needs more memory than a device
+    has): the server exits non-zero with this message instead of failing at the first request."""
+
+
 def configure_jax(settings: Settings) -> None:
     import jax
 
@@ -50,6 +55,7 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
     import jax
 
     import sharding
+    from sharding.planner import device_bytes_limit
 
     vae = vae if vae is not None else _load_vae(settings)
     if vae.metadata.get("random_weights"):
@@ -61,12 +67,13 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
                     max_height=settings.max_height, max_width=settings.max_width,
                     temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale)
     per_channel = (1, config.z_dim, 1, 1, 1)
+    device_memory = settings.device_memory_bytes or device_bytes_limit(list(mesh.devices.flat))
     return ModelState(
         vae=vae, runner=runner, limits=limits,
         mean=np.asarray(config.latents_mean, np.float32).reshape(per_channel),
         std=np.asarray(config.latents_std, np.float32).reshape(per_channel),
         devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
-        warmed=tuple(settings.warmup), served=served_shapes(settings),
+        warmed=tuple(settings.warmup), served=served_shapes(settings), device_memory_bytes=device_memory,
         encode_served=None if settings.shapes == "any" else frozenset(settings.encode_warmup))
 
 
@@ -108,21 +115,45 @@ def warm_up(model: ModelState, settings: Settings) -> None:
     bucket; the encode of each ``encode_warmup`` frame shape) before the service says it is ready."""
     cache = model.vae.programs
     evictions = cache.evictions
+    if model.device_memory_bytes is None and settings.warmup:
+        log.info("no per-device memory limit known (CPU devices): warm-up programs are not checked against one")
     for warmup in settings.warmup:
         start = time.monotonic()
         for output in warmup.outputs:
-            model.runner.compile(warmup.shape, output="uint8" if output == "stream" else output,
-                                 stream=output == "stream")
+            programs = model.runner.compile(warmup.shape, output="uint8" if output == "stream" else output,
+                                            stream=output == "stream")
+            check_memory(model, programs)
         log.info("warm-up %s compiled in %.1f s", warmup, time.monotonic() - start)
     if settings.encode_warmup and not model.vae.has_encoder:
         raise ValueError("--encode-warmup needs a checkpoint with an encoder; this one has none")
     for shape in settings.encode_warmup:
         start = time.monotonic()
-        model.runner.compile_encode(shape)
+        check_memory(model, model.runner.compile_encode(shape), what="the encode of frames")
         log.info("warm-up encode %s compiled in %.1f s", "x".join(map(str, shape)), time.monotonic() - start)
     if cache.evictions != evictions:
         raise ValueError(f"max_programs={settings.max_programs} is smaller than the {len(cache) + cache.evictions - evictions}"
                          " programs the warm-up compiled: raise it (or 0 for no limit)")
+
+
+def check_memory(model: ModelState, programs: list[tuple[tuple[int, ...], Any]], *,
+                 what: str = "the decode of latents") -> None:
+    """Refuse to start (``StartupRefused``) when a compiled program needs more bytes per device than
+    ``model.device_memory_bytes`` — read from ``memory_analysis()`` before the program ever runs.
+    ``what`` names the programs' inputs in the message."""
+    import jax
+
+    from sharding.planner import WontFitError, check_fits
+
+    if model.device_memory_bytes is None:
+        return
+    mesh = model.runner.mesh
+    for shape, compiled in programs:
+        try:
+            needed = check_fits(compiled, shape=shape, mesh=mesh, limit=model.device_memory_bytes,
+                                devices=jax.device_count(), what=what)
+        except WontFitError as e:
+            raise StartupRefused(str(e)) from e
+        log.info("%s %s: %.3f GB per device of %.3f GB", what, shape, needed / 1e9, model.device_memory_bytes / 1e9)
 
 
 def startup(settings: Settings, metrics: Metrics, *, vae: Any = None,

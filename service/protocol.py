@@ -75,6 +75,19 @@ class WarmedShape(BaseModel):
     outputs: list[str]
 
 
+class ProgramMemory(BaseModel):
+    """Per-device bytes of one compiled program (``memory_analysis()``)."""
+
+    program: str
+    shape: list[int]
+    variant: str
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    total_bytes: int
+
+
 class ModelInfo(BaseModel):
     id: str
     source: str | None
@@ -87,6 +100,8 @@ class ModelInfo(BaseModel):
     warmed_shapes: list[list[int]]
     warmed: list[WarmedShape]
     compiled: list[list[Any]]
+    program_memory: list[ProgramMemory]
+    device_memory_bytes: int | None  # what the warm-up checked programs against (None: unknown, no check)
 
 
 class ModelList(BaseModel):

@@ -102,44 +102,73 @@ class DeviceRunner:
                                          options=PosteriorOptions.concatenate(options, size))
         return np.asarray(result)[:n]
 
-    def compile_encode(self, shape: tuple[int, ...]) -> None:
+    def compile_encode(self, shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], Any]]:
         """Compile, without running, the encode of frames ``shape`` ``(3, F, H, W)`` at every batch
-        bucket (one program serves every sampling/normalization option)."""
+        bucket (one program serves every sampling/normalization option); returned as ``compile``
+        returns them, each with the batched frames ``(B, 3, F, H, W)`` it serves."""
         import sharding
 
         self._check_thread()
-        for size in self.buckets:
-            sharding.compile_encode(self.vae, (size, *shape), self.mesh)
+        return [((size, *shape), sharding.compile_encode(self.vae, (size, *shape), self.mesh))
+                for size in self.buckets]
 
-    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> None:
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> list[tuple[tuple[int, ...], Any]]:
         """Compile, without running, every program a request of latent ``shape`` ``(C, T, H, W)``
         can need, at every batch bucket: the decode of ``output``, or every step of a stream.
-        The programs land in the model's cache (``vae.programs``), where requests find them."""
+        The programs land in the model's cache (``vae.programs``), where requests find them;
+        they are returned too, each with the batched latents ``(B, C, T, H, W)`` it serves, so
+        that their ``memory_analysis()`` can be read before anything runs."""
         import sharding
 
         self._check_thread()
+        programs: list[tuple[tuple[int, ...], Any]] = []
         for size in self.buckets:
+            batched = (size, *shape)
             if stream:
-                sharding.compile_decode_stream(self.vae, (size, *shape), self.mesh)
+                programs += [(batched, p) for p in sharding.compile_decode_stream(self.vae, batched, self.mesh)]
             else:
-                sharding.compile_decode(self.vae, (size, *shape), self.mesh, output=output)
+                programs.append((batched, sharding.compile_decode(self.vae, batched, self.mesh, output=output)))
+        return programs
+
+    def program_memory(self) -> list[dict[str, Any]]:
+        """Per-device bytes of every compiled program of this runner's mesh (``memory_analysis()``):
+        ``{"program", "shape", "variant", "argument_bytes", "output_bytes", "temp_bytes",
+        "code_bytes", "total_bytes"}``, least recently used first (as ``programs()``)."""
+        from sharding.inspect import program_memory
+        from sharding.planner import program_total_bytes
+
+        rows = []
+        for key in self._keys():
+            compiled = self.vae.programs.peek(key)
+            if compiled is None:  # evicted since listed
+                continue
+            program, shape, variant = self._describe(key)
+            memory = program_memory(compiled)
+            rows.append({"program": program, "shape": shape, "variant": variant,
+                         **{k: v for k, v in memory.items() if k != "alias_bytes"},
+                         "total_bytes": program_total_bytes(memory)})
+        return rows
 
     def programs(self) -> list[list]:
         """The compiled programs of this runner's mesh in the model's cache, least recently used
         first: ``["decode", [B, C, T, H, W], output]``, ``["stream-step", [B, C, t, H, W],
-        "first" | "next"]`` or ``["encode", [B, 3, F, H, W]]``. (A read of the cache; it is safe
-        from any thread.)"""
+        "first" | "next"]`` or ``["encode", [B, 3, F, H, W], "latents"]``. (A read of the cache; it
+        is safe from any thread.)"""
+        return [self._describe(key) for key in self._keys()]
+
+    @staticmethod
+    def _describe(key: tuple) -> list:
+        if key[0] == "sharded-decode":
+            return ["decode", list(key[2]), key[4]]
+        if key[0] == "sharded-encode":
+            return ["encode", list(key[2]), "latents"]
+        return ["stream-step", list(key[2]), "first" if key[4] else "next"]
+
+    def _keys(self) -> list[Any]:
+        """Cache keys of this mesh's decode, stream-step and encode programs, least recently used first."""
         from sharding.mesh import mesh_key
 
         mesh = mesh_key(self.mesh)
-        described = []
-        for key in self.vae.programs.keys():
-            if not (isinstance(key, tuple) and len(key) > 4 and key[1] == mesh):
-                continue
-            if key[0] == "sharded-decode":
-                described.append(["decode", list(key[2]), key[4]])
-            elif key[0] == "sharded-decode-step":
-                described.append(["stream-step", list(key[2]), "first" if key[4] else "next"])
-            elif key[0] == "sharded-encode":
-                described.append(["encode", list(key[2])])
-        return described
+        return [key for key in self.vae.programs.keys()
+                if isinstance(key, tuple) and len(key) > 4 and key[1] == mesh
+                and key[0] in ("sharded-decode", "sharded-decode-step", "sharded-encode")]

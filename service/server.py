@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 from typing import Any
 
 import h11
@@ -105,7 +106,12 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicor
 
 
 class DrainingServer(uvicorn.Server):
-    """Marks the app draining the moment the signal lands, before uvicorn starts shutting down."""
+    """Marks the app draining the moment the signal lands, before uvicorn starts shutting down;
+    shuts down when start-up was refused (a warm-up program that cannot fit the device)."""
+
+    async def on_tick(self, counter: int) -> bool:
+        should_exit = await super().on_tick(counter)
+        return should_exit or _refused(self.config.app) is not None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         app = self.config.app
@@ -115,10 +121,20 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def _refused(app: Any) -> str | None:
+    """The refusal message if start-up refused to serve, else None."""
+    service = getattr(getattr(app, "state", None), "service", None)
+    return service.error if isinstance(service, ServiceState) and service.refused else None
+
+
 def serve(app: FastAPI, settings: Settings) -> int:
     server = DrainingServer(uvicorn_config(app, settings))
     # uvicorn re-raises the signal it caught once it has shut down, so that the default action
     # (death by SIGTERM) still happens. A drained shutdown is a success: exit 0 instead.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     server.run()
+    refusal = _refused(app)
+    if refusal is not None:
+        print(f"vaeserve serve: {refusal}", file=sys.stderr)
+        return 3
     return 0 if server.started else 1

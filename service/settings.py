@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     max_programs: int = Field(
         64, ge=0, description="compiled programs kept (least recently used dropped); 0 = no limit"
     )
+    device_memory_bytes: int | None = Field(
+        None, ge=1, description="memory per device that every warm-up program must fit before the service "
+        "starts; None = the devices' memory_stats()['bytes_limit'] (accelerators; CPU reports none: no check)"
+    )
 
     # --- network --------------------------------------------------------------------------
     host: str = "127.0.0.1"

@@ -39,6 +39,7 @@ class ModelState:
     platform: str
     warmed: tuple[Warmup, ...]
     served: ServedShapes | None  # None: any shape (programs compiled on demand, LRU-bounded)
+    device_memory_bytes: int | None = None  # per-device memory warm-up programs must fit (None: no check)
     encode_served: frozenset[FrameShape] | None = None  # frames (3, F, H, W) encoded; None: any
 
     def check_served(self, shape: tuple[int, ...], output: str) -> None:
@@ -78,6 +79,7 @@ class ServiceState:
     phase: Phase = "loading"
     model: ModelState | None = None
     error: str | None = None
+    refused: bool = False  # start-up refused to serve as configured: the process exits non-zero
 
     # -- transitions (event loop only) -----------------------------------------------------------
     def set_ready(self, model: ModelState) -> None:
@@ -86,7 +88,13 @@ class ServiceState:
             self.phase = "ready"
 
     def set_failed(self, error: str) -> None:
-        self.phase, self.error = "failed", error
+        if not self.refused:  # the refusal's message is the one to keep
+            self.phase, self.error = "failed", error
+
+    def set_refused(self, error: str) -> None:
+        """Start-up found the configuration cannot work (``loading.StartupRefused``): fail, then exit."""
+        self.set_failed(error)
+        self.refused = True
 
     def set_draining(self) -> None:
         if self.phase != "failed":

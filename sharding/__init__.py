@@ -3,9 +3,12 @@ one-row halos.
 
 Public surface: ``make_mesh``, ``sharded_decode``, ``sharded_decode_stream``, ``sharded_encode``,
 their ahead-of-time compiled programs (``compile_decode``, ``compile_decode_stream``,
-``compile_encode``), the axis-name constants, and inspection helpers for memory and HLO (``inspect``).
+``compile_encode``), the axis-name constants, inspection helpers for memory and HLO
+(``inspect``), and planning for TPU slices without a TPU (``topology_devices``, ``plan_decode``,
+``check_fits``).
 """
 
+from .chips import TopologyError, topology_devices
 from .decode import (
     compile_decode,
     compile_decode_stream,
@@ -19,6 +22,7 @@ from .halo import BandContext
 from .inspect import collectives, halo_bytes, hlo_text, memory_stats
 from .mesh import DP_AXIS, MESH_AXES, TP_AXIS, MeshError, make_mesh
 from .plan import BandPlan, SplitError, choose_split, plan_bands
+from .planner import PlanError, WontFitError, check_fits, plan_decode
 
 __all__ = [
     "DP_AXIS",
@@ -27,7 +31,11 @@ __all__ = [
     "BandContext",
     "BandPlan",
     "MeshError",
+    "PlanError",
     "SplitError",
+    "TopologyError",
+    "WontFitError",
+    "check_fits",
     "choose_split",
     "collectives",
     "compile_decode",
@@ -38,6 +46,7 @@ __all__ = [
     "make_mesh",
     "memory_stats",
     "plan_bands",
+    "plan_decode",
     "put_frames",
     "put_latents",
     "replicated_encoder_state",
@@ -45,4 +54,5 @@ __all__ = [
     "sharded_decode",
     "sharded_decode_stream",
     "sharded_encode",
+    "topology_devices",
 ]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
@@ -21,10 +20,12 @@ from .halo import HaloRecorder
 from .plan import Split, plan_bands
 
 
-def memory_stats(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> dict[str, int]:
-    """``memory_analysis()`` of the per-device program of ``compile_decode(vae, shape, mesh, **options)``,
-    in bytes: temp, argument, output, alias, code."""
-    stats = compile_decode(vae, shape, mesh, **options).memory_analysis()
+def program_memory(compiled: jax.stages.Compiled) -> dict[str, int]:
+    """``memory_analysis()`` of a compiled per-device program, in bytes: temp, argument, output,
+    alias, code. Answers for programs compiled for abstract devices too (nothing runs)."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        raise RuntimeError("this backend's compiler gives no memory_analysis() for the program")
     return {
         "temp_bytes": int(stats.temp_size_in_bytes),
         "argument_bytes": int(stats.argument_size_in_bytes),
@@ -34,28 +35,79 @@ def memory_stats(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> 
     }
 
 
+def memory_stats(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> dict[str, int]:
+    """``program_memory`` of the per-device program of ``compile_decode(vae, shape, mesh, **options)``."""
+    return program_memory(compile_decode(vae, shape, mesh, **options))
+
+
 def hlo_text(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> str:
     """The optimized, SPMD-partitioned HLO of the per-device program of ``compile_decode``."""
-    return compile_decode(vae, shape, mesh, **options).as_text()
+    return compile_decode(vae, shape, mesh, **options).as_text() or ""
 
 
+COLLECTIVE_OPS = ("collective-permute", "all-gather", "all-reduce", "all-to-all", "reduce-scatter")
+# One HLO instruction: ``%name = TYPE op(`` or, asynchronous, ``%name = (TUPLE) op-start(``.
 _COLLECTIVE = re.compile(
-    r"=\s*(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\][^=]*?\s"
-    r"(?P<op>collective-permute|all-gather|all-reduce|all-to-all|reduce-scatter)(?:-start)?\("
+    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<type>[^=]*?)\s(?P<op>" + "|".join(COLLECTIVE_OPS) + r")(?P<start>-start)?\(",
+    re.MULTILINE,
 )
+_ARRAY = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4, "f64": 8, "s64": 8}
 
 
+def _result_arrays(type_text: str, asynchronous: bool) -> list[tuple[str, tuple[int, ...]]]:
+    """The result arrays of a collective from its HLO type.
+
+    Synchronous ops return one array (or a tuple of results); an asynchronous ``*-start`` returns
+    ``(operands..., results..., scalar contexts...)``, as the TPU and GPU compilers write
+    collective-permutes and all-gathers: the results are the second half of its non-scalar arrays.
+    """
+    arrays = [(m["dtype"], tuple(int(d) for d in m["dims"].split(",") if d)) for m in _ARRAY.finditer(type_text)]
+    arrays = [a for a in arrays if a[1]]
+    if not type_text.lstrip().startswith("("):
+        return arrays[:1]
+    return arrays[len(arrays) // 2 :] if asynchronous else arrays
+
+
 def collectives(hlo: str) -> list[dict]:
-    """Every collective in HLO text: ``{"op", "dtype", "shape", "bytes"}`` (result shape per device)."""
+    """Every collective in HLO text (CPU, TPU or GPU): ``{"op", "dtype", "shape", "bytes"}`` per
+    result array, its shape per device. A loop body is listed once, however often it runs."""
     found = []
     for match in _COLLECTIVE.finditer(hlo):
-        dims = tuple(int(d) for d in match["dims"].split(",") if d)
-        found.append({
-            "op": match["op"], "dtype": match["dtype"], "shape": dims,
-            "bytes": int(np.prod(dims)) * _BYTES.get(match["dtype"], 4),
-        })
+        for dtype, dims in _result_arrays(match["type"], bool(match["start"])):
+            found.append({"op": match["op"], "dtype": dtype, "shape": dims,
+                          "bytes": int(np.prod(dims)) * _BYTES.get(dtype, 4)})
     return found
+
+
+def collective_summary(found: list[dict]) -> dict[str, dict[str, int]]:
+    """``{op: {"count", "bytes"}}`` over the output of ``collectives``."""
+    summary: dict[str, dict[str, int]] = {}
+    for c in found:
+        entry = summary.setdefault(c["op"], {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += c["bytes"]
+    return summary
+
+
+_CONV_SCOPES = ("CausalConv3d/", "Resample/resample/")  # the 3x3(x3) convolutions' named scopes
+
+
+def conv_ops(hlo: str) -> dict[str, int]:
+    """How the 3x3(x3) convolutions were compiled: ``{"convolution", "tap_matmul"}`` instruction counts.
+
+    ``convolution``: native convolution instructions. ``tap_matmul``: dots traced inside a
+    convolution layer's scope — the CPU path's nine-tap matmul, which an accelerator program
+    must not contain (it is what compiling for a TPU from a CPU host ran before the conv path
+    followed the target devices).
+    """
+    native = tap = 0
+    for line in hlo.splitlines():
+        if " convolution(" in line:
+            native += 1
+        elif " dot(" in line and any(scope in line for scope in _CONV_SCOPES):
+            tap += 1
+    return {"convolution": native, "tap_matmul": tap}
 
 
 def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, split: Split | None = None,

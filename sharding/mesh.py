@@ -6,7 +6,7 @@ width) that exchange one-row halos. The mesh is built once by the caller and pas
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -41,6 +41,12 @@ def make_mesh(tp: int, dp: int = 1, devices: Sequence[jax.Device] | None = None)
     return Mesh(grid, MESH_AXES)
 
 
+def device_key(device: jax.Device) -> tuple:
+    """What makes a device a distinct compile target: ids alone collide across platforms (CPU
+    device 0 and the first chip of an abstract TPU topology), and across TPU generations."""
+    return (device.platform, device.device_kind, device.id, tuple(getattr(device, "coords", ()) or ()))
+
+
 def mesh_key(mesh: Mesh) -> tuple:
-    """A hashable identity for caching programs per mesh (axis names, sizes and device ids)."""
-    return (tuple(mesh.axis_names), tuple(mesh.devices.shape), tuple(d.id for d in mesh.devices.flat))
+    """A hashable identity for caching programs per mesh (axis names, sizes and devices)."""
+    return (tuple(mesh.axis_names), tuple(mesh.devices.shape), tuple(device_key(d) for d in mesh.devices.flat))

@@ -7,7 +7,16 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..deps import ApiKeyDep, StateDep
-from ..protocol import PROBLEM_RESPONSES, Health, MeshInfo, ModelInfo, ModelList, Ready, WarmedShape
+from ..protocol import (
+    PROBLEM_RESPONSES,
+    Health,
+    MeshInfo,
+    ModelInfo,
+    ModelList,
+    ProgramMemory,
+    Ready,
+    WarmedShape,
+)
 
 router = APIRouter()
 
@@ -47,4 +56,6 @@ async def list_models(state: StateDep) -> ModelList:
         metadata=meta, mesh=MeshInfo(dp=settings.dp, tp=settings.tp, devices=model.devices),
         batch_buckets=model.runner.buckets, warmed_shapes=[list(w.shape) for w in model.warmed],
         warmed=[WarmedShape(shape=list(w.shape), outputs=list(w.outputs)) for w in model.warmed],
-        compiled=model.runner.programs())])
+        compiled=model.runner.programs(),
+        program_memory=[ProgramMemory(**row) for row in model.runner.program_memory()],
+        device_memory_bytes=model.device_memory_bytes)])

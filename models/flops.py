@@ -6,7 +6,7 @@ implementation (ours skips the zero taps of frame 0; that saving is not counted 
 
 from __future__ import annotations
 
-from models import WanVAEConfig
+from .config import WanVAEConfig
 
 
 def _step_flops(config: WanVAEConfig, h: int, w: int, first: bool) -> float:
@@ -26,7 +26,7 @@ def _step_flops(config: WanVAEConfig, h: int, w: int, first: bool) -> float:
     tokens = h * w
     attention = 2.0 * frames * tokens * (3 * dims[0] ** 2 + 2 * tokens * dims[0] + dims[0] ** 2)
     total += residual(dims[0], dims[0]) * 2 + attention
-    for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
+    for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
         cin = cin // 2 if i > 0 else cin
         for _ in range(config.num_res_blocks + 1):
             total += residual(cin, cout)

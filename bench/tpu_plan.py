@@ -1,0 +1,161 @@
+#!/usr/bin/env python
+"""Per-chip HBM of the Wan 2.1 decode on TPU v5e-8, v6e-8 and v5p-8, from the real TPU compiler.
+
+Each row compiles the sharded decode (uint8 output, batch 1) for one (video, slice, dtype, tp) on
+the slice's abstract devices — the program `vaeserve plan` compiles, no TPU needed — and appends
+one JSON line to ``--results``. Rows already there are skipped, so an interrupted run resumes
+where it stopped. ``--render`` prints the README table and writes the memory-vs-tp PNG.
+
+    nice -n 19 python bench/tpu_plan.py                 # all rows (hours on 2 cores), resumable
+    python bench/tpu_plan.py --render                   # the README table + docs/tpu-plan/memory.png
+
+Real-size compiles take minutes each and some need many GB of host memory: run it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the TPU devices are compile-only
+
+RESULTS = REPO / "docs" / "tpu-plan" / "results.jsonl"
+PNG = REPO / "docs" / "tpu-plan" / "memory.png"
+VIDEOS = ("1280x720x81", "832x480x81", "1920x1080x81", "1280x720x121")
+SLICES = {"v5e-8": (8, 4, 2, 1), "v6e-8": (8, 4, 2, 1), "v5p-8": (4, 2, 1)}
+DTYPES = ("bfloat16", "float32")
+
+
+def rows() -> list[dict]:
+    """Every row of the table, the most asked-for first (720p bf16 on v5e-8 at tp = 8)."""
+    return [{"video": video, "slice": name, "dtype": dtype, "tp": tp}
+            for dtype in DTYPES for video in VIDEOS for name, tps in SLICES.items() for tp in tps]
+
+
+def key(row: dict) -> tuple:
+    return row["video"], row["slice"], row["dtype"], row["tp"]
+
+
+def done(path: Path) -> dict[tuple, dict]:
+    if not path.is_file():
+        return {}
+    results = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {key(r): r for r in results}
+
+
+def run(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    import models
+    import sharding
+    from sharding.chips import chip_facts, topology_devices
+    from sharding.planner import HEADROOM, latent_shape_for_video, parse_dims, plan_mesh
+
+    finished = done(args.results)
+    todo = [r for r in rows() if key(r) not in finished]
+    if args.limit:
+        todo = todo[: args.limit]
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    config = models.WanVAEConfig()
+    print(f"{len(finished)} rows done, {len(todo)} to compile → {args.results}", file=sys.stderr)
+    for row in (bar := tqdm(todo, unit="compile")):
+        bar.set_postfix_str(" ".join(map(str, key(row))))
+        vae = models.abstract_vae(config, dtype=row["dtype"])  # a fresh program cache: one program at a time
+        devices = topology_devices(row["slice"])
+        latents = latent_shape_for_video(config, *parse_dims(row["video"], 3, "video"))
+        mesh = sharding.make_mesh(row["tp"], devices=devices)
+        start, cpu = time.perf_counter(), time.process_time()
+        try:
+            plan = plan_mesh(vae, (1, *latents), mesh, chip_facts(devices[0].device_kind),
+                             hbm_bytes=chip_facts(devices[0].device_kind).hbm_bytes, output="uint8", headroom=HEADROOM)
+            result = {**row, **{k: getattr(plan, k) for k in (
+                "split", "argument_bytes", "output_bytes", "temp_bytes", "code_bytes", "total_bytes", "hbm_bytes",
+                "usable_bytes", "fits", "flops", "bytes_accessed", "compile_s", "bound_s")},
+                      "compile_cpu_s": round(time.process_time() - cpu, 1)}
+        except Exception as e:  # noqa: BLE001 - the compiler's refusal (e.g. out of HBM) is a result too
+            result = {**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                      "compile_s": round(time.perf_counter() - start, 1)}
+        with args.results.open("a") as f:
+            f.write(json.dumps(result) + "\n")
+
+
+def render(args: argparse.Namespace) -> None:
+    results = done(args.results)
+    print("| video | slice | dtype | tp=1 | tp=2 | tp=4 | tp=8 | compile wall s / CPU s (tp=1 … 8) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dtype in DTYPES:
+        for video in VIDEOS:
+            for name, tps in SLICES.items():
+                cells, times = [], []
+                for tp in (1, 2, 4, 8):
+                    r = results.get((video, name, dtype, tp))
+                    if tp not in tps:
+                        cells.append("—")
+                    elif r is None:
+                        cells.append("not run")
+                    elif "error" in r:
+                        cells.append("compile failed")
+                    else:
+                        cells.append(f"{r['total_bytes'] / 1e9:.1f} GB {'✓' if r['fits'] else '✗'}")
+                    if r is not None:
+                        times.append(f"{r['compile_s']:.0f} / {r['compile_cpu_s']:.0f}" if "compile_cpu_s" in r
+                                     else f"{r['compile_s']:.0f} / —")
+                if any(c not in ("—", "not run") for c in cells):
+                    print(f"| {video.replace('x', '×', 1).replace('x', ' × ')} | {name} | {dtype} | "
+                          f"{' | '.join(cells)} | {' / '.join(times)} |")
+    plot(results)
+
+
+def plot(results: dict[tuple, dict]) -> None:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sharding.chips import CHIPS
+
+    fig, axes = plt.subplots(1, len(DTYPES), figsize=(12, 4.5), sharey=True)
+    for ax, dtype in zip(axes, DTYPES, strict=True):
+        for video in VIDEOS:
+            for name, tps in SLICES.items():
+                points = [(tp, results[(video, name, dtype, tp)]["total_bytes"] / 1e9) for tp in tps
+                          if "total_bytes" in results.get((video, name, dtype, tp), {})]
+                if points:
+                    ax.plot(*zip(*sorted(points), strict=True), marker="o", label=f"{video} {name}")
+        for chip in CHIPS:
+            if chip.name in ("v5e", "v6e", "v5p"):
+                ax.axhline(chip.hbm_bytes / 1e9 * 0.9, linestyle="--", linewidth=0.8, color="grey")
+                ax.text(1, chip.hbm_bytes / 1e9 * 0.9, f" {chip.name} HBM −10%", fontsize=7, va="bottom")
+        ax.set(xscale="log", yscale="log", xlabel="tp (chips per frame)", title=f"{dtype}, uint8 out, batch 1",
+               xticks=[1, 2, 4, 8], xticklabels=["1", "2", "4", "8"])
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, loc="upper right")
+    axes[0].set_ylabel("GB per chip (memory_analysis: args + out + temp + code)")
+    fig.suptitle("Wan 2.1 decode, compiled for TPU by libtpu (no TPU): per-chip HBM vs tp")
+    fig.tight_layout()
+    PNG.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PNG, dpi=110)
+    print(f"\nwrote {PNG.relative_to(REPO)}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="JSON lines, appended to (resumable)")
+    parser.add_argument("--render", action="store_true", help="print the table and write the PNG; compile nothing")
+    parser.add_argument("--limit", type=int, help="compile at most this many rows now")
+    args = parser.parse_args(argv)
+    render(args) if args.render else run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""``vaeserve plan``: will this decode fit that TPU slice? Answered with the real TPU compiler, no TPU.
+
+    vaeserve plan --topology v5e:2x4 --video 1280x720x81 --dtype bfloat16
+    vaeserve plan --topology v6e-8 --shape 16x21x90x160 --tp 4,8 --json
+
+Compiles the sharded decode for each candidate mesh over the slice's abstract devices (see
+``sharding.planner``) and prints per-device memory, fit, FLOPs, traffic, collectives, compile time
+and a roofline lower bound, then the smallest tp that fits. ``--json`` prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="per-chip HBM of a decode on a TPU slice, compiled without a TPU",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--topology", required=True,
+                   help="TPU slice: a topology (v5e:2x4, v6e:2x4, v5p:2x2x1, v4:2x2x1) or a single-host slice (v6e-8)")
+    shape = p.add_mutually_exclusive_group(required=True)
+    shape.add_argument("--video", metavar="WxHxF", help="decoded video, e.g. 1280x720x81 (F = 1 + 4k)")
+    shape.add_argument("--shape", metavar="CxTxHxW", help="latents, e.g. 16x21x90x160")
+    p.add_argument("--model", default="wan2.1",
+                   help="wan2.1 (default) or a model path as `serve --model` takes; only its config is read")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--tp", default="1,2,4,8", help="candidate tp sizes, comma-separated (default 1,2,4,8)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of each candidate mesh")
+    p.add_argument("--batch", type=int, default=1, help="latents per dp replica")
+    p.add_argument("--output", choices=["uint8", "float"], default="uint8", help="decoded frames as served")
+    p.add_argument("--headroom", type=float, default=None,
+                   help="share of HBM kept free (default 0.1): a mesh fits when its bytes ≤ (1 − headroom) · HBM")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
+
+
+def _tps(text: str) -> list[int]:
+    try:
+        tps = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        tps = []
+    if not tps or min(tps) < 1:
+        raise SystemExit(f"vaeserve plan: --tp must be positive integers separated by commas; received {text!r}")
+    return tps
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.2f}"
+
+
+def format_table(plan: dict[str, Any]) -> str:
+    """The plan as a Markdown table with a header and the recommendation."""
+    video, chip = plan["video"], plan["chip"]
+    lines = [
+        f"{plan['topology']}: {plan['devices']} x {chip['name']} devices "
+        f"({_gb(chip['hbm_bytes'] / plan['devices_per_chip'])} GB HBM each); "
+        f"{video['width']}x{video['height']}x{video['frames']} from latents {plan['latents']} per replica, "
+        f"{plan['dtype']}, {plan['output']} out; fits = total ≤ {1 - plan['headroom']:.0%} of HBM",
+        "",
+        "| tp | dp | split | args GB | out GB | temp GB | code GB | total GB | fits | TFLOP | "
+        "bytes accessed GB (scan body once) | halo MB | collectives | compile s | bound s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in plan["meshes"]:
+        found = ", ".join(f"{n} {op}" for op, n in ((op, c["count"]) for op, c in sorted(m["collectives"].items())))
+        lines.append(
+            f"| {m['tp']} | {m['dp']} | {m['split']} | {_gb(m['argument_bytes'])} | {_gb(m['output_bytes'])} "
+            f"| {_gb(m['temp_bytes'])} | {_gb(m['code_bytes'])} | {_gb(m['total_bytes'])} "
+            f"| {'yes' if m['fits'] else 'NO'} | {m['flops'] / 1e12:,.1f} | {_gb(m['bytes_accessed'])} "
+            f"| {m['halo_bytes'] / 1e6:,.1f} | {found or 'none'} | {m['compile_s']:.1f} | ≥ {m['bound_s']:.3f} |"
+        )
+    for s in plan["skipped"]:
+        lines.append(f"| {s['tp']} | {s['dp']} | — | skipped: {s['reason']} |")
+    rec = plan["recommendation"]
+    lines += ["", f"recommendation: {rec['reason']}", "",
+              *(f"* {name}: {text}" for name, text in plan["notes"].items())]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Planning runs nothing on the host; keep JAX off any local accelerator (and off libtpu's
+    # hardware probe: the TPU devices planned for are compile-only descriptions).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import models
+    import sharding
+    from sharding.chips import TopologyError, topology_devices
+    from sharding.planner import HEADROOM, PlanError, latent_shape_for_video, parse_dims, plan_decode
+
+    try:
+        config = models.load_config(args.model)
+        latents: tuple[int, ...]
+        if args.video:
+            width, height, frames = parse_dims(args.video, 3, "--video WxHxF")
+            latents = latent_shape_for_video(config, width, height, frames)
+        else:
+            latents = parse_dims(args.shape, 4, "--shape CxTxHxW")
+            if latents[0] != config.z_dim:
+                raise PlanError(f"latent channels: expected {config.z_dim}, received {latents[0]}")
+        devices = topology_devices(args.topology)
+        vae = models.abstract_vae(config, dtype=args.dtype)
+        plan = plan_decode(vae, latents, devices, topology=args.topology, tps=_tps(args.tp), dp=args.dp,
+                           batch=args.batch, output=args.output,
+                           headroom=HEADROOM if args.headroom is None else args.headroom, progress=True)
+    except (PlanError, TopologyError, models.ConfigError, FileNotFoundError, sharding.SplitError) as e:
+        print(f"vaeserve plan: error: {e}", file=sys.stderr)
+        return 2
+    document = plan.to_dict()
+    print(json.dumps(document, indent=2) if args.json else format_table(document))
+    return 0

@@ -1,0 +1,334 @@
+"""Will a decode fit a TPU slice? Compile it for the slice's abstract devices and read each chip's bytes.
+
+``plan_decode`` compiles the sharded decode (``compile_decode``, the very program a server runs)
+ahead of time for every candidate ``(dp, tp)`` mesh over the devices of a topology
+(``chips.topology_devices``), on any host: no TPU, no weights (``models.abstract_vae``). For each
+mesh it reports the per-device ``memory_analysis()``, whether it fits the chip's HBM with a stated
+headroom, FLOPs, HBM traffic, halo bytes, the collectives in the compiled HLO, the compile time and
+a roofline *lower bound* on the decode time; then the smallest tp that fits.
+
+FLOPs are the model's count (``models.flops``) of the whole decode, per device: XLA's
+``cost_analysis()`` sees a ``lax.scan`` body once (latent frame 0 plus one later step, not T − 1
+of them), so its figure is reported beside it (``cost_analysis_flops``), and so is its byte count
+(``bytes_accessed``), an undercount of the whole decode's traffic that keeps the bound a bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from tqdm import tqdm
+
+from models.config import WanVAEConfig
+from models.decode import Output, check_output
+from models.flops import decode_flops
+from models.vae import WanVAE
+
+from .chips import ChipFacts, chip_facts, devices_per_chip
+from .decode import compile_decode
+from .inspect import collective_summary, collectives, halo_bytes, program_memory
+from .mesh import DP_AXIS, TP_AXIS, make_mesh
+from .plan import plan_bands
+
+HEADROOM = 0.10  # share of HBM kept free for the runtime, the input/output transfers and fragmentation
+
+
+class PlanError(ValueError):
+    """A video or latent shape the model cannot decode; the message names the nearest valid values."""
+
+
+# -- shapes -------------------------------------------------------------------------------------
+def parse_dims(text: str, count: int, what: str) -> tuple[int, ...]:
+    """``"1280x720x81"`` → ``(1280, 720, 81)``; ``count`` positive integers joined by ``x``."""
+    parts = text.lower().replace("×", "x").split("x")
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        dims = ()
+    if len(dims) != count or min(dims, default=0) < 1:
+        raise PlanError(f"{what} must be {count} positive integers joined by 'x'; received {text!r}")
+    return dims
+
+
+def _nearest(value: int, step: int, offset: int = 0) -> tuple[int, int]:
+    """The valid values ``offset + k·step`` just below and just above ``value`` (≥ offset + step below)."""
+    below = offset + max(1 if offset == 0 else 0, (value - offset) // step) * step
+    return below, below + step
+
+
+def latent_shape_for_video(config: WanVAEConfig, width: int, height: int, frames: int) -> tuple[int, int, int, int]:
+    """Latents ``(C, T, H, W)`` that decode to ``frames`` frames of ``width x height``.
+
+    The decoder yields ``1 + temporal_scale·(T − 1)`` frames of ``spatial_scale`` times the latent
+    size; other sizes are refused with the nearest ones that exist.
+    """
+    spatial, temporal = config.spatial_scale, config.temporal_scale
+    problems = []
+    for name, size in (("width", width), ("height", height)):
+        if size % spatial:
+            low, high = _nearest(size, spatial)
+            problems.append(f"{name} {size} is not a multiple of {spatial}: nearest valid {low} or {high}")
+    if (frames - 1) % temporal:
+        low, high = _nearest(frames, temporal, offset=1)
+        problems.append(f"{frames} frames is not 1 + {temporal}k: nearest valid {low} or {high}")
+    if problems:
+        raise PlanError("; ".join(problems))
+    return config.z_dim, 1 + (frames - 1) // temporal, height // spatial, width // spatial
+
+
+def video_for_latents(config: WanVAEConfig, shape: Sequence[int]) -> tuple[int, int, int]:
+    """``(width, height, frames)`` decoded from latents ``(C, T, H, W)``."""
+    _, t, h, w = shape
+    return w * config.spatial_scale, h * config.spatial_scale, config.num_output_frames(t)
+
+
+# -- one mesh -----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class MeshPlan:
+    """One candidate mesh, per device (a chip, or one TensorCore where libtpu lists those).
+
+    Bytes: ``total_bytes = argument + output − alias + temp + code`` of ``memory_analysis()``;
+    ``fits`` when ``total_bytes ≤ usable_bytes = hbm_bytes · (1 − headroom)``. ``flops`` is the
+    model's count for the whole decode on this device; ``cost_analysis_flops`` and
+    ``bytes_accessed`` are XLA's, counting a scan body once. ``halo_bytes`` are sent by the busiest
+    device over the whole decode. ``bound_s`` is a lower bound, not a measurement.
+    """
+
+    tp: int
+    dp: int
+    split: str
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    total_bytes: int
+    hbm_bytes: int
+    usable_bytes: int
+    fits: bool
+    flops: float
+    cost_analysis_flops: float
+    bytes_accessed: float
+    halo_bytes: int
+    collectives: dict[str, dict[str, int]]
+    compile_s: float
+    bound_s: float
+
+
+def _cost(compiled: jax.stages.Compiled) -> dict[str, float]:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
+        cost = cost[0] if cost else {}
+    return dict(cost or {})
+
+
+def device_flops(config: WanVAEConfig, shape: tuple[int, ...], tp: int, dp: int, split: str, band: int) -> float:
+    """Model FLOPs of one device's share: its ``B/dp`` latents and a band of ``band`` rows (columns)
+    of the frame padded to ``tp·band`` (padded rows are computed too; attention splits by queries)."""
+    b, c, t, h, w = shape
+    padded = (b // dp, c, t, band * tp, w) if split == "height" else (b // dp, c, t, h, band * tp)
+    return decode_flops(config, padded) / tp
+
+
+def plan_mesh(vae: WanVAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: ChipFacts, *,
+              hbm_bytes: int, output: Output = "uint8", headroom: float = HEADROOM) -> MeshPlan:
+    """Compile the decode of NCTHW latents ``shape`` on ``mesh`` and report one device's needs."""
+    tp, dp = mesh.shape[TP_AXIS], mesh.shape[DP_AXIS]
+    start = time.perf_counter()
+    compiled = compile_decode(vae, shape, mesh, output=output)
+    compile_s = time.perf_counter() - start
+    memory = program_memory(compiled)
+    total = program_total_bytes(memory)
+    usable = int(hbm_bytes * (1 - headroom))
+    bands = plan_bands(shape[3], shape[4], tp)
+    flops = device_flops(vae.config, shape, tp, dp, bands.split, bands.band)
+    cost = _cost(compiled)
+    bytes_accessed = float(cost.get("bytes accessed", 0.0))
+    halo = halo_bytes(vae, shape, tp, dp=dp, split=bands.split)
+    return MeshPlan(
+        tp=tp, dp=dp, split=bands.split, **memory, total_bytes=total, hbm_bytes=hbm_bytes, usable_bytes=usable,
+        fits=total <= usable, flops=flops, cost_analysis_flops=float(cost.get("flops", 0.0)),
+        bytes_accessed=bytes_accessed,
+        halo_bytes=halo["first_per_device"] + (shape[2] - 1) * halo["next_per_device"],
+        collectives=collective_summary(collectives(compiled.as_text() or "")), compile_s=round(compile_s, 3),
+        bound_s=max(flops / chip.peak_bf16_flops, bytes_accessed / chip.hbm_bytes_per_s),
+    )
+
+
+# -- every candidate ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Every candidate mesh for one decode on one TPU slice, and the recommendation."""
+
+    topology: str
+    chip: ChipFacts
+    devices: int
+    devices_per_chip: int
+    model: dict[str, Any]
+    dtype: str
+    output: str
+    latents: tuple[int, ...]  # per dp replica: (batch, C, T, H, W)
+    video: tuple[int, int, int]  # width, height, frames
+    headroom: float
+    meshes: list[MeshPlan]
+    skipped: list[dict[str, Any]]
+    recommendation: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        width, height, frames = self.video
+        return {
+            "topology": self.topology,
+            "chip": {"name": self.chip.name, "hbm_bytes": self.chip.hbm_bytes,
+                     "peak_bf16_flops": self.chip.peak_bf16_flops, "hbm_bytes_per_s": self.chip.hbm_bytes_per_s,
+                     "chips_per_host": self.chip.chips_per_host},
+            "devices": self.devices,
+            "devices_per_chip": self.devices_per_chip,
+            "model": self.model,
+            "dtype": self.dtype,
+            "output": self.output,
+            "latents": list(self.latents),
+            "video": {"width": width, "height": height, "frames": frames},
+            "headroom": self.headroom,
+            "meshes": [dataclasses.asdict(m) for m in self.meshes],
+            "skipped": self.skipped,
+            "recommendation": self.recommendation,
+            "notes": {
+                "flops": "model count (models/flops.py) of the whole decode, per device",
+                "cost_analysis_flops": "XLA cost_analysis(): a lax.scan body counted once (frame 0 + one later step)",
+                "bytes_accessed": "XLA cost_analysis(), scan body counted once: less than the whole decode moves",
+                "bound_s": "lower bound max(flops / peak bf16 FLOP/s, bytes_accessed / HBM bandwidth) from the "
+                           "chip's public figures; not a measurement (float32 runs several bf16 passes)",
+            },
+        }
+
+
+def recommend(meshes: Sequence[MeshPlan], devices: int) -> dict[str, Any]:
+    """The smallest tp that fits, and the dp that the remaining devices allow."""
+    fitting = [m for m in meshes if m.fits]
+    if not fitting:
+        if not meshes:
+            return {"tp": None, "dp": None, "reason": "no candidate mesh was compiled"}
+        least = min(meshes, key=lambda m: m.total_bytes)
+        return {"tp": None, "dp": None,
+                "reason": f"no candidate fits: the least per device is {least.total_bytes / 1e9:.2f} GB at "
+                          f"tp={least.tp} (usable {least.usable_bytes / 1e9:.2f} GB); try more chips, "
+                          "bfloat16, fewer latents per replica or a smaller video"}
+    best = min(fitting, key=lambda m: (m.tp, m.total_bytes))
+    dp = devices // best.tp
+    return {"tp": best.tp, "dp": dp, "total_bytes": best.total_bytes, "usable_bytes": best.usable_bytes,
+            "reason": f"tp={best.tp} is the smallest tp that fits ({best.total_bytes / 1e9:.2f} of "
+                      f"{best.usable_bytes / 1e9:.2f} GB usable per device); the {devices} devices then "
+                      f"hold dp={dp} replicas"}
+
+
+def plan_decode(vae: WanVAE, latents: Sequence[int], devices: Sequence[jax.Device], *, topology: str,
+                tps: Sequence[int] = (1, 2, 4, 8), dp: int = 1, batch: int = 1, output: Output = "uint8",
+                headroom: float = HEADROOM, progress: bool = False) -> Plan:
+    """Plan the decode of latents ``(C, T, H, W)``, ``batch`` per dp replica, on ``devices``.
+
+    Every ``tp`` in ``tps`` with ``dp·tp`` ≤ the devices is compiled (the others are listed in
+    ``skipped``). ``devices`` are those of one slice (``chips.topology_devices``) or any others whose
+    ``device_kind`` has chip facts.
+    """
+    output = check_output(output)
+    if not 0 <= headroom < 1:
+        raise PlanError(f"headroom must be in [0, 1); received {headroom}")
+    if batch < 1 or dp < 1:
+        raise PlanError(f"batch and dp must be ≥ 1; received batch={batch}, dp={dp}")
+    devices = list(devices)
+    chip = chip_facts(devices[0].device_kind)
+    per_chip = devices_per_chip(devices)
+    shape = (batch * dp, *tuple(latents))
+    meshes, skipped = [], []
+    candidates = sorted(set(tps))
+    for tp in (bar := tqdm(candidates, desc="plan", unit="mesh", file=sys.stderr, disable=not progress)):
+        if tp * dp > len(devices):
+            skipped.append({"tp": tp, "dp": dp, "reason": f"needs {tp * dp} devices; the slice has {len(devices)}"})
+            continue
+        bar.set_postfix_str(f"compiling tp={tp} dp={dp}")
+        mesh = make_mesh(tp, dp, devices=devices)
+        meshes.append(plan_mesh(vae, shape, mesh, chip, hbm_bytes=chip.hbm_bytes // per_chip, output=output,
+                                headroom=headroom))
+    return Plan(
+        topology=topology, chip=chip, devices=len(devices), devices_per_chip=per_chip,
+        model={"source": vae.metadata.get("source"), "parameters": vae.metadata.get("parameters"),
+               "config": vae.config.to_dict()},
+        dtype=vae.dtype, output=output, latents=(batch, *tuple(latents)),
+        video=video_for_latents(vae.config, latents), headroom=headroom, meshes=meshes, skipped=skipped,
+        recommendation=recommend(meshes, len(devices)),
+    )
+
+
+# -- the guard at serve time ------------------------------------------------------------------------
+class WontFitError(RuntimeError):
+    """A compiled program that needs more memory per device than the device has."""
+
+
+def program_total_bytes(memory: dict[str, int]) -> int:
+    """Bytes one device holds while the program runs: arguments + output − aliased + temp + code."""
+    return (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"] + memory["temp_bytes"]
+            + memory["code_bytes"])
+
+
+def device_bytes_limit(devices: Sequence[jax.Device]) -> int | None:
+    """The least ``memory_stats()["bytes_limit"]`` over ``devices``; None where the runtime reports
+    none (CPU devices, abstract TPU devices)."""
+    limits = []
+    for device in devices:
+        try:
+            stats = device.memory_stats()
+        except Exception:  # noqa: BLE001 - unimplemented on some platforms
+            stats = None
+        if stats and "bytes_limit" in stats:
+            limits.append(int(stats["bytes_limit"]))
+    return min(limits) if limits else None
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def what_would_fit(memory: dict[str, int], *, batch: int, tp: int, dp: int, devices: int, limit: int) -> str:
+    """An estimate of the tp (or the batch) that would fit ``limit``, from one compiled program.
+
+    Weights and code stay the same per device; temp and output bytes scale as ``batch / tp``
+    (``memory_analysis`` over tp = 1, 2, 4, 8 follows that closely). An estimate to confirm with
+    ``vaeserve plan``, not a promise.
+    """
+    fixed = memory["argument_bytes"] + memory["code_bytes"] - memory["alias_bytes"]
+    scaling = memory["temp_bytes"] + memory["output_bytes"]
+    per_replica = max(1, batch // dp)
+    for candidate in (2**k for k in range(1, 12)):
+        if tp < candidate <= devices // dp and fixed + scaling * tp / candidate <= limit:
+            return (f"tp={candidate} would fit (estimated {_size(fixed + scaling * tp / candidate)} per device; "
+                    f"{devices} devices here): serve with --tp {candidate} --dp {max(1, devices // candidate)}")
+    most = int((limit - fixed) // (scaling / per_replica)) if limit > fixed and scaling else 0
+    if 1 <= most < per_replica:
+        return f"a batch of {most} per replica would fit (estimated): serve with --max-batch {most * dp}"
+    return ("no tp or batch on these devices fits (estimated): serve a smaller shape, bfloat16, or more devices "
+            "per frame (check with `vaeserve plan`)")
+
+
+def check_fits(compiled: jax.stages.Compiled, *, shape: tuple[int, ...], mesh: jax.sharding.Mesh,
+               limit: int, devices: int | None = None, what: str = "the decode of latents") -> int:
+    """The bytes per device of ``compiled`` (the decode of NCTHW latents ``shape`` on ``mesh``) if they
+    fit ``limit``; else ``WontFitError`` with the shape, the bytes needed vs available and what would fit.
+    ``devices``: how many the host has (default: the mesh's); ``what``: the program, for the message
+    (``"the encode of frames"`` for an encode)."""
+    memory = program_memory(compiled)
+    needed = program_total_bytes(memory)
+    if needed <= limit:
+        return needed
+    tp, dp = mesh.shape[TP_AXIS], mesh.shape[DP_AXIS]
+    hint = what_would_fit(memory, batch=shape[0], tp=tp, dp=dp, devices=devices or mesh.devices.size, limit=limit)
+    raise WontFitError(
+        f"{what} {tuple(shape)} at tp={tp}, dp={dp} needs {_size(needed)} per device "
+        f"(weights and inputs {_size(memory['argument_bytes'])}, output {_size(memory['output_bytes'])}, "
+        f"temp {_size(memory['temp_bytes'])}, code {_size(memory['code_bytes'])}) but {_size(limit)} "
+        f"are available ({needed} > {limit} bytes); {hint}"
+    )

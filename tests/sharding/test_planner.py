@@ -1,0 +1,170 @@
+"""The planner's pure parts: video ↔ latent shapes, chip facts, recommendations, HLO parsing, the CLI's
+refusals, and the serve-time memory guard on a real compiled CPU program (the one
+``test_sharded_memory.py`` compiles). ``test_tpu_aot.py`` compiles for a TPU slice."""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import models
+import sharding
+from service import cli
+from sharding.chips import CHIPS, TopologyError, chip_facts, topology_name
+from sharding.inspect import collective_summary, collectives, program_memory
+from sharding.planner import (
+    MeshPlan,
+    PlanError,
+    WontFitError,
+    check_fits,
+    device_bytes_limit,
+    latent_shape_for_video,
+    parse_dims,
+    program_total_bytes,
+    recommend,
+    video_for_latents,
+    what_would_fit,
+)
+
+WAN21 = models.WanVAEConfig()
+
+
+@pytest.mark.parametrize("video, latents", [
+    ((832, 480, 81), (16, 21, 60, 104)),
+    ((1280, 720, 81), (16, 21, 90, 160)),
+    ((1280, 720, 121), (16, 31, 90, 160)),
+    ((1920, 1080, 81), (16, 21, 135, 240)),
+    ((8, 8, 1), (16, 1, 1, 1)),
+])
+def test_video_to_latents_and_back(video, latents):
+    assert latent_shape_for_video(WAN21, *video) == latents
+    assert video_for_latents(WAN21, latents) == video
+
+
+@pytest.mark.parametrize("video, message", [
+    ((1280, 720, 80), "80 frames is not 1 + 4k: nearest valid 77 or 81"),
+    ((1280, 720, 2), "nearest valid 1 or 5"),
+    ((1281, 720, 81), "width 1281 is not a multiple of 8: nearest valid 1280 or 1288"),
+    ((1280, 724, 81), "height 724 is not a multiple of 8: nearest valid 720 or 728"),
+])
+def test_invalid_videos_name_the_nearest_valid_sizes(video, message):
+    with pytest.raises(PlanError, match=re.escape(message)):
+        latent_shape_for_video(WAN21, *video)
+
+
+def test_parse_dims():
+    assert parse_dims("1280x720x81", 3, "video") == (1280, 720, 81)
+    for bad in ("1280x720", "1280x720x0", "axbxc", "1280x720x81x1"):
+        with pytest.raises(PlanError, match="3 positive integers"):
+            parse_dims(bad, 3, "video")
+
+
+def test_chip_facts_and_slice_names():
+    assert chip_facts("TPU v5 lite").name == "v5e" and chip_facts("TPU v6 lite").name == "v6e"
+    assert chip_facts("TPU v5").name == "v5p" and chip_facts("TPU v4").name == "v4"
+    assert topology_name("v6e-8") == "v6e:2x4" and topology_name("v5p-8") == "v5p:2x2x1"
+    assert topology_name("v5e:4x4") == "v5e:4x4"
+    with pytest.raises(TopologyError, match="no chip facts"):
+        chip_facts("NVIDIA H100 80GB HBM3")
+    assert {c.name for c in CHIPS} == {"v4", "v5e", "v5p", "v6e"}
+    assert all(c.hbm_bytes > 0 and c.peak_bf16_flops > 1e14 and c.hbm_bytes_per_s > 5e11 for c in CHIPS)
+
+
+def _mesh(tp: int, total: int, usable: int = 100) -> MeshPlan:
+    return MeshPlan(tp=tp, dp=1, split="width", argument_bytes=1, output_bytes=1, alias_bytes=0, temp_bytes=total - 2,
+                    code_bytes=0, total_bytes=total, hbm_bytes=usable + 10, usable_bytes=usable, fits=total <= usable,
+                    flops=1.0, cost_analysis_flops=1.0, bytes_accessed=1.0, halo_bytes=0, collectives={},
+                    compile_s=1.0, bound_s=1.0)
+
+
+def test_recommend_the_smallest_tp_that_fits_and_the_dp_left():
+    rec = recommend([_mesh(1, 400), _mesh(2, 180), _mesh(4, 90), _mesh(8, 50)], devices=8)
+    assert (rec["tp"], rec["dp"]) == (4, 2)
+    assert "tp=4 is the smallest tp that fits" in rec["reason"]
+    rec = recommend([_mesh(1, 400), _mesh(2, 180)], devices=8)
+    assert rec["tp"] is None and "least per device is 0.00 GB at tp=2" in rec["reason"]
+
+
+# Lines from the HLO libtpu compiled for v5e (tests/sharding/test_tpu_aot.py's program), shortened.
+TPU_HLO = """
+  %collective-permute-start = (f32[1,1,1,16,16]{3,4,2,1,0:T(8,128)S(1)}, f32[1,1,1,16,16]{3,4,2,1,0:T(8,128)S(1)}, u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%get-tuple-element.6373), channel_id=1, source_target_pairs={{1,0},{2,1},{3,2}}, metadata={op_name="jit(run)/shard_map/decode_step/ppermute"}
+  %collective-permute-done = f32[1,1,1,16,16]{3,4,2,1,0:T(8,128)S(1)} collective-permute-done(%collective-permute-start), metadata={op_name="jit(run)/shard_map/decode_step/ppermute"}
+  %all-gather.9 = f32[1,16,16,32]{3,2,0,1:T(8,128)} all-gather(%param_0.4607), channel_id=1, replica_groups={{0,1,2,3}}, dimensions={1}, use_global_device_ids=true, frontend_attributes={chain_id="0"}
+  ROOT %all-gather-start.2 = (bf16[1,4,16,32]{3,2,1,0}, bf16[1,16,16,32]{3,2,1,0}) all-gather-start(%p), dimensions={1}
+  %cp.3 = f32[2,1,8,4]{3,2,1,0} collective-permute(%x), source_target_pairs={{0,1}}
+"""
+
+
+def test_collectives_parse_asynchronous_tpu_and_gpu_forms():
+    found = collectives(TPU_HLO)
+    assert [(c["op"], c["dtype"], c["shape"], c["bytes"]) for c in found] == [
+        ("collective-permute", "f32", (1, 1, 1, 16, 16), 1024),  # the result of the start, once (not -done)
+        ("all-gather", "f32", (1, 16, 16, 32), 32768),
+        ("all-gather", "bf16", (1, 16, 16, 32), 16384),  # async: the gathered result, not the operand
+        ("collective-permute", "f32", (2, 1, 8, 4), 256),
+    ]
+    assert collective_summary(found) == {"collective-permute": {"count": 2, "bytes": 1280},
+                                         "all-gather": {"count": 2, "bytes": 49152}}
+
+
+def test_plan_cli_refuses_invalid_frames_before_compiling(capsys):
+    assert cli.main(["plan", "--topology", "v5e:2x4", "--video", "1280x720x80", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "80 frames is not 1 + 4k: nearest valid 77 or 81" in err
+
+
+def test_plan_cli_refuses_wrong_latent_channels(capsys):
+    assert cli.main(["plan", "--topology", "v5e:2x4", "--shape", "48x21x90x160"]) == 2
+    assert "latent channels: expected 16, received 48" in capsys.readouterr().err
+
+
+def test_load_config_reads_no_weights(vae, tmp_path):
+    folder = models.save_vae(vae, tmp_path / "vae")
+    (folder / "diffusion_pytorch_model.safetensors").write_bytes(b"not read")
+    assert models.load_config(folder) == vae.config
+    assert models.load_config("wan2.1") == models.load_config(None) == WAN21
+    with pytest.raises(FileNotFoundError, match="nor a model name"):
+        models.load_config(tmp_path / "missing")
+
+
+def test_abstract_vae_has_the_shapes_of_the_real_one(vae):
+    real, abstract = vae, models.abstract_vae(vae.config, dtype="bfloat16")
+    assert abstract.metadata["parameters"] == real.metadata["parameters"]
+    assert abstract.metadata["abstract"] is True
+    real_shapes = [x.shape for x in jax.tree.leaves(real.state_avals())]
+    abstract_avals = jax.tree.leaves(abstract.state_avals())
+    assert [x.shape for x in abstract_avals] == real_shapes
+    assert {x.dtype for x in abstract_avals} == {jnp.dtype(jnp.bfloat16)}
+
+
+def test_mesh_plan_fields_are_the_documented_json_fields():
+    fields = {f.name for f in dataclasses.fields(MeshPlan)}
+    assert {"tp", "dp", "split", "argument_bytes", "output_bytes", "temp_bytes", "code_bytes", "total_bytes",
+            "hbm_bytes", "fits", "flops", "bytes_accessed", "halo_bytes", "compile_s", "bound_s"} <= fields
+
+
+def test_guard_passes_what_fits_and_refuses_what_does_not(vae):
+    shape, mesh = (1, 16, 2, 32, 32), sharding.make_mesh(1)  # test_sharded_memory's tp = 1 program
+    compiled = sharding.compile_decode(vae, shape, mesh, split="height")
+    memory = program_memory(compiled)
+    needed = program_total_bytes(memory)
+    assert check_fits(compiled, shape=shape, mesh=mesh, limit=needed) == needed
+    with pytest.raises(WontFitError) as refused:
+        check_fits(compiled, shape=shape, mesh=mesh, limit=needed - 1, devices=8)
+    message = str(refused.value)
+    assert f"latents {shape} at tp=1, dp=1" in message and f"({needed} > {needed - 1} bytes)" in message
+    assert "tp=2 would fit" in message and "--tp 2 --dp 4" in message
+    fixed = memory["argument_bytes"] + memory["code_bytes"]
+    with pytest.raises(WontFitError, match="no tp or batch on these devices fits"):
+        check_fits(compiled, shape=shape, mesh=mesh, limit=fixed, devices=1)
+    assert device_bytes_limit(mesh.devices.flat) is None  # CPU devices report no limit: no guard
+
+
+def test_what_would_fit_suggests_a_smaller_batch_when_tp_cannot_grow():
+    memory = {"argument_bytes": 100, "code_bytes": 0, "alias_bytes": 0, "temp_bytes": 300, "output_bytes": 100}
+    # 4 latents per replica: 100 fixed + 100 per latent; 250 bytes hold 1 latent.
+    hint = what_would_fit(memory, batch=4, tp=1, dp=1, devices=1, limit=250)
+    assert hint.startswith("a batch of 1 per replica would fit") and "--max-batch 1" in hint
+    assert "tp=4 would fit" in what_would_fit(memory, batch=4, tp=1, dp=1, devices=8, limit=250)
