@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .config import WanVAEConfig
+from .config import ConfigError, WanVAEConfig
 from .conv import native_conv_for
 from .decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
 from .decoder import WanDecoder
 from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
-from .encoder import FRAMES_PER_CHUNK, WanEncoder
+from .encoder import FRAMES_PER_CHUNK, WanEncoder, check_encoder_config
 from .programs import ProgramCache
 from .spatial import SingleDeviceContext
 
@@ -265,12 +265,18 @@ def seeded_module(module_type, config: WanVAEConfig, rng: np.random.Generator, d
 def init_vae(config: WanVAEConfig | None = None, *, seed: int = 0, dtype: str = "float32",
              metadata: dict[str, Any] | None = None, encoder: bool = True) -> WanVAE:
     """A VAE with deterministic seeded random weights (it decodes noise: for tests and demos);
-    ``encoder=False`` leaves out the encoder, as a decode-only checkpoint does."""
+    ``encoder=False`` leaves out the encoder, as a decode-only checkpoint does (so does a config
+    whose encoder is not implemented, saying why in ``metadata["no_encoder_reason"]``)."""
     config = config or WanVAEConfig()
     rng = np.random.default_rng(seed)
     model = seeded_module(WanDecoder, config, rng, resolve_dtype(dtype))
-    encoder_model = seeded_module(WanEncoder, config, rng, resolve_dtype(dtype)) if encoder else None
     meta = {"source": f"random weights (seed {seed})", "random_weights": True}
+    if encoder:
+        try:
+            check_encoder_config(config)
+        except ConfigError as e:  # a decoder this implementation runs, an encoder it does not (yet)
+            encoder, meta["no_encoder_reason"] = False, str(e)
+    encoder_model = seeded_module(WanEncoder, config, rng, resolve_dtype(dtype)) if encoder else None
     meta.update(metadata or {})
     return WanVAE(config, model, dtype=dtype, metadata=meta, encoder=encoder_model)
 
