@@ -115,11 +115,20 @@ class PosteriorOptions(NamedTuple):
                                 aval((batch,), jnp.bool_))
 
     @staticmethod
-    def concatenate(parts: list[PosteriorOptions], batch: int) -> PosteriorOptions:
+    def concatenate(parts: list[PosteriorOptions], batch: int | None = None) -> PosteriorOptions:
         """Host options of several requests stacked, then padded with mean-only rows to ``batch``."""
         fields = [np.concatenate([np.asarray(getattr(p, name)) for p in parts]) for name in PosteriorOptions._fields]
-        missing = batch - len(fields[1])
+        missing = 0 if batch is None else batch - len(fields[1])
         return PosteriorOptions(*(np.concatenate([f, np.zeros((missing, *f.shape[1:]), f.dtype)]) for f in fields))
+
+    def to_json(self) -> dict[str, list]:
+        """Host options as JSON values (to send them to the other processes of a slice)."""
+        return {name: np.asarray(getattr(self, name)).tolist() for name in PosteriorOptions._fields}
+
+    @staticmethod
+    def from_json(fields: dict[str, list]) -> PosteriorOptions:
+        dtypes = {"keys": np.uint32, "rows": np.int32, "sample": np.bool_, "normalize": np.bool_}
+        return PosteriorOptions(**{name: np.asarray(fields[name], dtypes[name]) for name in PosteriorOptions._fields})
 
 
 def prng_key(seed: int | None) -> np.ndarray:

@@ -23,6 +23,7 @@ from .metrics import Metrics
 from .middleware import RequestContext
 from .routes import decode, encode, operations
 from .settings import Settings
+from .slice import FOLLOWER_STOP_MARGIN_S
 from .state import ModelState, ServiceState
 from .worker import Worker
 
@@ -51,6 +52,18 @@ def _start_worker(state: ServiceState, startup_fn: Callable[[], ModelState]) -> 
     return worker
 
 
+async def _stop(worker: Worker, settings: Settings) -> None:
+    """Drain the worker; on a multi-host slice, then leave it (process 0 stops the followers).
+    A follower's device thread ends when process 0's STOP arrives: it waits for that longer."""
+    model = worker.model
+    timeout = settings.drain_timeout_s
+    if model is not None and model.follower:
+        timeout += FOLLOWER_STOP_MARGIN_S
+    await anyio.to_thread.run_sync(worker.stop, timeout)
+    if model is not None and model.slice is not None:
+        await anyio.to_thread.run_sync(model.slice.leave, not worker.alive)
+
+
 def create_app(settings: Settings | None = None, *, vae: Any = None,
                runner_factory: RunnerFactory | None = None) -> FastAPI:
     """Build the app. ``vae`` (a ``models`` VAE) skips loading ``settings.model``;
@@ -60,12 +73,18 @@ def create_app(settings: Settings | None = None, *, vae: Any = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        worker = _start_worker(state, partial(startup, settings, state.metrics, vae=vae, runner_factory=runner_factory))
+        loop = asyncio.get_running_loop()
+
+        def on_slice_failure(reason: str) -> None:  # a monitor or device thread: hop onto the loop
+            loop.call_soon_threadsafe(state.fail_slice, reason)
+
+        worker = _start_worker(state, partial(startup, settings, state.metrics, vae=vae, runner_factory=runner_factory,
+                                              on_slice_failure=on_slice_failure))
         try:
             yield
         finally:
             state.set_draining()  # whoever embeds the app: readyz 503, new work 503, queued work finishes
-            await anyio.to_thread.run_sync(worker.stop, settings.drain_timeout_s)
+            await _stop(worker, settings)
 
     app = FastAPI(title="vaeserve", version="0.1.0", lifespan=lifespan,
                   description="Latents in, MP4 / frames / tensors out; images / video / frames in, latents "

@@ -49,6 +49,15 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-height", type=int)
     p.add_argument("--max-width", type=int)
     p.add_argument("--log-level")
+    slice_ = p.add_argument_group("multi-host slice (one process per host; process 0 serves requests)")
+    slice_.add_argument("--distributed", choices=["off", "auto"],
+                        help="auto: join a slice, JAX detecting what is not given (TPU VMs, GKE TPU pods)")
+    slice_.add_argument("--coordinator-address", metavar="HOST:PORT", help="process 0's coordinator, on every process")
+    slice_.add_argument("--num-processes", type=int, help="processes in the slice")
+    slice_.add_argument("--process-id", type=int, help="this process's rank (0 serves requests)")
+    slice_.add_argument("--heartbeat-timeout-s", type=int, help="a process silent this long is dead")
+    slice_.add_argument("--call-timeout-s", type=float, help="a device call unfinished after this fails the slice")
+    slice_.add_argument("--failure-grace-s", type=float, help="503s before process 0 exits after a failure")
 
 
 def _decode_parser(sub) -> None:

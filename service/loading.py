@@ -156,10 +156,19 @@ def check_memory(model: ModelState, programs: list[tuple[tuple[int, ...], Any]],
         log.info("%s %s: %.3f GB per device of %.3f GB", what, shape, needed / 1e9, model.device_memory_bytes / 1e9)
 
 
-def startup(settings: Settings, metrics: Metrics, *, vae: Any = None,
-            runner_factory: RunnerFactory | None = None) -> ModelState:
+def startup(settings: Settings, metrics: Metrics, *, vae: Any = None, runner_factory: RunnerFactory | None = None,
+            on_slice_failure: Callable[[str], None] | None = None) -> ModelState:
+    """JAX options, the slice (multi-host: joined before JAX starts), the model, the warm-up.
+    On a multi-host slice process 0's warm-up compiles on every process (a broadcast call);
+    followers compile nothing on their own."""
+    from .slice import attach_slice, join_slice
+
     configure_jax(settings)
+    control = join_slice(settings)
     model = load_model(settings, vae=vae, runner_factory=runner_factory)
+    if control is not None:
+        model = attach_slice(model, control, settings, on_failure=on_slice_failure)
     watch_programs(model.vae, settings, metrics)
-    warm_up(model, settings)
+    if not model.follower:
+        warm_up(model, settings)
     return model

@@ -56,6 +56,7 @@ class EncodeParams:
 
 class Health(BaseModel):
     status: Literal["ok", "failed"]
+    detail: str | None = None  # why it failed (a model that did not load, a multi-host slice that failed)
 
 
 class Ready(BaseModel):
@@ -68,6 +69,7 @@ class MeshInfo(BaseModel):
     dp: int
     tp: int
     devices: list[str]
+    processes: int = 1  # JAX processes (hosts) the mesh spans
 
 
 class WarmedShape(BaseModel):

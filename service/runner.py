@@ -77,7 +77,7 @@ class DeviceRunner:
         n = latents.shape[0]
         padded = pad_batch(latents, bucket_for(n, self.buckets))
         result = sharding.sharded_decode(self.vae, padded, self.mesh, output=output)
-        return np.asarray(result)[:n]
+        return sharding.to_host(result)[:n]  # all-gathered when the mesh spans processes
 
     def decode_stream(self, latents: np.ndarray) -> Iterator[np.ndarray]:
         """Yields ``(B, f, 8H, 8W, 3)`` uint8 chunks as each decode step finishes."""
@@ -89,9 +89,9 @@ class DeviceRunner:
         for chunk in sharding.sharded_decode_stream(self.vae, padded, self.mesh):
             yield np.asarray(chunk)[:n]
 
-    def encode(self, frames: np.ndarray, options: list[Any]) -> np.ndarray:
-        """Encode a batch: ``options`` holds each request's ``PosteriorOptions``, its rows in batch
-        order (seeds and flags are per row, so requests with different options share the call)."""
+    def encode(self, frames: np.ndarray, options: Any) -> np.ndarray:
+        """Encode a batch: ``options`` is the ``PosteriorOptions`` of its rows, each request's rows
+        with that request's seed and flags (so requests with different options share the call)."""
         import sharding
         from models.encode import PosteriorOptions
 
@@ -99,8 +99,8 @@ class DeviceRunner:
         n = frames.shape[0]
         size = bucket_for(n, self.buckets)
         result = sharding.sharded_encode(self.vae, pad_batch(frames, size), self.mesh,
-                                         options=PosteriorOptions.concatenate(options, size))
-        return np.asarray(result)[:n]
+                                         options=PosteriorOptions.concatenate([options], size))
+        return sharding.to_host(result)[:n]  # all-gathered when the mesh spans processes
 
     def compile_encode(self, shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], Any]]:
         """Compile, without running, the encode of frames ``shape`` ``(3, F, H, W)`` at every batch

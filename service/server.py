@@ -118,6 +118,10 @@ class DrainingServer(uvicorn.Server):
         if isinstance(app, FastAPI):
             service: ServiceState = app.state.service
             service.set_draining()
+            model = service.model
+            if model is not None and model.follower:  # a follower: process 0 stops the slice
+                assert model.slice is not None
+                model.slice.request_stop(f"signal {signal.Signals(sig).name}")
         super().handle_exit(sig, frame)
 
 

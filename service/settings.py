@@ -109,6 +109,23 @@ class Settings(BaseSettings):
         "starts; None = the devices' memory_stats()['bytes_limit'] (accelerators; CPU reports none: no check)"
     )
 
+    # --- multi-host slice (one process per host; process 0 serves requests) ----------------
+    distributed: Literal["off", "auto"] = Field(
+        "off", description="auto: join a multi-host slice, JAX detecting what is not given (TPU VMs, GKE)"
+    )
+    coordinator_address: str | None = Field(None, description="HOST:PORT of process 0's coordinator (all processes)")
+    num_processes: int | None = Field(None, ge=1, description="processes in the slice, one per host")
+    process_id: int | None = Field(None, ge=0, description="this process's rank; 0 serves requests")
+    heartbeat_timeout_s: int = Field(
+        10, ge=1, description="a process silent this long is dead: the slice fails (process 0 exits 3)"
+    )
+    call_timeout_s: float = Field(
+        600.0, gt=0, description="a device call unfinished on the slice after this fails the slice"
+    )
+    failure_grace_s: float = Field(
+        2.0, ge=0, description="after the slice fails, process 0 answers 503 this long, then exits 3"
+    )
+
     # --- network --------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -167,6 +184,24 @@ class Settings(BaseSettings):
         if isinstance(value, (list, tuple)):
             return [parse_latent_shape(v) for v in value]
         return value
+
+    @property
+    def multi_process(self) -> bool:
+        """True when this process is one of a multi-host slice."""
+        return self.distributed == "auto" or any(
+            value is not None for value in (self.coordinator_address, self.num_processes, self.process_id))
+
+    @model_validator(mode="after")
+    def _slice_is_complete(self) -> Settings:
+        given = {"coordinator_address": self.coordinator_address, "num_processes": self.num_processes,
+                 "process_id": self.process_id}
+        missing = [name for name, value in given.items() if value is None]
+        if self.distributed == "off" and missing and len(missing) < len(given):
+            raise ValueError(f"a multi-host slice needs coordinator_address, num_processes and process_id "
+                             f"(or distributed=auto); missing: {', '.join(missing)}")
+        if self.num_processes is not None and self.process_id is not None and self.process_id >= self.num_processes:
+            raise ValueError(f"process_id must be below num_processes ({self.num_processes}); received {self.process_id}")
+        return self
 
     @model_validator(mode="after")
     def _body_fits_reading_budget(self) -> Settings:

@@ -19,6 +19,7 @@ from .settings import FrameShape, Settings, Warmup
 if TYPE_CHECKING:
     from .admission import ByteBudget
     from .runner import DeviceRunner
+    from .slice import SliceMember
     from .worker import Worker
 
 Phase = Literal["loading", "ready", "draining", "failed"]
@@ -41,6 +42,12 @@ class ModelState:
     served: ServedShapes | None  # None: any shape (programs compiled on demand, LRU-bounded)
     device_memory_bytes: int | None = None  # per-device memory warm-up programs must fit (None: no check)
     encode_served: frozenset[FrameShape] | None = None  # frames (3, F, H, W) encoded; None: any
+    slice: SliceMember | None = None  # this process's part in a multi-host slice (service.slice)
+
+    @property
+    def follower(self) -> bool:
+        """A process of a multi-host slice other than process 0: it serves probes, not requests."""
+        return self.slice is not None and not self.slice.is_leader
 
     def check_served(self, shape: tuple[int, ...], output: str) -> None:
         """422 unless latents of ``shape`` (C, T, H, W) are served with ``output`` (``--shapes``)."""
@@ -100,6 +107,13 @@ class ServiceState:
         if self.phase != "failed":
             self.phase = "draining"
 
+    def fail_slice(self, reason: str) -> None:
+        """The multi-host slice failed: unhealthy with the reason, and every request waiting or in
+        flight answered 503 now (the process exits after ``failure_grace_s``)."""
+        self.set_failed(f"the multi-host slice failed: {reason}")
+        if self.worker is not None:
+            self.worker.abort(Problem(503, "unavailable", self.error or reason, headers=self.retry_after()))
+
     # -- reads -------------------------------------------------------------------------------------
     def retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.settings.retry_after_s)}
@@ -109,4 +123,9 @@ class ServiceState:
         if self.phase != "ready" or self.model is None or self.worker is None:
             detail = self.error if self.phase == "failed" else f"service is {self.phase}"
             raise Problem(503, "unavailable", detail or "unavailable", headers=self.retry_after())
+        if self.model.follower:
+            assert self.model.slice is not None
+            control = self.model.slice.control
+            raise Problem(503, "unavailable", f"this is process {control.process_id} of a {control.num_processes}-process "
+                          "slice: it follows process 0, which serves requests")
         return self.model, self.worker

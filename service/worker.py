@@ -153,6 +153,8 @@ class Worker:
         self.max_batch = max_batch
         self.retry_after_s = retry_after_s
         self._runner: DeviceRunner | None = None
+        self.model: ModelState | None = None  # what start-up produced, once it has
+        self._batch: list[Job] = []  # the jobs on the device now
         self._accepting = True  # False once stop() begins: no new reservations
         self._running = True  # False once the queue is drained or the drain timed out
         self._reserved = 0  # tickets handed out and not yet spent or released
@@ -216,6 +218,24 @@ class Worker:
             job.fail(Problem(503, "unavailable", "service is shutting down", headers=self._retry()))
         self._thread.join(max(0.0, deadline - time.monotonic()))
 
+    def abort(self, problem: Problem) -> None:
+        """Answer every queued job and the batch on the device with ``problem`` at once, and take
+        no more work: the devices can no longer be trusted (a multi-host slice failed). The
+        device thread may stay blocked; whatever it delivers later is ignored (first answer wins)."""
+        with self._cond:
+            self._accepting = self._running = False
+            doomed = list(self._queue) + list(self._batch)
+            self._queue.clear()
+            self._publish_depth()
+            self._cond.notify_all()
+        for job in doomed:
+            job.fail(problem)
+
+    @property
+    def alive(self) -> bool:
+        """The device thread is still running (e.g. stuck in a call after a drain timed out)."""
+        return self._thread.is_alive()
+
     def _retry(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_s)}
 
@@ -242,22 +262,26 @@ class Worker:
         with self._cond:
             if not self._running:  # stopped while loading
                 return
-        self._runner = model.runner
+        self._runner, self.model = model.runner, model
         self.metrics.ready.set(1)
         self._on_ready(model)
+        if model.follower:  # a multi-host follower: process 0's calls replace the queue
+            assert model.slice is not None
+            model.slice.follow()
+            return
         while True:
             with self._cond:
                 while not self._queue and self._running:
                     self._cond.wait()
                 if not self._running:
                     break
-                batch = self._take_batch()
+                batch = self._batch = self._take_batch()
                 self._busy = bool(batch)
                 self._publish_depth()
             if batch:
                 self._run(batch)
             with self._cond:
-                self._busy = False
+                self._busy, self._batch = False, []
                 self._cond.notify_all()  # stop() waits for an empty queue and an idle device
         self.metrics.ready.set(0)
 
@@ -321,7 +345,9 @@ class Worker:
         if head.operation == "decode":
             return self._runner.decode(inputs, output=head.output)
         if head.operation == "encode":
-            return self._runner.encode(inputs, [job.options for job in batch])
+            from models.encode import PosteriorOptions
+
+            return self._runner.encode(inputs, PosteriorOptions.concatenate([job.options for job in batch]))
         raise ValueError(f"unknown operation {head.operation!r}")
 
     def _account(self, batch: list[Job], out: np.ndarray, seconds: float) -> None:
@@ -352,5 +378,7 @@ class Worker:
     def _fail(self, batch: list[Job], exc: Exception) -> None:
         log.error("device error on batch %s: %r", [j.request_id for j in batch], exc, exc_info=exc)
         for job in batch:
-            job.fail(Problem(500, "device-error", f"{job.operation} failed on the device ({type(exc).__name__}); "
-                             f"request id {job.request_id}"))
+            # A runner may choose the answer itself (a failed multi-host slice: 503).
+            job.fail(exc if isinstance(exc, Problem) else Problem(
+                500, "device-error", f"{job.operation} failed on the device ({type(exc).__name__}); "
+                f"request id {job.request_id}"))

@@ -16,6 +16,7 @@ from .decode import (
     replicated_state,
     sharded_decode,
     sharded_decode_stream,
+    to_host,
 )
 from .encode import compile_encode, put_frames, replicated_encoder_state, sharded_encode
 from .halo import BandContext
@@ -54,5 +55,6 @@ __all__ = [
     "sharded_decode",
     "sharded_decode_stream",
     "sharded_encode",
+    "to_host",
     "topology_devices",
 ]

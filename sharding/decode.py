@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -89,9 +90,27 @@ def put_latents(latents, mesh: Mesh) -> jax.Array:
     """Latents onto the mesh, batch over dp and replicated over tp (an explicit transfer).
 
     They are small; each device then slices its band out locally (the split axis may first need
-    padding, which a sharded input could not express).
+    padding, which a sharded input could not express). On a mesh that spans processes every
+    process holds the same latents and places only its own devices' shards: no collective (a
+    ``device_put`` would all-gather the whole array across processes to check that they agree).
     """
-    return jax.device_put(np.asarray(latents, np.float32), latents_sharding(mesh))
+    latents = np.asarray(latents, np.float32)
+    placement = latents_sharding(mesh)
+    shards = [jax.device_put(latents[index], device)  # explicit transfers, one per local device
+              for device, index in placement.addressable_devices_indices_map(latents.shape).items()]
+    return jax.make_array_from_single_device_arrays(latents.shape, placement, shards)
+
+
+def to_host(array: jax.Array) -> np.ndarray:
+    """A (possibly process-spanning) array as one numpy array on this host.
+
+    On one process this is a device-to-host copy. On a mesh that spans processes no process can
+    read the other processes' shards, so the array is all-gathered first
+    (``multihost_utils.process_allgather``): every process receives the whole array.
+    """
+    if array.is_fully_addressable:
+        return np.asarray(jax.device_get(array))
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
 
 def latents_sharding(mesh: Mesh) -> NamedSharding:
@@ -270,4 +289,4 @@ def sharded_decode_stream(
     caches = None
     for (start, stop), step in programs.items():
         frames, caches = step(state, caches, put_latents(latents[:, :, start:stop], mesh))
-        yield jax.device_get(frames)
+        yield to_host(frames)

@@ -21,15 +21,25 @@ class MeshError(ValueError):
     """A mesh that the devices at hand cannot provide."""
 
 
+def host_major(devices: Sequence[jax.Device]) -> list[jax.Device]:
+    """``devices`` grouped by the process (host) that owns them, each host's in their given order.
+
+    Cut into rows of ``tp``, this keeps a frame's bands on one host wherever ``tp`` allows: the halo
+    exchange then crosses hosts only where a band group must span them.
+    """
+    return sorted(devices, key=lambda device: device.process_index)
+
+
 def make_mesh(tp: int, dp: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A ``(dp, tp)`` mesh over ``dp · tp`` devices (the first ones of ``devices`` or ``jax.devices()``).
+    """A ``(dp, tp)`` mesh over ``dp · tp`` devices (the first ones of ``devices``, or of every
+    process's devices, host by host).
 
     Neighbouring ``tp`` ranks are adjacent devices, so on hardware with a ring/torus the halo
-    exchange runs between neighbours.
+    exchange runs between neighbours; on a multi-host slice ``tp`` fills a host before it spans two.
     """
     if not (isinstance(tp, int) and isinstance(dp, int)) or tp < 1 or dp < 1:
         raise MeshError(f"tp and dp must be integers ≥ 1; received tp={tp!r}, dp={dp!r}")
-    devices = list(jax.devices() if devices is None else devices)
+    devices = host_major(jax.devices()) if devices is None else list(devices)
     needed = tp * dp
     if needed > len(devices):
         raise MeshError(

@@ -23,11 +23,12 @@ router = APIRouter()
 
 @router.get("/healthz", response_model=Health, tags=["operations"], responses={503: {"model": Health}})
 async def healthz(state: StateDep) -> Response:
-    # Liveness: the process serves HTTP. A failed model load also fails liveness so that an
-    # orchestrator restarts the container instead of keeping a server that can never be ready.
+    # Liveness: the process serves HTTP. A failed model load (or multi-host slice) also fails
+    # liveness, saying why, so that an orchestrator restarts the container instead of keeping a
+    # server that can never be ready.
     if state.phase == "failed":
-        return JSONResponse(Health(status="failed").model_dump(), status_code=503)
-    return JSONResponse(Health(status="ok").model_dump())
+        return JSONResponse(Health(status="failed", detail=state.error).model_dump(exclude_none=True), status_code=503)
+    return JSONResponse(Health(status="ok").model_dump(exclude_none=True))
 
 
 @router.get("/readyz", response_model=Ready, tags=["operations"], responses={503: {"model": Ready}})
@@ -53,7 +54,8 @@ async def list_models(state: StateDep) -> ModelList:
     return ModelList(data=[ModelInfo(
         id=settings.model or "wan2.1-vae-default", source=meta.get("source"),
         random_weights=meta.get("random_weights"), dtype=vae.dtype, config=vae.config.to_dict(),
-        metadata=meta, mesh=MeshInfo(dp=settings.dp, tp=settings.tp, devices=model.devices),
+        metadata=meta, mesh=MeshInfo(dp=settings.dp, tp=settings.tp, devices=model.devices,
+                                     processes=model.slice.control.num_processes if model.slice else 1),
         batch_buckets=model.runner.buckets, warmed_shapes=[list(w.shape) for w in model.warmed],
         warmed=[WarmedShape(shape=list(w.shape), outputs=list(w.outputs)) for w in model.warmed],
         compiled=model.runner.programs(),

@@ -18,7 +18,7 @@ from PIL import Image
 
 import models
 import sharding
-from models.encode import posterior_options
+from models.encode import PosteriorOptions, posterior_options
 from service import codec
 from service.client import DecodeError
 from service.client import encode as client_encode
@@ -159,8 +159,10 @@ def test_requests_with_different_options_share_one_device_batch(tiny_vae):
     request's rows with its own options, each equal to encoding that request alone."""
     runner = DeviceRunner(tiny_vae, sharding.make_mesh(1), max_batch=2, dp=1)
     a, b = frames(seed=7), frames(seed=8)
-    out = runner.encode(np.concatenate([a, b]), [posterior_options(1, sample=True, seed=9),
-                                                 posterior_options(1, normalize=True)])
+    options = PosteriorOptions.concatenate([posterior_options(1, sample=True, seed=9),
+                                            posterior_options(1, normalize=True)])
+    assert PosteriorOptions.from_json(options.to_json()).keys.tolist() == options.keys.tolist()  # multi-host wire form
+    out = runner.encode(np.concatenate([a, b]), options)
     assert close(out[:1], np.asarray(tiny_vae.encode(a, sample=True, seed=9)))
     assert close(out[1:], np.asarray(tiny_vae.encode(b, normalize=True)))
 

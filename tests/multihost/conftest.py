@@ -1,0 +1,33 @@
+"""Fixtures shared by the multi-host tests: the single-process references and the saved model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from slice_process import micro_vae, slice_latents
+
+import models
+import sharding
+
+
+@pytest.fixture(scope="session")
+def references():
+    """The single-process decodes of ``slice_latents()`` with the MICRO model (this pytest process
+    has 8 CPU devices): tp = 4 (uint8, float, stream) and tp = 2 x dp = 2 (float)."""
+    vae = micro_vae()
+    z = slice_latents()
+    tp4, tp2dp2 = sharding.make_mesh(4), sharding.make_mesh(2, dp=2)
+    return {
+        "tp4_uint8": sharding.to_host(sharding.sharded_decode(vae, z, tp4, output="uint8")),
+        "tp4_float": sharding.to_host(sharding.sharded_decode(vae, z, tp4, output="float")),
+        "tp4_stream": np.concatenate(list(sharding.sharded_decode_stream(vae, z, tp4)), axis=1),
+        "tp2dp2_float": sharding.to_host(sharding.sharded_decode(vae, z, tp2dp2, output="float")),
+    }
+
+
+@pytest.fixture(scope="session")
+def micro_model_dir(tmp_path_factory) -> Path:
+    """The MICRO model as a diffusers-format folder, for ``vaeserve serve --model``."""
+    return models.save_vae(micro_vae(), tmp_path_factory.mktemp("micro-vae"))
