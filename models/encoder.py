@@ -61,6 +61,11 @@ def check_encoder_config(config: WanVAEConfig) -> None:
     if FRAMES_PER_CHUNK % config.temporal_scale:
         raise ConfigError(f"temporal downsampling x{config.temporal_scale} does not divide the reference's "
                           f"chunks of {FRAMES_PER_CHUNK} frames")
+    if config.num_res_blocks < 1 and len(set(config.dim_mult)) > 1:
+        # The residual blocks are what widen each stage; without them the mid block gets the
+        # wrong width (diffusers' encoder fails on such a config too).
+        raise ConfigError(f"num_res_blocks=0 with dim_mult={list(config.dim_mult)} leaves the encoder's widths "
+                          "unmatched")
 
 
 def _down_blocks(config: WanVAEConfig, *, rngs: nnx.Rngs, dtype) -> list[nnx.Module]:

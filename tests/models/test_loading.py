@@ -86,6 +86,20 @@ def test_a_partial_encoder_is_reported_like_any_missing_tensor(tmp_path, weights
     assert info.value.misshaped == ["quant_conv.weight: expected (32, 32, 1, 1, 1), received (32, 32, 1, 1)"]
 
 
+def test_an_encoder_this_config_cannot_run_is_skipped_with_the_reason(tmp_path, caplog):
+    """diffusers builds an encoder for num_res_blocks=0 that fails at run time; we load such a
+    checkpoint for decoding and say why it cannot encode."""
+    config = models.WanVAEConfig(base_dim=8, num_res_blocks=0, dim_mult=(1, 2), temperal_downsample=(True,),
+                                 scale_factor_spatial=2, scale_factor_temporal=2)
+    weights = {**seeded_decoder_weights(config, 5), "encoder.conv_in.weight": np.zeros((8, 3, 3, 3, 3), np.float32)}
+    with caplog.at_level("WARNING", logger="vaeserve.models"):
+        vae = models.load_vae(write_diffusers_folder(tmp_path, config, weights))
+    assert not vae.has_encoder and "encoder weights skipped" in caplog.text
+    with pytest.raises(models.NoEncoderError, match="num_res_blocks=0 with dim_mult=\\[1, 2\\]"):
+        vae.require_encoder()
+    assert not models.init_vae(config).has_encoder  # the same for random weights
+
+
 def test_save_vae_writes_both_halves_and_they_load_back(tmp_path):
     vae = models.init_vae(CONFIG, seed=3)
     again = models.load_vae(models.save_vae(vae, tmp_path))
