@@ -101,10 +101,10 @@ class PosteriorOptions(NamedTuple):
       normalize: ``(B,)`` bool, ``(z − latents_mean) / latents_std`` after.
     """
 
-    keys: jax.Array
-    rows: jax.Array
-    sample: jax.Array
-    normalize: jax.Array
+    keys: jax.Array | np.ndarray  # host arrays until a program call puts them on the devices
+    rows: jax.Array | np.ndarray
+    sample: jax.Array | np.ndarray
+    normalize: jax.Array | np.ndarray
 
     @staticmethod
     def avals(batch: int, sharding=None) -> PosteriorOptions:
@@ -142,9 +142,9 @@ def prng_key(seed: int | None) -> np.ndarray:
         seed = secrets.randbelow(SEED_RANGE)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < SEED_RANGE:
         raise ValueError(f"seed must be an integer in [0, 2**32); received {seed!r}")
-    if jax.config.jax_default_prng_impl != "threefry2x32":
-        raise ValueError(f"encode seeds assume JAX's threefry2x32 generator; jax_default_prng_impl is "
-                         f"{jax.config.jax_default_prng_impl!r}")
+    impl = jax.config.jax_default_prng_impl  # type: ignore[attr-defined]  # a flag the stubs do not list
+    if impl != "threefry2x32":
+        raise ValueError(f"encode seeds assume JAX's threefry2x32 generator; jax_default_prng_impl is {impl!r}")
     return np.array([0, seed], np.uint32)
 
 
