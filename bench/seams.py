@@ -15,6 +15,7 @@ Each is compared with the full single-device JAX decode: max abs error, PSNR (pe
 blend rows of each tile for b) vs *interior rows* (≥ 8 rows from any cut or blend of that method).
 
     python bench/seams.py                       # real Wan 2.1 architecture, 128x128, 5 frames, tp=4
+    python bench/seams.py --model wan2.2 --height 8 --width 8   # real Wan 2.2, 128x128, 5 frames, tp=4
     python bench/seams.py --config tiny --height 32 --width 32
 """
 
@@ -30,10 +31,12 @@ from pathlib import Path
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("wan2.1", "wan2.2"), default="wan2.1")
     parser.add_argument("--config", choices=("real", "tiny"), default="real",
-                        help="real: the Wan 2.1 architecture (73 M decoder parameters); tiny: base_dim 8")
+                        help="real: the model's architecture (Wan 2.1: 73 M decoder parameters, Wan 2.2: 555 M); "
+                             "tiny: decoder width 8")
     parser.add_argument("--frames", type=int, default=2, help="latent frames T (output 1+4(T-1))")
-    parser.add_argument("--height", type=int, default=16, help="latent height (frame height / 8)")
+    parser.add_argument("--height", type=int, default=16, help="latent height (frame height / 8, or / 16 for wan2.2)")
     parser.add_argument("--width", type=int, default=16, help="latent width")
     parser.add_argument("--tp", type=int, default=4, help="bands for (a) and (c)")
     parser.add_argument("--tile", type=int, default=64, help="diffusers tile height in pixels")
@@ -52,9 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "models"))
 
 import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 from wan_reference import perturbed_diffusers_vae  # noqa: E402
 
-SCALE = 8  # latent row → frame rows
 INTERIOR_MARGIN = 8  # frame rows
 
 
@@ -63,18 +66,18 @@ def psnr(error: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(4.0 / mse)
 
 
-def band_seams(height_px: int, tp: int, latent_height: int) -> list[int]:
+def band_seams(height_px: int, tp: int, latent_height: int, scale: int) -> list[int]:
     """Frame rows that touch a band cut: the last row of each band and the first of the next."""
-    band = -(-latent_height // tp) * SCALE
+    band = -(-latent_height // tp) * scale
     return [r for cut in range(band, height_px, band) for r in (cut - 1, cut)]
 
 
-def tile_seams(height_px: int, tile: int, stride: int, latent_height: int) -> list[int]:
+def tile_seams(height_px: int, tile: int, stride: int, latent_height: int, scale: int) -> list[int]:
     """Frame rows of diffusers' tiled decode that are blends of two tiles (or, without overlap, cuts)."""
     blend = tile - stride
     rows = []
-    for start_latent in range(stride // SCALE, latent_height, stride // SCALE):
-        start = start_latent * SCALE
+    for start_latent in range(stride // scale, latent_height, stride // scale):
+        start = start_latent * scale
         rows += list(range(start, start + blend)) if blend > 0 else [start - 1, start]
     return [r for r in rows if r < height_px]
 
@@ -116,11 +119,15 @@ def main(args: argparse.Namespace) -> None:
     import sharding
 
     torch.set_num_threads(os.cpu_count() or 1)
-    config = {} if args.config == "real" else {"base_dim": 8, "num_res_blocks": 1}
+    config = models.MODEL_NAMES[args.model]().to_dict()
+    del config["_class_name"]
+    if args.config == "tiny":
+        config.update(base_dim=8, decoder_base_dim=8, num_res_blocks=1)
+    scale = models.WanVAEConfig(**config).spatial_scale
     latents = np.random.default_rng(args.seed).standard_normal(
-        (1, 16, args.frames, args.height, args.width)).astype(np.float32)
-    height_px, width_px = args.height * SCALE, args.width * SCALE
-    print(f"latents {latents.shape} → frames (1, 3, {1 + 4 * (args.frames - 1)}, {height_px}, {width_px}); "
+        (1, config["z_dim"], args.frames, args.height, args.width)).astype(np.float32)
+    height_px, width_px = args.height * scale, args.width * scale
+    print(f"{args.model}: latents {latents.shape} → frames (1, 3, {1 + 4 * (args.frames - 1)}, {height_px}, {width_px}); "
           f"config {args.config}; tp={args.tp}; tiles {args.tile}px stride {args.stride}px "
           f"(overlap {args.tile - args.stride}px); JAX on {args.platform}")
 
@@ -130,28 +137,32 @@ def main(args: argparse.Namespace) -> None:
         vae = models.load_vae(folder)
 
     timings: dict[str, float] = {}
+    progress = tqdm(total=5, desc="decodes", unit="decode", leave=False)
 
     def timed(name, fn):
+        progress.set_postfix_str(name)
         start = time.perf_counter()
         out = fn()
         timings[name] = time.perf_counter() - start
+        progress.update()
         return out
 
     full = timed("full", lambda: np.asarray(vae.decode(latents)))
     mesh = sharding.make_mesh(args.tp)
     split = dict(split="height")
     results = {}
-    seams = band_seams(height_px, args.tp, args.height)
+    seams = band_seams(height_px, args.tp, args.height, scale)
     results["(a) sharded, 1-row halos"] = (timed("a", lambda: np.asarray(
         sharding.sharded_decode(vae, latents, mesh, **split))), seams)
     tiling = dict(tile_sample_min_height=args.tile, tile_sample_stride_height=args.stride,
                   tile_sample_min_width=width_px, tile_sample_stride_width=width_px)
     results["(b) diffusers enable_tiling()"] = (timed("b", lambda: diffusers_decode(
-        reference_model, latents, tiling=tiling)), tile_seams(height_px, args.tile, args.stride, args.height))
+        reference_model, latents, tiling=tiling)), tile_seams(height_px, args.tile, args.stride, args.height, scale))
     results["(c) shard_map, no halo"] = (timed("c", lambda: np.asarray(
         sharding.sharded_decode(vae, latents, mesh, halo="none", **split))), seams)
     results["(-) diffusers full decode"] = (timed("-", lambda: diffusers_decode(reference_model, latents, tiling=None)), [])
 
+    progress.close()
     print(f"\nreference: full single-device JAX decode ({timings['full']:.1f} s incl. compile)")
     print(f"seam rows: the 2 rows at each band cut (a, c: {len(seams)} rows) or each tile's blend rows (b); "
           f"interior: ≥ {INTERIOR_MARGIN} rows from any of them\n")

@@ -1,4 +1,4 @@
-"""The Wan video VAE (decoder and encoder) in Flax nnx, its configuration, weight loading and
+"""The Wan 2.1 / 2.2 video VAE (decoder and encoder) in Flax nnx, its configuration, weight loading and
 compiled programs."""
 
 from .config import ConfigError, WanVAEConfig

@@ -1,4 +1,4 @@
-"""Wan 2.1 VAE configuration, read from (and written to) a diffusers ``config.json``."""
+"""Wan VAE configuration (2.1 and 2.2), read from (and written to) a diffusers ``config.json``."""
 
 from __future__ import annotations
 
@@ -17,8 +17,31 @@ WAN21_LATENTS_STD = (
     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
 )
 
+# Wan 2.2 (TI2V-5B) latent statistics, 48 channels (Wan2.2 ``wan/modules/vae2_2.py``, and the
+# ``vae/config.json`` of ``Wan-AI/Wan2.2-TI2V-5B-Diffusers``).
+WAN22_LATENTS_MEAN = (
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
+    -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
+    -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+    -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
+    -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
+    0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+)
+WAN22_LATENTS_STD = (
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013,
+    0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978,
+    0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093,
+    0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
+    0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+)
+
 # Keys diffusers writes that carry no model information.
 _BOOKKEEPING_KEYS = {"_class_name", "_diffusers_version", "_name_or_path", "_use_default_values"}
+# Keys in published configs that ``AutoencoderKLWan.__init__`` does not take: diffusers drops them.
+# ``clip_output`` (false in Wan2.2-TI2V-5B-Diffusers' vae/config.json) changes nothing there:
+# diffusers' ``_decode`` clamps to [-1, 1] unconditionally, as the original Wan 2.2 decode does.
+_DROPPED_KEYS = {"clip_output"}
 
 
 class ConfigError(ValueError):
@@ -27,7 +50,13 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class WanVAEConfig:
-    """Every ``AutoencoderKLWan`` config key. Defaults are the real Wan 2.1 VAE."""
+    """Every ``AutoencoderKLWan`` config key. Defaults are the real Wan 2.1 VAE; ``WanVAEConfig.wan22()``
+    is the real Wan 2.2 (TI2V-5B) VAE.
+
+    ``is_residual`` selects the decoder: False → Wan 2.1 (plain up blocks, each upsampler halving
+    the width); True → Wan 2.2 (residual up blocks with a parameter-free DupUp3D shortcut). With
+    ``patch_size`` p the decoder ends in ``3·p²`` channels, unpatchified to RGB at p x the size.
+    """
 
     base_dim: int = 96
     decoder_base_dim: int | None = None
@@ -51,6 +80,14 @@ class WanVAEConfig:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         self.validate()
 
+    @classmethod
+    def wan22(cls, **overrides: Any) -> WanVAEConfig:
+        """The real Wan 2.2 (TI2V-5B) VAE: 48 latent channels, 16x spatial, decoder width 256."""
+        real = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, patch_size=2,
+                    in_channels=12, out_channels=12, scale_factor_spatial=16,
+                    latents_mean=WAN22_LATENTS_MEAN, latents_std=WAN22_LATENTS_STD)
+        return cls(**{**real, **overrides})
+
     # -- derived -------------------------------------------------------------------------------
     @property
     def decoder_dim(self) -> int:
@@ -62,13 +99,20 @@ class WanVAEConfig:
 
     @property
     def decoder_dims(self) -> tuple[int, ...]:
-        """Channel widths entering each decoder stage: ``[384, 384, 384, 192, 96]`` for Wan 2.1."""
+        """Channel widths of the decoder stages: ``[384, 384, 384, 192, 96]`` for Wan 2.1,
+        ``[1024, 1024, 1024, 512, 256]`` for Wan 2.2."""
         mult = (self.dim_mult[-1],) + tuple(reversed(self.dim_mult))
         return tuple(self.decoder_dim * m for m in mult)
 
     @property
+    def patch(self) -> int:
+        """Pixels per side of one output patch: ``patch_size``, or 1 without patchify."""
+        return self.patch_size or 1
+
+    @property
     def spatial_scale(self) -> int:
-        return 2 ** (len(self.dim_mult) - 1)
+        """Output pixels per latent row/column: 8 for Wan 2.1, 16 for Wan 2.2 (8 x the 2x2 patch)."""
+        return 2 ** (len(self.dim_mult) - 1) * self.patch
 
     @property
     def temporal_scale(self) -> int:
@@ -80,14 +124,15 @@ class WanVAEConfig:
     # -- checks --------------------------------------------------------------------------------
     def validate(self) -> None:
         problems = []
-        if self.is_residual:
-            problems.append("is_residual=True (Wan 2.2 residual up-blocks) is not supported; expected false")
-        if self.patch_size is not None:
-            problems.append(f"patch_size={self.patch_size} (Wan 2.2 patchified output) is not supported; expected null")
+        if self.patch_size is not None and self.patch_size < 1:
+            problems.append(f"patch_size={self.patch_size}; expected null or ≥ 1")
         if self.attn_scales:
             problems.append(f"attn_scales={list(self.attn_scales)}: the decoder has no attention at scales; expected []")
-        if self.out_channels != 3:
-            problems.append(f"out_channels={self.out_channels}; expected 3 (RGB)")
+        rgb = 3 * self.patch**2
+        if self.out_channels != rgb:
+            problems.append(f"out_channels={self.out_channels}; expected {rgb} (RGB x patch_size²)")
+        if self.in_channels != rgb:
+            problems.append(f"in_channels={self.in_channels}; expected {rgb} (RGB x patch_size²)")
         if len(self.dim_mult) < 2:
             problems.append(f"dim_mult={list(self.dim_mult)}; expected at least 2 stages")
         if len(self.temperal_downsample) != len(self.dim_mult) - 1:
@@ -100,14 +145,36 @@ class WanVAEConfig:
                 f"latents_mean/latents_std have {len(self.latents_mean)}/{len(self.latents_std)} values; "
                 f"expected z_dim = {self.z_dim}"
             )
-        if self.decoder_dim <= 0 or self.decoder_dim % 2 or self.num_res_blocks < 0:
-            problems.append(f"decoder width {self.decoder_dim} must be a positive even number")
+        halves = not self.is_residual  # each Wan 2.1 upsampler halves the width
+        if self.decoder_dim <= 0 or (halves and self.decoder_dim % 2) or self.num_res_blocks < 0:
+            problems.append(f"decoder width {self.decoder_dim} must be a positive{' even' if halves else ''} number")
+        problems += self._dup_up_problems()
         if self.scale_factor_spatial not in (None, self.spatial_scale):
             problems.append(f"scale_factor_spatial={self.scale_factor_spatial}; the dims imply {self.spatial_scale}")
         if self.scale_factor_temporal not in (None, self.temporal_scale):
             problems.append(f"scale_factor_temporal={self.scale_factor_temporal}; the dims imply {self.temporal_scale}")
         if problems:
             raise ConfigError("unsupported Wan VAE config: " + "; ".join(problems))
+
+    def _dup_up_problems(self) -> list[str]:
+        """Wan 2.2's shortcuts: DupUp3D repeats each input channel ``cout·factor / cin`` times,
+        the encoder's AvgDown3D averages groups of ``cin·factor / cout`` (diffusers refuses both
+        when they do not divide)."""
+        if not self.is_residual or len(self.temperal_downsample) != len(self.dim_mult) - 1:
+            return []
+        problems = []
+        dims = self.decoder_dims
+        for stage, temporal in enumerate(self.temperal_upsample):
+            cin, cout, factor = dims[stage], dims[stage + 1], 4 * (2 if temporal else 1)
+            if (cout * factor) % cin:
+                problems.append(f"up block {stage}: DupUp3D needs {cin} | {cout}·{factor}")
+        dims = tuple(self.base_dim * m for m in (1, *self.dim_mult))
+        for stage, temporal in enumerate((*self.temperal_downsample, False)):
+            last = stage == len(self.dim_mult) - 1
+            cin, cout, factor = dims[stage], dims[stage + 1], 1 if last else 4 * (2 if temporal else 1)
+            if (cin * factor) % cout:
+                problems.append(f"down block {stage}: AvgDown3D needs {cout} | {cin}·{factor}")
+        return problems
 
     # -- (de)serialisation ---------------------------------------------------------------------
     @classmethod
@@ -116,7 +183,7 @@ class WanVAEConfig:
         if class_name != "AutoencoderKLWan":
             raise ConfigError(f"config _class_name is {class_name!r}; expected 'AutoencoderKLWan'")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known - _BOOKKEEPING_KEYS)
+        unknown = sorted(set(raw) - known - _BOOKKEEPING_KEYS - _DROPPED_KEYS)
         if unknown:
             raise ConfigError(f"unknown AutoencoderKLWan config keys: {unknown}; known keys: {sorted(known)}")
         return cls(**{k: v for k, v in raw.items() if k in known})

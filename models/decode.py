@@ -2,7 +2,7 @@
 
 These are pure functions of a merged ``WanDecoder`` and a spatial context, so the single-device
 path (``WanVAE.decode``) and the sharded path (``sharding``) run the very same code.
-Layouts: ``(B, 16, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` inside.
+Layouts: ``(B, z, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` inside.
 """
 
 from __future__ import annotations
@@ -100,10 +100,10 @@ def decode_frames(
 ) -> jax.Array:
     """Decode channels-last latents ``(B, T, H, W, z)``.
 
-    Returns float32 ``(B, 3, F, 8H, 8W)`` (``output="float"``) or uint8 ``(B, F, 8H, 8W, 3)``,
-    ``F = 1 + 4(T-1)`` for Wan 2.1. Every step writes its frames into one preallocated output
-    buffer carried through the scan, so peak memory is the output plus one step's activations and
-    caches, whatever ``T`` is.
+    Returns float32 ``(B, 3, F, sH, sW)`` (``output="float"``) or uint8 ``(B, F, sH, sW, 3)``,
+    ``F = 1 + 4(T-1)``, ``s = 8`` for Wan 2.1 and 16 for Wan 2.2. Every step writes its frames into
+    one preallocated output buffer carried through the scan, so peak memory is the output plus one
+    step's activations and caches, whatever ``T`` is.
     """
     num_latent = z.shape[1]
     first, caches = decode_step(model, None, z[:, :1], ctx, output=output)

@@ -1,8 +1,14 @@
-"""The Wan 2.1 causal video VAE decoder in Flax nnx, channels-last inside.
+"""The Wan 2.1 and Wan 2.2 causal video VAE decoders in Flax nnx, channels-last inside.
 
-Built from the shared layers (``models.layers``). Call it on latent frame 0 with ``caches=None``
-(it yields one frame), then on each later chunk of latent frames with the caches it returned (4
-frames per latent frame): ``models.decode`` runs that loop.
+Built from the shared layers (``models.layers``); the config picks the up blocks (``UpBlock`` for
+Wan 2.1, ``ResidualUpBlock`` for Wan 2.2's ``is_residual``) and whether the output is unpatchified.
+Call the decoder on latent frame 0 with ``caches=None`` (it yields one frame), then on each later
+chunk of latent frames with the caches it returned (4 frames per latent frame): ``models.decode``
+runs that loop.
+
+Every up block is a callable ``(x, caches, ctx, *, first_chunk) -> (x, caches)`` whose caches have
+a fixed shape after latent frame 0, so a block can also be stepped on its own (frame by frame).
+``first_chunk`` (latent frame 0) is passed explicitly; only Wan 2.2's shortcut needs it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from .config import WanVAEConfig
 from .layers import (
     CausalConv3d,
     ConvCache,
+    DupUp3D,
     MidBlock,
     MidBlockCache,
     PointwiseConv,
@@ -25,6 +32,7 @@ from .layers import (
     RMSNorm,
     UpBlockCache,
     scoped,
+    unpatchify,
 )
 from .spatial import SpatialContext
 
@@ -47,15 +55,12 @@ class UpBlock(nnx.Module):
         self.upsamplers = nnx.List([Resample(cout, mode, rngs=rngs, dtype=dtype)] if mode else [])
 
     @scoped
-    def __call__(self, x: jax.Array, caches: UpBlockCache | None,
-                 ctx: SpatialContext) -> tuple[jax.Array, UpBlockCache]:
+    def __call__(self, x: jax.Array, caches: UpBlockCache | None, ctx: SpatialContext, *,
+                 first_chunk: bool) -> tuple[jax.Array, UpBlockCache]:
+        del first_chunk  # Wan 2.1 has no shortcut; its upsampler sees frame 0 from its empty cache
         n = len(self.resnets) + len(self.upsamplers)
         caches = caches if caches is not None else (None,) * n
-        new = []
-        for i, resnet in enumerate(self.resnets):
-            with jax.named_scope(f"resnets.{i}"):
-                x, cache = resnet(x, caches[i], ctx)
-            new.append(cache)
+        x, new = _resnets(self.resnets, x, caches, ctx)
         for upsampler in self.upsamplers:
             with jax.named_scope("upsamplers.0"):
                 x, cache = upsampler(x, caches[-1], ctx)
@@ -63,32 +68,83 @@ class UpBlock(nnx.Module):
         return x, tuple(new)
 
 
+def _resnets(resnets, x: jax.Array, caches, ctx: SpatialContext) -> tuple[jax.Array, list]:
+    """Run an up block's residual blocks in order; their new caches, in order."""
+    new = []
+    for i, resnet in enumerate(resnets):
+        with jax.named_scope(f"resnets.{i}"):
+            x, cache = resnet(x, caches[i], ctx)
+        new.append(cache)
+    return x, new
+
+
+class ResidualUpBlock(nnx.Module):
+    """Wan 2.2 up block: ``num_res_blocks + 1`` residual blocks and (except in the last stage) a 2x
+    upsampler that keeps the block's width, plus the parameter-free ``DupUp3D`` shortcut from the
+    block's input (diffusers' ``WanResidualUpBlock``).
+
+    ``(B, T, H, W, cin)`` → ``(B, T', 2H, 2W, cout)`` (last stage: ``(B, T, H, W, cout)``, no
+    shortcut). On the first chunk the upsampler skips its time conv and the shortcut drops its
+    leading frame, so both paths have ``T' = T`` frames there (``2T`` later, for upsample3d).
+    """
+
+    def __init__(self, cin: int, cout: int, num_res_blocks: int, mode: str | None, *, rngs: nnx.Rngs,
+                 dtype=jnp.float32):
+        dims = [cin] + [cout] * (num_res_blocks + 1)
+        self.resnets = nnx.List(
+            [ResidualBlock(a, b, rngs=rngs, dtype=dtype) for a, b in zip(dims[:-1], dims[1:], strict=True)]
+        )
+        # diffusers names it ``upsampler`` (no list) here: the weights are ``upsampler.resample.1.*``.
+        self.upsampler = Resample(cout, mode, rngs=rngs, dtype=dtype, cout=cout) if mode else None
+        self.avg_shortcut = DupUp3D(cout, temporal=mode == "upsample3d") if mode else None
+
+    @scoped
+    def __call__(self, x: jax.Array, caches: UpBlockCache | None, ctx: SpatialContext, *,
+                 first_chunk: bool) -> tuple[jax.Array, UpBlockCache]:
+        n = len(self.resnets) + (self.upsampler is not None)
+        caches = caches if caches is not None else (None,) * n
+        shortcut = x
+        x, new = _resnets(self.resnets, x, caches, ctx)
+        if self.upsampler is not None and self.avg_shortcut is not None:
+            with jax.named_scope("upsampler"):
+                x, cache = self.upsampler(x, caches[-1], ctx)
+            new.append(cache)
+            with jax.named_scope("avg_shortcut"):
+                x = x + self.avg_shortcut(shortcut, first_chunk=first_chunk)
+        return x, tuple(new)
+
+
 class Decoder3d(nnx.Module):
     """conv_in → mid block → up blocks → RMS norm → SiLU → conv_out.
 
-    ``(B, T, H, W, z)`` → ``(B, T', 8H, 8W, out_channels)`` for the Wan 2.1 config; the channel plan
-    is ``config.decoder_dims`` (``[384, 384, 384, 192, 96]``), each upsampler halving the width.
+    ``(B, T, H, W, z)`` → ``(B, T', 8H, 8W, out_channels)`` for the real configs. The channel plan
+    is ``config.decoder_dims``: Wan 2.1 ``[384, 384, 384, 192, 96]``, each upsampler halving the
+    width (a block's input is the previous block's width / 2); Wan 2.2 ``[1024, 1024, 1024, 512,
+    256]`` with residual up blocks whose upsamplers keep the width.
     """
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
         dims = config.decoder_dims
         self.conv_in = CausalConv3d(config.z_dim, dims[0], rngs=rngs, dtype=dtype)
         self.mid_block = MidBlock(dims[0], rngs=rngs, dtype=dtype)
-        blocks = []
+        blocks: list[UpBlock | ResidualUpBlock] = []
         num_stages = len(config.dim_mult)
         for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
-            cin = cin // 2 if i > 0 else cin  # each Wan 2.1 upsampler halves the width
             mode = None
             if i != num_stages - 1:
                 mode = "upsample3d" if config.temperal_upsample[i] else "upsample2d"
-            blocks.append(UpBlock(cin, cout, config.num_res_blocks, mode, rngs=rngs, dtype=dtype))
+            if config.is_residual:
+                blocks.append(ResidualUpBlock(cin, cout, config.num_res_blocks, mode, rngs=rngs, dtype=dtype))
+            else:
+                cin = cin // 2 if i > 0 else cin  # each Wan 2.1 upsampler halves the width
+                blocks.append(UpBlock(cin, cout, config.num_res_blocks, mode, rngs=rngs, dtype=dtype))
         self.up_blocks = nnx.List(blocks)
         self.norm_out = RMSNorm(dims[-1], dtype=dtype)
         self.conv_out = CausalConv3d(dims[-1], config.out_channels, rngs=rngs, dtype=dtype)
 
     @scoped
-    def __call__(self, x: jax.Array, caches: DecoderCache | None,
-                 ctx: SpatialContext) -> tuple[jax.Array, DecoderCache]:
+    def __call__(self, x: jax.Array, caches: DecoderCache | None, ctx: SpatialContext, *,
+                 first_chunk: bool) -> tuple[jax.Array, DecoderCache]:
         caches = caches if caches is not None else (None,) * (3 + len(self.up_blocks))
         with jax.named_scope("conv_in"):
             x, conv_in_cache = self.conv_in(x, caches[0], ctx)
@@ -97,7 +153,7 @@ class Decoder3d(nnx.Module):
         up_caches = []
         for i, block in enumerate(self.up_blocks):
             with jax.named_scope(f"up_blocks.{i}"):
-                x, cache = block(x, caches[2 + i], ctx)
+                x, cache = block(x, caches[2 + i], ctx, first_chunk=first_chunk)
             up_caches.append(cache)
         with jax.named_scope("conv_out"):
             x, conv_out_cache = self.conv_out(jax.nn.silu(self.norm_out(x)), caches[-1], ctx)
@@ -105,7 +161,8 @@ class Decoder3d(nnx.Module):
 
 
 class WanDecoder(nnx.Module):
-    """``post_quant_conv`` + decoder: latents ``(B, T, H, W, z)`` → frames ``(B, T', 8H, 8W, 3)``.
+    """``post_quant_conv`` + decoder (+ unpatchify): latents ``(B, T, H, W, z)`` → frames
+    ``(B, T', s·H, s·W, 3)``, ``s = config.spatial_scale`` (8 for Wan 2.1, 16 for Wan 2.2).
 
     Call with ``caches=None`` for latent frame 0 (which must then be the only frame: it yields 1
     frame) and with the returned caches for every later chunk of frames (4 frames each).
@@ -113,15 +170,19 @@ class WanDecoder(nnx.Module):
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
         self.temporal_scale = config.temporal_scale  # frames per latent frame after frame 0 (static)
+        self.patch = config.patch  # static: 2 for Wan 2.2's 2x2 patches, else 1
         self.post_quant_conv = PointwiseConv(config.z_dim, config.z_dim, rngs=rngs, dtype=dtype)
         self.decoder = Decoder3d(config, rngs=rngs, dtype=dtype)
 
     @scoped
     def __call__(self, z: jax.Array, caches: DecoderCache | None,
                  ctx: SpatialContext) -> tuple[jax.Array, DecoderCache]:
-        if caches is None and z.shape[1] != 1:
+        first_chunk = caches is None  # latent frame 0: the reference's first_chunk=True
+        if first_chunk and z.shape[1] != 1:
             raise ValueError(f"the first decode step takes exactly 1 latent frame; got {z.shape[1]}")
         with jax.named_scope("post_quant_conv"):
             z = self.post_quant_conv(z)
         with jax.named_scope("decoder"):
-            return self.decoder(z, caches, ctx)
+            frames, caches = self.decoder(z, caches, ctx, first_chunk=first_chunk)
+        with jax.named_scope("unpatchify"):
+            return unpatchify(frames, self.patch), caches

@@ -26,8 +26,9 @@ def _step_flops(config: WanVAEConfig, h: int, w: int, first: bool) -> float:
     tokens = h * w
     attention = 2.0 * frames * tokens * (3 * dims[0] ** 2 + 2 * tokens * dims[0] + dims[0] ** 2)
     total += residual(dims[0], dims[0]) * 2 + attention
+    halves = not config.is_residual  # Wan 2.1's upsamplers halve the width; Wan 2.2's keep it
     for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
-        cin = cin // 2 if i > 0 else cin
+        cin = cin // 2 if i > 0 and halves else cin
         for _ in range(config.num_res_blocks + 1):
             total += residual(cin, cout)
             cin = cout
@@ -37,8 +38,8 @@ def _step_flops(config: WanVAEConfig, h: int, w: int, first: bool) -> float:
             total += 2.0 * 3 * cout * 2 * cout * frames * h * w
             frames *= 2
         h, w = 2 * h, 2 * w
-        total += 2.0 * 9 * cout * (cout // 2) * frames * h * w
-    total += conv3(dims[-1], config.out_channels)
+        total += 2.0 * 9 * cout * (cout // 2 if halves else cout) * frames * h * w
+    total += conv3(dims[-1], config.out_channels)  # DupUp3D and unpatchify only move values
     return total
 
 

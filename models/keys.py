@@ -21,6 +21,15 @@ Original Wan release (``Wan2.1_VAE.pth``) → diffusers, decoder side, with R = 
                                    → decoder.up_blocks.{k // (R+2)}.upsamplers.0.{resample.1,time_conv}.*
   decoder.head.0.gamma / head.2.*  → decoder.norm_out.gamma / decoder.conv_out.*
   The encoder follows the same residual renames with a flat ``downsamples.k`` → ``down_blocks.k``.
+
+Original Wan 2.2 (``Wan2.2_VAE.pth``): blocks nest their layers, so no index arithmetic is needed.
+  decoder.upsamples.{i}.upsamples.{j}.residual.* / .shortcut.*   (j ≤ R)
+                                   → decoder.up_blocks.{i}.resnets.{j}.* / .conv_shortcut.*
+  decoder.upsamples.{i}.upsamples.{R+1}.{resample.1,time_conv}.*
+                                   → decoder.up_blocks.{i}.upsampler.*     (``avg_shortcut``: no weights)
+  encoder.downsamples.{i}.downsamples.{j}.* (j < R) → encoder.down_blocks.{i}.resnets.{j}.*
+  encoder.downsamples.{i}.downsamples.{R}.*         → encoder.down_blocks.{i}.downsampler.*
+  conv1/conv2, {encoder,decoder}.conv1, middle.*, head.* as for Wan 2.1.
 """
 
 from __future__ import annotations
@@ -140,6 +149,13 @@ def original_to_diffusers(key: str, num_res_blocks: int) -> str:
         if index == 1:
             return f"{side}.mid_block.attentions.0.{tail}"
         return f"{side}.mid_block.resnets.{index // 2}.{_rename_residual(tail, _RESIDUAL)}"
+    nested = re.fullmatch(r"(downsamples|upsamples)\.(\d+)\.(downsamples|upsamples)\.(\d+)\.(.*)", rest)
+    if nested:  # Wan 2.2: residual down/up blocks
+        block, layer, tail = nested.group(2), nested.group(4), nested.group(5)
+        blocks, resampler = ("down_blocks", "downsampler") if side == "encoder" else ("up_blocks", "upsampler")
+        if tail.startswith(("resample.", "time_conv.")):
+            return f"{side}.{blocks}.{block}.{resampler}.{tail}"
+        return f"{side}.{blocks}.{block}.resnets.{layer}.{_rename_residual(tail, _RESIDUAL)}"
     stage = re.fullmatch(r"(downsamples|upsamples)\.(\d+)\.(.*)", rest)
     if stage and side == "encoder":
         return f"encoder.down_blocks.{stage.group(2)}.{_rename_residual(stage.group(3), _RESIDUAL)}"
@@ -152,8 +168,11 @@ def original_to_diffusers(key: str, num_res_blocks: int) -> str:
     return key
 
 
-def diffusers_to_original(key: str, num_res_blocks: int) -> str:
-    """Inverse of ``original_to_diffusers`` (used to write original-format test checkpoints)."""
+def diffusers_to_original(key: str, num_res_blocks: int, *, residual: bool = False) -> str:
+    """Inverse of ``original_to_diffusers`` (used to write original-format test checkpoints).
+
+    ``residual``: the Wan 2.2 layout (``config.is_residual``), whose blocks nest their layers.
+    """
     group = num_res_blocks + 2
     simple = {"quant_conv.": "conv1.", "post_quant_conv.": "conv2."}
     for new, old in simple.items():
@@ -171,6 +190,10 @@ def diffusers_to_original(key: str, num_res_blocks: int) -> str:
     mid = re.fullmatch(r"mid_block\.resnets\.(\d+)\.(.*)", rest)
     if mid:
         return f"{side}.middle.{2 * int(mid.group(1))}.{_rename_residual(mid.group(2), _RESIDUAL_BACK)}"
+    if residual:
+        nested = _residual_to_original(side, rest, num_res_blocks)
+        if nested is not None:
+            return nested
     down = re.fullmatch(r"down_blocks\.(\d+)\.(.*)", rest)
     if down:
         return f"encoder.downsamples.{down.group(1)}.{_rename_residual(down.group(2), _RESIDUAL_BACK)}"
@@ -181,3 +204,16 @@ def diffusers_to_original(key: str, num_res_blocks: int) -> str:
             return f"decoder.upsamples.{block * group + num_res_blocks + 1}.{tail}"
         return f"decoder.upsamples.{block * group + int(up.group(3))}.{_rename_residual(tail, _RESIDUAL_BACK)}"
     return key
+
+
+def _residual_to_original(side: str, rest: str, num_res_blocks: int) -> str | None:
+    """Wan 2.2 block keys (after ``{side}.``) in the original nesting; None for other keys."""
+    stage = "downsamples" if side == "encoder" else "upsamples"  # the block list and its layers' list
+    resampler_index = num_res_blocks if side == "encoder" else num_res_blocks + 1
+    match = re.fullmatch(r"(?:down|up)_blocks\.(\d+)\.(resnets\.(\d+)|downsampler|upsampler)\.(.*)", rest)
+    if not match:
+        return None
+    block, layer, tail = match.group(1), match.group(3), match.group(4)
+    if layer is None:
+        return f"{side}.{stage}.{block}.{stage}.{resampler_index}.{tail}"
+    return f"{side}.{stage}.{block}.{stage}.{layer}.{_rename_residual(tail, _RESIDUAL_BACK)}"

@@ -58,7 +58,14 @@ def scoped(method: F) -> F:
 
 
 def _kernel(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, dtype) -> nnx.Param:
-    return nnx.Param(jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype) / math.sqrt(fan_in))
+    return nnx.Param(_scaled_normal(rngs.params(), shape, jnp.dtype(dtype), math.sqrt(fan_in)))
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
+def _scaled_normal(key: jax.Array, shape: tuple[int, ...], dtype, divisor: float) -> jax.Array:
+    # One fused program per shape: drawing the real Wan 2.2's 555 M weights eagerly (normal, cast,
+    # divide as three passes) takes twice as long. The values are the eager ones.
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype) / divisor
 
 
 def _bias(rngs: nnx.Rngs, size: int, dtype) -> nnx.Param:
@@ -264,3 +271,63 @@ class Downsample(nnx.Module):
             return x, x[:, -1:]
         with jax.named_scope("time_conv"):
             return time_downsample(cache, x, self.time_kernel[...], self.time_bias[...]), x[:, -1:]
+
+
+# -- Wan 2.2: the DupUp3D shortcut and (un)patchify ---------------------------------------------
+# All three only move values between channels and (time, row, column) sub-positions: an output
+# pixel depends on exactly one input pixel, so they are local to a band of rows (no halo) as long
+# as band boundaries scale with the image (they do: a band of h rows becomes 2h rows).
+def duplicate_up(x: jax.Array, cout: int, *, factor_t: int, factor_s: int, first_chunk: bool) -> jax.Array:
+    """diffusers' ``DupUp3D``: channels → (time, row, column) sub-positions, channels-last.
+
+    ``x (B, T, H, W, C)`` → ``(B, T·ft, H·fs, W·fs, cout)`` with
+    ``out[b, t·ft+i, h·fs+a, w·fs+c, o] = x[b, t, h, w, (o·F + i·fs² + a·fs + c) // r]``,
+    ``F = ft·fs²`` and ``r = cout·F / C`` (the reference's ``repeat_interleave`` + view + permute).
+    On the first chunk the leading ``ft − 1`` frames are dropped, matching the upsampler, which
+    skips its time conv on latent frame 0: the first latent frame then yields one frame, not ``ft``.
+    """
+    b, t, h, w, c = x.shape
+    factor = factor_t * factor_s * factor_s
+    repeats, remainder = divmod(cout * factor, c)
+    if remainder:
+        raise ValueError(f"DupUp3D: {c} input channels do not divide {cout} x {factor}")
+    x = jnp.repeat(x, repeats, axis=-1).reshape(b, t, h, w, cout, factor_t, factor_s, factor_s)
+    x = x.transpose(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, t * factor_t, h * factor_s, w * factor_s, cout)
+    return x[:, factor_t - 1 :] if first_chunk else x
+
+
+def unpatchify(x: jax.Array, patch: int) -> jax.Array:
+    """``(B, T, H, W, C·p²)`` → ``(B, T, p·H, p·W, C)``: channel ``c·p² + r·p + q`` goes to row
+    offset ``q`` and column offset ``r`` (einops ``b (c r q) f h w -> b c f (h q) (w r)``, as in
+    Wan 2.2 and diffusers: the column offset is the more significant one)."""
+    if patch == 1:
+        return x
+    b, t, h, w, cp = x.shape
+    c = cp // (patch * patch)
+    x = x.reshape(b, t, h, w, c, patch, patch)  # (..., c, r, q)
+    return x.transpose(0, 1, 2, 6, 3, 5, 4).reshape(b, t, h * patch, w * patch, c)
+
+
+def patchify(x: jax.Array, patch: int) -> jax.Array:
+    """Inverse of ``unpatchify``: ``(B, T, p·H, p·W, C)`` → ``(B, T, H, W, C·p²)`` (the encoder's input)."""
+    if patch == 1:
+        return x
+    b, t, hp, wp, c = x.shape
+    h, w = hp // patch, wp // patch
+    x = x.reshape(b, t, h, patch, w, patch, c)  # (b, t, h, q, w, r, c)
+    return x.transpose(0, 1, 2, 4, 6, 5, 3).reshape(b, t, h, w, c * patch * patch)
+
+
+class DupUp3D(nnx.Module):
+    """Wan 2.2's parameter-free up-block shortcut (see ``duplicate_up``).
+
+    ``(B, T, H, W, cin)`` → ``(B, T', 2H, 2W, cout)``, ``T' = 2T`` (``T' = 2T − 1`` on the first
+    chunk) when ``temporal``, else ``T``.
+    """
+
+    def __init__(self, cout: int, *, temporal: bool):
+        self.cout, self.factor_t = cout, 2 if temporal else 1
+
+    @scoped
+    def __call__(self, x: jax.Array, *, first_chunk: bool) -> jax.Array:
+        return duplicate_up(x, self.cout, factor_t=self.factor_t, factor_s=2, first_chunk=first_chunk)

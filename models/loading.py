@@ -1,4 +1,4 @@
-"""Load a Wan 2.1 VAE from diffusers folders, safetensors files or the original ``.pth``.
+"""Load a Wan 2.1 or 2.2 VAE from diffusers folders, safetensors files or the original ``.pth``.
 
 The decoder's tensors must all be there. The encoder's (``encoder.*``, ``quant_conv.*``) are
 loaded when the checkpoint has any of them (and must then all be there); a decode-only
@@ -8,18 +8,20 @@ Accepted ``path``s:
   * a diffusers folder: ``config.json`` + ``diffusion_pytorch_model.safetensors`` (or the sharded
     ``diffusion_pytorch_model.safetensors.index.json`` form);
   * a pipeline folder (``model_index.json`` + ``vae/``), or any folder with a ``vae/`` subfolder;
-  * the original Wan release file ``Wan2.1_VAE.pth`` (needs torch; read with ``weights_only=True``)
-    or a ``.safetensors`` file in either naming; a ``config.json`` beside it is used when present,
-    else the Wan 2.1 defaults;
-  * ``None``: the embedded default, the real Wan 2.1 architecture with deterministic seeded random
-    weights. It decodes noise and says so (logs, ``vae.metadata["random_weights"]``).
+  * the original Wan release file ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth`` (needs torch; read with
+    ``weights_only=True``) or a ``.safetensors`` file in either naming; a ``config.json`` beside it
+    is used when present, else the real config of the release its key names belong to;
+  * an embedded model name, ``"wan2.1"`` (also ``None``) or ``"wan2.2"``: the real architecture
+    with deterministic seeded random weights. It decodes noise and says so (logs,
+    ``vae.metadata["random_weights"]``). A folder with such a name loads as ``"./wan2.2"``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +38,10 @@ from .vae import WanVAE, init_vae, resolve_dtype
 log = logging.getLogger("vaeserve.models")
 
 DEFAULT_SEED = 0
-# Architectures by name: their configs need no checkpoint (planning compiles from shapes alone).
-MODEL_NAMES = {"wan2.1": WanVAEConfig}
+# Architectures by name: their configs need no checkpoint (planning compiles from shapes alone), and
+# ``load_vae(name)`` builds them with seeded random weights (the embedded models).
+MODEL_NAMES: dict[str, Callable[[], WanVAEConfig]] = {"wan2.1": WanVAEConfig, "wan2.2": WanVAEConfig.wan22}
+DEFAULT_MODEL = "wan2.1"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 # The encoder's tensors: optional as a whole (a decode-only checkpoint has none of them).
@@ -73,6 +77,11 @@ def _read_safetensors(files: list[Path]) -> dict[str, Any]:
 
 
 def _read_pth(path: Path) -> dict[str, Any]:
+    return {name: _torch_to_numpy(t) for name, t in _torch_state(path).items()}
+
+
+def _torch_state(path: Path) -> dict[str, Any]:
+    """A ``.pth`` state dict, memory-mapped (tensors are read when touched), unwrapped."""
     try:
         import torch
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -84,7 +93,7 @@ def _read_pth(path: Path) -> dict[str, Any]:
     for wrapper in ("state_dict", "model"):
         if isinstance(state, dict) and wrapper in state and isinstance(state[wrapper], dict):
             state = state[wrapper]
-    return {name: _torch_to_numpy(t) for name, t in state.items()}
+    return state
 
 
 def _torch_to_numpy(tensor) -> np.ndarray:
@@ -98,6 +107,13 @@ def _torch_to_numpy(tensor) -> np.ndarray:
 
 def _is_original_naming(names) -> bool:
     return any(n.startswith(("decoder.middle.", "decoder.upsamples.", "conv2.")) for n in names)
+
+
+def original_release_config(names) -> WanVAEConfig:
+    """The real config of the original release whose key names these are: Wan 2.2's blocks nest
+    their layers (``decoder.upsamples.0.upsamples.0.*``), Wan 2.1's are flat."""
+    nested = re.compile(r"decoder\.upsamples\.\d+\.upsamples\.")
+    return WanVAEConfig.wan22() if any(nested.match(n) for n in names) else WanVAEConfig()
 
 
 def _diffusers_folder(path: Path) -> Path:
@@ -175,23 +191,44 @@ def build_vae(config: WanVAEConfig, tensors: dict[str, Any], *, dtype: str, meta
     return WanVAE(config, model, dtype=dtype, metadata=metadata, encoder=encoder)
 
 
-def load_vae(path: str | Path | None = None, dtype: str = "float32") -> WanVAE:
-    """Load a Wan 2.1 VAE (see the module docstring for the accepted ``path``s)."""
-    resolve_dtype(dtype)
+def _model_name(path: str | Path | None) -> str | None:
+    """The model name ``path`` stands for (None: ``DEFAULT_MODEL``), or None for a real path.
+    Only strings are names: ``Path("wan2.2")`` or ``"./wan2.2"`` is a folder."""
     if path is None:
-        log.warning("no model given: using the embedded default Wan 2.1 VAE with RANDOM weights "
-                    "(seed %d); it decodes noise, not video", DEFAULT_SEED)
-        return init_vae(WanVAEConfig(), seed=DEFAULT_SEED, dtype=dtype,
-                        metadata={"source": f"embedded default (Wan 2.1 architecture, random weights, seed {DEFAULT_SEED})"})
-    path = Path(path)
+        return DEFAULT_MODEL
+    return path if isinstance(path, str) and path in MODEL_NAMES else None
+
+
+def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32") -> WanVAE:
+    """The model ``name`` (``MODEL_NAMES``): the real architecture with seeded random weights."""
+    if name not in MODEL_NAMES:
+        raise ValueError(f"no embedded model {name!r}; expected one of {sorted(MODEL_NAMES)}")
+    version = name.removeprefix("wan")
+    log.warning("using the embedded %s VAE with RANDOM weights (seed %d): it decodes noise, not video",
+                name, DEFAULT_SEED)
+    return init_vae(MODEL_NAMES[name](), seed=DEFAULT_SEED, dtype=dtype, metadata={
+        "name": name,
+        "source": f"embedded default (Wan {version} architecture, random weights, seed {DEFAULT_SEED})"})
+
+
+def load_vae(path: str | Path | None = None, dtype: str = "float32") -> WanVAE:
+    """Load a Wan 2.1 or 2.2 VAE (see the module docstring for the accepted ``path``s)."""
+    resolve_dtype(dtype)
+    name = _model_name(path)
+    if name is not None:
+        return embedded_vae(name, dtype)
+    path = Path(path)  # type: ignore[arg-type]
     if path.is_dir():
         folder = _diffusers_folder(path)
         config = WanVAEConfig.from_json(folder / "config.json")
         tensors = _read_safetensors(_folder_weights(folder))
     elif path.is_file():
-        config_file = path.parent / "config.json"
-        config = WanVAEConfig.from_json(config_file) if config_file.is_file() else WanVAEConfig()
         tensors = _read_pth(path) if path.suffix in (".pth", ".pt", ".ckpt") else _read_safetensors([path])
+        config_file = path.parent / "config.json"
+        if config_file.is_file():
+            config = WanVAEConfig.from_json(config_file)
+        else:
+            config = original_release_config(tensors) if _is_original_naming(tensors) else WanVAEConfig()
         if _is_original_naming(tensors):
             tensors = {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
     else:
@@ -205,15 +242,29 @@ def load_config(path: str | Path | None = None) -> WanVAEConfig:
 
     ``path`` is anything ``load_vae`` accepts, or a model name in ``MODEL_NAMES``.
     """
-    if path is None or str(path) in MODEL_NAMES:
-        return MODEL_NAMES[str(path) if path is not None else "wan2.1"]()
-    path = Path(path)
+    name = _model_name(path)
+    if name is not None:
+        return MODEL_NAMES[name]()
+    path = Path(path)  # type: ignore[arg-type]
     if path.is_dir():
         return WanVAEConfig.from_json(_diffusers_folder(path) / "config.json")
     if path.is_file():
         config_file = path.parent / "config.json"
-        return WanVAEConfig.from_json(config_file) if config_file.is_file() else WanVAEConfig()
+        if config_file.is_file():
+            return WanVAEConfig.from_json(config_file)
+        names = _checkpoint_names(path)
+        return original_release_config(names) if _is_original_naming(names) else WanVAEConfig()
     raise FileNotFoundError(f"no model at {path} (nor a model name: {sorted(MODEL_NAMES)})")
+
+
+def _checkpoint_names(path: Path) -> list[str]:
+    """The tensor names of one checkpoint file, without reading its tensors (a ``.pth`` is mapped)."""
+    if path.suffix in (".pth", ".pt", ".ckpt"):
+        return list(_torch_state(path))
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        return list(f.keys())
 
 
 # -- writing ------------------------------------------------------------------------------------
@@ -240,15 +291,16 @@ def save_vae(vae: WanVAE, out_dir: str | Path) -> Path:
 
 
 def convert_wan_pth(in_path: str | Path, out_dir: str | Path, *, config: WanVAEConfig | None = None) -> Path:
-    """Turn the original ``Wan2.1_VAE.pth`` into a diffusers folder that loads without torch.
+    """Turn the original ``Wan2.1_VAE.pth`` or ``Wan2.2_VAE.pth`` into a diffusers folder that
+    loads without torch (``config``: default, the real config of the release the keys belong to).
 
     Every tensor (encoder included) is renamed to diffusers' names and kept in its dtype, so the
     folder also loads in diffusers' ``AutoencoderKLWan.from_pretrained``.
     """
-    config = config or WanVAEConfig()
     tensors = _read_pth(Path(in_path))
     if not _is_original_naming(tensors):
         raise ValueError(f"{in_path} does not look like an original Wan VAE state dict (no decoder.middle.* keys)")
+    config = config or original_release_config(tensors)
     renamed = {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
     build_vae(config, renamed, dtype="float32", metadata={"source": str(in_path)})  # fail before writing
     return _write_folder(Path(out_dir), config, renamed)

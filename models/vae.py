@@ -91,13 +91,14 @@ def check_frames_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
 
 
 class WanVAE:
-    """A Wan 2.1 VAE ready to decode, and to encode when its checkpoint holds an encoder.
+    """A Wan 2.1 or 2.2 VAE ready to decode, and to encode when its checkpoint holds an encoder.
 
-    ``decode`` takes latents ``(B, 16, T, H, W)``, ``encode`` frames ``(B, 3, F, H, W)`` (diffusers
-    layouts). Every program is compiled ahead of time once per (shape, options, target) and kept
-    in ``programs``, the model's one program cache (the sharded programs use it too). The decoder's
-    weights are ``graphdef``/``state``, the encoder's ``encoder_graphdef``/``encoder_state`` (None
-    for a decode-only checkpoint).
+    ``decode`` takes latents ``(B, z, T, H, W)`` (``z = config.z_dim``: 16 for Wan 2.1, 48 for
+    Wan 2.2), ``encode`` frames ``(B, 3, F, H, W)`` (diffusers layouts). Every program is compiled
+    ahead of time once per (shape, options, target) and kept in ``programs``, the model's one
+    program cache (the sharded programs use it too). The decoder's weights are
+    ``graphdef``/``state``, the encoder's ``encoder_graphdef``/``encoder_state`` (None for a
+    decode-only checkpoint).
     """
 
     def __init__(self, config: WanVAEConfig, model: WanDecoder, *, dtype: str, metadata: dict[str, Any],
@@ -214,17 +215,18 @@ class WanVAE:
         return program(self.encoder_state, jnp.asarray(frames, jnp.float32), options)
 
     def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None):
-        """Decode ``(B, 16, T, H, W)`` latents.
+        """Decode ``(B, z, T, H, W)`` latents.
 
-        Returns float32 ``(B, 3, 1+4(T-1), 8H, 8W)`` in ``[-1, 1]`` (``output="float"``) or uint8 frames
-        ``(B, 1+4(T-1), 8H, 8W, 3)`` converted on device (``output="uint8"``: a quarter of the bytes).
+        Returns float32 ``(B, 3, 1+4(T-1), sH, sW)`` in ``[-1, 1]`` (``output="float"``) or uint8 frames
+        ``(B, 1+4(T-1), sH, sW, 3)`` converted on device (``output="uint8"``: a quarter of the bytes);
+        ``s = config.spatial_scale`` (8 for Wan 2.1, 16 for Wan 2.2).
         ``chunk`` latent frames are decoded per scan step (default 1: the least memory).
         """
         program = self.compile(np.shape(latents), denormalize=denormalize, output=output, chunk=chunk)
         return program(self.state, jnp.asarray(latents, jnp.float32))
 
     def decode_stream(self, latents, *, denormalize: bool = False, chunk: int | None = None) -> Iterator[np.ndarray]:
-        """Yield uint8 frames ``(B, f, 8H, 8W, 3)`` on the host as each decode step finishes."""
+        """Yield uint8 frames ``(B, f, sH, sW, 3)`` on the host as each decode step finishes."""
         chunk = resolve_chunk(chunk)
         latents = np.asarray(latents, np.float32)
         check_latents_shape(latents.shape, self.config)

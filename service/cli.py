@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="run the HTTP decoding service")
-    p.add_argument("--model", help="diffusers-format VAE folder (default: embedded Wan 2.1, random weights)")
+    p.add_argument("--model", help="diffusers-format VAE folder, Wan2.x_VAE.pth, or an embedded model: wan2.1 "
+                   "(the default) or wan2.2, both with random weights")
     p.add_argument("--tp", type=int, help="devices per frame (horizontal bands)")
     p.add_argument("--dp", type=int, help="data-parallel replicas")
     p.add_argument("--dtype", choices=["float32", "bfloat16"])
@@ -62,7 +63,7 @@ def _serve_parser(sub) -> None:
 
 def _decode_parser(sub) -> None:
     p = sub.add_parser("decode", help="decode a latents file offline on the local devices")
-    p.add_argument("input", help=".npy or .safetensors latents (B,16,T,H,W) or (16,T,H,W)")
+    p.add_argument("input", help=".npy or .safetensors latents (B,C,T,H,W) or (C,T,H,W); C = 16 (Wan 2.1), 48 (2.2)")
     p.add_argument("-o", "--output", required=True, help=".mp4 (first video) or .npy (uint8 frames)")
     p.add_argument("--model")
     p.add_argument("--tp", type=int, default=1)
@@ -90,10 +91,11 @@ def _encode_parser(sub) -> None:
 
 
 def _convert_parser(sub) -> None:
-    p = sub.add_parser("convert", help="original Wan2.1_VAE.pth -> diffusers-format folder")
+    p = sub.add_parser("convert", help="original Wan2.1_VAE.pth / Wan2.2_VAE.pth -> diffusers-format folder")
     p.add_argument("input")
     p.add_argument("out_dir")
-    p.add_argument("--config", help="diffusers config.json of the checkpoint (default: the Wan 2.1 VAE)")
+    p.add_argument("--config", help="diffusers config.json of the checkpoint (default: the real Wan 2.1 or 2.2 "
+                   "config, whichever release the key names belong to)")
 
 
 def build_parser() -> argparse.ArgumentParser:

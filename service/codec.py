@@ -5,7 +5,8 @@ and raises :class:`service.errors.Problem` with what was expected and what was r
 device never sees a malformed request.
 
 Layouts: latents are ``(B, C, T, H, W)`` (NCTHW, diffusers' layout); frames are
-``(B, F, 8H, 8W, 3)`` uint8, channels-last, with ``F = 1 + 4 (T - 1)``.
+``(B, F, sH, sW, 3)`` uint8, channels-last, with ``F = 1 + 4 (T - 1)`` and ``s`` the model's
+spatial scale (8 for Wan 2.1, 16 for Wan 2.2).
 """
 
 from __future__ import annotations
@@ -53,11 +54,23 @@ class Limits:
     max_height: int
     max_width: int
     temporal_scale: int = 4  # the model's: frames per latent frame after the first (Wan 2.1: 4)
-    spatial_scale: int = 8  # the model's: pixels per latent row/column (Wan 2.1: 8)
+    spatial_scale: int = 8  # the model's: pixels per latent row/column (Wan 2.1: 8, Wan 2.2: 16)
 
     def output_frames(self, latent_frames: int) -> int:
         """The first latent frame gives one frame, every later one ``temporal_scale``."""
         return 1 + self.temporal_scale * (latent_frames - 1)
+
+    @property
+    def max_latent_frames(self) -> int:
+        return 1 + (self.max_frames - 1) // self.temporal_scale
+
+    @property
+    def max_latent_height(self) -> int:
+        return self.max_height // self.spatial_scale
+
+    @property
+    def max_latent_width(self) -> int:
+        return self.max_width // self.spatial_scale
 
 
 def media_type(content_type: str | None) -> str:

@@ -45,7 +45,7 @@ def _load_vae(settings: Settings) -> Any:
     import models
 
     if settings.model is None:
-        log.warning("no --model given: loading the embedded default (Wan 2.1 architecture)")
+        log.warning("no --model given: loading the embedded default (%s)", models.loading.DEFAULT_MODEL)
     return models.load_vae(settings.model, dtype=settings.dtype)
 
 

@@ -77,6 +77,18 @@ class WarmedShape(BaseModel):
     outputs: list[str]
 
 
+class LatentsInfo(BaseModel):
+    """What the loaded model takes and gives, and the largest request served (from its config)."""
+
+    channels: int  # latent channels C of (B, C, T, H, W): 16 for Wan 2.1, 48 for Wan 2.2
+    spatial_scale: int  # output pixels per latent row/column: 8 (Wan 2.1), 16 (Wan 2.2)
+    temporal_scale: int  # output frames per latent frame after the first (4)
+    max_batch: int
+    max_latent_frames: int  # largest T with 1 + temporal_scale (T - 1) ≤ max_frames
+    max_latent_height: int  # largest H with spatial_scale H ≤ max_height
+    max_latent_width: int
+
+
 class ProgramMemory(BaseModel):
     """Per-device bytes of one compiled program (``memory_analysis()``)."""
 
@@ -95,6 +107,7 @@ class ModelInfo(BaseModel):
     source: str | None
     random_weights: bool | None
     dtype: str
+    latents: LatentsInfo
     config: dict[str, Any]
     metadata: dict[str, Any]
     mesh: MeshInfo

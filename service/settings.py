@@ -80,7 +80,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VAESERVE_", extra="ignore", protected_namespaces=())
 
     # --- model and mesh -------------------------------------------------------------------
-    model: str | None = Field(None, description="diffusers-format VAE folder; None = embedded default")
+    model: str | None = Field(
+        None, description="diffusers-format VAE folder, original Wan2.x_VAE.pth, or an embedded model (wan2.1, "
+        "wan2.2: random weights); None = wan2.1"
+    )
     dtype: Literal["float32", "bfloat16"] = "float32"
     tp: int = Field(1, ge=1, description="devices per frame (horizontal bands)")
     dp: int = Field(1, ge=1, description="data-parallel replicas; batches are padded to a multiple")
@@ -152,8 +155,8 @@ class Settings(BaseSettings):
         256 * 2**20, ge=1, description="bytes of request bodies being read at once; past it -> 429"
     )
     max_frames: int = Field(129, ge=1, description="output frames per video, 1 + 4 (T - 1)")
-    max_height: int = Field(1280, ge=8, description="output height in pixels, 8 H")
-    max_width: int = Field(1280, ge=8, description="output width in pixels, 8 W")
+    max_height: int = Field(1280, ge=8, description="output height in pixels, s H (s = 8 for Wan 2.1, 16 for 2.2)")
+    max_width: int = Field(1280, ge=8, description="output width in pixels, s W")
 
     # --- output defaults ------------------------------------------------------------------
     default_fps: int = Field(16, ge=1, le=240)

@@ -10,6 +10,7 @@ from ..deps import ApiKeyDep, StateDep
 from ..protocol import (
     PROBLEM_RESPONSES,
     Health,
+    LatentsInfo,
     MeshInfo,
     ModelInfo,
     ModelList,
@@ -50,10 +51,14 @@ async def metrics(state: StateDep) -> Response:
 async def list_models(state: StateDep) -> ModelList:
     model, _ = state.serving()
     settings, vae = state.settings, model.vae
-    meta = dict(vae.metadata)
+    meta, limits = dict(vae.metadata), model.limits
+    latents = LatentsInfo(
+        channels=limits.channels, spatial_scale=limits.spatial_scale, temporal_scale=limits.temporal_scale,
+        max_batch=limits.max_batch, max_latent_frames=limits.max_latent_frames,
+        max_latent_height=limits.max_latent_height, max_latent_width=limits.max_latent_width)
     return ModelList(data=[ModelInfo(
-        id=settings.model or "wan2.1-vae-default", source=meta.get("source"),
-        random_weights=meta.get("random_weights"), dtype=vae.dtype, config=vae.config.to_dict(),
+        id=settings.model or meta.get("name", "vae"), source=meta.get("source"),
+        random_weights=meta.get("random_weights"), dtype=vae.dtype, latents=latents, config=vae.config.to_dict(),
         metadata=meta, mesh=MeshInfo(dp=settings.dp, tp=settings.tp, devices=model.devices,
                                      processes=model.slice.control.num_processes if model.slice else 1),
         batch_buckets=model.runner.buckets, warmed_shapes=[list(w.shape) for w in model.warmed],

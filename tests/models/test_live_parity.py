@@ -1,13 +1,17 @@
 """Live float32 parity against diffusers itself (needs torch + diffusers; `make test` installs both).
 
-Checkpoints come from diffusers' own ``save_pretrained``, single-file and sharded-index forms.
+Checkpoints come from diffusers' own ``save_pretrained``, single-file and sharded-index forms,
+encoder tensors included (the decoder skips them); Wan 2.1 and a held-out Wan 2.2 config.
 """
 
 import numpy as np
 import pytest
 
 import models
-from wan_reference import perturbed_diffusers_vae
+from wan_reference import WAN22_SMALL, perturbed_diffusers_vae
+
+# A held-out Wan 2.2 config (not the fixtures'): two res blocks, time upsampling in stages 0 and 2.
+WAN22_HELD_OUT = {**WAN22_SMALL, "decoder_base_dim": 16, "num_res_blocks": 2, "temperal_downsample": [True, False, True]}
 
 PARITY_TOL = 1e-4
 
@@ -18,8 +22,9 @@ diffusers = pytest.importorskip("diffusers", reason="live parity needs diffusers
 @pytest.mark.parametrize(
     "overrides,shape,shard",
     [({"base_dim": 8, "num_res_blocks": 1}, (2, 16, 2, 3, 5), None),
-     ({"base_dim": 12, "num_res_blocks": 2}, (1, 16, 5, 5, 3), "40KB")],
-    ids=["save_pretrained", "sharded-index"],
+     ({"base_dim": 12, "num_res_blocks": 2}, (1, 16, 5, 5, 3), "40KB"),
+     (WAN22_HELD_OUT, (1, 48, 3, 3, 5), "200KB")],
+    ids=["save_pretrained", "sharded-index", "wan22-full-checkpoint"],
 )
 def test_live_diffusers_save_pretrained(tmp_path, overrides, shape, shard):
     reference = perturbed_diffusers_vae(overrides, seed=7)

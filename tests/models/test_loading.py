@@ -1,6 +1,7 @@
 """Checkpoint formats, the original-Wan key mapping, and the errors for checkpoints that do not fit."""
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -112,7 +113,9 @@ def test_save_vae_writes_both_halves_and_they_load_back(tmp_path):
 
 @pytest.mark.parametrize(
     "change,message",
-    [({"is_residual": True}, "is_residual"), ({"patch_size": 2}, "patch_size"),
+    [({"out_channels": 4}, "out_channels=4; expected 3"),
+     ({"patch_size": 2}, "out_channels=3; expected 12 (RGB x patch_size²)"),
+     ({"is_residual": True, "dim_mult": [1, 2, 3, 3]}, "up block 2: DupUp3D needs 24 | 16·4"),
      ({"new_knob": 1}, "unknown AutoencoderKLWan config keys: ['new_knob']"),
      ({"_class_name": "AutoencoderKL"}, "expected 'AutoencoderKLWan'"),
      ({"latents_mean": [0.0] * 4}, "latents_mean/latents_std")],
@@ -122,7 +125,7 @@ def test_unsupported_configs_are_refused(tmp_path, weights, change, message):
     raw = json.loads((folder / "config.json").read_text())
     raw.update(change)
     (folder / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(models.ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(models.ConfigError, match=re.escape(message)):
         models.load_vae(folder)
 
 

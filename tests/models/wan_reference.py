@@ -39,8 +39,25 @@ ENCODE_CASES = {
 }
 
 
+# Wan 2.2 (is_residual, 2x2 patchify, 48 latent channels): a small config whose time upsamplers
+# sit in stages 1 and 2 (the real one: 0 and 1), so one DupUp3D shortcut halves the width while
+# doubling time — its two frames per latent frame then differ, and the first chunk's dropped frame
+# matters — and the real TI2V-5B config (555 M decoder parameters: tiny latents, decoded once).
+WAN22_SMALL = {**models.WanVAEConfig.wan22(base_dim=16, decoder_base_dim=24, num_res_blocks=1,
+                                           temperal_downsample=(True, True, False)).to_dict(),
+               "latents_mean": [0.0] * 48, "latents_std": [1.0] * 48}
+WAN22_REAL = models.WanVAEConfig.wan22().to_dict()
+for _config in (WAN22_SMALL, WAN22_REAL):
+    del _config["_class_name"]
+CASES22 = {
+    "wan22_small": (WAN22_SMALL, 5, [(1, 48, 1, 3, 5), (2, 48, 2, 5, 3), (1, 48, 5, 3, 3)]),
+    "wan22": (WAN22_REAL, 6, [(1, 48, 2, 3, 3)]),
+}
+ALL_CASES = {**CASES, **CASES22}
+
+
 def case_config(name: str) -> models.WanVAEConfig:
-    return models.WanVAEConfig(**{**CASES, **ENCODE_CASES}[name][0])
+    return models.WanVAEConfig(**{**ALL_CASES, **ENCODE_CASES}[name][0])
 
 
 def seeded_decoder_weights(config: models.WanVAEConfig, seed: int) -> dict[str, np.ndarray]:

@@ -12,6 +12,10 @@ import pytest
 import models
 
 TINY = dict(base_dim=8, num_res_blocks=1)
+# Wan 2.2 in small: residual up blocks, a time+space and a space-only DupUp3D shortcut, 2x2
+# unpatchify, 48 latent channels; three stages (8x spatial, 2x temporal) to keep compiles short.
+TINY22 = dict(base_dim=8, decoder_base_dim=8, num_res_blocks=1, dim_mult=(1, 2, 2), temperal_downsample=(False, True),
+              scale_factor_spatial=8, scale_factor_temporal=2)
 WIDTH = 4  # latent width for the height-split tests: never divisible by 3, so splits are forced
 
 
@@ -20,10 +24,15 @@ def vae():
     return models.init_vae(models.WanVAEConfig(**TINY), seed=0)
 
 
-def make_latents(batch: int, frames: int, height: int, width: int, seed: int = 0) -> np.ndarray:
-    """``(B, 16, T, H, W)`` float32 standard-normal latents, deterministic in the shape and seed."""
+@pytest.fixture(scope="session")
+def vae22():
+    return models.init_vae(models.WanVAEConfig.wan22(**TINY22), seed=0)
+
+
+def make_latents(batch: int, frames: int, height: int, width: int, seed: int = 0, channels: int = 16) -> np.ndarray:
+    """``(B, C, T, H, W)`` float32 standard-normal latents, deterministic in the shape and seed."""
     rng = np.random.default_rng([seed, batch, frames, height, width])
-    return rng.standard_normal((batch, 16, frames, height, width)).astype(np.float32)
+    return rng.standard_normal((batch, channels, frames, height, width)).astype(np.float32)
 
 
 @pytest.fixture(scope="session")
