@@ -264,3 +264,73 @@ def past_or_zeros(cache: jax.Array | None, x: jax.Array) -> jax.Array:
     if cache is None:
         return jnp.zeros((x.shape[0], CACHE_FRAMES, *x.shape[2:]), x.dtype)
     return cache
+
+
+# -- encoder: stride-2 downsampling ---------------------------------------------------------------
+# The encoder's 3x3 stride-2 conv reads input rows 2i, 2i+1, 2i+2 for output row i. Split into
+# 2x2 phases (space-to-depth), it is a stride-1 conv with 2x2 taps over 4C channels: tap (a, b)
+# of phase (p, q) is kernel row 2a+p, column 2b+q (zero where that is 3). On CPU that is one
+# matmul and a shifted sum, like the nine-tap conv, and it blocks the same way (``conv_blocks``).
+def _space_to_depth(x: jax.Array) -> jax.Array:
+    """``(N, 2h, 2w, C)`` → ``(N, h, w, 4C)``, channels ordered (row phase, column phase, C)."""
+    n, hh, ww, c = x.shape
+    x = x.reshape(n, hh // 2, 2, ww // 2, 2, c)
+    return x.transpose(0, 1, 3, 2, 4, 5).reshape(n, hh // 2, ww // 2, 4 * c)
+
+
+def _downsample_phase_kernel(kernel: jax.Array) -> jax.Array:
+    """A stride-2 kernel ``(3, 3, C, O)`` as the 2x2-tap kernel ``(2, 2, 4C, O)`` over space-to-depth input."""
+    _, _, c, o = kernel.shape
+    padded = jnp.pad(kernel, ((0, 1), (0, 1), (0, 0), (0, 0)))  # kernel rows/columns 3 are zero
+    return padded.reshape(2, 2, 2, 2, c, o).transpose(0, 2, 1, 3, 4, 5).reshape(2, 2, 4 * c, o)
+
+
+def downsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
+                               block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
+    """3x3 stride-2 'valid' conv of every frame padded by one row/column at the bottom/right.
+
+    ``(B, T, H+1, W+1, C)`` (``H``, ``W`` even) x ``(3, 3, C, O)`` → ``(B, T, H/2, W/2, O)``: the
+    reference's ``ZeroPad2d((0, 1, 0, 1))`` + ``Conv2d(stride=2)``. Sums are float32 until the
+    bias is added. On CPU: space-to-depth, then a 2x2-tap matmul conv (16·C·O multiply-adds per
+    output pixel against 9·C·O, for one matmul instead of four), in blocks under ``block_bytes``.
+    """
+    b, t, hp, wp, c = x_padded.shape
+    h, w, o = (hp - 1) // 2, (wp - 1) // 2, kernel.shape[-1]
+    if native:
+        y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), kernel, (2, 2), "VALID",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                     precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
+        return (y + bias).astype(x_padded.dtype).reshape(b, t, h, w, o)
+    # Three more zero rows/columns: (H+4, W+4) → (h+2, w+2) phase rows, the "padded" frame shape
+    # ``conv_blocks`` expects (it takes 2 rows of overlap); the taps never read the last one.
+    extra = jnp.pad(x_padded, ((0, 0), (0, 0), (0, 3), (0, 3), (0, 0)))
+    phases = _space_to_depth(extra.reshape(b * t, hp + 3, wp + 3, c)).reshape(b, t, h + 2, w + 2, 4 * c)
+    weights = _downsample_phase_kernel(kernel).transpose(2, 0, 1, 3).reshape(4 * c, 4 * o)
+
+    def conv(block):
+        bb, g, rp, cp, _ = block.shape
+        taps = jnp.einsum("nhwc,co->nhwo", block.reshape(bb * g, rp, cp, 4 * c), weights,
+                          precision=matmul_precision(block.dtype),
+                          preferred_element_type=jnp.float32).reshape(bb * g, rp, cp, 2, 2, o)
+        rows, cols = rp - 2, cp - 2
+        y = sum(taps[:, a : a + rows, d : d + cols, a, d] for a in (0, 1) for d in (0, 1))
+        return (y + bias).astype(x_padded.dtype).reshape(bb, g, rows, cols, o)
+
+    return conv_blocks(conv, phases, window=1, out_channels=o,
+                       bytes_per_frame_row=b * (w + 2) * (4 * o + 4 * c) * 4, block_bytes=block_bytes)
+
+
+def time_downsample(past: jax.Array, x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+    """Stride-2 causal (3, 1, 1) conv over the last frame of the previous chunk and this chunk.
+
+    ``past (B, 1, H, W, C)``, ``x (B, T, H, W, C)`` (T even), kernel ``(3, C, O)`` → ``(B, T/2, H, W, O)``:
+    output frame ``t`` reads frames ``2t, 2t+1, 2t+2`` of ``past ++ x``.
+    """
+    seq = jnp.concatenate([past, x], axis=1)
+    frames = (seq.shape[1] - 3) // 2 + 1
+    y = sum(
+        jnp.einsum("bthwc,co->bthwo", seq[:, i : i + 2 * frames - 1 : 2], kernel[i],
+                   precision=matmul_precision(x.dtype), preferred_element_type=jnp.float32)
+        for i in range(3)
+    )
+    return (y + bias).astype(x.dtype)

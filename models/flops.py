@@ -1,4 +1,4 @@
-"""Nominal decoder FLOPs (multiply-add = 2), the work the reference implementation does.
+"""Nominal decoder and encoder FLOPs (multiply-add = 2), the work the reference implementation does.
 
 Counted layer by layer from the config, per latent frame, so the same figure serves every
 implementation (ours skips the zero taps of frame 0; that saving is not counted as work).
@@ -47,3 +47,39 @@ def decode_flops(config: WanVAEConfig, shape: tuple[int, ...]) -> float:
     """FLOPs of decoding latents ``(B, z, T, H, W)``."""
     b, _, t, h, w = shape
     return b * (_step_flops(config, h, w, True) + (t - 1) * _step_flops(config, h, w, False))
+
+
+def _encode_step_flops(config: WanVAEConfig, h: int, w: int, frames: int, first: bool) -> float:
+    """FLOPs to encode one step of ``frames`` frames of ``h x w`` (frame 0 when ``first``)."""
+    dims = [config.base_dim * m for m in (1, *config.dim_mult)]
+
+    def conv3(cin, cout):
+        return 2.0 * 27 * cin * cout * frames * h * w
+
+    def residual(cin, cout):
+        shortcut = 2.0 * cin * cout * frames * h * w if cin != cout else 0.0
+        return conv3(cin, cout) + conv3(cout, cout) + shortcut
+
+    total = conv3(config.in_channels, dims[0])
+    for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+        for _ in range(config.num_res_blocks):
+            total += residual(cin, cout)
+            cin = cout
+        if i == len(config.dim_mult) - 1:
+            continue
+        h, w = h // 2, w // 2
+        total += 2.0 * 9 * cout * cout * frames * h * w  # stride-2 3x3 conv
+        if config.temperal_downsample[i] and not first:
+            frames //= 2
+            total += 2.0 * 3 * cout * cout * frames * h * w  # stride-2 time conv
+    tokens = h * w
+    attention = 2.0 * frames * tokens * (3 * dims[-1] ** 2 + 2 * tokens * dims[-1] + dims[-1] ** 2)
+    total += residual(dims[-1], dims[-1]) * 2 + attention
+    total += conv3(dims[-1], 2 * config.z_dim) + 2.0 * (2 * config.z_dim) ** 2 * frames * h * w  # conv_out, quant_conv
+    return total
+
+
+def encode_flops(config: WanVAEConfig, shape: tuple[int, ...]) -> float:
+    """FLOPs of encoding frames ``(B, 3, F, H, W)``, ``F = 1 + 4k``: frame 0, then k steps of 4."""
+    b, _, f, h, w = shape
+    return b * (_encode_step_flops(config, h, w, 1, True) + (f - 1) // 4 * _encode_step_flops(config, h, w, 4, False))

@@ -64,7 +64,7 @@ def _kind(path: tuple) -> str:
         return "timeconv"
     if owner in ("to_qkv", "proj"):
         return "pointwise2d"
-    if owner in ("post_quant_conv", "conv_shortcut"):
+    if owner in ("post_quant_conv", "quant_conv", "conv_shortcut"):
         return "pointwise3d"
     return "conv3d"
 

@@ -26,10 +26,12 @@ from .conv import (
     CACHE_FRAMES,
     causal_conv3x3x3,
     conv2d_frames,
+    downsample2x_conv2d_frames,
     interleave_time,
     next_cache,
     past_or_zeros,
     rms_norm,
+    time_downsample,
     upsample2x_conv2d_frames,
 )
 from .spatial import SpatialContext, matmul_precision
@@ -228,6 +230,47 @@ class Resample(nnx.Module):
             frames = upsample2x_conv2d_frames(ctx.pad_hw(x), self.resample_kernel[...], self.resample_bias[...],
                                               native=ctx.native_conv)
         return frames, cache
+
+
+# -- encoder ----------------------------------------------------------------------------------------
+# A downsampler's cache: for 'downsample3d' the last spatially downsampled frame ``(B, 1, H, W, C)``
+# of the previous chunk; 'downsample2d' carries nothing (None).
+DownsampleCache: TypeAlias = jax.Array | None
+
+
+class Downsample(nnx.Module):
+    """The encoder's 2x downsampler at constant width: a 3x3 stride-2 conv over the frame zero-padded
+    by one row/column at the bottom/right; 'downsample3d' then halves time with a stride-2 causal
+    (3, 1, 1) conv over the previous chunk's last frame and this chunk's frames.
+
+    ``(B, T, H, W, C)`` (``H``, ``W`` even) → ``(B, T', H/2, W/2, C)`` with ``T' = T/2`` for
+    downsample3d after frame 0, else ``T``: on frame 0 the reference skips the time conv and only
+    caches its input. The strided conv needs one row from *below* a band only (``pad_hw_after``).
+    """
+
+    def __init__(self, dim: int, mode: str, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        if mode not in ("downsample2d", "downsample3d"):
+            raise ValueError(f"mode must be 'downsample2d' or 'downsample3d'; received {mode!r}")
+        self.mode = mode
+        self.resample_kernel = _kernel(rngs, (3, 3, dim, dim), 9 * dim, dtype)
+        self.resample_bias = _bias(rngs, dim, dtype)
+        if mode == "downsample3d":
+            self.time_kernel = _kernel(rngs, (3, dim, dim), 3 * dim, dtype)
+            self.time_bias = _bias(rngs, dim, dtype)
+
+    @scoped
+    def __call__(self, x: jax.Array, cache: DownsampleCache,
+                 ctx: SpatialContext) -> tuple[jax.Array, DownsampleCache]:
+        """``cache`` None on frame 0 (and always for downsample2d)."""
+        with jax.named_scope("resample"):
+            x = downsample2x_conv2d_frames(ctx.pad_hw_after(x), self.resample_kernel[...], self.resample_bias[...],
+                                           native=ctx.native_conv)
+        if self.mode == "downsample2d":
+            return x, None
+        if cache is None:  # frame 0: no time conv, its frame is the next chunk's past
+            return x, x[:, -1:]
+        with jax.named_scope("time_conv"):
+            return time_downsample(cache, x, self.time_kernel[...], self.time_bias[...]), x[:, -1:]
 
 
 # -- Wan 2.2: the DupUp3D shortcut and (un)patchify ---------------------------------------------

@@ -1,4 +1,8 @@
-"""Load a Wan 2.1 or 2.2 VAE decoder from diffusers folders, safetensors files or the original ``.pth``.
+"""Load a Wan 2.1 or 2.2 VAE from diffusers folders, safetensors files or the original ``.pth``.
+
+The decoder's tensors must all be there. The encoder's (``encoder.*``, ``quant_conv.*``) are
+loaded when the checkpoint has any of them (and must then all be there); a decode-only
+checkpoint loads for decoding, and ``encode`` then says that it has no encoder.
 
 Accepted ``path``s:
   * a diffusers folder: ``config.json`` + ``diffusion_pytorch_model.safetensors`` (or the sharded
@@ -17,18 +21,19 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from . import keys
-from .config import WanVAEConfig
-from .vae import WanVAE, init_vae, resolve_dtype
+from .config import ConfigError, WanVAEConfig
 from .decoder import WanDecoder
+from .encoder import WanEncoder, check_encoder_config
+from .vae import WanVAE, init_vae, resolve_dtype
 
 log = logging.getLogger("vaeserve.models")
 
@@ -39,8 +44,8 @@ MODEL_NAMES: dict[str, Callable[[], WanVAEConfig]] = {"wan2.1": WanVAEConfig, "w
 DEFAULT_MODEL = "wan2.1"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
-# Present in full VAE checkpoints, not needed to decode: accepted and skipped.
-_ENCODER_PREFIXES = ("encoder.", "quant_conv.")
+# The encoder's tensors: optional as a whole (a decode-only checkpoint has none of them).
+ENCODER_PREFIXES = ("encoder.", "quant_conv.")
 
 
 class WeightsError(ValueError):
@@ -129,34 +134,61 @@ def _folder_weights(folder: Path) -> list[Path]:
 
 
 # -- building the model ---------------------------------------------------------------------------
-def _parameter_paths(config: WanVAEConfig, dtype) -> tuple[Any, list]:
-    abstract = nnx.eval_shape(lambda: WanDecoder(config, rngs=nnx.Rngs(0), dtype=dtype))
+def _parameters(module_type, config: WanVAEConfig, dtype) -> tuple[Any, dict[str, tuple]]:
+    """``(graphdef, {diffusers name: (path, abstract variable)})`` of a module, without computing weights."""
+    abstract = nnx.eval_shape(lambda: module_type(config, rngs=nnx.Rngs(0), dtype=dtype))
     graphdef, state = nnx.split(abstract)
-    return graphdef, list(nnx.to_flat_state(state))
+    return graphdef, {keys.diffusers_key(path): (path, var) for path, var in nnx.to_flat_state(state)}
 
 
-def build_vae(config: WanVAEConfig, tensors: dict[str, Any], *, dtype: str, metadata: dict[str, Any]) -> WanVAE:
-    """Assemble a ``WanVAE`` from diffusers-named tensors; every key problem is reported at once."""
-    target = resolve_dtype(dtype)
-    graphdef, flat = _parameter_paths(config, target)
-    expected = {keys.diffusers_key(path): (path, var) for path, var in flat}
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(n for n in tensors if n not in expected and not n.startswith(_ENCODER_PREFIXES))
-    misshaped = []
+def _misshaped(expected: dict[str, tuple], tensors: dict[str, Any]) -> list[str]:
+    problems = []
     for name, (path, var) in expected.items():
         if name in tensors:
             want = keys.torch_shape(path, var.shape)
             got = tuple(np.shape(tensors[name]))
             if got != want:
-                misshaped.append(f"{name}: expected {want}, received {got}")
-    if missing or unexpected or misshaped:
-        raise WeightsError(missing, unexpected, misshaped, metadata.get("source", "checkpoint"))
+                problems.append(f"{name}: expected {want}, received {got}")
+    return problems
+
+
+def _assemble(graphdef, expected: dict[str, tuple], tensors: dict[str, Any], target) -> Any:
     leaves = []
     for name, (path, var) in expected.items():
         array = keys.from_torch(path, np.asarray(tensors[name]), var.shape)
         leaves.append((path, var.replace(jnp.asarray(array, target))))
-    model = nnx.merge(graphdef, nnx.from_flat_state(leaves))
-    return WanVAE(config, model, dtype=dtype, metadata=metadata)
+    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+def build_vae(config: WanVAEConfig, tensors: dict[str, Any], *, dtype: str, metadata: dict[str, Any]) -> WanVAE:
+    """Assemble a ``WanVAE`` from diffusers-named tensors; every key problem is reported at once.
+
+    The encoder is built when any ``encoder.*``/``quant_conv.*`` tensor is present, else left out
+    (also, with a warning, when this implementation cannot run the config's encoder).
+    """
+    target = resolve_dtype(dtype)
+    graphdef, expected = _parameters(WanDecoder, config, target)
+    with_encoder = any(n.startswith(ENCODER_PREFIXES) for n in tensors)
+    if with_encoder:
+        try:
+            check_encoder_config(config)
+        except ConfigError as e:
+            log.warning("encoder weights skipped: %s", e)
+            metadata = {**metadata, "no_encoder_reason": str(e)}
+            tensors = {n: t for n, t in tensors.items() if not n.startswith(ENCODER_PREFIXES)}
+            with_encoder = False
+    encoder_graphdef, encoder_expected = _parameters(WanEncoder, config, target) if with_encoder else (None, {})
+    known = set(expected) | set(encoder_expected)
+    missing = sorted(known - set(tensors))
+    unexpected = sorted(set(tensors) - known)
+    misshaped = _misshaped(expected, tensors) + _misshaped(encoder_expected, tensors)
+    if missing or unexpected or misshaped:
+        raise WeightsError(missing, unexpected, misshaped, metadata.get("source", "checkpoint"))
+    model = _assemble(graphdef, expected, tensors, target)
+    encoder = _assemble(encoder_graphdef, encoder_expected, tensors, target) if with_encoder else None
+    if not with_encoder:
+        log.info("%s has no encoder weights: it loads for decoding only", metadata.get("source", "the checkpoint"))
+    return WanVAE(config, model, dtype=dtype, metadata=metadata, encoder=encoder)
 
 
 def _model_name(path: str | Path | None) -> str | None:
@@ -180,7 +212,7 @@ def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32") -> WanVAE:
 
 
 def load_vae(path: str | Path | None = None, dtype: str = "float32") -> WanVAE:
-    """Load a Wan 2.1 or 2.2 VAE decoder (see the module docstring for the accepted ``path``s)."""
+    """Load a Wan 2.1 or 2.2 VAE (see the module docstring for the accepted ``path``s)."""
     resolve_dtype(dtype)
     name = _model_name(path)
     if name is not None:
@@ -246,12 +278,15 @@ def _write_folder(out_dir: Path, config: WanVAEConfig, tensors: dict[str, Any]) 
 
 
 def iter_diffusers_tensors(vae: WanVAE) -> Iterator[tuple[str, np.ndarray]]:
-    for path, var in nnx.to_flat_state(vae.state):
-        yield keys.diffusers_key(path), keys.to_torch(path, np.asarray(var[...], np.float32))
+    """Every weight (decoder, then encoder if any) in diffusers' names and layouts, float32."""
+    for state in (vae.state, vae.encoder_state):
+        for path, var in nnx.to_flat_state(state) if state is not None else ():
+            yield keys.diffusers_key(path), keys.to_torch(path, np.asarray(var[...], np.float32))
 
 
 def save_vae(vae: WanVAE, out_dir: str | Path) -> Path:
-    """Write a decoder-only diffusers-format folder (float32 safetensors + config.json)."""
+    """Write a diffusers-format folder (float32 safetensors + config.json): decoder and, if the
+    model has one, encoder."""
     return _write_folder(Path(out_dir), vae.config, dict(iter_diffusers_tensors(vae)))
 
 

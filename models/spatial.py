@@ -1,4 +1,4 @@
-"""The spatial seam: how the decoder pads frames and mixes tokens across a frame.
+"""The spatial seam: how the decoder and encoder pad frames and mix tokens across a frame.
 
 The model never pads H/W or mixes tokens across the frame itself; it asks a *spatial context*.
 On one device the context zero-pads and attends over the whole frame. Inside ``shard_map`` the
@@ -27,6 +27,10 @@ class SpatialContext(Protocol):
     def pad_hw(self, x: jax.Array) -> jax.Array:
         """``(..., H, W, C)`` → ``(..., H+2, W+2, C)``: one row/column of context on every side."""
 
+    def pad_hw_after(self, x: jax.Array) -> jax.Array:
+        """``(..., H, W, C)`` → ``(..., H+1, W+1, C)``: one row below and one column to the right
+        (the encoder's stride-2 convs pad only there)."""
+
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         """Single-head attention over all tokens of each frame. ``(N, H, W, C)`` each → ``(N, H, W, C)``."""
 
@@ -39,6 +43,12 @@ def matmul_precision(dtype) -> lax.Precision | None:
 def zero_pad_hw(x: jax.Array) -> jax.Array:
     """Zero-pad the two spatial axes (``-3`` and ``-2``) by one on each side."""
     widths = [(0, 0)] * (x.ndim - 3) + [(1, 1), (1, 1), (0, 0)]
+    return jnp.pad(x, widths)
+
+
+def zero_pad_hw_after(x: jax.Array) -> jax.Array:
+    """Zero-pad the two spatial axes (``-3`` and ``-2``) by one at their far end only."""
+    widths = [(0, 0)] * (x.ndim - 3) + [(0, 1), (0, 1), (0, 0)]
     return jnp.pad(x, widths)
 
 
@@ -95,6 +105,9 @@ class SingleDeviceContext:
 
     def pad_hw(self, x: jax.Array) -> jax.Array:
         return zero_pad_hw(x)
+
+    def pad_hw_after(self, x: jax.Array) -> jax.Array:
+        return zero_pad_hw_after(x)
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         n, h, w, c = q.shape

@@ -1,4 +1,5 @@
-"""``WanVAE``: a loaded decoder, its config and metadata, and its compiled programs."""
+"""``WanVAE``: a loaded decoder (and encoder, when the checkpoint has one), its config and
+metadata, and its compiled programs."""
 
 from __future__ import annotations
 
@@ -10,22 +11,38 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .config import WanVAEConfig
+from .config import ConfigError, WanVAEConfig
 from .conv import native_conv_for
 from .decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
 from .decoder import WanDecoder, check_inner_frames
+from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
+from .encoder import FRAMES_PER_CHUNK, WanEncoder, check_encoder_config
 from .programs import ProgramCache
 from .spatial import SingleDeviceContext
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-class LatentsError(ValueError):
-    """Latents whose shape does not fit the model; ``expected``/``received`` say how."""
+class ShapeError(ValueError):
+    """An input whose shape does not fit the model; ``expected``/``received`` say how, ``what``
+    names the part that does not fit (``"ndim"``, ``"channels"``, ``"sizes"``, ``"frames"``,
+    ``"height"``, ``"width"``)."""
 
-    def __init__(self, message: str, *, expected: Any, received: Any):
+    def __init__(self, message: str, *, expected: Any, received: Any, what: str = "shape"):
         super().__init__(f"{message}: expected {expected}, received {received}")
-        self.expected, self.received = expected, received
+        self.expected, self.received, self.what = expected, received, what
+
+
+class LatentsError(ShapeError):
+    """Latents whose shape does not fit the decoder."""
+
+
+class FramesError(ShapeError):
+    """Frames whose shape does not fit the encoder."""
+
+
+class NoEncoderError(RuntimeError):
+    """Encode asked of a model whose checkpoint holds no encoder weights."""
 
 
 def resolve_dtype(dtype: str):
@@ -43,24 +60,66 @@ def check_latents_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
         raise LatentsError("every latent dimension must be ≥ 1", expected="B, T, H, W ≥ 1", received=shape)
 
 
-class WanVAE:
-    """A Wan 2.1 or 2.2 VAE decoder ready to decode.
+def nearest_valid(value: int, step: int, offset: int = 0) -> list[int]:
+    """The valid values ``offset + step·k`` just below and above ``value`` (positive, and for
+    ``offset`` 0 at least ``step``): ``nearest_valid(7, 4, 1) == [5, 9]``, ``nearest_valid(5, 8) == [8]``."""
+    lower = offset + (value - offset) // step * step
+    return [v for v in (lower, lower + step) if v >= (offset or step)]
 
-    ``decode`` takes latents ``(B, z, T, H, W)`` (diffusers layout; ``z = config.z_dim``: 16 for
-    Wan 2.1, 48 for Wan 2.2). Every program is compiled
+
+def check_frames_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
+    """Frames ``(B, 3, F, H, W)`` with ``F = 1 + 4k`` and ``H``, ``W`` multiples of the spatial scale.
+
+    diffusers silently drops frames beyond ``1 + 4k`` and crops sizes; we refuse them and name the
+    nearest valid values in ``expected``.
+    """
+    if len(shape) != 5:
+        raise FramesError("frames must be (B, C, F, H, W)", expected="5 dimensions", received=len(shape), what="ndim")
+    if shape[1] != config.in_channels:
+        raise FramesError("frame channels", expected=config.in_channels, received=shape[1], what="channels")
+    if min(shape) < 1:
+        raise FramesError("every frame dimension must be ≥ 1", expected="B, F, H, W ≥ 1", received=shape,
+                          what="sizes")
+    if (shape[2] - 1) % FRAMES_PER_CHUNK:
+        raise FramesError(f"the frame count must be 1 + {FRAMES_PER_CHUNK}k",
+                          expected=nearest_valid(shape[2], FRAMES_PER_CHUNK, 1), received=shape[2], what="frames")
+    scale = config.spatial_scale
+    for axis, name in ((3, "height"), (4, "width")):
+        if shape[axis] % scale:
+            raise FramesError(f"the {name} must be a multiple of {scale}",
+                              expected=nearest_valid(shape[axis], scale), received=shape[axis], what=name)
+
+
+class WanVAE:
+    """A Wan 2.1 or 2.2 VAE ready to decode, and to encode when its checkpoint holds an encoder.
+
+    ``decode`` takes latents ``(B, z, T, H, W)`` (``z = config.z_dim``: 16 for Wan 2.1, 48 for
+    Wan 2.2), ``encode`` frames ``(B, 3, F, H, W)`` (diffusers layouts). Every program is compiled
     ahead of time once per (shape, options, target) and kept in ``programs``, the model's one
-    program cache (the sharded decode uses it too).
+    program cache (the sharded programs use it too). The decoder's weights are
+    ``graphdef``/``state``, the encoder's ``encoder_graphdef``/``encoder_state`` (None for a
+    decode-only checkpoint).
     """
 
-    def __init__(self, config: WanVAEConfig, model: WanDecoder, *, dtype: str, metadata: dict[str, Any]):
+    def __init__(self, config: WanVAEConfig, model: WanDecoder, *, dtype: str, metadata: dict[str, Any],
+                 encoder: WanEncoder | None = None):
         self.config = config
         self.dtype = dtype
         self.metadata = dict(metadata)
         self.graphdef, self.state = nnx.split(model)
+        self.encoder_graphdef: nnx.GraphDef | None = None
+        self.encoder_state: nnx.State | None = None
+        if encoder is not None:
+            self.encoder_graphdef, self.encoder_state = nnx.split(encoder)
         self.metadata.setdefault("parameters", int(sum(x.size for x in jax.tree.leaves(self.state))))
+        self.metadata["encoder_parameters"] = int(sum(x.size for x in jax.tree.leaves(self.encoder_state)))
         self.metadata["dtype"] = dtype
         self.programs = ProgramCache()
         self._placed: dict[Any, Any] = {}
+
+    @property
+    def has_encoder(self) -> bool:
+        return self.encoder_state is not None
 
     # -- the weights, placed and abstract -------------------------------------------------------
     def placed_state(self, sharding: jax.sharding.Sharding):
@@ -72,6 +131,26 @@ class WanVAE:
     def state_avals(self, sharding: jax.sharding.Sharding | None = None):
         """The weights as ``jax.ShapeDtypeStruct``s: enough to compile a program without placing them."""
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), self.state)
+
+    def require_encoder(self) -> None:
+        """Raise ``NoEncoderError`` unless the checkpoint had encoder weights."""
+        if not self.has_encoder:
+            reason = self.metadata.get("no_encoder_reason") or (
+                "it has no encoder weights (encoder.*, quant_conv.*); load a full VAE checkpoint to encode")
+            raise NoEncoderError(f"the model from {self.metadata.get('source', 'this checkpoint')!r} "
+                                 f"can decode but not encode: {reason}")
+
+    def placed_encoder_state(self, sharding: jax.sharding.Sharding):
+        """The encoder weights laid out by ``sharding``, placed once and kept."""
+        self.require_encoder()
+        if ("encoder", sharding) not in self._placed:
+            self._placed["encoder", sharding] = jax.device_put(self.encoder_state, sharding)
+        return self._placed["encoder", sharding]
+
+    def encoder_state_avals(self, sharding: jax.sharding.Sharding | None = None):
+        """The encoder weights as ``jax.ShapeDtypeStruct``s."""
+        self.require_encoder()
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), self.encoder_state)
 
     # -- single-device programs -----------------------------------------------------------------
     def _context(self) -> SingleDeviceContext:
@@ -105,7 +184,38 @@ class WanVAE:
 
         return self.programs.get(key, lower)
 
+    def compile_encode(self, shape: tuple[int, ...], *, chunk: int | None = None) -> jax.stages.Compiled:
+        """The compiled single-device encode of NCTHW frames of ``shape`` (cached in ``programs``),
+        called as ``compiled(vae.encoder_state, frames, posterior_options(B, ...))``; one program
+        serves every sampling/normalization option."""
+        self.require_encoder()
+        shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
+        check_frames_shape(shape, self.config)
+        key = ("encode", None, shape, chunk)
+
+        def lower():
+            run = encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype], self._context, chunk=chunk)
+            return jax.jit(run).lower(self.encoder_state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
+                                      PosteriorOptions.avals(shape[0]))
+
+        return self.programs.get(key, lower)
+
     # -- public API ----------------------------------------------------------------------------
+    def encode(self, frames, *, sample: bool = False, seed: int | None = None, normalize: bool = False,
+               chunk: int | None = None) -> jax.Array:
+        """Encode frames ``(B, 3, F, H, W)`` in [-1, 1], ``F = 1 + 4k``, ``H`` and ``W`` multiples of 8.
+
+        Returns float32 latents ``(B, 16, 1 + k, H/8, W/8)``: the posterior mean (what pipelines use),
+        or with ``sample`` a draw ``mean + std · noise``, row ``b``'s noise
+        ``jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(seed), b), (16, 1 + k, H/8, W/8))``
+        (a fresh seed when None); with ``normalize``, ``(z − latents_mean) / latents_std`` after.
+        ``chunk`` groups of 4 frames are encoded per scan step (default 1: the reference's chunks).
+        Raises ``NoEncoderError`` for a decode-only checkpoint, ``FramesError`` for a bad shape.
+        """
+        program = self.compile_encode(np.shape(frames), chunk=chunk)
+        options = posterior_options(np.shape(frames)[0], sample=sample, seed=seed, normalize=normalize)
+        return program(self.encoder_state, jnp.asarray(frames, jnp.float32), options)
+
     def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None,
                inner_frames: int | None = None):
         """Decode ``(B, z, T, H, W)`` latents.
@@ -140,14 +250,45 @@ def _avals(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
+def seeded_module(module_type, config: WanVAEConfig, rng: np.random.Generator, dtype):
+    """``module_type(config)`` with random weights drawn on the host from ``rng``: kernels
+    N(0, 1/fan-in) (fan-in: every axis but the last, the output), biases N(0, 0.02²), RMS gammas 1.
+
+    Drawn with NumPy, not ``jax.random``: that compiles one small program per distinct parameter
+    shape, which takes tens of seconds for the real model (both halves) on a 2-core host.
+    """
+    abstract = nnx.eval_shape(lambda: module_type(config, rngs=nnx.Rngs(0), dtype=dtype))
+    graphdef, state = nnx.split(abstract)
+    leaves = []
+    for path, var in nnx.to_flat_state(state):
+        name, shape = str(path[-1]), var.shape
+        if name == "gamma":
+            value = np.ones(shape, np.float32)
+        elif name.endswith("bias"):
+            value = 0.02 * rng.standard_normal(shape, np.float32)
+        else:
+            value = rng.standard_normal(shape, np.float32) / np.float32(np.sqrt(np.prod(shape[:-1])))
+        leaves.append((path, var.replace(jnp.asarray(value.astype(dtype)))))
+    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
 def init_vae(config: WanVAEConfig | None = None, *, seed: int = 0, dtype: str = "float32",
-             metadata: dict[str, Any] | None = None) -> WanVAE:
-    """A decoder with deterministic seeded random weights (it decodes noise: for tests and demos)."""
+             metadata: dict[str, Any] | None = None, encoder: bool = True) -> WanVAE:
+    """A VAE with deterministic seeded random weights (it decodes noise: for tests and demos);
+    ``encoder=False`` leaves out the encoder, as a decode-only checkpoint does (so does a config
+    whose encoder is not implemented, saying why in ``metadata["no_encoder_reason"]``)."""
     config = config or WanVAEConfig()
-    model = WanDecoder(config, rngs=nnx.Rngs(seed), dtype=resolve_dtype(dtype))
+    rng = np.random.default_rng(seed)
+    model = seeded_module(WanDecoder, config, rng, resolve_dtype(dtype))
     meta = {"source": f"random weights (seed {seed})", "random_weights": True}
+    if encoder:
+        try:
+            check_encoder_config(config)
+        except ConfigError as e:  # a decoder this implementation runs, an encoder it does not (yet)
+            encoder, meta["no_encoder_reason"] = False, str(e)
+    encoder_model = seeded_module(WanEncoder, config, rng, resolve_dtype(dtype)) if encoder else None
     meta.update(metadata or {})
-    return WanVAE(config, model, dtype=dtype, metadata=meta)
+    return WanVAE(config, model, dtype=dtype, metadata=meta, encoder=encoder_model)
 
 
 def abstract_vae(config: WanVAEConfig | None = None, *, dtype: str = "float32") -> WanVAE:

@@ -21,7 +21,7 @@ from .errors import install_error_handlers
 from .loading import RunnerFactory, StartupRefused, startup
 from .metrics import Metrics
 from .middleware import RequestContext
-from .routes import decode, operations
+from .routes import decode, encode, operations
 from .settings import Settings
 from .slice import FOLLOWER_STOP_MARGIN_S
 from .state import ModelState, ServiceState
@@ -87,10 +87,12 @@ def create_app(settings: Settings | None = None, *, vae: Any = None,
             await _stop(worker, settings)
 
     app = FastAPI(title="vaeserve", version="0.1.0", lifespan=lifespan,
-                  description="Latents in, MP4 / frames / tensors out (Wan 2.1 VAE on JAX).")
+                  description="Latents in, MP4 / frames / tensors out; images / video / frames in, latents "
+                  "out (Wan 2.1 VAE on JAX).")
     app.state.service = state
     install_error_handlers(app)
     app.include_router(operations.router)
     app.include_router(decode.router)
+    app.include_router(encode.router)
     app.add_middleware(RequestContext, metrics=state.metrics)
     return app

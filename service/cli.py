@@ -1,4 +1,4 @@
-"""``vaeserve``: serve | decode | convert | plan | loadtest."""
+"""``vaeserve``: serve | decode | encode | convert | plan | loadtest."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import plan_cli
+
+if TYPE_CHECKING:
+    from .frames import BodyFormat
 
 
 def _serve_parser(sub) -> None:
@@ -21,6 +25,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--port", type=int)
     p.add_argument("--max-queue", type=int)
     p.add_argument("--max-batch", type=int)
+    p.add_argument("--encode-warmup", action="append", metavar="3xFxHxW",
+                   help="frame shape whose encode is compiled before ready (repeatable), e.g. 3x81x480x832")
     p.add_argument("--warmup", action="append", metavar="CxTxHxW[:OUTPUTS]",
                    help="latent shape to compile before ready (repeatable), e.g. 16x21x60x104, or "
                    "16x21x60x104:uint8,stream to compile only those outputs (uint8, float, stream; default all)")
@@ -69,6 +75,21 @@ def _decode_parser(sub) -> None:
     p.add_argument("--cpu-devices", type=int)
 
 
+def _encode_parser(sub) -> None:
+    p = sub.add_parser("encode", help="encode an image, video or frames file offline on the local devices")
+    p.add_argument("input", help=".mp4, .png, .jpg/.jpeg (pixels -> [-1, 1]), or .npy/.safetensors frames "
+                   "(B,3,F,H,W) or (B,3,H,W) in [-1, 1]")
+    p.add_argument("-o", "--output", required=True, help=".safetensors (tensor 'latents') or .npy: float32 (B,16,T,H/8,W/8)")
+    p.add_argument("--model")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--normalize", action="store_true", help="(z - latents_mean) / latents_std after (as pipelines do)")
+    p.add_argument("--sample", action="store_true", help="draw from the posterior instead of taking its mean")
+    p.add_argument("--seed", type=int, help="noise seed for --sample")
+    p.add_argument("--cpu-devices", type=int)
+
+
 def _convert_parser(sub) -> None:
     p = sub.add_parser("convert", help="original Wan2.1_VAE.pth / Wan2.2_VAE.pth -> diffusers-format folder")
     p.add_argument("input")
@@ -82,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _decode_parser(sub)
+    _encode_parser(sub)
     _convert_parser(sub)
     plan_cli.add_parser(sub)
     sub.add_parser("loadtest", help="httpx load test (see vaeserve loadtest --help)", add_help=False)
@@ -150,6 +172,75 @@ def decode(args: argparse.Namespace) -> int:
     return 0
 
 
+_FRAME_SUFFIXES: dict[str, BodyFormat] = {".mp4": "mp4", ".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".npy": "npy",
+                   ".safetensors": "safetensors"}
+
+
+def _load_frames(path: Path, config):
+    """A file → checked frames ``(B, 3, F, H, W)`` float32 (no size limits offline)."""
+    from . import codec, frames
+
+    kind = _FRAME_SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise SystemExit(f"unsupported input {path.name}: use {', '.join(_FRAME_SUFFIXES)}")
+    body = path.read_bytes()
+    unlimited = codec.Limits(channels=3, max_batch=2**31, max_frames=2**31, max_height=2**31, max_width=2**31)
+    if kind in ("png", "jpeg"):
+        video = frames.parse_image(body, unlimited)
+    elif kind == "mp4":
+        video = frames.parse_mp4(body, unlimited)
+    else:
+        video = frames.parse_tensor(body, kind, None, None)
+    frames.check_frames(video, config, unlimited)
+    return video
+
+
+def encode(args: argparse.Namespace) -> int:
+    import jax
+    import numpy as np
+    from tqdm import tqdm
+
+    if args.cpu_devices:
+        jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+    import models
+    import sharding
+
+    from . import frames
+    from .errors import Problem
+    from .runner import pad_batch
+
+    out = Path(args.output)
+    if out.suffix not in (".safetensors", ".npy"):
+        raise SystemExit(f"unsupported output {out.name}: use .safetensors or .npy")
+    with tqdm(total=4, desc="encode", unit="step") as bar:
+        bar.set_postfix_str("loading the model")
+        vae = models.load_vae(args.model, dtype=args.dtype)
+        try:
+            vae.require_encoder()
+        except models.NoEncoderError as error:
+            raise SystemExit(str(error)) from None
+        bar.update()
+        bar.set_postfix_str(f"reading {Path(args.input).name}")
+        try:
+            video = _load_frames(Path(args.input), vae.config)
+        except Problem as problem:
+            raise SystemExit(f"{args.input}: {problem.detail} (expected {problem.expected}, "
+                             f"received {problem.received})") from None
+        mesh = sharding.make_mesh(args.tp, dp=args.dp)
+        padded = pad_batch(video, -(-video.shape[0] // args.dp) * args.dp)  # the batch must split over dp
+        bar.update()
+        bar.set_postfix_str(f"compiling and encoding {tuple(video.shape)}")
+        latents = np.asarray(sharding.sharded_encode(vae, padded, mesh, sample=args.sample, seed=args.seed,
+                                                     normalize=args.normalize))[: video.shape[0]]
+        bar.update()
+        bar.set_postfix_str(f"writing {out.name}")
+        body, _ = frames.encode_latents(latents, "safetensors" if out.suffix == ".safetensors" else "npy")
+        out.write_bytes(body)
+        bar.update()
+    print(f"wrote {out} (latents {tuple(latents.shape)} from frames {tuple(video.shape)})")
+    return 0
+
+
 def convert(args: argparse.Namespace) -> int:
     import models
 
@@ -166,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return loadtest_main(argv[1:])
     args = build_parser().parse_args(argv)
-    handler = {"serve": serve, "decode": decode, "convert": convert, "plan": plan_cli.run}[args.command]
+    handler = {"serve": serve, "decode": decode, "encode": encode, "convert": convert,
+               "plan": plan_cli.run}[args.command]
     return handler(args)
 
 

@@ -1,9 +1,11 @@
-"""A small Python client for ``POST /v1/decode``, including the frame stream.
+"""A small Python client for ``POST /v1/decode`` (including the frame stream) and ``POST /v1/encode``.
 
-    from service.client import decode, decode_stream
+    from service.client import decode, decode_stream, encode
     video = decode("http://127.0.0.1:8000", latents, output_type="mp4")          # bytes
     for chunk in decode_stream("http://127.0.0.1:8000", latents):                # (B, f, H, W, 3) uint8
         ...
+    latents = encode("http://127.0.0.1:8000", frames)                            # (B, 16, T, H/8, W/8) float32
+    latents = encode("http://127.0.0.1:8000", Path("first_frame.png").read_bytes(), normalize=True)
 
 Stream framing (``application/x-vaeserve-stream``): a sequence of messages, each
 ``u32 little-endian N`` + ``N bytes of JSON header`` + ``header["nbytes"]`` bytes of payload.
@@ -22,7 +24,8 @@ import numpy as np
 
 
 class DecodeError(RuntimeError):
-    """The server answered with a problem (``problem`` holds the RFC 9457 body)."""
+    """The server answered with a problem (``problem`` holds the RFC 9457 body); raised by
+    ``encode`` too."""
 
     def __init__(self, problem: dict):
         super().__init__(f"{problem.get('status')} {problem.get('title')}: {problem.get('detail')}")
@@ -39,8 +42,8 @@ def _request_args(latents: np.ndarray, api_key: str | None, params: dict) -> dic
     return {"content": array.tobytes(), "params": query, "headers": headers}
 
 
-def _endpoint(url: str) -> str:
-    return url if url.rstrip("/").endswith("/v1/decode") else url.rstrip("/") + "/v1/decode"
+def _endpoint(url: str, route: str = "/v1/decode") -> str:
+    return url if url.rstrip("/").endswith(route) else url.rstrip("/") + route
 
 
 def _raise_for_problem(response: httpx.Response) -> None:
@@ -114,3 +117,22 @@ def decode_stream(url: str, latents: np.ndarray, *, api_key: str | None = None, 
                 ended = True
         if not ended:
             raise DecodeError({"status": 502, "title": "truncated stream", "detail": "no end message"})
+
+
+def encode(url: str, frames: np.ndarray | bytes, *, normalize: bool = False, sample: bool = False,
+           seed: int | None = None, api_key: str | None = None, timeout: float = 600.0, **params) -> np.ndarray:
+    """Encode frames ``(B, 3, F, H, W)`` / ``(B, 3, H, W)`` in [-1, 1] (sent as raw float32), or the
+    bytes of a PNG, JPEG or MP4 file (sent as they are; the server recognizes them). Returns float32
+    latents ``(B, z, T, H/8, W/8)``. ``params``: ``scaling_factor``, ``shift_factor``, ``timeout_s``."""
+    query = {"normalize": normalize, "sample": sample, "seed": seed, "output_type": "pt", **params}
+    if isinstance(frames, bytes):
+        content: bytes = frames
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        query = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in query.items() if v is not None}
+    else:
+        args = _request_args(frames, api_key, query)
+        content, query, headers = args["content"], args["params"], args["headers"]
+    response = httpx.post(_endpoint(url, "/v1/encode"), content=content, params=query, headers=headers,
+                          timeout=timeout)
+    _raise_for_problem(response)
+    return np.frombuffer(response.content, "<f4").reshape(json.loads(response.headers["shape"]))

@@ -18,6 +18,7 @@ import re
 import struct
 import tempfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ WIRE_DTYPES: dict[str, np.dtype] = {
 }
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 _SAFETENSORS_MAX_HEADER = 1 << 20  # the header is JSON metadata; a megabyte is already absurd
+ShapeCheck = Callable[[tuple[int, ...]], None]  # raises Problem for a shape the route cannot take
 
 
 @dataclass(frozen=True)
@@ -109,9 +111,10 @@ def check_shape(shape: tuple[int, ...]) -> None:
 _DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII only: int() would also take "1_6" and full-width digits
 
 
-def parse_shape(values: list[str] | None) -> tuple[int, ...] | None:
+def parse_shape(values: list[str] | None, *, check: ShapeCheck = check_shape) -> tuple[int, ...] | None:
     """Shape from the query: repeated (``shape=1&shape=16``, what ``requests`` sends for a list),
-    comma separated (``shape=1,16,2,4,4``) or JSON (``shape=[1,16,2,4,4]``)."""
+    comma separated (``shape=1,16,2,4,4``) or JSON (``shape=[1,16,2,4,4]``). ``check``: latents'
+    by default."""
     if not values:
         return None
     text = ",".join(values).replace("[", "").replace("]", "")
@@ -120,7 +123,7 @@ def parse_shape(values: list[str] | None) -> tuple[int, ...] | None:
         raise Problem(422, "invalid-shape", "shape must be ASCII decimal integers", expected="e.g. 1,16,21,60,104",
                       received=values)
     shape = tuple(int(part) for part in parts)
-    check_shape(shape)
+    check(shape)
     return shape
 
 
@@ -131,12 +134,14 @@ def _raw_dtype(dtype: str | None) -> np.dtype:
     return WIRE_DTYPES[dtype]
 
 
-def parse_raw(body: bytes, shape: tuple[int, ...] | None, dtype: str | None) -> np.ndarray:
-    """Raw little-endian bytes, laid out C-order, described by ``shape`` and ``dtype``."""
+def parse_raw(body: bytes, shape: tuple[int, ...] | None, dtype: str | None, *,
+              check: ShapeCheck = check_shape) -> np.ndarray:
+    """Raw little-endian bytes, laid out C-order, described by ``shape`` and ``dtype``. ``check``
+    validates the shape before anything is allocated (latents by default; frames for encode)."""
     if shape is None:
         raise Problem(422, "missing-shape", "raw bodies need a 'shape' query parameter",
                       expected="shape=B,C,T,H,W", received=None)
-    check_shape(shape)
+    check(shape)
     wire = _raw_dtype(dtype)
     expected = math.prod(shape) * wire.itemsize
     if len(body) != expected:
@@ -154,7 +159,7 @@ _NPY_DTYPES = {np.dtype("<f4"): "float32", np.dtype("<f2"): "float16", np.dtype(
                np.dtype(">f2"): "float16"}
 
 
-def parse_npy(body: bytes) -> np.ndarray:
+def parse_npy(body: bytes, *, check: ShapeCheck = check_shape) -> np.ndarray:
     """``.npy`` bytes. ``allow_pickle=False``: object arrays would run code from the client."""
     try:
         array = np.load(io.BytesIO(body), allow_pickle=False)
@@ -166,7 +171,7 @@ def parse_npy(body: bytes) -> np.ndarray:
     if array.dtype not in _NPY_DTYPES:
         raise Problem(422, "invalid-dtype", f"unsupported dtype {array.dtype}", expected=["float32", "float16"],
                       received=str(array.dtype))
-    check_shape(array.shape)
+    check(array.shape)
     return array
 
 
@@ -195,7 +200,7 @@ def _safetensors_header(body: bytes) -> tuple[dict, int]:
     return header, header_len
 
 
-def parse_safetensors(body: bytes) -> np.ndarray:
+def parse_safetensors(body: bytes, *, check: ShapeCheck = check_shape) -> np.ndarray:
     """A safetensors file with exactly one tensor (any name). Parsed by hand so that bfloat16
     works without torch and so every malformed header gets a precise 422."""
     header, header_len = _safetensors_header(body)
@@ -213,12 +218,12 @@ def parse_safetensors(body: bytes) -> np.ndarray:
         raise _safetensors_problem(body, "tensor shape must be a list of integers")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets):
         raise _safetensors_problem(body, "data_offsets must be two integers")
-    check_shape(tuple(shape))
+    check(tuple(shape))
     start, end = offsets
     data = body[8 + header_len :]
     if not 0 <= start <= end <= len(data):
         raise _safetensors_problem(body, f"data offsets {[start, end]} outside the {len(data)}-byte buffer")
-    return parse_raw(data[start:end], tuple(shape), dtype_name)
+    return parse_raw(data[start:end], tuple(shape), dtype_name, check=check)
 
 
 def _jsonable_info(info) -> str:

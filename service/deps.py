@@ -8,9 +8,10 @@ from typing import Annotated
 import numpy as np
 from fastapi import Depends, Header, Query, Request
 
+from . import frames
 from .codec import check_content_type, parse_shape
 from .errors import Problem
-from .protocol import DecodeParams, OutputType
+from .protocol import DecodeParams, EncodeOutputType, EncodeParams, OutputType
 from .state import ServiceState
 
 
@@ -41,6 +42,18 @@ def require_api_key(state: StateDep, authorization: Annotated[str | None, Header
 def check_body_headers(request: Request, state: StateDep) -> str:
     """415 and 413 from the headers alone, before a byte of the body is read."""
     media_type = check_content_type(request.headers.get("content-type"))
+    _check_length(request, state)
+    return media_type
+
+
+def check_encode_body_headers(request: Request, state: StateDep) -> str:
+    """``POST /v1/encode``: 415 (images, MP4, tensors, or none) and 413 from the headers alone."""
+    media_type = frames.check_content_type(request.headers.get("content-type"))
+    _check_length(request, state)
+    return media_type
+
+
+def _check_length(request: Request, state: ServiceState) -> None:
     length = request.headers.get("content-length")
     if length is not None:
         if not length.isascii() or not length.isdigit():
@@ -50,7 +63,6 @@ def check_body_headers(request: Request, state: StateDep) -> str:
         if size > limit:
             raise Problem(413, "payload-too-large", f"body of {size} bytes is over the limit",
                           expected=f"<= {limit} bytes", received=size)
-    return media_type
 
 
 def _float32(name: str, value: float | None, *, positive: bool = False) -> float | None:
@@ -95,6 +107,29 @@ def decode_params(
     )
 
 
+def encode_params(
+    state: StateDep,
+    output_type: EncodeOutputType = "pt",
+    normalize: Annotated[bool, Query(description="(z - latents_mean) / latents_std after")] = False,
+    sample: Annotated[bool, Query(description="draw from the posterior instead of taking its mean")] = False,
+    seed: Annotated[int | None, Query(ge=0, lt=2**32, description="noise seed for sample (default: fresh)")] = None,
+    shape: Annotated[list[str] | None, Query(description="raw bodies: B,3,F,H,W or B,3,H,W")] = None,
+    dtype: Annotated[str | None, Query(description="raw bodies: float32 | float16 | bfloat16")] = None,
+    scaling_factor: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
+    shift_factor: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    timeout_s: Annotated[float | None, Query(gt=0, allow_inf_nan=False,
+                                             description="deadline, capped by the server's")] = None,
+) -> EncodeParams:
+    cap = state.settings.request_timeout_s
+    return EncodeParams(
+        output_type=output_type, normalize=normalize, sample=sample, seed=seed, shape=parse_shape(shape, check=frames.check_tensor_shape),
+        dtype=dtype, scaling_factor=_float32("scaling_factor", scaling_factor, positive=True),
+        shift_factor=_float32("shift_factor", shift_factor), timeout_s=min(timeout_s or cap, cap),
+    )
+
+
 DecodeParamsDep = Annotated[DecodeParams, Depends(decode_params)]
+EncodeParamsDep = Annotated[EncodeParams, Depends(encode_params)]
 MediaTypeDep = Annotated[str, Depends(check_body_headers)]
+EncodeMediaTypeDep = Annotated[str, Depends(check_encode_body_headers)]
 ApiKeyDep = Depends(require_api_key)

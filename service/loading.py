@@ -73,7 +73,8 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
         mean=np.asarray(config.latents_mean, np.float32).reshape(per_channel),
         std=np.asarray(config.latents_std, np.float32).reshape(per_channel),
         devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
-        warmed=tuple(settings.warmup), served=served_shapes(settings), device_memory_bytes=device_memory)
+        warmed=tuple(settings.warmup), served=served_shapes(settings), device_memory_bytes=device_memory,
+        encode_served=None if settings.shapes == "any" else frozenset(settings.encode_warmup))
 
 
 def served_shapes(settings: Settings) -> ServedShapes | None:
@@ -111,7 +112,7 @@ def watch_programs(vae: Any, settings: Settings, metrics: Metrics) -> None:
 
 def warm_up(model: ModelState, settings: Settings) -> None:
     """Compile every program a request of each warm-up shape can need (its outputs, every batch
-    bucket) before the service says it is ready."""
+    bucket; the encode of each ``encode_warmup`` frame shape) before the service says it is ready."""
     cache = model.vae.programs
     evictions = cache.evictions
     if model.device_memory_bytes is None and settings.warmup:
@@ -123,14 +124,22 @@ def warm_up(model: ModelState, settings: Settings) -> None:
                                             stream=output == "stream")
             check_memory(model, programs)
         log.info("warm-up %s compiled in %.1f s", warmup, time.monotonic() - start)
+    if settings.encode_warmup and not model.vae.has_encoder:
+        raise ValueError("--encode-warmup needs a checkpoint with an encoder; this one has none")
+    for shape in settings.encode_warmup:
+        start = time.monotonic()
+        check_memory(model, model.runner.compile_encode(shape), what="the encode of frames")
+        log.info("warm-up encode %s compiled in %.1f s", "x".join(map(str, shape)), time.monotonic() - start)
     if cache.evictions != evictions:
         raise ValueError(f"max_programs={settings.max_programs} is smaller than the {len(cache) + cache.evictions - evictions}"
                          " programs the warm-up compiled: raise it (or 0 for no limit)")
 
 
-def check_memory(model: ModelState, programs: list[tuple[tuple[int, ...], Any]]) -> None:
+def check_memory(model: ModelState, programs: list[tuple[tuple[int, ...], Any]], *,
+                 what: str = "the decode of latents") -> None:
     """Refuse to start (``StartupRefused``) when a compiled program needs more bytes per device than
-    ``model.device_memory_bytes`` — read from ``memory_analysis()`` before the program ever runs."""
+    ``model.device_memory_bytes`` — read from ``memory_analysis()`` before the program ever runs.
+    ``what`` names the programs' inputs in the message."""
     import jax
 
     from sharding.planner import WontFitError, check_fits
@@ -141,10 +150,10 @@ def check_memory(model: ModelState, programs: list[tuple[tuple[int, ...], Any]])
     for shape, compiled in programs:
         try:
             needed = check_fits(compiled, shape=shape, mesh=mesh, limit=model.device_memory_bytes,
-                                devices=jax.device_count())
+                                devices=jax.device_count(), what=what)
         except WontFitError as e:
             raise StartupRefused(str(e)) from e
-        log.info("latents %s: %.3f GB per device of %.3f GB", shape, needed / 1e9, model.device_memory_bytes / 1e9)
+        log.info("%s %s: %.3f GB per device of %.3f GB", what, shape, needed / 1e9, model.device_memory_bytes / 1e9)
 
 
 def startup(settings: Settings, metrics: Metrics, *, vae: Any = None, runner_factory: RunnerFactory | None = None,

@@ -31,8 +31,12 @@ class Metrics:
             "vaeserve_encode_seconds", "Time to encode the response (mp4, npy, png, raw)",
             buckets=_SECONDS_BUCKETS, registry=r,
         )
+        self.encode_device_seconds = Histogram(
+            "vaeserve_vae_encode_seconds", "Device time per VAE encode batch (frames to latents, on the host after)",
+            buckets=_SECONDS_BUCKETS, registry=r,
+        )
         self.total_seconds = Histogram(
-            "vaeserve_request_seconds", "Decode request latency, arrival to response body",
+            "vaeserve_request_seconds", "Decode and encode request latency, arrival to response body",
             buckets=_SECONDS_BUCKETS, registry=r,
         )
         self.batch_size = Histogram(
@@ -41,6 +45,8 @@ class Metrics:
         )
         self.queue_depth = Gauge("vaeserve_queue_depth", "Requests waiting for the device", registry=r)
         self.frames = Counter("vaeserve_frames_decoded", "Output frames decoded (excluding padding)", registry=r)
+        self.frames_encoded = Counter("vaeserve_frames_encoded", "Input frames encoded (excluding padding)",
+                                      registry=r)
         self.compiles = Counter(
             "vaeserve_compiles", "XLA compiles of decode programs (or loads from --compile-cache)", registry=r
         )

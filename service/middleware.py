@@ -25,7 +25,7 @@ from .metrics import Metrics
 
 log = logging.getLogger("vaeserve")
 
-ROUTES = ("/v1/decode", "/v1/models", "/healthz", "/readyz", "/metrics")
+ROUTES = ("/v1/decode", "/v1/encode", "/v1/models", "/healthz", "/readyz", "/metrics")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import codec
+from . import codec, frames
 from .errors import Problem
 from .metrics import Metrics
-from .protocol import DecodeParams
+from .protocol import DecodeParams, EncodeParams
 from .state import ModelState
 
 
@@ -43,3 +43,16 @@ def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: Mod
             values = model.denormalize(values)
     codec.check_finite(values, transformed=values is not latents)
     return np.ascontiguousarray(values, np.float32), batched
+
+
+def encode_inputs(body: bytes, media_type: str, params: EncodeParams, model: ModelState,
+                  metrics: Metrics) -> np.ndarray:
+    """Body → frames ``(B, 3, F, H, W)`` float32 in [-1, 1]: parsed (image, MP4 or tensor), checked
+    against the model's shape rules and the limits, finite, and served (``--shapes``)."""
+    video = frames.parse_frames(body, media_type, params.shape, params.dtype, model.vae.config, model.limits)
+    try:
+        model.check_encode_served(video.shape[1:])
+    except Problem:
+        metrics.refused_shapes.inc()
+        raise
+    return video

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from models.decode import Output
 
 OutputType = Literal["mp4", "pt", "npy", "png"]
+EncodeOutputType = Literal["pt", "npy", "safetensors"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,21 @@ class DecodeParams:
         if self.output_type == "pt" and not self.partial_postprocess and not self.stream:
             return "float"
         return "uint8"
+
+
+@dataclass(frozen=True)
+class EncodeParams:
+    """Query parameters of ``POST /v1/encode`` after defaults are resolved."""
+
+    output_type: EncodeOutputType
+    normalize: bool
+    sample: bool
+    seed: int | None
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    scaling_factor: float | None
+    shift_factor: float | None
+    timeout_s: float
 
 
 class Health(BaseModel):
@@ -130,8 +146,9 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     for code, description in {
         400: "malformed request headers", 401: "API key set and the bearer token missing or wrong",
         408: "the body did not arrive in time", 413: "body over max_body_bytes",
-        415: "Content-Type not a latent format", 422: "the body or a parameter is invalid",
-        429: "queue full, or too many body bytes being read", 500: "the decode failed",
+        415: "Content-Type not a format of this route", 422: "the body or a parameter is invalid",
+        429: "queue full, or too many body bytes being read", 500: "the decode or encode failed",
+        501: "encode asked of a checkpoint without an encoder",
         503: "loading, draining or failed", 504: "no result within the deadline",
     }.items()
 }
@@ -153,6 +170,27 @@ DECODE_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {media: _BINARY for media in (
             "video/mp4", "application/x-npy", "image/png", "application/octet-stream",
             "application/x-vaeserve-stream")},
+    },
+    **PROBLEM_RESPONSES,
+}
+
+# POST /v1/encode (README: Encoding): frames in, latents out. No Content-Type at all is accepted too.
+ENCODE_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "an image (PNG/JPEG), an MP4, or frames (B, 3, F, H, W) / (B, 3, H, W) in [-1, 1]",
+        "content": {media: _BINARY for media in (
+            "image/png", "image/jpeg", "video/mp4", "application/octet-stream", "tensor/binary",
+            "application/x-npy", "application/x-safetensors")},
+    }
+}
+
+ENCODE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "float32 latents (B, z, T, H/8, W/8): raw bytes with shape/dtype headers (pt), .npy or "
+        "safetensors",
+        "content": {media: _BINARY for media in (
+            "application/octet-stream", "application/x-npy", "application/x-safetensors")},
     },
     **PROBLEM_RESPONSES,
 }

@@ -12,10 +12,10 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from . import codec
+from . import codec, frames
 from .errors import ClientGone, Problem
 from .metrics import Metrics
-from .protocol import DecodeParams
+from .protocol import DecodeParams, EncodeParams
 from .worker import STREAM_END, Job, JobResult
 
 STREAM_MEDIA_TYPE = "application/x-vaeserve-stream"
@@ -80,6 +80,21 @@ async def render(result: JobResult, params: DecodeParams, batched: bool, metrics
     encode_s = time.monotonic() - start
     metrics.encode_seconds.observe(encode_s)
     return Response(body, media_type=media_type, headers={**headers, **timing_headers(result, encode_s)})
+
+
+def _serialize_latents(latents: np.ndarray, params: EncodeParams) -> tuple[bytes, dict[str, str]]:
+    return frames.encode_latents(frames.apply_scaling(latents, params.scaling_factor, params.shift_factor),
+                                 params.output_type)
+
+
+async def render_latents(result: JobResult, params: EncodeParams, metrics: Metrics) -> Response:
+    """Latents from the worker → ``pt`` / ``npy`` / ``safetensors`` (scaled as asked on the way out)."""
+    start = time.monotonic()
+    body, headers = await anyio.to_thread.run_sync(_serialize_latents, result.array, params)
+    metrics.encode_seconds.observe(time.monotonic() - start)
+    timing = {"X-Queue-Time-S": f"{result.queue_s:.6f}", "X-Device-Time-S": f"{result.decode_s:.6f}",
+              "X-Batch-Size": str(result.batch_size)}
+    return Response(body, media_type=frames.LATENT_MEDIA_TYPES[params.output_type], headers={**headers, **timing})
 
 
 async def stream(request: Request, job: Job, batched: bool) -> Response:

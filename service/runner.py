@@ -47,12 +47,13 @@ def pad_batch(latents: np.ndarray, size: int) -> np.ndarray:
 
 
 class DeviceRunner:
-    """Holds the model and the mesh; decodes host batches to host arrays.
+    """Holds the model and the mesh; decodes and encodes host batches to host arrays.
 
     ``decode(latents (B, C, T, H, W) float32)`` returns ``(B, F, 8H, 8W, 3)`` uint8 for
     ``output="uint8"`` or ``(B, 3, F, 8H, 8W)`` float32 in [-1, 1] for ``output="float"``.
     Latents are expected *already denormalized* (the service does it on the host, so the
-    device program does not depend on that flag).
+    device program does not depend on that flag). ``encode(frames (B, 3, F, H, W) float32,
+    options)`` returns float32 latents ``(B, z, T, H/8, W/8)``.
     """
 
     def __init__(self, vae: Any, mesh: Any, *, max_batch: int, dp: int):
@@ -87,6 +88,29 @@ class DeviceRunner:
         padded = pad_batch(latents, bucket_for(n, self.buckets))
         for chunk in sharding.sharded_decode_stream(self.vae, padded, self.mesh):
             yield np.asarray(chunk)[:n]
+
+    def encode(self, frames: np.ndarray, options: Any) -> np.ndarray:
+        """Encode a batch: ``options`` is the ``PosteriorOptions`` of its rows, each request's rows
+        with that request's seed and flags (so requests with different options share the call)."""
+        import sharding
+        from models.encode import PosteriorOptions
+
+        self._check_thread()
+        n = frames.shape[0]
+        size = bucket_for(n, self.buckets)
+        result = sharding.sharded_encode(self.vae, pad_batch(frames, size), self.mesh,
+                                         options=PosteriorOptions.concatenate([options], size))
+        return sharding.to_host(result)[:n]  # all-gathered when the mesh spans processes
+
+    def compile_encode(self, shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], Any]]:
+        """Compile, without running, the encode of frames ``shape`` ``(3, F, H, W)`` at every batch
+        bucket (one program serves every sampling/normalization option); returned as ``compile``
+        returns them, each with the batched frames ``(B, 3, F, H, W)`` it serves."""
+        import sharding
+
+        self._check_thread()
+        return [((size, *shape), sharding.compile_encode(self.vae, (size, *shape), self.mesh))
+                for size in self.buckets]
 
     def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> list[tuple[tuple[int, ...], Any]]:
         """Compile, without running, every program a request of latent ``shape`` ``(C, T, H, W)``
@@ -127,21 +151,24 @@ class DeviceRunner:
 
     def programs(self) -> list[list]:
         """The compiled programs of this runner's mesh in the model's cache, least recently used
-        first: ``["decode", [B, C, T, H, W], output]`` or ``["stream-step", [B, C, t, H, W],
-        "first" | "next"]``. (A read of the cache; it is safe from any thread.)"""
+        first: ``["decode", [B, C, T, H, W], output]``, ``["stream-step", [B, C, t, H, W],
+        "first" | "next"]`` or ``["encode", [B, 3, F, H, W], "latents"]``. (A read of the cache; it
+        is safe from any thread.)"""
         return [self._describe(key) for key in self._keys()]
 
     @staticmethod
     def _describe(key: tuple) -> list:
         if key[0] == "sharded-decode":
             return ["decode", list(key[2]), key[4]]
+        if key[0] == "sharded-encode":
+            return ["encode", list(key[2]), "latents"]
         return ["stream-step", list(key[2]), "first" if key[4] else "next"]
 
     def _keys(self) -> list[Any]:
-        """Cache keys of this mesh's decode and stream-step programs, least recently used first."""
+        """Cache keys of this mesh's decode, stream-step and encode programs, least recently used first."""
         from sharding.mesh import mesh_key
 
         mesh = mesh_key(self.mesh)
         return [key for key in self.vae.programs.keys()
                 if isinstance(key, tuple) and len(key) > 4 and key[1] == mesh
-                and key[0] in ("sharded-decode", "sharded-decode-step")]
+                and key[0] in ("sharded-decode", "sharded-decode-step", "sharded-encode")]

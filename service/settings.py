@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LatentShape = tuple[int, int, int, int]  # (C, T, H, W) of one latent, without the batch dim
+FrameShape = tuple[int, int, int, int]  # (3, F, H, W) of one video to encode, without the batch dim
 # What a warm-up compiles for a shape: the uint8 frames (mp4, png, npy, pt + partial_postprocess),
 # the float tensor (pt) and the step programs of stream=true. Every one by default.
 WarmupOutput = Literal["uint8", "float", "stream"]
@@ -25,15 +26,24 @@ _SHAPE_RE = re.compile(r"^\s*([0-9]+)\s*[x,]\s*([0-9]+)\s*[x,]\s*([0-9]+)\s*[x,]
 
 def parse_latent_shape(text: str | tuple | list) -> LatentShape:
     """``"16x21x60x104"`` (or ``"16,21,60,104"``, or a 4-sequence) -> ``(16, 21, 60, 104)``."""
+    return _parse_four(text, "latent shape", "CxTxHxW (e.g. 16x21x60x104)", "(C, T, H, W)")
+
+
+def parse_frame_shape(text: str | tuple | list) -> FrameShape:
+    """``"3x81x480x832"`` (or ``"3,81,480,832"``, or a 4-sequence) -> ``(3, 81, 480, 832)``."""
+    return _parse_four(text, "frame shape", "3xFxHxW (e.g. 3x81x480x832)", "(3, F, H, W)")
+
+
+def _parse_four(text: str | tuple | list, what: str, form: str, sizes: str) -> tuple[int, int, int, int]:
     if isinstance(text, (tuple, list)):
         values = tuple(int(v) for v in text)
     else:
         match = _SHAPE_RE.match(text)
         if match is None:
-            raise ValueError(f"latent shape must look like CxTxHxW (e.g. 16x21x60x104), got {text!r}")
+            raise ValueError(f"{what} must look like {form}, got {text!r}")
         values = tuple(int(v) for v in match.groups())
     if len(values) != 4 or min(values) < 1:
-        raise ValueError(f"latent shape needs 4 positive sizes (C, T, H, W), got {text!r}")
+        raise ValueError(f"{what} needs 4 positive sizes {sizes}, got {text!r}")
     return values  # type: ignore[return-value]
 
 
@@ -85,10 +95,14 @@ class Settings(BaseSettings):
         description="latent shapes CxTxHxW[:outputs] compiled before /readyz is 200 (outputs: uint8, float, "
         "stream; default all)",
     )
+    encode_warmup: list[FrameShape] = Field(
+        default_factory=list,
+        description="frame shapes 3xFxHxW whose encode is compiled before /readyz is 200 (needs an encoder)",
+    )
     compile_cache: str | None = Field(None, description="JAX persistent compilation cache directory")
     shapes: list[LatentShape] | Literal["any", "warmed"] = Field(
         "any", description="latent shapes served: any, only the warmed ones (and their outputs), or a list; "
-        "others -> 422"
+        "others -> 422. Unless any, encode serves only the encode_warmup frame shapes"
     )
     max_programs: int = Field(
         64, ge=0, description="compiled programs kept (least recently used dropped); 0 = no limit"
@@ -153,6 +167,15 @@ class Settings(BaseSettings):
     def _split_warmup(cls, value: Any) -> Any:
         if isinstance(value, str):  # "16x2x4x4;16x1x8x8:uint8"
             value = [part for part in value.split(";") if part.strip()]
+        return value
+
+    @field_validator("encode_warmup", mode="before")
+    @classmethod
+    def _parse_encode_warmup(cls, value: Any) -> Any:
+        if isinstance(value, str):  # "3x5x64x64;3x1x64x64"
+            value = [part for part in value.split(";") if part.strip()]
+        if isinstance(value, (list, tuple)):
+            return [parse_frame_shape(v) for v in value]
         return value
 
     @field_validator("shapes", mode="before")

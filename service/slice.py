@@ -6,7 +6,7 @@ Every process runs ``vaeserve serve`` with the same model and settings plus its 
 every process's devices, then:
 
 * process 0 wraps its ``DeviceRunner`` in a :class:`SliceRunner`: the worker, the warm-up and the
-  routes see the usual runner, and each call (decode, stream, compile) is sent to every process
+  routes see the usual runner, and each call (decode, stream, encode, compile) is sent to every process
   first (:class:`service.broadcast.Leader`);
 * every other process *follows*: its worker thread makes each call it receives with the same
   runner, and its HTTP server answers only the probes (``/healthz``, ``/readyz``) so an
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from models.decode import Output
+from models.encode import PosteriorOptions
 
 from .broadcast import Channel, Handler, Leader, follow
 from .distributed import SliceControl, SliceFailed, SliceMonitor, exit_on_failure, initialize
@@ -64,6 +65,8 @@ def runner_handlers(runner: DeviceRunner) -> dict[str, Handler]:
         "decode": lambda latents, output: runner.decode(latents, output=output),
         "decode_stream": lambda latents: runner.decode_stream(latents),
         "compile": lambda _, shape, output, stream: runner.compile(tuple(shape), output=output, stream=stream),
+        "encode": lambda frames, options: runner.encode(frames, PosteriorOptions.from_json(options)),
+        "compile_encode": lambda _, shape: runner.compile_encode(tuple(shape)),
     }
 
 
@@ -101,6 +104,19 @@ class SliceRunner:
         """Every process compiles; process 0's programs are returned (for the memory check)."""
         try:
             return self._leader.call("compile", None, shape=list(shape), output=output, stream=stream)
+        except SliceFailed as failure:
+            raise _unavailable(failure) from failure
+
+    def encode(self, frames: np.ndarray, options: PosteriorOptions) -> np.ndarray:
+        """Seeds were resolved on process 0 (the route), so every process draws the same noise."""
+        try:
+            return self._leader.call("encode", frames, options=options.to_json())
+        except SliceFailed as failure:
+            raise _unavailable(failure) from failure
+
+    def compile_encode(self, shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], Any]]:
+        try:
+            return self._leader.call("compile_encode", None, shape=list(shape))
         except SliceFailed as failure:
             raise _unavailable(failure) from failure
 

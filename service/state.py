@@ -14,7 +14,7 @@ import numpy as np
 from .codec import Limits
 from .errors import Problem
 from .metrics import Metrics
-from .settings import Settings, Warmup
+from .settings import FrameShape, Settings, Warmup
 
 if TYPE_CHECKING:
     from .admission import ByteBudget
@@ -41,6 +41,7 @@ class ModelState:
     warmed: tuple[Warmup, ...]
     served: ServedShapes | None  # None: any shape (programs compiled on demand, LRU-bounded)
     device_memory_bytes: int | None = None  # per-device memory warm-up programs must fit (None: no check)
+    encode_served: frozenset[FrameShape] | None = None  # frames (3, F, H, W) encoded; None: any
     slice: SliceMember | None = None  # this process's part in a multi-host slice (service.slice)
 
     @property
@@ -55,6 +56,21 @@ class ModelState:
         allowed = sorted(f"{'x'.join(map(str, s))}:{','.join(sorted(o))}" for s, o in self.served.items())
         raise Problem(422, "shape-not-allowed", f"latents {'x'.join(map(str, shape))} with output {output} are not "
                       "served here (--shapes)", expected=allowed, received=f"{'x'.join(map(str, shape))}:{output}")
+
+    def require_encoder(self) -> None:
+        """501 unless the checkpoint has an encoder (answered before the body is read)."""
+        if not self.vae.has_encoder:
+            raise Problem(501, "no-encoder", "the served checkpoint has no encoder weights (encoder.*, quant_conv.*): "
+                          "it decodes but cannot encode", expected="a full VAE checkpoint", received="decoder only")
+
+    def check_encode_served(self, shape: tuple[int, ...]) -> None:
+        """422 unless frames of ``shape`` (3, F, H, W) are served (``--shapes`` other than ``any``
+        serves only the ``--encode-warmup`` shapes)."""
+        if self.encode_served is None or shape in self.encode_served:
+            return
+        allowed = sorted("x".join(map(str, s)) for s in self.encode_served)
+        raise Problem(422, "shape-not-allowed", f"frames {'x'.join(map(str, shape))} are not encoded here "
+                      "(--shapes, --encode-warmup)", expected=allowed, received="x".join(map(str, shape)))
 
     def denormalize(self, latents: np.ndarray) -> np.ndarray:
         """``z · latents_std + latents_mean`` per channel, on the host (float32)."""

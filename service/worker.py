@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vaeserve")
 
-Operation = Literal["decode"]  # "encode" joins when the encoder is served
+Operation = Literal["decode", "encode"]
 STREAM_END = object()  # stream sentinel: no more chunks
 
 
@@ -49,7 +49,9 @@ class JobResult:
 @dataclass
 class Job:
     """One request's inputs (decode: latents ``(B, C, T, H, W)`` float32, already scaled and
-    denormalized) and its reply slot: a future, or a chunk queue when ``stream`` is set."""
+    denormalized; encode: frames ``(B, 3, F, H, W)`` float32 in [-1, 1], with ``options`` its rows'
+    ``models.encode.PosteriorOptions``) and its reply slot: a future, or a chunk queue when
+    ``stream`` is set."""
 
     request_id: str
     operation: Operation
@@ -64,6 +66,7 @@ class Job:
     cancelled: bool = False  # set by the handler when its client left or it gave up
     cancel_reason: str = ""
     started: float | None = None
+    options: Any = None  # encode: per-row posterior options (they ride in the batch, not in the key)
 
     def __post_init__(self) -> None:
         self.future = self.loop.create_future()
@@ -328,8 +331,7 @@ class Worker:
             self._fail(batch, exc)
             return
         decode_s = time.monotonic() - start
-        self.metrics.decode_seconds.observe(decode_s)
-        self.metrics.frames.inc(_frames(out, batch[0].output))
+        self._account(batch, out, decode_s)
         offset = 0
         for job in batch:
             job.resolve(JobResult(out[offset : offset + job.size], start - job.arrived, decode_s, size))
@@ -342,7 +344,19 @@ class Worker:
         head = batch[0]
         if head.operation == "decode":
             return self._runner.decode(inputs, output=head.output)
+        if head.operation == "encode":
+            from models.encode import PosteriorOptions
+
+            return self._runner.encode(inputs, PosteriorOptions.concatenate([job.options for job in batch]))
         raise ValueError(f"unknown operation {head.operation!r}")
+
+    def _account(self, batch: list[Job], out: np.ndarray, seconds: float) -> None:
+        if batch[0].operation == "encode":
+            self.metrics.encode_device_seconds.observe(seconds)
+            self.metrics.frames_encoded.inc(sum(job.size * job.inputs.shape[2] for job in batch))
+        else:
+            self.metrics.decode_seconds.observe(seconds)
+            self.metrics.frames.inc(_frames(out, batch[0].output))
 
     def _steps(self, job: Job) -> Iterator[np.ndarray]:
         assert self._runner is not None
@@ -366,4 +380,5 @@ class Worker:
         for job in batch:
             # A runner may choose the answer itself (a failed multi-host slice: 503).
             job.fail(exc if isinstance(exc, Problem) else Problem(
-                500, "device-error", f"decode failed on the device ({type(exc).__name__}); request id {job.request_id}"))
+                500, "device-error", f"{job.operation} failed on the device ({type(exc).__name__}); "
+                f"request id {job.request_id}"))

@@ -1,9 +1,11 @@
-"""Exact spatially sharded decoding: bands of every frame over the ``tp`` mesh axis, one-row halos.
+"""Exact spatially sharded decoding and encoding: bands of every frame over the ``tp`` mesh axis,
+one-row halos.
 
-Public surface: ``make_mesh``, ``sharded_decode``, ``sharded_decode_stream``, their ahead-of-time
-compiled programs (``compile_decode``, ``compile_decode_stream``), the axis-name constants,
-inspection helpers for memory and HLO (``inspect``), and planning for TPU slices without a TPU
-(``topology_devices``, ``plan_decode``, ``check_fits``).
+Public surface: ``make_mesh``, ``sharded_decode``, ``sharded_decode_stream``, ``sharded_encode``,
+their ahead-of-time compiled programs (``compile_decode``, ``compile_decode_stream``,
+``compile_encode``), the axis-name constants, inspection helpers for memory and HLO
+(``inspect``), and planning for TPU slices without a TPU (``topology_devices``, ``plan_decode``,
+``check_fits``).
 """
 
 from .chips import TopologyError, topology_devices
@@ -16,6 +18,7 @@ from .decode import (
     sharded_decode_stream,
     to_host,
 )
+from .encode import compile_encode, put_frames, replicated_encoder_state, sharded_encode
 from .halo import BandContext
 from .inspect import collectives, halo_bytes, hlo_text, memory_stats
 from .mesh import DP_AXIS, MESH_AXES, TP_AXIS, MeshError, make_mesh
@@ -38,16 +41,20 @@ __all__ = [
     "collectives",
     "compile_decode",
     "compile_decode_stream",
+    "compile_encode",
     "halo_bytes",
     "hlo_text",
     "make_mesh",
     "memory_stats",
     "plan_bands",
     "plan_decode",
+    "put_frames",
     "put_latents",
+    "replicated_encoder_state",
     "replicated_state",
     "sharded_decode",
     "sharded_decode_stream",
+    "sharded_encode",
     "to_host",
     "topology_devices",
 ]

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from models.spatial import dot_product_attention, zero_pad_hw
+from models.spatial import dot_product_attention, zero_pad_hw, zero_pad_hw_after
 
 from .mesh import TP_AXIS
 from .plan import BandPlan, check_halo, halo_permutations
@@ -27,11 +27,11 @@ def _positive(axis: int, ndim: int) -> int:
     return axis % ndim
 
 
-def _pad_other_axis(x: jax.Array, split_axis: int) -> jax.Array:
-    """Zero-pad by one on both sides of the spatial axis that is *not* split."""
+def _pad_other_axis(x: jax.Array, split_axis: int, width: tuple[int, int] = (1, 1)) -> jax.Array:
+    """Zero-pad the spatial axis that is *not* split by ``width`` (before, after)."""
     other = x.ndim - 2 if split_axis == x.ndim - 3 else x.ndim - 3
     widths = [(0, 0)] * x.ndim
-    widths[other] = (1, 1)
+    widths[other] = width
     return jnp.pad(x, widths)
 
 
@@ -80,6 +80,22 @@ class BandContext:
         bottom = lax.ppermute(lax.slice_in_dim(x, 0, 1, axis=axis), self.axis_name, up)
         return _pad_other_axis(jnp.concatenate([top, x, bottom], axis=axis), axis)
 
+    def pad_hw_after(self, x: jax.Array) -> jax.Array:
+        """``(..., h, w, C)`` band → ``(..., h+1, w+1, C)``: the next band's first row below it.
+
+        The encoder's stride-2 convs pad only at the bottom/right, so only the upward permutation
+        runs; the last rank receives zeros, the reference's bottom padding. Bands start on even
+        rows at every scale (the latent band times 8, 4, 2), so the strided rows line up with the
+        whole frame's.
+        """
+        x = self.mask_padding(x)
+        if self.plan.tp == 1 or self.halo == "none":
+            return zero_pad_hw_after(x)
+        axis = _positive(self.plan.axis, x.ndim)
+        _, up = halo_permutations(self.plan.tp, cyclic=self.halo == "cyclic")
+        below = lax.ppermute(lax.slice_in_dim(x, 0, 1, axis=axis), self.axis_name, up)
+        return _pad_other_axis(jnp.concatenate([x, below], axis=axis), axis, (0, 1))
+
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         """Local queries ``(N, h, w, C)`` against the keys/values of the whole frame → ``(N, h, w, C)``."""
         n, h, w, c = q.shape
@@ -103,7 +119,8 @@ class HaloRecorder:
     """A single-band stand-in context that records what ``BandContext`` would exchange.
 
     Trace a decode step on one band's shapes with it (``jax.eval_shape``): every ``pad_hw`` call
-    appends the shape and dtype of the one-row slab each device sends in each direction.
+    appends the shape and dtype of the one-row slab each device sends in each direction. (It has
+    no ``pad_hw_after``: it records decode steps, whose convs all pad on every side.)
     """
 
     native_conv = False  # the conv path does not change what crosses devices

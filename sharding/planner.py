@@ -319,10 +319,11 @@ def what_would_fit(memory: dict[str, int], *, batch: int, tp: int, dp: int, devi
 
 
 def check_fits(compiled: jax.stages.Compiled, *, shape: tuple[int, ...], mesh: jax.sharding.Mesh,
-               limit: int, devices: int | None = None) -> int:
+               limit: int, devices: int | None = None, what: str = "the decode of latents") -> int:
     """The bytes per device of ``compiled`` (the decode of NCTHW latents ``shape`` on ``mesh``) if they
     fit ``limit``; else ``WontFitError`` with the shape, the bytes needed vs available and what would fit.
-    ``devices``: how many the host has (default: the mesh's)."""
+    ``devices``: how many the host has (default: the mesh's); ``what``: the program, for the message
+    (``"the encode of frames"`` for an encode)."""
     memory = program_memory(compiled)
     needed = program_total_bytes(memory)
     if needed <= limit:
@@ -330,7 +331,7 @@ def check_fits(compiled: jax.stages.Compiled, *, shape: tuple[int, ...], mesh: j
     tp, dp = mesh.shape[TP_AXIS], mesh.shape[DP_AXIS]
     hint = what_would_fit(memory, batch=shape[0], tp=tp, dp=dp, devices=devices or mesh.devices.size, limit=limit)
     raise WontFitError(
-        f"the decode of latents {tuple(shape)} at tp={tp}, dp={dp} needs {_size(needed)} per device "
+        f"{what} {tuple(shape)} at tp={tp}, dp={dp} needs {_size(needed)} per device "
         f"(weights and inputs {_size(memory['argument_bytes'])}, output {_size(memory['output_bytes'])}, "
         f"temp {_size(memory['temp_bytes'])}, code {_size(memory['code_bytes'])}) but {_size(limit)} "
         f"are available ({needed} > {limit} bytes); {hint}"

@@ -1,5 +1,6 @@
-"""HTTP routes, one ``APIRouter`` per area: ``operations`` (probes, metrics, models), ``decode``."""
+"""HTTP routes, one ``APIRouter`` per area: ``operations`` (probes, metrics, models), ``decode``,
+``encode``."""
 
-from . import decode, operations
+from . import decode, encode, operations
 
-__all__ = ["decode", "operations"]
+__all__ = ["decode", "encode", "operations"]

@@ -3,13 +3,19 @@
 import json
 import re
 
+import jax
 import numpy as np
 import pytest
 
 import models
 from models import keys
 from models.loading import WEIGHTS_NAME
-from wan_reference import seeded_decoder_weights, seeded_latents, write_diffusers_folder
+from wan_reference import (
+    seeded_decoder_weights,
+    seeded_encoder_weights,
+    seeded_latents,
+    write_diffusers_folder,
+)
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 LATENTS = seeded_latents((1, 16, 2, 3, 4), 11)
@@ -53,7 +59,6 @@ def test_every_key_problem_is_reported_at_once(tmp_path, weights):
     del broken["decoder.mid_block.attentions.0.proj.bias"]
     broken["decoder.extra_layer.weight"] = np.zeros(3, np.float32)
     broken["decoder.norm_out.gamma"] = np.ones((5, 1, 1, 1), np.float32)
-    broken["encoder.conv_in.weight"] = np.zeros((1,), np.float32)  # encoder tensors are fine: skipped
     with pytest.raises(models.WeightsError) as info:
         models.load_vae(write_diffusers_folder(tmp_path, CONFIG, broken))
     error = info.value
@@ -61,6 +66,49 @@ def test_every_key_problem_is_reported_at_once(tmp_path, weights):
     assert error.unexpected == ["decoder.extra_layer.weight"]
     assert error.misshaped == ["decoder.norm_out.gamma: expected (8, 1, 1, 1), received (5, 1, 1, 1)"]
     assert "2 missing" in str(error) and "1 unexpected" in str(error) and "1 mis-shaped" in str(error)
+
+
+# -- the encoder: optional as a whole ------------------------------------------------------------------
+def test_decode_only_checkpoint_says_it_cannot_encode(tmp_path, weights):
+    """(Every other test here decodes from decoder-only checkpoints.)"""
+    vae = models.load_vae(write_diffusers_folder(tmp_path, CONFIG, weights))
+    assert not vae.has_encoder and vae.metadata["encoder_parameters"] == 0
+    with pytest.raises(models.NoEncoderError, match=r"can decode but not encode: it has no encoder weights"):
+        vae.encode(np.zeros((1, 3, 1, 8, 8), np.float32))
+
+
+def test_a_partial_encoder_is_reported_like_any_missing_tensor(tmp_path, weights):
+    encoder = seeded_encoder_weights(CONFIG, 5)
+    del encoder["encoder.conv_out.bias"]
+    encoder["quant_conv.weight"] = np.zeros((32, 32, 1, 1), np.float32)  # a 2-D kernel where diffusers has 3-D
+    with pytest.raises(models.WeightsError) as info:
+        models.load_vae(write_diffusers_folder(tmp_path, CONFIG, {**weights, **encoder}))
+    assert info.value.missing == ["encoder.conv_out.bias"] and not info.value.unexpected
+    assert info.value.misshaped == ["quant_conv.weight: expected (32, 32, 1, 1, 1), received (32, 32, 1, 1)"]
+
+
+def test_an_encoder_this_config_cannot_run_is_skipped_with_the_reason(tmp_path, caplog):
+    """diffusers builds an encoder for num_res_blocks=0 that fails at run time; we load such a
+    checkpoint for decoding and say why it cannot encode."""
+    config = models.WanVAEConfig(base_dim=8, num_res_blocks=0, dim_mult=(1, 2), temperal_downsample=(True,),
+                                 scale_factor_spatial=2, scale_factor_temporal=2)
+    weights = {**seeded_decoder_weights(config, 5), "encoder.conv_in.weight": np.zeros((8, 3, 3, 3, 3), np.float32)}
+    with caplog.at_level("WARNING", logger="vaeserve.models"):
+        vae = models.load_vae(write_diffusers_folder(tmp_path, config, weights))
+    assert not vae.has_encoder and "encoder weights skipped" in caplog.text
+    with pytest.raises(models.NoEncoderError, match="num_res_blocks=0 with dim_mult=\\[1, 2\\]"):
+        vae.require_encoder()
+    assert not models.init_vae(config).has_encoder  # the same for random weights
+
+
+def test_save_vae_writes_both_halves_and_they_load_back(tmp_path):
+    vae = models.init_vae(CONFIG, seed=3)
+    again = models.load_vae(models.save_vae(vae, tmp_path))
+    assert again.has_encoder and again.metadata["encoder_parameters"] == vae.metadata["encoder_parameters"] > 0
+    for ours, theirs in ((vae.state, again.state), (vae.encoder_state, again.encoder_state)):
+        assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True))
+    decode_only = models.load_vae(models.save_vae(models.init_vae(CONFIG, encoder=False), tmp_path / "decoder"))
+    assert not decode_only.has_encoder
 
 
 @pytest.mark.parametrize(
@@ -99,6 +147,7 @@ def test_default_model_is_the_real_architecture_with_random_weights(caplog):
     assert vae.config == models.WanVAEConfig()
     decoder_params = vae.metadata["parameters"] - 16 * 16 - 16  # minus post_quant_conv
     assert 72e6 < decoder_params < 74e6  # ≈ 73 M decoder parameters
+    assert vae.metadata["encoder_parameters"] == 53_596_928  # diffusers' encoder + quant_conv, exactly
     again = models.load_vae()
     first = vae.state["decoder"]["conv_out"]["kernel"][...]
     assert np.array_equal(np.asarray(first), np.asarray(again.state["decoder"]["conv_out"]["kernel"][...]))
@@ -126,10 +175,11 @@ def test_original_key_mapping_agrees_with_diffusers_converter():
 
 
 def _write_original_pth(path, weights, num_res_blocks):
+    """The original release's names for the decoder and (seeded) encoder, as ``torch.save`` writes them."""
     torch = pytest.importorskip("torch")
-    state = {keys.diffusers_to_original(k, num_res_blocks): torch.from_numpy(v) for k, v in weights.items()}
-    state["encoder.conv1.weight"] = torch.zeros(8, 3, 3, 3, 3)  # encoder tensors ride along
-    state["conv1.weight"] = torch.zeros(32, 32, 1, 1, 1)
+    everything = {**weights, **seeded_encoder_weights(CONFIG, 5)}
+    state = {keys.diffusers_to_original(k, num_res_blocks): torch.from_numpy(v) for k, v in everything.items()}
+    assert "encoder.downsamples.1.resample.1.weight" in state and "conv1.weight" in state
     torch.save(state, path)
     return state
 
@@ -138,7 +188,9 @@ def test_original_pth_loads_and_converts(tmp_path, weights, reference_frames):
     pth = tmp_path / "Wan2.1_VAE.pth"
     _write_original_pth(pth, weights, CONFIG.num_res_blocks)
     (tmp_path / "config.json").write_text(json.dumps(CONFIG.to_dict()))
-    assert np.array_equal(np.asarray(models.load_vae(pth).decode(LATENTS)), reference_frames)
+    from_pth = models.load_vae(pth)
+    assert np.array_equal(np.asarray(from_pth.decode(LATENTS)), reference_frames)
+    assert from_pth.has_encoder  # the original's encoder.* / conv1.* land in our encoder
 
     out = models.convert_wan_pth(pth, tmp_path / "converted", config=CONFIG)
     from safetensors import safe_open
@@ -146,7 +198,10 @@ def test_original_pth_loads_and_converts(tmp_path, weights, reference_frames):
     with safe_open(str(out / WEIGHTS_NAME), framework="numpy") as f:
         names = set(f.keys())
     assert "encoder.conv_in.weight" in names and "quant_conv.weight" in names
-    assert np.array_equal(np.asarray(models.load_vae(out).decode(LATENTS)), reference_frames)
+    converted = models.load_vae(out)
+    assert np.array_equal(np.asarray(converted.decode(LATENTS)), reference_frames)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(converted.encoder_state),
+                                                    jax.tree.leaves(from_pth.encoder_state), strict=True))
 
 
 def test_converted_real_config_loads_in_diffusers(tmp_path):

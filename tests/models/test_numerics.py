@@ -9,8 +9,10 @@ from models.spatial import SingleDeviceContext, dot_product_attention
 from models.conv import (
     causal_conv3x3x3,
     conv2d_frames,
+    downsample2x_conv2d_frames,
     interleave_time,
     rms_norm,
+    time_downsample,
     upsample2x_conv2d_frames,
     upsample_nearest_2x,
 )
@@ -101,8 +103,8 @@ def test_single_device_context_zero_pads_and_attends_over_the_frame():
     q = jnp.asarray(RNG.standard_normal((1, 2, 3, 4)).astype(np.float32))
     flat = dot_product_attention(q.reshape(1, 6, 4), q.reshape(1, 6, 4), q.reshape(1, 6, 4))
     assert np.abs(np.asarray(ctx.attend(q, q, q)).reshape(1, 6, 4) - np.asarray(flat)).max() == 0
-
-
+    after = np.asarray(ctx.pad_hw_after(x))  # the encoder's strided convs: bottom/right only
+    assert after.shape == (1, 2, 4, 5, 5) and after[:, :, :3, :4].min() == 1 and after.sum() == x.size
 
 def test_upsample_conv_from_low_resolution_equals_upsample_then_conv():
     """The phase decomposition (4/9 of the FLOPs, no upsampled activation) is the same function."""
@@ -116,3 +118,35 @@ def test_upsample_conv_from_low_resolution_equals_upsample_then_conv():
         got = np.asarray(upsample2x_conv2d_frames(padded, k, bias, block_bytes=block_bytes, native=native))
         assert got.shape == (1, 2, 38, 14, 4)
         assert np.abs(got[:, 0] - expected).max() < 1e-5 * np.abs(expected).max()
+
+
+def test_downsample_conv_equals_the_strided_xla_convolution():
+    """Space-to-depth + 2x2 taps is diffusers' ZeroPad2d((0, 1, 0, 1)) + Conv2d(3, stride=2)."""
+    x = jnp.asarray(RNG.standard_normal((2, 3, 22, 10, 5)).astype(np.float32))
+    k = jnp.asarray(RNG.standard_normal((3, 3, 5, 4)).astype(np.float32))
+    bias = jnp.asarray(RNG.standard_normal(4).astype(np.float32))
+    padded = jnp.pad(x, ((0, 0), (0, 0), (0, 1), (0, 1), (0, 0)))
+    expected = lax.conv_general_dilated(padded.reshape(6, 23, 11, 5), k, (2, 2), "VALID",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=lax.Precision.HIGHEST)
+    expected = np.asarray(expected + bias).reshape(2, 3, 11, 5, 4)
+    # Whole, in row blocks (block_bytes=1), and the accelerator path run here on CPU.
+    for block_bytes, native in ((2**30, False), (1, False), (2**30, True)):
+        got = np.asarray(downsample2x_conv2d_frames(padded, k, bias, block_bytes=block_bytes, native=native))
+        assert got.shape == (2, 3, 11, 5, 4)
+        assert np.abs(got - expected).max() < 1e-5 * np.abs(expected).max()
+    # Negative control: the symmetric padding of an ordinary 3x3 conv is a different function.
+    shifted = np.asarray(downsample2x_conv2d_frames(jnp.pad(x, ((0, 0), (0, 0), (1, 0), (1, 0), (0, 0))), k, bias,
+                                                    native=False))
+    assert np.abs(shifted - expected).max() > 0.1
+
+
+def test_time_downsample_reads_frames_2t_to_2t_plus_2_of_past_and_chunk():
+    past = RNG.standard_normal((1, 1, 2, 3, 4)).astype(np.float32)
+    x = RNG.standard_normal((1, 4, 2, 3, 4)).astype(np.float32)
+    k = RNG.standard_normal((3, 4, 5)).astype(np.float32)
+    bias = RNG.standard_normal(5).astype(np.float32)
+    seq = np.concatenate([past, x], axis=1)
+    expected = np.stack([sum(seq[:, 2 * t + i] @ k[i] for i in range(3)) + bias for t in range(2)], axis=1)
+    got = np.asarray(time_downsample(jnp.asarray(past), jnp.asarray(x), jnp.asarray(k), jnp.asarray(bias)))
+    assert got.shape == (1, 2, 2, 3, 5)
+    assert np.abs(got - expected).max() < 1e-5

@@ -16,8 +16,9 @@ from flax import nnx
 
 import models
 from models import keys
-from models.loading import WEIGHTS_NAME
 from models.decoder import WanDecoder
+from models.encoder import WanEncoder
+from models.loading import WEIGHTS_NAME
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -27,6 +28,14 @@ CASES = {
     "small_r2": ({"base_dim": 16, "num_res_blocks": 2}, 2, [(1, 16, 5, 3, 3)]),
     "tiny_r2": ({"base_dim": 8, "num_res_blocks": 2}, 3, [(2, 16, 5, 3, 5)]),
     "wan21": ({}, 4, [(1, 16, 2, 3, 3)]),
+}
+
+
+# Encoder cases: name: (config overrides, seed, frame shapes (B, 3, F, H, W)). F ∈ {1, 5, 9}; H
+# and W odd multiples of 8 (odd latent sizes); batch 2 on the small config, the real config too.
+ENCODE_CASES = {
+    "tiny_r1": ({"base_dim": 8, "num_res_blocks": 1}, 1, [(2, 3, 1, 24, 40), (2, 3, 9, 40, 24)]),
+    "wan21": ({}, 4, [(1, 3, 5, 24, 24)]),
 }
 
 
@@ -48,14 +57,28 @@ ALL_CASES = {**CASES, **CASES22}
 
 
 def case_config(name: str) -> models.WanVAEConfig:
-    return models.WanVAEConfig(**ALL_CASES[name][0])
+    return models.WanVAEConfig(**{**ALL_CASES, **ENCODE_CASES}[name][0])
 
 
 def seeded_decoder_weights(config: models.WanVAEConfig, seed: int) -> dict[str, np.ndarray]:
     """Decoder + post_quant_conv weights, diffusers names and layouts, float32."""
-    rng = np.random.default_rng(seed)
+    return _seeded_weights(WanDecoder, config, np.random.default_rng(seed))
+
+
+def seeded_encoder_weights(config: models.WanVAEConfig, seed: int) -> dict[str, np.ndarray]:
+    """Encoder + quant_conv weights, diffusers names and layouts, float32 (a stream of their own,
+    so the decoder's weights for a seed stay what the decoder fixtures were made with)."""
+    return _seeded_weights(WanEncoder, config, np.random.default_rng([seed, 1]))
+
+
+def seeded_vae_weights(config: models.WanVAEConfig, seed: int) -> dict[str, np.ndarray]:
+    """Every weight of a full checkpoint."""
+    return {**seeded_decoder_weights(config, seed), **seeded_encoder_weights(config, seed)}
+
+
+def _seeded_weights(module_type, config: models.WanVAEConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
     # Only the parameter paths and shapes of our module are used: no values are computed.
-    abstract = nnx.eval_shape(lambda: WanDecoder(config, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: module_type(config, rngs=nnx.Rngs(0)))
     weights = {}
     for path, var in nnx.to_flat_state(nnx.state(abstract)):
         name = keys.diffusers_key(path)
@@ -75,6 +98,11 @@ def seeded_latents(shape, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
+def seeded_frames(shape, seed: int) -> np.ndarray:
+    """Frames ``(B, 3, F, H, W)`` uniform in [-1, 1], deterministic in the shape and seed."""
+    return np.random.default_rng([seed, *shape]).uniform(-1.0, 1.0, shape).astype(np.float32)
+
+
 def write_diffusers_folder(folder: Path, config: models.WanVAEConfig, weights: dict[str, np.ndarray]) -> Path:
     from safetensors.numpy import save_file
 
@@ -86,6 +114,11 @@ def write_diffusers_folder(folder: Path, config: models.WanVAEConfig, weights: d
 
 def fixture_path(name: str, shape) -> Path:
     return FIXTURES / f"{name}__{'x'.join(map(str, shape))}.safetensors"
+
+
+def encode_fixture_path(name: str, shape) -> Path:
+    """diffusers' posterior ``mean`` and ``std`` for ``seeded_frames(shape, seed)`` of case ``name``."""
+    return FIXTURES / f"encode_{name}__{'x'.join(map(str, shape))}.safetensors"
 
 
 def perturbed_diffusers_vae(overrides: dict, seed: int):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from slice_process import micro_vae, slice_latents
+from slice_process import micro_encoder_vae, micro_vae, slice_frames, slice_latents
 
 import models
 import sharding
@@ -15,11 +15,14 @@ import sharding
 @pytest.fixture(scope="session")
 def references():
     """The single-process decodes of ``slice_latents()`` with the MICRO model (this pytest process
-    has 8 CPU devices): tp = 4 (uint8, float, stream) and tp = 2 x dp = 2 (float)."""
+    has 8 CPU devices): tp = 4 (uint8, float, stream) and tp = 2 x dp = 2 (float); and the tp = 4
+    encode of ``slice_frames()``."""
     vae = micro_vae()
     z = slice_latents()
     tp4, tp2dp2 = sharding.make_mesh(4), sharding.make_mesh(2, dp=2)
+    frames, options = slice_frames()
     return {
+        "tp4_encode": sharding.to_host(sharding.sharded_encode(micro_encoder_vae(), frames, tp4, options=options)),
         "tp4_uint8": sharding.to_host(sharding.sharded_decode(vae, z, tp4, output="uint8")),
         "tp4_float": sharding.to_host(sharding.sharded_decode(vae, z, tp4, output="float")),
         "tp4_stream": np.concatenate(list(sharding.sharded_decode_stream(vae, z, tp4)), axis=1),

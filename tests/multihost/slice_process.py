@@ -6,7 +6,8 @@ across both processes, and tp = 2 x dp = 2 with one replica per process), then p
 SCENARIO while the follower runs ``broadcast.follow``:
 
 * ``parity``: decodes (uint8, float, stream) on both meshes, a stream abandoned after its first
-  step, a call that raises on every process, and a negative control without halos; saves
+  step, a call that raises on every process, a negative control without halos, and an encode at
+  tp = 4 through the service's own handler (rows with different posterior options); saves
   ``DIR/slice.npz`` and ``DIR/report.json``; stops the slice; every process exits 0.
 * ``idle``: waits, ready at once, for the follower to be killed; exits 3 (slice failed).
 * ``busy``: all-gathers across the processes in a loop until the follower is killed mid-call; exits 3.
@@ -50,7 +51,7 @@ INTERVAL_S, GRACE_S = 0.5, 1.5
 
 def micro_vae():
     """The MICRO decoder with seeded NumPy weights (perturbed gammas and biases): built in well
-    under a second, where ``init_vae``'s one small compile per initializer takes ~20 s here."""
+    under a second, where ``init_vae``'s one small compile per initializer took ~20 s here."""
     from wan_reference import seeded_decoder_weights
 
     import models
@@ -60,12 +61,36 @@ def micro_vae():
     return build_vae(config, seeded_decoder_weights(config, seed=7), dtype="float32", metadata={"source": "seed 7"})
 
 
+def micro_encoder_vae():
+    """MICRO with one residual block per stage (the encoder needs them to widen its stages), decoder
+    and encoder seeded: for the encode call."""
+    from wan_reference import seeded_vae_weights
+
+    import models
+    from models.loading import build_vae
+
+    config = models.WanVAEConfig(**{**MICRO, "num_res_blocks": 1})
+    return build_vae(config, seeded_vae_weights(config, seed=7), dtype="float32", metadata={"source": "seed 7"})
+
+
 def slice_latents(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
 
 
-def build_handlers(vae, runners) -> dict[str, Callable[..., Any]]:
+def slice_frames() -> tuple[np.ndarray, Any]:
+    """Frames for the MICRO encoder, (2, 3, 5, 16, 8) -> latents (2, 16, 3, 8, 4) (2 rows per band at
+    tp = 4), and per-row posterior options: row 0 sampled with seed 3, row 1 normalized."""
+    from models.encode import PosteriorOptions, posterior_options
+
+    frames = np.random.default_rng(1).uniform(-1, 1, (2, 3, 5, 16, 8)).astype(np.float32)
+    options = PosteriorOptions.concatenate([posterior_options(1, sample=True, seed=3),
+                                            posterior_options(1, normalize=True)])
+    return frames, options
+
+
+def build_handlers(vae, runners, encode_runner) -> dict[str, Callable[..., Any]]:
     import sharding
+    from service.slice import runner_handlers
 
     handlers: dict[str, Callable[..., Any]] = {}
     for name, runner in runners.items():
@@ -74,6 +99,7 @@ def build_handlers(vae, runners) -> dict[str, Callable[..., Any]]:
     # Negative control: the same tp=4 decode without halo exchange (bands decoded independently).
     no_halo = functools.partial(sharding.sharded_decode, vae, mesh=runners["tp4"].mesh, halo="none")
     handlers["tp4.decode_no_halo"] = lambda z: sharding.to_host(no_halo(z))
+    handlers["tp4.encode"] = runner_handlers(encode_runner)["encode"]  # the service's own table
     handlers["diverge"] = _fail_on_followers
     handlers["collectives"] = _collectives
     return handlers
@@ -115,6 +141,8 @@ def drive_parity(leader, out: Path) -> None:
         report["bad_call_error"] = type(error).__name__
     arrays["after_error"] = leader.call("tp4.decode", z, output="float")
     arrays["no_halo"] = leader.call("tp4.decode_no_halo", z)
+    frames, options = slice_frames()
+    arrays["tp4_encode"] = leader.call("tp4.encode", frames, options=options.to_json())
     np.savez(out / "slice.npz", **arrays)
     (out / "report.json").write_text(json.dumps(report))
 
@@ -157,7 +185,8 @@ def main() -> int:
     vae = micro_vae()
     runners = {"tp4": DeviceRunner(vae, sharding.make_mesh(4), max_batch=2, dp=1),
                "tp2dp2": DeviceRunner(vae, sharding.make_mesh(2, dp=2), max_batch=2, dp=2)}
-    handlers = build_handlers(vae, runners)
+    encode_runner = DeviceRunner(micro_encoder_vae(), sharding.make_mesh(4), max_batch=2, dp=1)
+    handlers = build_handlers(vae, runners, encode_runner)
     channel = Channel(control, poll_s=0.25)
     try:
         if control.is_leader:

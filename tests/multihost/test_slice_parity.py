@@ -1,4 +1,4 @@
-"""Two processes x 2 CPU devices decode exactly what one process with the same mesh decodes.
+"""Two processes x 2 CPU devices decode (and encode) exactly what one process with the same mesh does.
 
 One slice (``slice_process.py parity``) runs every check of this module: tp = 4 across both
 processes (the halo between bands 1 and 2 crosses processes; uint8, float and streamed frames) and
@@ -40,7 +40,7 @@ def _identical(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-@pytest.mark.parametrize("name", ["tp4_uint8", "tp4_float", "tp4_stream", "tp2dp2_float"])
+@pytest.mark.parametrize("name", ["tp4_uint8", "tp4_float", "tp4_stream", "tp2dp2_float", "tp4_encode"])
 def test_two_processes_decode_the_same_bytes_as_one(decoded, references, name):
     arrays, _ = decoded
     assert _identical(arrays[name], references[name])

@@ -178,8 +178,11 @@ def test_30_concurrent_requests_all_answered(server):
     for r in responses:
         if r.status_code == 429:
             assert r.headers["Retry-After"] == "1" and r.headers["content-type"] == PROBLEM
-    bodies = {r.content for r in responses if r.status_code == 200}
-    assert len(bodies) == 1  # batched or not, every answer is the same decode
+    # Batched or not, every answer is the same decode: up to float rounding, since a batch of 2
+    # runs another program than a batch of 1 (~2e-6 apart), which can flip a uint8 at an exact .5.
+    answers = [np.load(io.BytesIO(r.content), allow_pickle=False).astype(int) for r in responses if r.status_code == 200]
+    for answer in answers[1:]:
+        assert np.abs(answer - answers[0]).max() <= 1 and np.mean(answer == answers[0]) > 0.999
     after = {s: server.metric("vaeserve_requests_total", route="/v1/decode", status=s) for s in ("200", "429")}
     assert after["200"] - before["200"] == statuses.count(200)
     assert after["429"] - before["429"] == statuses.count(429)

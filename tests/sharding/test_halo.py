@@ -68,3 +68,30 @@ def test_attend_equals_whole_frame_attention(split, size, tp):
     valid = tuple(valid)
     expected = np.asarray(SingleDeviceContext().attend(q[valid], k[valid], v[valid]))
     np.testing.assert_allclose(got[valid], expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("split, size, tp", [("height", 8, 4), ("height", 5, 4), ("width", 7, 3)])
+def test_pad_hw_after_equals_bottom_right_zero_padding_of_the_whole_frame(split, size, tp):
+    """The encoder's stride-2 convs: each band gets only the next band's first row (zeros at the
+    image's far edge and below padded rows), and one zero column/row on the other axis."""
+    from models.spatial import zero_pad_hw_after
+
+    plan = sharding.plan_bands(size, size, tp, split)
+    mesh = sharding.make_mesh(tp)
+    shape = [2, 3, 6, 6, 5]
+    axis = len(shape) + plan.axis
+    shape[axis] = plan.padded * 4  # at the encoder's scale 4 (after one downsampler)
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    whole = x.copy()
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(plan.size * 4, None)
+    whole[tuple(index)] = 0.0
+    expected_full = np.asarray(zero_pad_hw_after(jnp.asarray(whole)))
+    got = _bands(plan, mesh, lambda ctx, band: ctx.pad_hw_after(band), x, axis)
+    local = 4 * plan.band
+    for rank in range(tp):
+        window = [slice(None)] * x.ndim
+        window[axis] = slice(rank * local, rank * local + local + 1)
+        got_window = [slice(None)] * x.ndim
+        got_window[axis] = slice(rank * (local + 1), (rank + 1) * (local + 1))
+        np.testing.assert_array_equal(got[tuple(got_window)], expected_full[tuple(window)], err_msg=f"rank {rank}")

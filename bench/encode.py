@@ -1,0 +1,96 @@
+"""Encode speed: ours vs diffusers' AutoencoderKLWan on the same weights and frames (CPU).
+
+    .venv/bin/python bench/encode.py                          # real config, frames (1,3,9,128,128)
+    .venv/bin/python bench/encode.py --shape 1,3,17,256,256 --runs 3
+
+Prints min and median seconds over ``--runs`` timed runs after one warm-up (which includes our
+compile), the ratio ours/diffusers from the same run, achieved GFLOP/s on the nominal FLOPs
+(models/flops.py), and the max abs difference of the posterior means as a sanity check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from models.flops import encode_flops  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import models  # noqa: E402
+
+
+def timed(name: str, fn, runs: int) -> tuple[list[float], object]:
+    times = []
+    with tqdm(total=runs + 1, desc=name, unit="run", leave=False) as bar:
+        result = fn()  # warm-up: compile (ours) / allocator and oneDNN primitive caches (torch)
+        bar.update()
+        for _ in range(runs):
+            start = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - start)
+            bar.update()
+    return times, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="1,3,9,128,128", help="frames B,3,F,H,W (F = 1 + 4k, H and W multiples of 8)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--skip-diffusers", action="store_true", help="time ours only (no torch needed)")
+    args = parser.parse_args()
+    shape = tuple(int(s) for s in args.shape.split(","))
+    config = models.WanVAEConfig()
+    frames = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
+    flops = encode_flops(config, shape)
+    rows = []
+
+    with tempfile.TemporaryDirectory() as folder:
+        reference_out = None
+        if not args.skip_diffusers:
+            import torch
+            from diffusers import AutoencoderKLWan
+
+            torch.manual_seed(0)
+            reference = AutoencoderKLWan().eval()
+            reference.save_pretrained(folder)
+            x = torch.from_numpy(frames)
+
+            def run_reference():
+                with torch.no_grad():
+                    return reference.encode(x).latent_dist.mode().numpy()
+
+            times, reference_out = timed("diffusers", run_reference, args.runs)
+            rows.append(("diffusers (PyTorch CPU, float32)", times))
+            vae = models.load_vae(folder, dtype=args.dtype)
+        else:
+            vae = models.init_vae(config, dtype=args.dtype)
+
+        def run_ours():
+            return np.asarray(jax.block_until_ready(vae.encode(frames)))
+
+        times, ours_out = timed("vaeserve", run_ours, args.runs)
+        rows.append((f"vaeserve (JAX {jax.default_backend()}, {args.dtype})", times))
+
+    print(f"frames {shape} -> latents {ours_out.shape}; nominal {flops / 1e9:.0f} GFLOP; "
+          f"devices: {jax.devices()[0].device_kind} x{jax.device_count()}")
+    print(f"{'implementation':36s} {'min s':>8s} {'median s':>9s} {'GFLOP/s':>8s}")
+    for name, times in rows:
+        print(f"{name:36s} {min(times):8.2f} {statistics.median(times):9.2f} {flops / min(times) / 1e9:8.1f}")
+    if len(rows) == 2:
+        (_, ref_t), (_, our_t) = rows
+        print(f"ratio ours/diffusers: min {min(our_t) / min(ref_t):.2f}, "
+              f"median {statistics.median(our_t) / statistics.median(ref_t):.2f}")
+        print(f"max abs diff vs diffusers (posterior mean): {np.abs(ours_out - reference_out).max():.2e}")
+
+
+if __name__ == "__main__":
+    main()

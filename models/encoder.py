@@ -1,0 +1,140 @@
+"""The Wan 2.1 causal video VAE encoder in Flax nnx, channels-last inside.
+
+Built from the shared layers (``models.layers``): conv_in → down blocks → mid block → RMS norm →
+SiLU → conv_out, then ``quant_conv``. Call it on frame 0 with ``caches=None`` (one frame in, one
+latent frame out), then on each later chunk of 4 frames with the caches it returned (one latent
+frame out per chunk for Wan 2.1): ``models.encode`` runs that loop, as diffusers' ``_encode`` does.
+
+Wan 2.2 (``is_residual``, ``patch_size``) slots in at two places: a 2x2 patchify before
+``encoder`` in ``WanEncoder``, and residual down blocks (resnets + downsampler + a parameter-free
+AvgDown3D shortcut) from ``_down_blocks``. Both are local per band, so the spatial seam stays as is.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .config import ConfigError, WanVAEConfig
+from .layers import (
+    CausalConv3d,
+    ConvCache,
+    Downsample,
+    DownsampleCache,
+    MidBlock,
+    MidBlockCache,
+    PointwiseConv,
+    ResidualBlock,
+    ResidualCache,
+    RMSNorm,
+    scoped,
+)
+from .spatial import SpatialContext
+
+# diffusers' ``_encode`` hard-codes frame 0 alone, then 4 frames per encoder call.
+FRAMES_PER_CHUNK = 4
+
+
+
+class EncoderCache(NamedTuple):
+    """What one encode step hands to the next (a pytree: it is the ``lax.scan`` carry)."""
+
+    conv_in: ConvCache
+    down_blocks: tuple[ResidualCache | DownsampleCache, ...]
+    mid_block: MidBlockCache
+    conv_out: ConvCache
+
+
+def encoder_dims(config: WanVAEConfig) -> tuple[int, ...]:
+    """Channel widths of the encoder stages: ``[96, 96, 192, 384, 384]`` for Wan 2.1."""
+    return tuple(config.base_dim * m for m in (1, *config.dim_mult))
+
+
+def check_encoder_config(config: WanVAEConfig) -> None:
+    """Configs this encoder reproduces faithfully; anything else raises ``ConfigError``."""
+    if config.is_residual or config.patch_size is not None:
+        raise ConfigError("the Wan 2.2 encoder (is_residual, patch_size) is not implemented yet; "
+                          "this checkpoint can decode but not encode")
+    if FRAMES_PER_CHUNK % config.temporal_scale:
+        raise ConfigError(f"temporal downsampling x{config.temporal_scale} does not divide the reference's "
+                          f"chunks of {FRAMES_PER_CHUNK} frames")
+    if config.num_res_blocks < 1 and len(set(config.dim_mult)) > 1:
+        # The residual blocks are what widen each stage; without them the mid block gets the
+        # wrong width (diffusers' encoder fails on such a config too).
+        raise ConfigError(f"num_res_blocks=0 with dim_mult={list(config.dim_mult)} leaves the encoder's widths "
+                          "unmatched")
+
+
+def _down_blocks(config: WanVAEConfig, *, rngs: nnx.Rngs, dtype) -> list[nnx.Module]:
+    """Wan 2.1: one flat list, per stage ``num_res_blocks`` residual blocks and (except after the
+    last stage) a downsampler — diffusers' ``encoder.down_blocks.{k}`` numbering."""
+    dims = encoder_dims(config)
+    blocks: list[nnx.Module] = []
+    for stage, (cin, cout) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+        for _ in range(config.num_res_blocks):
+            blocks.append(ResidualBlock(cin, cout, rngs=rngs, dtype=dtype))
+            cin = cout
+        if stage != len(config.dim_mult) - 1:
+            mode = "downsample3d" if config.temperal_downsample[stage] else "downsample2d"
+            blocks.append(Downsample(cout, mode, rngs=rngs, dtype=dtype))
+    return blocks
+
+
+class Encoder3d(nnx.Module):
+    """conv_in → down blocks → mid block → RMS norm → SiLU → conv_out.
+
+    ``(B, T, H, W, in_channels)`` → ``(B, T', H/8, W/8, 2·z_dim)`` (posterior mean and log-variance)
+    for the Wan 2.1 config; ``T' = 1`` for frame 0, ``T / 4`` for later chunks.
+    """
+
+    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        dims = encoder_dims(config)
+        self.conv_in = CausalConv3d(config.in_channels, dims[0], rngs=rngs, dtype=dtype)
+        self.down_blocks = nnx.List(_down_blocks(config, rngs=rngs, dtype=dtype))
+        self.mid_block = MidBlock(dims[-1], rngs=rngs, dtype=dtype)
+        self.norm_out = RMSNorm(dims[-1], dtype=dtype)
+        self.conv_out = CausalConv3d(dims[-1], 2 * config.z_dim, rngs=rngs, dtype=dtype)
+
+    @scoped
+    def __call__(self, x: jax.Array, caches: EncoderCache | None,
+                 ctx: SpatialContext) -> tuple[jax.Array, EncoderCache]:
+        with jax.named_scope("conv_in"):
+            x, conv_in_cache = self.conv_in(x, None if caches is None else caches.conv_in, ctx)
+        down_caches = []
+        for i, block in enumerate(self.down_blocks):
+            with jax.named_scope(f"down_blocks.{i}"):
+                x, cache = block(x, None if caches is None else caches.down_blocks[i], ctx)
+            down_caches.append(cache)
+        with jax.named_scope("mid_block"):
+            x, mid_cache = self.mid_block(x, None if caches is None else caches.mid_block, ctx)
+        with jax.named_scope("conv_out"):
+            x = jax.nn.silu(self.norm_out(x))
+            x, conv_out_cache = self.conv_out(x, None if caches is None else caches.conv_out, ctx)
+        return x, EncoderCache(conv_in_cache, tuple(down_caches), mid_cache, conv_out_cache)
+
+
+class WanEncoder(nnx.Module):
+    """Encoder + ``quant_conv``: frames ``(B, T, H, W, 3)`` in [-1, 1] → posterior moments
+    ``(B, T', H/8, W/8, 2·z_dim)``, channels ``[0:z]`` the mean and ``[z:2z]`` the log-variance.
+
+    Call with ``caches=None`` for frame 0 (which must then be the only frame) and with the returned
+    caches for every later chunk of 4 frames.
+    """
+
+    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        check_encoder_config(config)
+        self.encoder = Encoder3d(config, rngs=rngs, dtype=dtype)
+        self.quant_conv = PointwiseConv(2 * config.z_dim, 2 * config.z_dim, rngs=rngs, dtype=dtype)
+
+    @scoped
+    def __call__(self, x: jax.Array, caches: EncoderCache | None,
+                 ctx: SpatialContext) -> tuple[jax.Array, EncoderCache]:
+        if caches is None and x.shape[1] != 1:
+            raise ValueError(f"the first encode step takes exactly 1 frame; got {x.shape[1]}")
+        with jax.named_scope("encoder"):
+            x, caches = self.encoder(x, caches, ctx)
+        with jax.named_scope("quant_conv"):
+            return self.quant_conv(x), caches

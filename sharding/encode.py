@@ -1,0 +1,158 @@
+"""The sharded encode: ``models.encode`` programs under ``jax.shard_map`` over the ``(dp, tp)`` mesh.
+
+Layouts match ``WanVAE.encode``: frames ``(B, 3, F, H, W)`` NCTHW in; float32 latents
+``(B, z, T, H/8, W/8)`` out. The band plan is made in *latent* rows (``plan_bands(H/8, W/8, tp)``),
+so every band holds ``8·band`` frame rows, then ``4·band`` and ``2·band`` after the first two
+downsamplers: every band starts on an even row at the input of every stride-2 conv, and the
+strided rows of each band are those of the whole frame. The split axis is padded at the far edge
+to ``8 · tp · band`` rows on the host, and the padded rows are masked to zero at every conv input
+as in the decoder. The encoder runs per band; the posterior (mean or sample, normalization) runs
+on the whole latent array after the bands are cropped, so a sample's noise is that of one device.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from models.encode import (
+    PosteriorOptions,
+    latents_from_moments,
+    moments_program,
+    posterior_options,
+    resolve_encode_chunk,
+)
+from models.vae import DTYPES, WanVAE, check_frames_shape
+
+from .decode import _band_context, _check_mesh, _shard, _spec
+from .mesh import TP_AXIS, mesh_key
+from .plan import BandPlan, Split, check_halo, plan_bands
+
+
+def frames_spec(plan: BandPlan) -> P:
+    """NCTHW frames (and latents): batch over dp, H (or W) over tp."""
+    return _spec(5, 0, 3 if plan.split == "height" else 4)
+
+
+def moments_spec(plan: BandPlan) -> P:
+    """Channels-last moments ``(B, T, h, w, 2z)``: batch over dp, h (or w) over tp."""
+    return _spec(5, 0, 2 if plan.split == "height" else 3)
+
+
+def make_encode_plan(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, split: Split | None) -> BandPlan:
+    """Validate frames ``shape`` (NCTHW) against the model and mesh; plan bands in latent rows."""
+    vae.require_encoder()
+    check_frames_shape(tuple(shape), vae.config)
+    _check_mesh(mesh, shape[0])
+    scale = vae.config.spatial_scale
+    return plan_bands(shape[3] // scale, shape[4] // scale, mesh.shape[TP_AXIS], split)
+
+
+def padded_frames_shape(shape: tuple[int, ...], plan: BandPlan, scale: int) -> tuple[int, ...]:
+    """Frames ``shape`` with the split axis padded to ``scale · plan.padded`` rows."""
+    padded = list(shape)
+    padded[3 if plan.split == "height" else 4] = scale * plan.padded
+    return tuple(padded)
+
+
+def put_frames(frames, plan: BandPlan, mesh: Mesh, scale: int) -> jax.Array:
+    """Frames onto the mesh, each device receiving only its band (an explicit transfer).
+
+    The split axis is zero-padded on the host first: frames are the large input here, so they are
+    neither replicated over ``tp`` nor padded on the devices.
+    """
+    frames = np.asarray(frames, np.float32)
+    widths = [(0, 0)] * 5
+    axis = 3 if plan.split == "height" else 4
+    widths[axis] = (0, scale * plan.padded - frames.shape[axis])
+    return jax.device_put(np.pad(frames, widths), NamedSharding(mesh, frames_spec(plan)))
+
+
+def put_options(options: PosteriorOptions, mesh: Mesh) -> PosteriorOptions:
+    """Host posterior options onto the mesh, replicated (a few bytes per row)."""
+    return jax.device_put(options, NamedSharding(mesh, P()))
+
+
+def crop_moments(moments: jax.Array, plan: BandPlan) -> jax.Array:
+    """Drop the latent rows (columns) of channels-last moments that came from padded frame rows."""
+    if plan.pad == 0:
+        return moments
+    return jax.lax.slice_in_dim(moments, 0, plan.size, axis=moments_spec(plan).index(TP_AXIS))
+
+
+def compile_encode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split | None = None,
+                   chunk: int | None = None, halo: str = "exchange", query_chunk: int = 4096) -> jax.stages.Compiled:
+    """The compiled sharded encode of NCTHW frames of ``shape`` on ``mesh`` (see ``sharded_encode``).
+
+    Compiled ahead of time from abstract weights and frames (``mesh`` may hold abstract devices)
+    and cached in ``vae.programs``; one program serves every sampling/normalization option. Call
+    it as ``compiled(replicated_encoder_state(vae, mesh), put_frames(...), put_options(...))``.
+    """
+    shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
+    check_halo(halo)
+    plan = make_encode_plan(vae, shape, mesh, split)
+    key = ("sharded-encode", mesh_key(mesh), shape, plan, chunk, halo, query_chunk)
+    scale = vae.config.spatial_scale
+
+    def lower():
+        local = moments_program(vae.encoder_graphdef, DTYPES[vae.dtype], _band_context(mesh, plan, halo, query_chunk),
+                                chunk=chunk)
+        sharded = _shard(mesh, local, (P(), frames_spec(plan)), moments_spec(plan))
+
+        def run(state, frames, options):
+            return latents_from_moments(crop_moments(sharded(state, frames), plan), options, vae.config)
+
+        replicated = NamedSharding(mesh, P())
+        frames = jax.ShapeDtypeStruct(padded_frames_shape(shape, plan, scale), jnp.float32,
+                                      sharding=NamedSharding(mesh, frames_spec(plan)))
+        return jax.jit(run).lower(vae.encoder_state_avals(replicated), frames,
+                                  PosteriorOptions.avals(shape[0], replicated))
+
+    return vae.programs.get(key, lower)
+
+
+def replicated_encoder_state(vae: WanVAE, mesh: Mesh):
+    """The encoder weights on every device of ``mesh`` (placed once per mesh, kept by the model)."""
+    return vae.placed_encoder_state(NamedSharding(mesh, P()))
+
+
+def sharded_encode(
+    vae: WanVAE,
+    frames,
+    mesh: Mesh,
+    *,
+    sample: bool = False,
+    seed: int | None = None,
+    normalize: bool = False,
+    options: PosteriorOptions | None = None,
+    split: Split | None = None,
+    chunk: int | None = None,
+    halo: str = "exchange",
+    query_chunk: int = 4096,
+) -> jax.Array:
+    """Encode frames ``(B, 3, F, H, W)`` on ``mesh``; the same latents as ``vae.encode``.
+
+    Args:
+      vae: a model with an encoder (its weights are replicated onto the mesh once and kept).
+      frames: ``(B, 3, F, H, W)`` NCTHW in [-1, 1], ``F = 1 + 4k``, ``H``, ``W`` multiples of 8;
+        ``B`` a multiple of the mesh's ``dp``.
+      mesh: a ``(dp, tp)`` mesh from ``make_mesh``.
+      sample, seed, normalize, chunk: as in ``WanVAE.encode`` (the same seed gives the same noise).
+      options: per-row posterior options instead of ``sample``/``seed``/``normalize`` (a server
+        batching several requests passes each request's rows; see ``PosteriorOptions``).
+      split: ``"height"``, ``"width"`` or None (the latent axis that needs less padding).
+      halo: ``"exchange"``; ``"none"``/``"cyclic"`` are broken on purpose (negative controls).
+      query_chunk: attention queries per score block on each device.
+    Returns:
+      float32 latents ``(B, z, 1 + k, H/8, W/8)`` as a ``jax.Array`` on the mesh.
+    """
+    program = compile_encode(vae, np.shape(frames), mesh, split=split, chunk=chunk, halo=halo,
+                             query_chunk=query_chunk)
+    plan = make_encode_plan(vae, np.shape(frames), mesh, split)
+    if options is None:
+        options = posterior_options(np.shape(frames)[0], sample=sample, seed=seed, normalize=normalize)
+    return program(replicated_encoder_state(vae, mesh), put_frames(frames, plan, mesh, vae.config.spatial_scale),
+                   put_options(options, mesh))
