@@ -7,6 +7,7 @@ one JSON line to ``--results``. Rows already there are skipped, so an interrupte
 where it stopped. ``--render`` prints the README table and writes the memory-vs-tp PNG.
 
     nice -n 19 python bench/tpu_plan.py                 # all rows (hours on 2 cores), resumable
+    nice -n 10 python bench/tpu_plan.py --only 1280x720x81:v5e-8:bfloat16:1   # chosen rows only
     python bench/tpu_plan.py --render                   # the README table + docs/tpu-plan/memory.png
 
 Real-size compiles take minutes each and some need many GB of host memory: run it alone.
@@ -42,6 +43,12 @@ def key(row: dict) -> tuple:
     return row["video"], row["slice"], row["dtype"], row["tp"]
 
 
+def parse_row(text: str) -> tuple:
+    """``"1280x720x81:v5e-8:bfloat16:1"`` → the row's key."""
+    video, name, dtype, tp = text.split(":")
+    return video, name, dtype, int(tp)
+
+
 def done(path: Path) -> dict[tuple, dict]:
     if not path.is_file():
         return {}
@@ -58,7 +65,7 @@ def run(args: argparse.Namespace) -> None:
     from sharding.planner import HEADROOM, latent_shape_for_video, parse_dims, plan_mesh
 
     finished = done(args.results)
-    todo = [r for r in rows() if key(r) not in finished]
+    todo = [r for r in rows() if key(r) not in finished and (not args.only or key(r) in args.only)]
     if args.limit:
         todo = todo[: args.limit]
     args.results.parent.mkdir(parents=True, exist_ok=True)
@@ -153,6 +160,8 @@ def main(argv=None) -> None:
     parser.add_argument("--results", type=Path, default=RESULTS, help="JSON lines, appended to (resumable)")
     parser.add_argument("--render", action="store_true", help="print the table and write the PNG; compile nothing")
     parser.add_argument("--limit", type=int, help="compile at most this many rows now")
+    parser.add_argument("--only", type=parse_row, action="append", metavar="VIDEO:SLICE:DTYPE:TP",
+                        help="compile only this row (repeatable), e.g. 1280x720x81:v5e-8:bfloat16:1")
     args = parser.parse_args(argv)
     render(args) if args.render else run(args)
 

@@ -5,7 +5,7 @@ After each temporal upsampler the decoder's later stages run a few frames at a t
 stage (and carrying nothing does not: the negative control); streamed and whole-step decodes agree
 to ≤ 1e-6 for Wan 2.1 and 2.2; the streamed decode still matches diffusers' committed fixtures;
 and the compiled step's temp memory (``memory_analysis()`` on CPU) falls ≥ 2.5x from four frames
-per inner step to one. The sharded decode is checked in ``tests/sharding/test_inner_frames.py``.
+per inner step to one. The sharded decode is checked in ``tests/sharding/test_sharded_inner_frames.py``.
 """
 
 import jax
