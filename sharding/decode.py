@@ -207,8 +207,7 @@ def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denorma
     """``{(start, stop): compiled step}`` for every step of a stream of latents ``shape``; steps of
     equal length after the first share one program."""
     plan = make_plan(vae, shape, mesh, split)
-    options = dict(denormalize=denormalize, inner_frames=check_inner_frames(inner_frames), halo=halo,
-                   query_chunk=query_chunk)
+    inner_frames = check_inner_frames(inner_frames)
     state = _state_aval(vae, mesh)
     cache_sharding = NamedSharding(mesh, cache_spec(plan))
     programs: dict[tuple[int, int], jax.stages.Compiled] = {}
@@ -216,7 +215,8 @@ def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denorma
     for start, stop in stream_steps(shape[2], chunk):
         z = _latents_aval((*shape[:2], stop - start, *shape[3:]), mesh)
         first = caches is None
-        run = _step(vae, mesh, plan, first=first, **options)
+        run = _step(vae, mesh, plan, first=first, denormalize=denormalize, inner_frames=inner_frames, halo=halo,
+                    query_chunk=query_chunk)
         key = ("sharded-decode-step", mesh_key(mesh), z.shape, plan, first, denormalize, inner_frames, halo, query_chunk)
         programs[start, stop] = vae.programs.get(key, lambda run=run, caches=caches, z=z: jax.jit(run).lower(state, caches, z))
         if first:
