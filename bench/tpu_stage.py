@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""Temp bytes of the decoder's last stage on one full-resolution frame, from the real TPU compiler.
+
+A proxy for what each inner step of frame-level streaming keeps alive at full resolution: up block
+3 (three residual blocks, six causal convs) + RMS norm + conv_out of the real Wan 2.1 decoder on
+one frame with its causal caches, compiled for one abstract TPU chip (no TPU, no weights). It
+compiles in minutes where the whole decode takes ≈ 8 CPU-minutes, so changes to the full-resolution
+convolutions can be compared here first, then confirmed on the whole decode (``bench/tpu_plan.py``).
+
+    python bench/tpu_stage.py                        # the causal conv as it is
+    python bench/tpu_stage.py --variant concat       # one frame concatenated after its cached past first
+
+``--variant concat`` is the one-frame causal conv as it was before: the two cached frames and the
+new one concatenated into a 3-frame copy, then one 3-D convolution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the TPU device is compile-only
+
+
+def concatenating_causal_conv(past, x_padded, kernel, bias, *, native, block_bytes=None):
+    """The native causal conv with no one-frame special case: concatenate, then one 3-D conv."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    from models.conv import CPU_BLOCK_BYTES, causal_conv3x3x3
+    from models.spatial import matmul_precision
+
+    if not native:
+        return causal_conv3x3x3(past, x_padded, kernel, bias, native=False, block_bytes=block_bytes or CPU_BLOCK_BYTES)
+    seq = jnp.concatenate([past, x_padded], axis=1)
+    y = lax.conv_general_dilated(seq, kernel, (1, 1, 1), "VALID", dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
+                                 precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
+    return (y + bias).astype(x_padded.dtype)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", choices=["current", "concat"], default="current")
+    parser.add_argument("--video", default="1280x720", help="frame size WxH (default 1280x720)")
+    parser.add_argument("--frames", type=int, default=1, help="frames per inner step (default 1)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--topology", default="v5e:2x4")
+    args = parser.parse_args()
+
+    import jax
+    from flax import nnx
+
+    import models
+    from models import layers
+    from models.decoder import WanDecoder
+    from models.spatial import SingleDeviceContext
+    from sharding.chips import topology_devices
+
+    if args.variant == "concat":
+        layers.causal_conv3x3x3 = concatenating_causal_conv
+    width, height = (int(v) for v in args.video.lower().split("x"))
+    config = models.WanVAEConfig()
+    dtype = models.vae.DTYPES[args.dtype]
+    decoder = nnx.eval_shape(lambda: WanDecoder(config, rngs=nnx.Rngs(0), dtype=dtype)).decoder
+    graphdef, state = nnx.split(nnx.Dict({"block": decoder.up_blocks[-1], "norm": decoder.norm_out,
+                                          "conv": decoder.conv_out}))
+    placement = jax.sharding.SingleDeviceSharding(topology_devices(args.topology)[0])
+    channels = config.decoder_dims[-1]
+    x = jax.ShapeDtypeStruct((1, args.frames, height, width, channels), dtype, sharding=placement)
+    cache = jax.ShapeDtypeStruct((1, 2, height + 2, width + 2, channels), dtype, sharding=placement)
+    caches = (tuple((cache, cache) for _ in decoder.up_blocks[-1].resnets), cache)
+
+    def stage(state, x, caches):
+        parts, ctx = nnx.merge(graphdef, state), SingleDeviceContext(native_conv=True)
+        y, block_caches = parts["block"](x, caches[0], ctx, first_chunk=False)
+        y, conv_out_cache = parts["conv"](jax.nn.silu(parts["norm"](y)), caches[1], ctx)
+        return y, (block_caches, conv_out_cache)
+
+    avals = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placement), state)
+    print(f"compiling the last stage on {args.frames} frame(s) of {width}x{height}, {args.dtype}, variant "
+          f"{args.variant}, for {args.topology} (minutes)…", file=sys.stderr, flush=True)
+    start, cpu = time.perf_counter(), time.process_time()
+    memory = jax.jit(stage).lower(avals, x, caches).compile().memory_analysis()
+    print(json.dumps({"variant": args.variant, "video": args.video, "frames": args.frames, "dtype": args.dtype,
+                      "temp_bytes": memory.temp_size_in_bytes, "argument_bytes": memory.argument_size_in_bytes,
+                      "output_bytes": memory.output_size_in_bytes, "compile_s": round(time.perf_counter() - start, 1),
+                      "compile_cpu_s": round(time.process_time() - cpu, 1)}))
+
+
+if __name__ == "__main__":
+    main()
