@@ -106,6 +106,8 @@ def render(args: argparse.Namespace) -> None:
                         cells.append("—")
                     elif r is None:
                         cells.append("not run")
+                    elif "RESOURCE_EXHAUSTED" in r.get("error", ""):
+                        cells.append("✗ refused: > HBM")  # the compiler's own verdict, in seconds
                     elif "error" in r:
                         cells.append("compile failed")
                     else:
