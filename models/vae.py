@@ -68,15 +68,17 @@ def nearest_valid(value: int, step: int, offset: int = 0) -> list[int]:
 
 
 def check_frames_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
-    """Frames ``(B, 3, F, H, W)`` with ``F = 1 + 4k`` and ``H``, ``W`` multiples of the spatial scale.
+    """Frames ``(B, 3, F, H, W)`` with ``F = 1 + 4k`` and ``H``, ``W`` multiples of the spatial scale
+    (8 for Wan 2.1, 16 for Wan 2.2).
 
     diffusers silently drops frames beyond ``1 + 4k`` and crops sizes; we refuse them and name the
     nearest valid values in ``expected``.
     """
     if len(shape) != 5:
         raise FramesError("frames must be (B, C, F, H, W)", expected="5 dimensions", received=len(shape), what="ndim")
-    if shape[1] != config.in_channels:
-        raise FramesError("frame channels", expected=config.in_channels, received=shape[1], what="channels")
+    rgb = config.in_channels // config.patch**2  # Wan 2.2's encoder takes 12 = 3 x 2x2 patchified channels
+    if shape[1] != rgb:
+        raise FramesError("frame channels", expected=rgb, received=shape[1], what="channels")
     if min(shape) < 1:
         raise FramesError("every frame dimension must be ≥ 1", expected="B, F, H, W ≥ 1", received=shape,
                           what="sizes")
@@ -201,11 +203,12 @@ class WanVAE:
     # -- public API ----------------------------------------------------------------------------
     def encode(self, frames, *, sample: bool = False, seed: int | None = None, normalize: bool = False,
                chunk: int | None = None) -> jax.Array:
-        """Encode frames ``(B, 3, F, H, W)`` in [-1, 1], ``F = 1 + 4k``, ``H`` and ``W`` multiples of 8.
+        """Encode frames ``(B, 3, F, H, W)`` in [-1, 1], ``F = 1 + 4k``, ``H`` and ``W`` multiples of
+        ``s = config.spatial_scale`` (8 for Wan 2.1, 16 for Wan 2.2).
 
-        Returns float32 latents ``(B, 16, 1 + k, H/8, W/8)``: the posterior mean (what pipelines use),
-        or with ``sample`` a draw ``mean + std · noise``, row ``b``'s noise
-        ``jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(seed), b), (16, 1 + k, H/8, W/8))``
+        Returns float32 latents ``(B, z, 1 + k, H/s, W/s)`` (``z`` 16 or 48): the posterior mean (what
+        pipelines use), or with ``sample`` a draw ``mean + std · noise``, row ``b``'s noise
+        ``jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(seed), b), (z, 1 + k, H/s, W/s))``
         (a fresh seed when None); with ``normalize``, ``(z − latents_mean) / latents_std`` after.
         ``chunk`` groups of 4 frames are encoded per scan step (default 1: the reference's chunks).
         Raises ``NoEncoderError`` for a decode-only checkpoint, ``FramesError`` for a bad shape.
