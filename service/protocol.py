@@ -107,6 +107,7 @@ class ModelInfo(BaseModel):
     source: str | None
     random_weights: bool | None
     dtype: str
+    encodes: bool  # the checkpoint has an encoder: POST /v1/encode serves (else 501 no-encoder)
     latents: LatentsInfo
     config: dict[str, Any]
     metadata: dict[str, Any]
