@@ -14,7 +14,7 @@ decoder's unpatchify). Both are local per band, so the spatial seam stays as is.
 
 from __future__ import annotations
 
-from typing import NamedTuple, TypeAlias
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,8 +41,12 @@ from .spatial import SpatialContext
 # diffusers' ``_encode`` hard-codes frame 0 alone, then 4 frames per encoder call.
 FRAMES_PER_CHUNK = 4
 
-# A Wan 2.2 down block's caches: its residual blocks', then its downsampler's (if any).
-ResidualDownCache: TypeAlias = tuple[ResidualCache | DownsampleCache, ...]
+class ResidualDownCache(NamedTuple):
+    """A Wan 2.2 down block's caches: its residual blocks', then its downsampler's (None for
+    'downsample2d' and for the last stage, which has no downsampler)."""
+
+    resnets: tuple[ResidualCache, ...]
+    downsampler: DownsampleCache
 
 
 class EncoderCache(NamedTuple):
@@ -121,20 +125,19 @@ class ResidualDownBlock(nnx.Module):
     @scoped
     def __call__(self, x: jax.Array, caches: ResidualDownCache | None,
                  ctx: SpatialContext) -> tuple[jax.Array, ResidualDownCache]:
-        n = len(self.resnets) + (self.downsampler is not None)
-        caches = caches if caches is not None else (None,) * n
         shortcut = x
-        new: list[ResidualCache | DownsampleCache] = []
+        resnet_caches = []
         for i, resnet in enumerate(self.resnets):
             with jax.named_scope(f"resnets.{i}"):
-                x, cache = resnet(x, caches[i], ctx)
-            new.append(cache)
+                x, cache = resnet(x, None if caches is None else caches.resnets[i], ctx)
+            resnet_caches.append(cache)
+        down_cache = None
         if self.downsampler is not None:
             with jax.named_scope("downsampler"):
-                x, down_cache = self.downsampler(x, caches[-1], ctx)
-            new.append(down_cache)
+                x, down_cache = self.downsampler(x, None if caches is None else caches.downsampler, ctx)
         with jax.named_scope("avg_shortcut"):
-            return x + self.avg_shortcut(shortcut), tuple(new)
+            x = x + self.avg_shortcut(shortcut)
+        return x, ResidualDownCache(tuple(resnet_caches), down_cache)
 
 
 class Encoder3d(nnx.Module):

@@ -9,8 +9,6 @@ scan's chunks shard as Wan 2.1's do, ``test_encode_exact.py``) serves every case
 single-device reference is compiled once. Negative control: no halo.
 """
 
-import functools
-
 import jax
 import numpy as np
 import pytest
