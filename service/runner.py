@@ -53,7 +53,7 @@ class DeviceRunner:
     ``output="uint8"`` or ``(B, 3, F, 8H, 8W)`` float32 in [-1, 1] for ``output="float"``.
     Latents are expected *already denormalized* (the service does it on the host, so the
     device program does not depend on that flag). ``encode(frames (B, 3, F, H, W) float32,
-    options)`` returns float32 latents ``(B, z, T, H/8, W/8)``.
+    options)`` returns float32 latents ``(B, z, T, H/s, W/s)`` (``s = config.spatial_scale``).
     """
 
     def __init__(self, vae: Any, mesh: Any, *, max_batch: int, dp: int):
