@@ -41,6 +41,7 @@ from .spatial import SpatialContext
 # diffusers' ``_encode`` hard-codes frame 0 alone, then 4 frames per encoder call.
 FRAMES_PER_CHUNK = 4
 
+
 class ResidualDownCache(NamedTuple):
     """A Wan 2.2 down block's caches: its residual blocks', then its downsampler's (None for
     'downsample2d' and for the last stage, which has no downsampler)."""
