@@ -169,7 +169,7 @@ def main(args: argparse.Namespace) -> None:
     header = f"| {'method':<30} | {'max abs err':>11} | {'PSNR dB':>7} | {'mean err seam rows':>18} | {'mean err interior':>17} | {'time s':>6} |"
     print(header)
     print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
-    for (name, (frames, rows)), key in zip(results.items(), ("a", "b", "c", "-")):
+    for (name, (frames, rows)), key in zip(results.items(), ("a", "b", "c", "-"), strict=True):
         e = row_errors(frames, full, rows)
         seam = f"{e['seam']:.2e}" if rows else "—"
         print(f"| {name:<30} | {e['max']:>11.2e} | {e['psnr']:>7.1f} | {seam:>18} | {e['interior']:>17.2e} | {timings[key]:>6.1f} |")

@@ -28,7 +28,7 @@ def test_a_shape_compiles_once_and_the_cache_drops_the_least_recently_used(vae):
     cache = ProgramCache(max_entries=2)
     cache.on_evict = seen.append
     for key in ("a", "b", "a", "c"):  # "a" is used again before "c" arrives, so "b" goes
-        cache.get(key, lambda: _Lowered(key))
+        cache.get(key, lambda key=key: _Lowered(key))  # bind this iteration's key (B023)
     assert cache.keys() == ["a", "c"] and seen == ["b"]
     assert (cache.compiles, cache.evictions) == (3, 1)
     with pytest.raises(ValueError, match="max_entries"):

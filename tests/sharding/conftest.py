@@ -39,7 +39,7 @@ def make_latents(batch: int, frames: int, height: int, width: int, seed: int = 0
 def reference(vae):
     """``reference(shape, output=..., denormalize=...)``: the single-device decode as numpy (cached)."""
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def decode(shape, output="float", denormalize=False):
         return np.asarray(vae.decode(make_latents(*shape), output=output, denormalize=denormalize))
 
