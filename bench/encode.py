@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from models.flops import encode_flops  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import models  # noqa: E402
+from models.flops import encode_flops  # noqa: E402
 
 
 def timed(name: str, fn, runs: int) -> tuple[list[float], object]:

@@ -51,12 +51,12 @@ if ARGS is not None:  # before JAX starts: enough host devices for the mesh
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(ARGS.tp, 1)}").strip()
     os.environ["JAX_PLATFORMS"] = ARGS.platform
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-# The perturbed diffusers reference is the parity tests' own, so bench and tests decode the same model.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "models"))
 
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
-from wan_reference import perturbed_diffusers_vae  # noqa: E402
+
+# The perturbed diffusers reference is the parity tests' own, so bench and tests decode the same model.
+from tests.helpers.wan_reference import perturbed_diffusers_vae  # noqa: E402
 
 INTERIOR_MARGIN = 8  # frame rows
 

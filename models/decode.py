@@ -16,8 +16,8 @@ from flax import nnx
 from jax import lax
 
 from .config import WanVAEConfig
-from .spatial import SpatialContext
 from .decoder import DecoderCache, WanDecoder
+from .spatial import SpatialContext
 
 # What a decode returns: float32 NCTHW frames in [-1, 1], or uint8 NTHWC frames.
 Output = Literal["float", "uint8"]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import models
-from wan_reference import perturbed_diffusers_vae
+from tests.helpers.wan_reference import perturbed_diffusers_vae
 
 PARITY_TOL = 1e-4
 

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from service.runner import DeviceRunner
-
-from service_helpers import latents, thread_server
+from tests.helpers.service_helpers import latents, thread_server
 
 PROBLEM = "application/problem+json"
 

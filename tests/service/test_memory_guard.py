@@ -10,10 +10,9 @@ import re
 import subprocess
 import sys
 
-from service_helpers import REPO, app_client, free_port, make_test_model
-
 from sharding.inspect import program_memory
 from sharding.planner import program_total_bytes
+from tests.helpers.service_helpers import REPO, app_client, free_port, make_test_model
 
 MICRO = dict(dim_mult=(1, 2), temperal_downsample=(True,), scale_factor_temporal=2, scale_factor_spatial=2)
 WARM = "16x2x8x8:uint8"

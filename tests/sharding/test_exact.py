@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sharding
-from tests.sharding.conftest import WIDTH, make_latents
+from tests.helpers.sharding_helpers import WIDTH, make_latents
 
 TOLERANCE = 1e-5
 
