@@ -149,17 +149,16 @@ def main(args: argparse.Namespace) -> None:
 
     full = timed("full", lambda: np.asarray(vae.decode(latents)))
     mesh = sharding.make_mesh(args.tp)
-    split = dict(split="height")
     results = {}
     seams = band_seams(height_px, args.tp, args.height, scale)
     results["(a) sharded, 1-row halos"] = (timed("a", lambda: np.asarray(
-        sharding.sharded_decode(vae, latents, mesh, **split))), seams)
+        sharding.sharded_decode(vae, latents, mesh, split="height"))), seams)
     tiling = dict(tile_sample_min_height=args.tile, tile_sample_stride_height=args.stride,
                   tile_sample_min_width=width_px, tile_sample_stride_width=width_px)
     results["(b) diffusers enable_tiling()"] = (timed("b", lambda: diffusers_decode(
         reference_model, latents, tiling=tiling)), tile_seams(height_px, args.tile, args.stride, args.height, scale))
     results["(c) shard_map, no halo"] = (timed("c", lambda: np.asarray(
-        sharding.sharded_decode(vae, latents, mesh, halo="none", **split))), seams)
+        sharding.sharded_decode(vae, latents, mesh, halo="none", split="height"))), seams)
     results["(-) diffusers full decode"] = (timed("-", lambda: diffusers_decode(reference_model, latents, tiling=None)), [])
 
     progress.close()
@@ -177,4 +176,5 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    assert ARGS is not None  # parsed at import, before JAX starts
     main(ARGS)
