@@ -64,7 +64,8 @@ def start_slice(scenario: str, out: Path, num_processes: int = 2) -> list[SliceP
     for pid in range(num_processes):
         log_path = out / f"process{pid}.log"
         with open(log_path, "wb") as log:
-            cmd = [sys.executable, "-m", SLICE_MODULE, scenario, "--process-id", str(pid), "--port", str(port), "--out", str(out)]
+            cmd = [sys.executable, "-m", SLICE_MODULE, scenario, "--process-id", str(pid), "--port", str(port),
+                   "--out", str(out)]
             process = subprocess.Popen(cmd, cwd=REPO, env=slice_env(), stdout=log, stderr=subprocess.STDOUT)
         processes.append(SliceProcess(pid, process, log_path))
     return processes
