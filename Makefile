@@ -1,5 +1,6 @@
-# Two entry points: `make serve` and `make test`. Each creates .venv when missing and
-# installs what it needs; a stamp file keeps repeat runs fast until pyproject.toml changes.
+# Entry points: `make serve`, `make test` (lint, then pytest) and `make lint` (ruff + mypy). Each
+# creates .venv when missing and installs what it needs; a stamp file keeps repeat runs fast until
+# pyproject.toml changes.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -7,7 +8,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 ARGS   ?=
 
-.PHONY: serve test install clean
+.PHONY: serve test lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +31,12 @@ install: $(VENV)/.installed
 serve: $(VENV)/.installed
 	$(BIN)/vaeserve serve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: $(VENV)/.installed-test
+# ruff (pyflakes, isort, bugbear, pyupgrade) and mypy, configured in pyproject.toml.
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest $(ARGS)
 
 clean:

@@ -16,7 +16,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -27,8 +29,10 @@ from tqdm import tqdm  # noqa: E402
 import models  # noqa: E402
 from models.flops import decode_flops  # noqa: E402
 
+T = TypeVar("T")
 
-def timed(fn, runs: int, name: str) -> tuple[list[float], object]:
+
+def timed(fn: Callable[[], T], runs: int, name: str) -> tuple[list[float], T]:
     result = fn()  # warm-up: compile (ours) / allocator and oneDNN primitive caches (torch)
     times = []
     for _ in tqdm(range(runs), desc=name, unit="run", leave=False):
@@ -59,7 +63,7 @@ def main() -> None:
         reference_out = None
         if not args.skip_diffusers:
             import torch
-            from diffusers import AutoencoderKLWan
+            from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
             torch.manual_seed(0)
             reference = AutoencoderKLWan(**{k: v for k, v in config.to_dict().items() if k != "_class_name"}).eval()

@@ -16,19 +16,23 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from models.flops import encode_flops  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import models  # noqa: E402
+from models.flops import encode_flops  # noqa: E402
+
+T = TypeVar("T")
 
 
-def timed(name: str, fn, runs: int) -> tuple[list[float], object]:
+def timed(name: str, fn: Callable[[], T], runs: int) -> tuple[list[float], T]:
     times = []
     with tqdm(total=runs + 1, desc=name, unit="run", leave=False) as bar:
         result = fn()  # warm-up: compile (ours) / allocator and oneDNN primitive caches (torch)
@@ -61,7 +65,7 @@ def main() -> None:
         reference_out = None
         if not args.skip_diffusers:
             import torch
-            from diffusers import AutoencoderKLWan
+            from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
             torch.manual_seed(0)
             reference = AutoencoderKLWan(**{k: v for k, v in config.to_dict().items() if k != "_class_name"}).eval()

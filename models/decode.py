@@ -16,8 +16,8 @@ from flax import nnx
 from jax import lax
 
 from .config import WanVAEConfig
-from .spatial import SpatialContext
 from .decoder import DecoderCache, WanDecoder
+from .spatial import SpatialContext
 
 # What a decode returns: float32 NCTHW frames in [-1, 1], or uint8 NTHWC frames.
 Output = Literal["float", "uint8"]
@@ -28,7 +28,7 @@ DEFAULT_CHUNK = 1  # latent frames per decode step: 1 holds the least memory
 def check_output(output: str) -> Output:
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}; received {output!r}")
-    return output  # type: ignore[return-value]
+    return output
 
 
 def resolve_chunk(chunk: int | None) -> int:

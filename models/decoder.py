@@ -13,7 +13,7 @@ a fixed shape after latent frame 0, so a block can also be stepped on its own (f
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,9 @@ from .spatial import SpatialContext
 
 # (conv_in, mid_block, *up_blocks, conv_out): what one decode step hands to the next.
 DecoderCache: TypeAlias = tuple[ConvCache | MidBlockCache | UpBlockCache, ...]
+# A block's caches while it runs: entry i belongs to its i-th layer, whose own signature types it
+# (None before latent frame 0). A variable-length tuple cannot say which entry has which type.
+LayerCaches: TypeAlias = tuple[Any, ...]
 
 
 class UpBlock(nnx.Module):
@@ -59,11 +62,11 @@ class UpBlock(nnx.Module):
                  first_chunk: bool) -> tuple[jax.Array, UpBlockCache]:
         del first_chunk  # Wan 2.1 has no shortcut; its upsampler sees frame 0 from its empty cache
         n = len(self.resnets) + len(self.upsamplers)
-        caches = caches if caches is not None else (None,) * n
-        x, new = _resnets(self.resnets, x, caches, ctx)
+        layer_caches: LayerCaches = caches if caches is not None else (None,) * n
+        x, new = _resnets(self.resnets, x, layer_caches, ctx)
         for upsampler in self.upsamplers:
             with jax.named_scope("upsamplers.0"):
-                x, cache = upsampler(x, caches[-1], ctx)
+                x, cache = upsampler(x, layer_caches[-1], ctx)
             new.append(cache)
         return x, tuple(new)
 
@@ -102,12 +105,12 @@ class ResidualUpBlock(nnx.Module):
     def __call__(self, x: jax.Array, caches: UpBlockCache | None, ctx: SpatialContext, *,
                  first_chunk: bool) -> tuple[jax.Array, UpBlockCache]:
         n = len(self.resnets) + (self.upsampler is not None)
-        caches = caches if caches is not None else (None,) * n
+        layer_caches: LayerCaches = caches if caches is not None else (None,) * n
         shortcut = x
-        x, new = _resnets(self.resnets, x, caches, ctx)
+        x, new = _resnets(self.resnets, x, layer_caches, ctx)
         if self.upsampler is not None and self.avg_shortcut is not None:
             with jax.named_scope("upsampler"):
-                x, cache = self.upsampler(x, caches[-1], ctx)
+                x, cache = self.upsampler(x, layer_caches[-1], ctx)
             new.append(cache)
             with jax.named_scope("avg_shortcut"):
                 x = x + self.avg_shortcut(shortcut, first_chunk=first_chunk)
@@ -145,18 +148,18 @@ class Decoder3d(nnx.Module):
     @scoped
     def __call__(self, x: jax.Array, caches: DecoderCache | None, ctx: SpatialContext, *,
                  first_chunk: bool) -> tuple[jax.Array, DecoderCache]:
-        caches = caches if caches is not None else (None,) * (3 + len(self.up_blocks))
+        layer_caches: LayerCaches = caches if caches is not None else (None,) * (3 + len(self.up_blocks))
         with jax.named_scope("conv_in"):
-            x, conv_in_cache = self.conv_in(x, caches[0], ctx)
+            x, conv_in_cache = self.conv_in(x, layer_caches[0], ctx)
         with jax.named_scope("mid_block"):
-            x, mid_cache = self.mid_block(x, caches[1], ctx)
+            x, mid_cache = self.mid_block(x, layer_caches[1], ctx)
         up_caches = []
         for i, block in enumerate(self.up_blocks):
             with jax.named_scope(f"up_blocks.{i}"):
-                x, cache = block(x, caches[2 + i], ctx, first_chunk=first_chunk)
+                x, cache = block(x, layer_caches[2 + i], ctx, first_chunk=first_chunk)
             up_caches.append(cache)
         with jax.named_scope("conv_out"):
-            x, conv_out_cache = self.conv_out(jax.nn.silu(self.norm_out(x)), caches[-1], ctx)
+            x, conv_out_cache = self.conv_out(jax.nn.silu(self.norm_out(x)), layer_caches[-1], ctx)
         return x, (conv_in_cache, mid_cache, *up_caches, conv_out_cache)
 
 

@@ -41,7 +41,8 @@ from .spatial import SpatialContext, matmul_precision
 ConvCache: TypeAlias = jax.Array
 ResidualCache: TypeAlias = tuple[ConvCache, ConvCache]
 MidBlockCache: TypeAlias = tuple[ResidualCache, ResidualCache]
-UpBlockCache: TypeAlias = tuple[ResidualCache | ConvCache, ...]  # resnets' caches, then the resampler's
+# An up block's: its resnets' caches, then its resampler's (None for 'upsample2d', which has no time conv).
+UpBlockCache: TypeAlias = tuple[ResidualCache | ConvCache | None, ...]
 
 F = TypeVar("F", bound=Callable)
 

@@ -17,7 +17,7 @@ from .decode import Output, check_output, full_program, resolve_chunk, step_prog
 from .decoder import WanDecoder
 from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
 from .encoder import FRAMES_PER_CHUNK, WanEncoder, check_encoder_config
-from .programs import ProgramCache
+from .programs import ProgramCache, program_key
 from .spatial import SingleDeviceContext
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -164,7 +164,7 @@ class WanVAE:
         ``memory_analysis()`` and ``as_text()`` answer without running it)."""
         shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
         check_latents_shape(shape, self.config)
-        key = ("decode", None, shape, output, denormalize, chunk)
+        key = program_key("decode", shape, output, denormalize=denormalize, chunk=chunk)
 
         def lower():
             run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
@@ -175,7 +175,7 @@ class WanVAE:
 
     def _compile_step(self, shape: tuple[int, ...], caches, *, denormalize: bool) -> jax.stages.Compiled:
         """The stream step for latents of ``shape`` after ``caches`` (abstract; None for frame 0)."""
-        key = ("decode-step", None, tuple(shape), caches is None, denormalize)
+        key = program_key("stream-step", shape, "first" if caches is None else "next", denormalize=denormalize)
 
         def lower():
             run = step_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
@@ -191,7 +191,7 @@ class WanVAE:
         self.require_encoder()
         shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
         check_frames_shape(shape, self.config)
-        key = ("encode", None, shape, chunk)
+        key = program_key("encode", shape, "latents", chunk=chunk)
 
         def lower():
             run = encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype], self._context, chunk=chunk)

@@ -8,6 +8,7 @@ stay on the device of their band, and time is never split.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from models.conv import native_conv_for
 from models.decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
+from models.programs import program_key
 from models.vae import DTYPES, WanVAE, check_latents_shape
 
 from .halo import BandContext
@@ -188,7 +190,8 @@ def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: O
     shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
     check_halo(halo)
     plan = make_plan(vae, shape, mesh, split)
-    key = ("sharded-decode", mesh_key(mesh), shape, plan, output, denormalize, chunk, halo, query_chunk)
+    key = program_key("decode", shape, output, mesh=mesh_key(mesh), plan=plan, denormalize=denormalize, chunk=chunk,
+                      halo=halo, query_chunk=query_chunk)
 
     def lower():
         run = _full(vae, mesh, plan, denormalize=denormalize, output=output, chunk=chunk, halo=halo,
@@ -198,22 +201,27 @@ def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: O
     return vae.programs.get(key, lower)
 
 
+def _lower(run: Callable, *avals: Any) -> jax.stages.Lowered:
+    """``jax.jit(run).lower(*avals)``: what a ``ProgramCache`` miss compiles (bound now, run then)."""
+    return jax.jit(run).lower(*avals)
+
+
 def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool, split: Split | None,
                      chunk: int, halo: str, query_chunk: int) -> dict[tuple[int, int], jax.stages.Compiled]:
     """``{(start, stop): compiled step}`` for every step of a stream of latents ``shape``; steps of
     equal length after the first share one program."""
     plan = make_plan(vae, shape, mesh, split)
-    options = dict(denormalize=denormalize, halo=halo, query_chunk=query_chunk)
     state = _state_aval(vae, mesh)
     cache_sharding = NamedSharding(mesh, cache_spec(plan))
     programs: dict[tuple[int, int], jax.stages.Compiled] = {}
-    caches = None
+    caches: Any = None  # abstract caches: None for the first step, then what it returns
     for start, stop in stream_steps(shape[2], chunk):
         z = _latents_aval((*shape[:2], stop - start, *shape[3:]), mesh)
         first = caches is None
-        run = _step(vae, mesh, plan, first=first, **options)
-        key = ("sharded-decode-step", mesh_key(mesh), z.shape, plan, first, denormalize, halo, query_chunk)
-        programs[start, stop] = vae.programs.get(key, lambda run=run, caches=caches, z=z: jax.jit(run).lower(state, caches, z))
+        run = _step(vae, mesh, plan, first=first, denormalize=denormalize, halo=halo, query_chunk=query_chunk)
+        key = program_key("stream-step", z.shape, "first" if first else "next", mesh=mesh_key(mesh), plan=plan,
+                          denormalize=denormalize, halo=halo, query_chunk=query_chunk)
+        programs[start, stop] = vae.programs.get(key, functools.partial(_lower, run, state, caches, z))
         if first:
             _, out = jax.eval_shape(run, state, None, z)
             caches = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cache_sharding), out)

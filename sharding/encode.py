@@ -29,6 +29,7 @@ from models.encode import (
     posterior_options,
     resolve_encode_chunk,
 )
+from models.programs import program_key
 from models.vae import DTYPES, WanVAE, check_frames_shape
 
 from .decode import _band_context, _check_mesh, _shard, _spec
@@ -98,7 +99,8 @@ def compile_encode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Sp
     shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
     check_halo(halo)
     plan = make_encode_plan(vae, shape, mesh, split)
-    key = ("sharded-encode", mesh_key(mesh), shape, plan, chunk, halo, query_chunk)
+    key = program_key("encode", shape, "latents", mesh=mesh_key(mesh), plan=plan, chunk=chunk, halo=halo,
+                      query_chunk=query_chunk)
     scale = vae.config.spatial_scale
 
     def lower():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import models
-from wan_reference import perturbed_diffusers_vae
+from tests.helpers.wan_reference import perturbed_diffusers_vae
 
 WAN22 = {**models.WanVAEConfig.wan22(base_dim=8, decoder_base_dim=8, num_res_blocks=1).to_dict(),
          "latents_mean": [0.0] * 48, "latents_std": [1.0] * 48}

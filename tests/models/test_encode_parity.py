@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 
 import models
 from models.encode import PosteriorOptions, posterior_options, prng_key
-from wan_reference import (
+from tests.helpers.wan_reference import (
     ENCODE_CASES,
     case_config,
     encode_fixture_path,

@@ -1,6 +1,6 @@
 """Wan 2.2 (TI2V-5B) encoder parity with diffusers' AutoencoderKLWan: posterior mean ≤ 1e-4 max abs.
 
-Committed fixtures (``tests/fixtures/make_fixtures.py encode_wan22_small encode_wan22``) hold
+Committed fixtures (``python -m tests.fixtures.make_fixtures encode_wan22_small encode_wan22``) hold
 diffusers' posterior mean and std for seeded frames: a small 2.2 config (F ∈ {1, 5, 9}, odd
 latent sizes, batch 2; its time downsamplers sit in stages 0 and 1, so an AvgDown3D shortcut
 averages frame pairs while it widens the channels) and the real 2.2 config (one frame: its
@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 
 import models
 from models import encoder, layers
-from wan_reference import (
+from tests.helpers.wan_reference import (
     ENCODE_CASES,
     case_config,
     encode_fixture_path,

@@ -10,7 +10,7 @@ import pytest
 import models
 from models import keys
 from models.loading import WEIGHTS_NAME
-from wan_reference import (
+from tests.helpers.wan_reference import (
     seeded_decoder_weights,
     seeded_encoder_weights,
     seeded_latents,
@@ -41,8 +41,8 @@ def test_pipeline_folder_uses_its_vae_subfolder(tmp_path, weights, reference_fra
 
 
 def test_bfloat16_checkpoint_loads(tmp_path, weights):
-    from safetensors.flax import save_file
     import jax.numpy as jnp
+    from safetensors.flax import save_file
 
     folder = write_diffusers_folder(tmp_path, CONFIG, weights)
     save_file({k: jnp.asarray(v, jnp.bfloat16) for k, v in weights.items()}, str(folder / WEIGHTS_NAME))

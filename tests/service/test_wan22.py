@@ -18,8 +18,7 @@ from PIL import Image
 import models
 from models.decode import to_uint8
 from service import codec
-
-from service_helpers import app_client, latents, thread_server
+from tests.helpers.service_helpers import app_client, latents, thread_server
 
 PROBLEM = "application/problem+json"
 LATENT = (1, 48, 2, 3, 2)  # -> (1, 5, 48, 32, 3) frames

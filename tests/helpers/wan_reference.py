@@ -143,11 +143,11 @@ def encode_fixture_path(name: str, shape) -> Path:
 
 def perturbed_diffusers_vae(overrides: dict, seed: int):
     """diffusers' ``AutoencoderKLWan`` with torch-seeded weights, gammas and biases perturbed."""
-    import diffusers
     import torch
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
     torch.manual_seed(seed)
-    model = diffusers.AutoencoderKLWan(**overrides).eval()
+    model = AutoencoderKLWan(**overrides).eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.endswith("gamma"):
