@@ -7,6 +7,9 @@ BIN     = $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 ARGS   ?=
+# pytest worker processes: the suite is dominated by XLA compiles, which use one core each.
+# Test files are the unit of distribution (--dist loadfile), so module fixtures are built once.
+WORKERS ?= 2
 
 .PHONY: serve test lint install clean
 
@@ -37,7 +40,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
