@@ -226,8 +226,10 @@ def encode(args: argparse.Namespace) -> int:
         try:
             video = _load_frames(Path(args.input), vae.config)
         except Problem as problem:
-            raise SystemExit(f"{args.input}: {problem.detail} (expected {problem.expected}, "
-                             f"received {problem.received})") from None
+            detail = problem.detail
+            if "expected" not in detail:  # shape problems already name both values in the detail
+                detail += f" (expected {problem.expected}, received {problem.received})"
+            raise SystemExit(f"{args.input}: {detail}") from None
         mesh = sharding.make_mesh(args.tp, dp=args.dp)
         padded = pad_batch(video, -(-video.shape[0] // args.dp) * args.dp)  # the batch must split over dp
         bar.update()
