@@ -23,10 +23,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 # torch==2.13.0 resolves to the local CPU build; install it before diffusers so that
 # diffusers' own torch requirement is already satisfied (no CUDA wheels pulled). The aot extra
-# brings libtpu: the tests compile decode programs for a TPU slice without a TPU.
+# brings libtpu: the tests compile decode programs for a TPU slice without a TPU; the bench extra
+# (matplotlib) lets mypy check the bench scripts.
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,aot]'
+	$(BIN)/pip install -q -e '.[test,aot,bench]'
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
