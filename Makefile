@@ -1,13 +1,17 @@
-# Two entry points: `make serve` and `make test`. Each creates .venv when missing and
-# installs what it needs; a stamp file keeps repeat runs fast until pyproject.toml changes.
+# Entry points: `make serve`, `make test` (lint, then pytest) and `make lint` (ruff + mypy). Each
+# creates .venv when missing and installs what it needs; a stamp file keeps repeat runs fast until
+# pyproject.toml changes.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 ARGS   ?=
+# pytest worker processes: the suite is dominated by XLA compiles, which use one core each.
+# Test files are the unit of distribution (--dist loadfile), so module fixtures are built once.
+WORKERS ?= 2
 
-.PHONY: serve test install clean
+.PHONY: serve test lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +23,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 # torch==2.13.0 resolves to the local CPU build; install it before diffusers so that
 # diffusers' own torch requirement is already satisfied (no CUDA wheels pulled). The aot extra
-# brings libtpu: the tests compile decode programs for a TPU slice without a TPU.
+# brings libtpu: the tests compile decode programs for a TPU slice without a TPU; the bench extra
+# (matplotlib) lets mypy check the bench scripts.
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,aot]'
+	$(BIN)/pip install -q -e '.[test,aot,bench]'
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
@@ -30,8 +35,13 @@ install: $(VENV)/.installed
 serve: $(VENV)/.installed
 	$(BIN)/vaeserve serve --host $(HOST) --port $(PORT) $(ARGS)
 
-test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest $(ARGS)
+# ruff (pyflakes, isort, bugbear, pyupgrade) and mypy, configured in pyproject.toml.
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -32,7 +32,7 @@ import models  # noqa: E402
 from models.flops import decode_flops  # noqa: E402
 
 
-def timed(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, tuple[list[float], object]]:
+def timed(fns: dict[str, Callable[[], np.ndarray]], runs: int) -> dict[str, tuple[list[float], np.ndarray]]:
     """Warm each up (compile / allocator and oneDNN primitive caches), then ``runs`` rounds that
     time each once in turn, so that every one sees the same machine load."""
     results = {name: fn() for name, fn in fns.items()}
@@ -74,7 +74,7 @@ def main() -> None:
         reference_out = None
         if not args.skip_diffusers:
             import torch
-            from diffusers import AutoencoderKLWan
+            from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
             torch.manual_seed(0)
             reference = AutoencoderKLWan(**{k: v for k, v in config.to_dict().items() if k != "_class_name"}).eval()

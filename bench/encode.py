@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/encode.py                          # real config, frames (1,3,9,128,128)
     .venv/bin/python bench/encode.py --shape 1,3,17,256,256 --runs 3
+    .venv/bin/python bench/encode.py --model wan2.2           # real Wan 2.2 config (150 M encoder parameters)
 
 Prints min and median seconds over ``--runs`` timed runs after one warm-up (which includes our
 compile), the ratio ours/diffusers from the same run, achieved GFLOP/s on the nominal FLOPs
@@ -15,19 +16,23 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from models.flops import encode_flops  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import models  # noqa: E402
+from models.flops import encode_flops  # noqa: E402
+
+T = TypeVar("T")
 
 
-def timed(name: str, fn, runs: int) -> tuple[list[float], object]:
+def timed(name: str, fn: Callable[[], T], runs: int) -> tuple[list[float], T]:
     times = []
     with tqdm(total=runs + 1, desc=name, unit="run", leave=False) as bar:
         result = fn()  # warm-up: compile (ours) / allocator and oneDNN primitive caches (torch)
@@ -42,13 +47,16 @@ def timed(name: str, fn, runs: int) -> tuple[list[float], object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="1,3,9,128,128", help="frames B,3,F,H,W (F = 1 + 4k, H and W multiples of 8)")
+    parser.add_argument("--model", default="wan2.1", choices=sorted(models.MODEL_NAMES),
+                        help="the real architecture to time (random weights)")
+    parser.add_argument("--shape", default="1,3,9,128,128",
+                        help="frames B,3,F,H,W (F = 1 + 4k, H and W multiples of 8; 16 for wan2.2)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--skip-diffusers", action="store_true", help="time ours only (no torch needed)")
     args = parser.parse_args()
     shape = tuple(int(s) for s in args.shape.split(","))
-    config = models.WanVAEConfig()
+    config = models.MODEL_NAMES[args.model]()
     frames = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
     flops = encode_flops(config, shape)
     rows = []
@@ -57,10 +65,10 @@ def main() -> None:
         reference_out = None
         if not args.skip_diffusers:
             import torch
-            from diffusers import AutoencoderKLWan
+            from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
             torch.manual_seed(0)
-            reference = AutoencoderKLWan().eval()
+            reference = AutoencoderKLWan(**{k: v for k, v in config.to_dict().items() if k != "_class_name"}).eval()
             reference.save_pretrained(folder)
             x = torch.from_numpy(frames)
 

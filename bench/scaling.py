@@ -128,4 +128,5 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    assert ARGS is not None  # parsed at import, before JAX starts
     main(ARGS)

@@ -51,12 +51,12 @@ if ARGS is not None:  # before JAX starts: enough host devices for the mesh
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(ARGS.tp, 1)}").strip()
     os.environ["JAX_PLATFORMS"] = ARGS.platform
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-# The perturbed diffusers reference is the parity tests' own, so bench and tests decode the same model.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "models"))
 
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
-from wan_reference import perturbed_diffusers_vae  # noqa: E402
+
+# The perturbed diffusers reference is the parity tests' own, so bench and tests decode the same model.
+from tests.helpers.wan_reference import perturbed_diffusers_vae  # noqa: E402
 
 INTERIOR_MARGIN = 8  # frame rows
 
@@ -149,17 +149,16 @@ def main(args: argparse.Namespace) -> None:
 
     full = timed("full", lambda: np.asarray(vae.decode(latents)))
     mesh = sharding.make_mesh(args.tp)
-    split = dict(split="height")
     results = {}
     seams = band_seams(height_px, args.tp, args.height, scale)
     results["(a) sharded, 1-row halos"] = (timed("a", lambda: np.asarray(
-        sharding.sharded_decode(vae, latents, mesh, **split))), seams)
+        sharding.sharded_decode(vae, latents, mesh, split="height"))), seams)
     tiling = dict(tile_sample_min_height=args.tile, tile_sample_stride_height=args.stride,
                   tile_sample_min_width=width_px, tile_sample_stride_width=width_px)
     results["(b) diffusers enable_tiling()"] = (timed("b", lambda: diffusers_decode(
         reference_model, latents, tiling=tiling)), tile_seams(height_px, args.tile, args.stride, args.height, scale))
     results["(c) shard_map, no halo"] = (timed("c", lambda: np.asarray(
-        sharding.sharded_decode(vae, latents, mesh, halo="none", **split))), seams)
+        sharding.sharded_decode(vae, latents, mesh, halo="none", split="height"))), seams)
     results["(-) diffusers full decode"] = (timed("-", lambda: diffusers_decode(reference_model, latents, tiling=None)), [])
 
     progress.close()
@@ -169,7 +168,7 @@ def main(args: argparse.Namespace) -> None:
     header = f"| {'method':<30} | {'max abs err':>11} | {'PSNR dB':>7} | {'mean err seam rows':>18} | {'mean err interior':>17} | {'time s':>6} |"
     print(header)
     print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
-    for (name, (frames, rows)), key in zip(results.items(), ("a", "b", "c", "-")):
+    for (name, (frames, rows)), key in zip(results.items(), ("a", "b", "c", "-"), strict=True):
         e = row_errors(frames, full, rows)
         seam = f"{e['seam']:.2e}" if rows else "—"
         print(f"| {name:<30} | {e['max']:>11.2e} | {e['psnr']:>7.1f} | {seam:>18} | {e['interior']:>17.2e} | {timings[key]:>6.1f} |")
@@ -177,4 +176,5 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    assert ARGS is not None  # parsed at import, before JAX starts
     main(ARGS)

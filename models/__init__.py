@@ -5,7 +5,7 @@ from .config import ConfigError, WanVAEConfig
 from .decode import OUTPUTS, Output, denormalize_latents, to_uint8
 from .encode import latent_frames, normalize_latents
 from .loading import MODEL_NAMES, WeightsError, convert_wan_pth, load_config, load_vae, save_vae
-from .programs import ProgramCache
+from .programs import ProgramCache, ProgramKey, program_key
 from .vae import FramesError, LatentsError, NoEncoderError, ShapeError, WanVAE, abstract_vae, init_vae
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "OUTPUTS",
     "Output",
     "ProgramCache",
+    "ProgramKey",
     "ShapeError",
     "WanVAE",
     "WanVAEConfig",
@@ -29,6 +30,7 @@ __all__ = [
     "load_config",
     "load_vae",
     "normalize_latents",
+    "program_key",
     "save_vae",
     "to_uint8",
 ]

@@ -178,7 +178,7 @@ class WanVAEConfig:
 
     # -- (de)serialisation ---------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "WanVAEConfig":
+    def from_dict(cls, raw: dict[str, Any]) -> WanVAEConfig:
         class_name = raw.get("_class_name", "AutoencoderKLWan")
         if class_name != "AutoencoderKLWan":
             raise ConfigError(f"config _class_name is {class_name!r}; expected 'AutoencoderKLWan'")
@@ -189,7 +189,7 @@ class WanVAEConfig:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "WanVAEConfig":
+    def from_json(cls, path: str | Path) -> WanVAEConfig:
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))
 

@@ -28,7 +28,7 @@ DEFAULT_CHUNK = 1  # latent frames per decode step: 1 holds the least memory
 def check_output(output: str) -> Output:
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}; received {output!r}")
-    return output  # type: ignore[return-value]
+    return output
 
 
 def resolve_chunk(chunk: int | None) -> int:

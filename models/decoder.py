@@ -46,6 +46,9 @@ from .spatial import SpatialContext
 
 # (conv_in, mid_block, *up_blocks, conv_out): what one decode step hands to the next.
 DecoderCache: TypeAlias = tuple[ConvCache | MidBlockCache | UpBlockCache, ...]
+# A block's caches while it runs: entry i belongs to its i-th layer, whose own signature types it
+# (None before latent frame 0). A variable-length tuple cannot say which entry has which type.
+LayerCaches: TypeAlias = tuple[Any, ...]
 
 # ``inner_frames=None`` streams one frame at a time once a full-resolution frame of the decoder's
 # last stage (per device, before conv_out) holds this many bytes; smaller frames keep the whole
@@ -118,11 +121,11 @@ class UpBlock(nnx.Module):
                  first_chunk: bool) -> tuple[jax.Array, UpBlockCache]:
         del first_chunk  # Wan 2.1 has no shortcut; its upsampler sees frame 0 from its empty cache
         n = len(self.resnets) + len(self.upsamplers)
-        caches = caches if caches is not None else (None,) * n
-        x, new = _resnets(self.resnets, x, caches, ctx)
+        layer_caches: LayerCaches = caches if caches is not None else (None,) * n
+        x, new = _resnets(self.resnets, x, layer_caches, ctx)
         for upsampler in self.upsamplers:
             with jax.named_scope("upsamplers.0"):
-                x, cache = upsampler(x, caches[-1], ctx)
+                x, cache = upsampler(x, layer_caches[-1], ctx)
             new.append(cache)
         return x, tuple(new)
 
@@ -161,12 +164,12 @@ class ResidualUpBlock(nnx.Module):
     def __call__(self, x: jax.Array, caches: UpBlockCache | None, ctx: SpatialContext, *,
                  first_chunk: bool) -> tuple[jax.Array, UpBlockCache]:
         n = len(self.resnets) + (self.upsampler is not None)
-        caches = caches if caches is not None else (None,) * n
+        layer_caches: LayerCaches = caches if caches is not None else (None,) * n
         shortcut = x
-        x, new = _resnets(self.resnets, x, caches, ctx)
+        x, new = _resnets(self.resnets, x, layer_caches, ctx)
         if self.upsampler is not None and self.avg_shortcut is not None:
             with jax.named_scope("upsampler"):
-                x, cache = self.upsampler(x, caches[-1], ctx)
+                x, cache = self.upsampler(x, layer_caches[-1], ctx)
             new.append(cache)
             with jax.named_scope("avg_shortcut"):
                 x = x + self.avg_shortcut(shortcut, first_chunk=first_chunk)
@@ -211,15 +214,15 @@ class Decoder3d(nnx.Module):
         """``inner_frames``: frames per inner step of the stages after each temporal upsampler (None:
         automatic, see ``stream_group``; ≥ the step's frames: no inner loop). Latent frame 0 yields
         one frame and never loops."""
-        caches = caches if caches is not None else (None,) * (3 + len(self.up_blocks))
+        layer_caches: LayerCaches = caches if caches is not None else (None,) * (3 + len(self.up_blocks))
         with jax.named_scope("conv_in"):
-            x, conv_in_cache = self.conv_in(x, caches[0], ctx)
+            x, conv_in_cache = self.conv_in(x, layer_caches[0], ctx)
         with jax.named_scope("mid_block"):
-            x, mid_cache = self.mid_block(x, caches[1], ctx)
+            x, mid_cache = self.mid_block(x, layer_caches[1], ctx)
         b, _, h, w, _ = x.shape
         group = None if first_chunk else stream_group(inner_frames, b * h * w * self.last_stage_pixel
                                                       * jnp.dtype(x.dtype).itemsize)
-        x, upper = self._upper(0, x, tuple(caches[2:]), ctx, first_chunk=first_chunk, group=group)
+        x, upper = self._upper(0, x, tuple(layer_caches[2:]), ctx, first_chunk=first_chunk, group=group)
         return x, (conv_in_cache, mid_cache, *upper)
 
     def _upper(self, start: int, x: jax.Array, caches: tuple, ctx: SpatialContext, *, first_chunk: bool,

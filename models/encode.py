@@ -6,8 +6,8 @@ part (``encode_moments``) is what runs per band; the posterior (mean or sample, 
 is per latent pixel and runs on the whole latent array after it, so a sample's noise does not
 depend on how the frame was split.
 
-Layouts: frames ``(B, 3, F, H, W)`` NCTHW in [-1, 1] and latents ``(B, z, T, H/8, W/8)`` at the
-public boundary, ``(B, T, H, W, C)`` inside.
+Layouts: frames ``(B, 3, F, H, W)`` NCTHW in [-1, 1] and latents ``(B, z, T, H/s, W/s)`` at the
+public boundary (``s`` the spatial scale: 8 for Wan 2.1, 16 for Wan 2.2), ``(B, T, H, W, C)`` inside.
 """
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ def resolve_encode_chunk(chunk: int | None) -> int:
 def encode_step(model: WanEncoder, caches: EncoderCache | None, frames: jax.Array, ctx: SpatialContext,
                 dtype) -> tuple[jax.Array, EncoderCache]:
     """Frames ``(B, 3, f, H, W)`` NCTHW (``f = 1`` with ``caches=None``) → moments
-    ``(B, t, H/8, W/8, 2z)`` and the new caches. Only this chunk is moved channels-last."""
+    ``(B, t, H/s, W/s, 2z)`` and the new caches. Only this chunk is moved channels-last."""
     with jax.named_scope("encode_step"):
         return model(jnp.moveaxis(frames, 1, -1).astype(dtype), caches, ctx)
 
 
 def encode_moments(model: WanEncoder, frames: jax.Array, ctx: SpatialContext, *, dtype,
                    chunk: int = DEFAULT_ENCODE_CHUNK) -> jax.Array:
-    """The posterior moments of frames ``(B, 3, F, H, W)``, ``F = 1 + 4k``: ``(B, T, H/8, W/8, 2z)``.
+    """The posterior moments of frames ``(B, 3, F, H, W)``, ``F = 1 + 4k``: ``(B, T, H/s, W/s, 2z)``.
 
     Frame 0 runs alone, then ``4 · chunk`` frames per ``lax.scan`` step (a shorter last step if
     ``k`` is not a multiple of ``chunk``), each step slicing its frames out of the input, so the
@@ -191,7 +191,7 @@ def moments_program(graphdef, dtype, make_context: Callable[[], SpatialContext],
 
 def encode_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
                    chunk: int) -> EncodeProgram:
-    """``(state, frames NCTHW, options) → latents (B, z, T, H/8, W/8)``: the whole single-device
+    """``(state, frames NCTHW, options) → latents (B, z, T, H/s, W/s)``: the whole single-device
     encode (``options`` a ``PosteriorOptions`` of the batch)."""
     moments = moments_program(graphdef, dtype, make_context, chunk=chunk)
 

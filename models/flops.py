@@ -80,6 +80,8 @@ def _encode_step_flops(config: WanVAEConfig, h: int, w: int, frames: int, first:
 
 
 def encode_flops(config: WanVAEConfig, shape: tuple[int, ...]) -> float:
-    """FLOPs of encoding frames ``(B, 3, F, H, W)``, ``F = 1 + 4k``: frame 0, then k steps of 4."""
+    """FLOPs of encoding frames ``(B, 3, F, H, W)``, ``F = 1 + 4k``: frame 0, then k steps of 4.
+    Wan 2.2's encoder runs on the 2x2-patchified frames (its AvgDown3D shortcuts only average)."""
     b, _, f, h, w = shape
+    h, w = h // config.patch, w // config.patch
     return b * (_encode_step_flops(config, h, w, 1, True) + (f - 1) // 4 * _encode_step_flops(config, h, w, 4, False))

@@ -41,7 +41,8 @@ from .spatial import SpatialContext, matmul_precision
 ConvCache: TypeAlias = jax.Array
 ResidualCache: TypeAlias = tuple[ConvCache, ConvCache]
 MidBlockCache: TypeAlias = tuple[ResidualCache, ResidualCache]
-UpBlockCache: TypeAlias = tuple[ResidualCache | ConvCache, ...]  # resnets' caches, then the resampler's
+# An up block's: its resnets' caches, then its resampler's (None for 'upsample2d', which has no time conv).
+UpBlockCache: TypeAlias = tuple[ResidualCache | ConvCache | None, ...]
 
 F = TypeVar("F", bound=Callable)
 
@@ -273,10 +274,12 @@ class Downsample(nnx.Module):
             return time_downsample(cache, x, self.time_kernel[...], self.time_bias[...]), x[:, -1:]
 
 
-# -- Wan 2.2: the DupUp3D shortcut and (un)patchify ---------------------------------------------
-# All three only move values between channels and (time, row, column) sub-positions: an output
-# pixel depends on exactly one input pixel, so they are local to a band of rows (no halo) as long
-# as band boundaries scale with the image (they do: a band of h rows becomes 2h rows).
+# -- Wan 2.2: the DupUp3D / AvgDown3D shortcuts and (un)patchify ---------------------------------
+# DupUp3D and (un)patchify only move values between channels and (time, row, column)
+# sub-positions: an output pixel depends on exactly one input pixel, so they are local to a band
+# of rows (no halo) as long as band boundaries scale with the image (they do: a band of h rows
+# becomes 2h rows). AvgDown3D averages the 2x2 pixels under one output pixel: local too, as long
+# as bands start on even rows at every scale (the encoder's do: see ``sharding.encode``).
 def duplicate_up(x: jax.Array, cout: int, *, factor_t: int, factor_s: int, first_chunk: bool) -> jax.Array:
     """diffusers' ``DupUp3D``: channels → (time, row, column) sub-positions, channels-last.
 
@@ -316,6 +319,49 @@ def patchify(x: jax.Array, patch: int) -> jax.Array:
     h, w = hp // patch, wp // patch
     x = x.reshape(b, t, h, patch, w, patch, c)  # (b, t, h, q, w, r, c)
     return x.transpose(0, 1, 2, 4, 6, 5, 3).reshape(b, t, h, w, c * patch * patch)
+
+
+def average_down(x: jax.Array, cout: int, *, factor_t: int, factor_s: int) -> jax.Array:
+    """diffusers' ``AvgDown3D``: (time, row, column) sub-positions → channels, then group means.
+
+    ``x (B, T, H, W, C)`` → ``(B, ⌈T/ft⌉, H/fs, W/fs, cout)``. The ``F = ft·fs²`` sub-positions
+    of each output pixel become channels ``k = c·F + i·fs² + a·fs + d`` (input channel ``c``,
+    frame offset ``i``, row offset ``a``, column offset ``d``), and output channel ``o`` is the
+    mean of channels ``[o·g, (o+1)·g)``, ``g = C·F / cout`` (the reference's view + permute + mean).
+    The reference pads ``(−T) mod ft`` zero frames in *front* on every call, so the encoder's
+    first chunk (one frame) averages its frame with a zero frame, and a later chunk of 4 frames
+    pairs its frames (0, 1), (2, 3): the shortcut is local per chunk, with no cache. It is the
+    inverse arrangement of ``duplicate_up`` (which repeats where this averages).
+    """
+    b, t, h, w, c = x.shape
+    factor = factor_t * factor_s * factor_s
+    group, remainder = divmod(c * factor, cout)
+    if remainder or h % factor_s or w % factor_s:
+        raise ValueError(f"AvgDown3D: {c} channels x {factor} must split into {cout} groups "
+                         f"and {h}x{w} into {factor_s}x{factor_s} blocks")
+    front = -t % factor_t
+    if front:
+        x = jnp.pad(x, ((0, 0), (front, 0), (0, 0), (0, 0), (0, 0)))
+    t_out, h_out, w_out = (t + front) // factor_t, h // factor_s, w // factor_s
+    x = x.reshape(b, t_out, factor_t, h_out, factor_s, w_out, factor_s, c)
+    x = x.transpose(0, 1, 3, 5, 7, 2, 4, 6).reshape(b, t_out, h_out, w_out, cout, group)
+    # Sum in float32: a bfloat16 model still averages without rounding each partial sum.
+    return x.astype(jnp.float32).mean(axis=-1).astype(x.dtype)
+
+
+class AvgDown3D(nnx.Module):
+    """Wan 2.2's parameter-free down-block shortcut (see ``average_down``).
+
+    ``(B, T, H, W, cin)`` → ``(B, T', H/2, W/2, cout)`` when ``spatial`` (else ``H``, ``W``), with
+    ``T' = ⌈T/2⌉`` when ``temporal`` (one frame on the first chunk), else ``T``.
+    """
+
+    def __init__(self, cout: int, *, temporal: bool, spatial: bool):
+        self.cout, self.factor_t, self.factor_s = cout, 2 if temporal else 1, 2 if spatial else 1
+
+    @scoped
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return average_down(x, self.cout, factor_t=self.factor_t, factor_s=self.factor_s)
 
 
 class DupUp3D(nnx.Module):

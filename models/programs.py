@@ -13,12 +13,50 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Hashable
+from typing import Literal, NamedTuple
 
 import jax
 
+# The programs a model compiles, named as ``/v1/models`` lists them.
+ProgramName = Literal["decode", "stream-step", "encode"]
+
+
+class ProgramKey(NamedTuple):
+    """The key of a compiled program in ``ProgramCache``: which program, for which devices and
+    input, and every other argument it was compiled with.
+
+    Attributes:
+      program: ``"decode"`` (a whole decode), ``"stream-step"`` (one step of a streamed decode)
+        or ``"encode"``.
+      mesh: ``sharding.mesh.mesh_key`` of the mesh it runs on; None for a single-device program.
+      shape: its input, latents ``(B, C, T, H, W)`` or frames ``(B, 3, F, H, W)``.
+      variant: what it returns: the output (``"float"`` | ``"uint8"``) of a decode; ``"first"``
+        (latent frame 0, from empty caches) or ``"next"`` for a stream step; ``"latents"`` for an
+        encode.
+      options: the other arguments that change the program (band plan, denormalize, chunk, halo,
+        query chunk) as sorted ``(name, value)`` pairs: they only tell programs apart.
+    """
+
+    program: ProgramName
+    mesh: Hashable | None
+    shape: tuple[int, ...]
+    variant: str
+    options: tuple[tuple[str, Hashable], ...] = ()
+
+    def describe(self) -> list:
+        """``[program, [B, C, T, H, W], variant]``: the program as ``/v1/models`` lists it."""
+        return [self.program, list(self.shape), self.variant]
+
+
+def program_key(program: ProgramName, shape: tuple[int, ...], variant: str, *, mesh: Hashable | None = None,
+                **options: Hashable) -> ProgramKey:
+    """A ``ProgramKey`` with ``options`` in a fixed (sorted) order."""
+    return ProgramKey(program, mesh, tuple(shape), variant, tuple(sorted(options.items())))
+
 
 class ProgramCache:
-    """Compiled programs by key; beyond ``max_entries`` the least recently used one is dropped.
+    """Compiled programs by key (a ``ProgramKey`` for the models' programs); beyond
+    ``max_entries`` the least recently used one is dropped.
 
     Attributes:
       max_entries: how many compiled programs to keep (None: all).

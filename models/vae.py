@@ -17,7 +17,7 @@ from .decode import Output, check_output, full_program, resolve_chunk, step_prog
 from .decoder import WanDecoder, check_inner_frames
 from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
 from .encoder import FRAMES_PER_CHUNK, WanEncoder, check_encoder_config
-from .programs import ProgramCache
+from .programs import ProgramCache, program_key
 from .spatial import SingleDeviceContext
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -68,15 +68,17 @@ def nearest_valid(value: int, step: int, offset: int = 0) -> list[int]:
 
 
 def check_frames_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
-    """Frames ``(B, 3, F, H, W)`` with ``F = 1 + 4k`` and ``H``, ``W`` multiples of the spatial scale.
+    """Frames ``(B, 3, F, H, W)`` with ``F = 1 + 4k`` and ``H``, ``W`` multiples of the spatial scale
+    (8 for Wan 2.1, 16 for Wan 2.2).
 
     diffusers silently drops frames beyond ``1 + 4k`` and crops sizes; we refuse them and name the
     nearest valid values in ``expected``.
     """
     if len(shape) != 5:
         raise FramesError("frames must be (B, C, F, H, W)", expected="5 dimensions", received=len(shape), what="ndim")
-    if shape[1] != config.in_channels:
-        raise FramesError("frame channels", expected=config.in_channels, received=shape[1], what="channels")
+    rgb = config.in_channels // config.patch**2  # Wan 2.2's encoder takes 12 = 3 x 2x2 patchified channels
+    if shape[1] != rgb:
+        raise FramesError("frame channels", expected=rgb, received=shape[1], what="channels")
     if min(shape) < 1:
         raise FramesError("every frame dimension must be ≥ 1", expected="B, F, H, W ≥ 1", received=shape,
                           what="sizes")
@@ -163,7 +165,7 @@ class WanVAE:
         shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
         inner_frames = check_inner_frames(inner_frames)
         check_latents_shape(shape, self.config)
-        key = ("decode", None, shape, output, denormalize, chunk, inner_frames)
+        key = program_key("decode", shape, output, denormalize=denormalize, chunk=chunk, inner_frames=inner_frames)
 
         def lower():
             run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
@@ -175,7 +177,8 @@ class WanVAE:
     def _compile_step(self, shape: tuple[int, ...], caches, *, denormalize: bool,
                       inner_frames: int | None) -> jax.stages.Compiled:
         """The stream step for latents of ``shape`` after ``caches`` (abstract; None for frame 0)."""
-        key = ("decode-step", None, tuple(shape), caches is None, denormalize, inner_frames)
+        key = program_key("stream-step", shape, "first" if caches is None else "next", denormalize=denormalize,
+                          inner_frames=inner_frames)
 
         def lower():
             run = step_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
@@ -191,7 +194,7 @@ class WanVAE:
         self.require_encoder()
         shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
         check_frames_shape(shape, self.config)
-        key = ("encode", None, shape, chunk)
+        key = program_key("encode", shape, "latents", chunk=chunk)
 
         def lower():
             run = encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype], self._context, chunk=chunk)
@@ -203,11 +206,12 @@ class WanVAE:
     # -- public API ----------------------------------------------------------------------------
     def encode(self, frames, *, sample: bool = False, seed: int | None = None, normalize: bool = False,
                chunk: int | None = None) -> jax.Array:
-        """Encode frames ``(B, 3, F, H, W)`` in [-1, 1], ``F = 1 + 4k``, ``H`` and ``W`` multiples of 8.
+        """Encode frames ``(B, 3, F, H, W)`` in [-1, 1], ``F = 1 + 4k``, ``H`` and ``W`` multiples of
+        ``s = config.spatial_scale`` (8 for Wan 2.1, 16 for Wan 2.2).
 
-        Returns float32 latents ``(B, 16, 1 + k, H/8, W/8)``: the posterior mean (what pipelines use),
-        or with ``sample`` a draw ``mean + std · noise``, row ``b``'s noise
-        ``jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(seed), b), (16, 1 + k, H/8, W/8))``
+        Returns float32 latents ``(B, z, 1 + k, H/s, W/s)`` (``z`` 16 or 48): the posterior mean (what
+        pipelines use), or with ``sample`` a draw ``mean + std · noise``, row ``b``'s noise
+        ``jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(seed), b), (z, 1 + k, H/s, W/s))``
         (a fresh seed when None); with ``normalize``, ``(z − latents_mean) / latents_std`` after.
         ``chunk`` groups of 4 frames are encoded per scan step (default 1: the reference's chunks).
         Raises ``NoEncoderError`` for a decode-only checkpoint, ``FramesError`` for a bad shape.

@@ -79,7 +79,9 @@ def _encode_parser(sub) -> None:
     p = sub.add_parser("encode", help="encode an image, video or frames file offline on the local devices")
     p.add_argument("input", help=".mp4, .png, .jpg/.jpeg (pixels -> [-1, 1]), or .npy/.safetensors frames "
                    "(B,3,F,H,W) or (B,3,H,W) in [-1, 1]")
-    p.add_argument("-o", "--output", required=True, help=".safetensors (tensor 'latents') or .npy: float32 (B,16,T,H/8,W/8)")
+    p.add_argument("-o", "--output", required=True,
+                   help=".safetensors (tensor 'latents') or .npy: float32 (B,z,T,H/s,W/s), "
+                        "z, s = 16, 8 (Wan 2.1) or 48, 16 (Wan 2.2)")
     p.add_argument("--model")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--dp", type=int, default=1)
@@ -224,8 +226,10 @@ def encode(args: argparse.Namespace) -> int:
         try:
             video = _load_frames(Path(args.input), vae.config)
         except Problem as problem:
-            raise SystemExit(f"{args.input}: {problem.detail} (expected {problem.expected}, "
-                             f"received {problem.received})") from None
+            detail = problem.detail
+            if "expected" not in detail:  # shape problems already name both values in the detail
+                detail += f" (expected {problem.expected}, received {problem.received})"
+            raise SystemExit(f"{args.input}: {detail}") from None
         mesh = sharding.make_mesh(args.tp, dp=args.dp)
         padded = pad_batch(video, -(-video.shape[0] // args.dp) * args.dp)  # the batch must split over dp
         bar.update()

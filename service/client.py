@@ -4,7 +4,7 @@
     video = decode("http://127.0.0.1:8000", latents, output_type="mp4")          # bytes
     for chunk in decode_stream("http://127.0.0.1:8000", latents):                # (B, f, H, W, 3) uint8
         ...
-    latents = encode("http://127.0.0.1:8000", frames)                            # (B, 16, T, H/8, W/8) float32
+    latents = encode("http://127.0.0.1:8000", frames)                            # (B, z, T, H/s, W/s) float32
     latents = encode("http://127.0.0.1:8000", Path("first_frame.png").read_bytes(), normalize=True)
 
 Stream framing (``application/x-vaeserve-stream``): a sequence of messages, each
@@ -123,7 +123,8 @@ def encode(url: str, frames: np.ndarray | bytes, *, normalize: bool = False, sam
            seed: int | None = None, api_key: str | None = None, timeout: float = 600.0, **params) -> np.ndarray:
     """Encode frames ``(B, 3, F, H, W)`` / ``(B, 3, H, W)`` in [-1, 1] (sent as raw float32), or the
     bytes of a PNG, JPEG or MP4 file (sent as they are; the server recognizes them). Returns float32
-    latents ``(B, z, T, H/8, W/8)``. ``params``: ``scaling_factor``, ``shift_factor``, ``timeout_s``."""
+    latents ``(B, z, T, H/s, W/s)`` (``s`` the spatial scale: 8, or 16 for Wan 2.2). ``params``:
+    ``scaling_factor``, ``shift_factor``, ``timeout_s``."""
     query = {"normalize": normalize, "sample": sample, "seed": seed, "output_type": "pt", **params}
     if isinstance(frames, bytes):
         content: bytes = frames

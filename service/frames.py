@@ -1,8 +1,9 @@
 """Bytes in, frames out for ``POST /v1/encode`` and ``vaeserve encode``; latents out as bytes.
 
 Every body becomes float32 frames ``(B, 3, F, H, W)`` in [-1, 1] (NCTHW, diffusers' layout),
-checked against the model (``F = 1 + 4k``; ``H``, ``W`` multiples of 8) and the configured limits
-before any device work; what does not fit is a 422 problem with the nearest valid values.
+checked against the model (``F = 1 + 4k``; ``H``, ``W`` multiples of its spatial scale: 8 for
+Wan 2.1, 16 for Wan 2.2) and the configured limits before any device work; what does not fit is
+a 422 problem with the nearest valid values.
 
 Body formats (:func:`body_format`):
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from models.programs import ProgramKey
+
 from .codec import Limits
 from .metrics import Metrics
 from .runner import DeviceRunner
@@ -100,7 +102,7 @@ def watch_programs(vae: Any, settings: Settings, metrics: Metrics) -> None:
         metrics.compiles.inc()
         metrics.compile_seconds.observe(seconds)
         metrics.programs.set(len(cache))
-        log.info("compiled %s in %.1f s", key[0] if isinstance(key, tuple) else key, seconds)
+        log.info("compiled %s in %.1f s", key.describe() if isinstance(key, ProgramKey) else key, seconds)
 
     def evicted(key: Any) -> None:
         metrics.evictions.inc()

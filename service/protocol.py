@@ -107,6 +107,7 @@ class ModelInfo(BaseModel):
     source: str | None
     random_weights: bool | None
     dtype: str
+    encodes: bool  # the checkpoint has an encoder: POST /v1/encode serves (else 501 no-encoder)
     latents: LatentsInfo
     config: dict[str, Any]
     metadata: dict[str, Any]
@@ -187,8 +188,8 @@ ENCODE_OPENAPI: dict[str, Any] = {
 
 ENCODE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
-        "description": "float32 latents (B, z, T, H/8, W/8): raw bytes with shape/dtype headers (pt), .npy or "
-        "safetensors",
+        "description": "float32 latents (B, z, T, H/s, W/s) (s = 8 for Wan 2.1, 16 for Wan 2.2): raw bytes with "
+        "shape/dtype headers (pt), .npy or safetensors",
         "content": {media: _BINARY for media in (
             "application/octet-stream", "application/x-npy", "application/x-safetensors")},
     },

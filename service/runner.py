@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from models.decode import Output
+from models.programs import ProgramKey
 
 
 def batch_buckets(max_batch: int, dp: int) -> list[int]:
@@ -53,7 +54,7 @@ class DeviceRunner:
     ``output="uint8"`` or ``(B, 3, F, 8H, 8W)`` float32 in [-1, 1] for ``output="float"``.
     Latents are expected *already denormalized* (the service does it on the host, so the
     device program does not depend on that flag). ``encode(frames (B, 3, F, H, W) float32,
-    options)`` returns float32 latents ``(B, z, T, H/8, W/8)``.
+    options)`` returns float32 latents ``(B, z, T, H/s, W/s)`` (``s = config.spatial_scale``).
     """
 
     def __init__(self, vae: Any, mesh: Any, *, max_batch: int, dp: int):
@@ -142,7 +143,7 @@ class DeviceRunner:
             compiled = self.vae.programs.peek(key)
             if compiled is None:  # evicted since listed
                 continue
-            program, shape, variant = self._describe(key)
+            program, shape, variant = key.describe()
             memory = program_memory(compiled)
             rows.append({"program": program, "shape": shape, "variant": variant,
                          **{k: v for k, v in memory.items() if k != "alias_bytes"},
@@ -154,21 +155,11 @@ class DeviceRunner:
         first: ``["decode", [B, C, T, H, W], output]``, ``["stream-step", [B, C, t, H, W],
         "first" | "next"]`` or ``["encode", [B, 3, F, H, W], "latents"]``. (A read of the cache; it
         is safe from any thread.)"""
-        return [self._describe(key) for key in self._keys()]
+        return [key.describe() for key in self._keys()]
 
-    @staticmethod
-    def _describe(key: tuple) -> list:
-        if key[0] == "sharded-decode":
-            return ["decode", list(key[2]), key[4]]
-        if key[0] == "sharded-encode":
-            return ["encode", list(key[2]), "latents"]
-        return ["stream-step", list(key[2]), "first" if key[4] else "next"]
-
-    def _keys(self) -> list[Any]:
+    def _keys(self) -> list[ProgramKey]:
         """Cache keys of this mesh's decode, stream-step and encode programs, least recently used first."""
         from sharding.mesh import mesh_key
 
         mesh = mesh_key(self.mesh)
-        return [key for key in self.vae.programs.keys()
-                if isinstance(key, tuple) and len(key) > 4 and key[1] == mesh
-                and key[0] in ("sharded-decode", "sharded-decode-step", "sharded-encode")]
+        return [key for key in self.vae.programs.keys() if isinstance(key, ProgramKey) and key.mesh == mesh]

@@ -46,7 +46,7 @@ class ReadDeadlineProtocol(H11Protocol):
 
     read_timeout_s: float = 30.0
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
         self._deadline: asyncio.TimerHandle | None = None
         self._arm()

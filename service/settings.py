@@ -44,7 +44,7 @@ def _parse_four(text: str | tuple | list, what: str, form: str, sizes: str) -> t
         values = tuple(int(v) for v in match.groups())
     if len(values) != 4 or min(values) < 1:
         raise ValueError(f"{what} needs 4 positive sizes {sizes}, got {text!r}")
-    return values  # type: ignore[return-value]
+    return values
 
 
 class Warmup(BaseModel):

@@ -8,6 +8,7 @@ stay on the device of their band, and time is never split.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from models.conv import native_conv_for
 from models.decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
 from models.decoder import check_inner_frames
+from models.programs import program_key
 from models.vae import DTYPES, WanVAE, check_latents_shape
 
 from .halo import BandContext
@@ -191,7 +193,8 @@ def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: O
     inner_frames = check_inner_frames(inner_frames)
     check_halo(halo)
     plan = make_plan(vae, shape, mesh, split)
-    key = ("sharded-decode", mesh_key(mesh), shape, plan, output, denormalize, chunk, inner_frames, halo, query_chunk)
+    key = program_key("decode", shape, output, mesh=mesh_key(mesh), plan=plan, denormalize=denormalize, chunk=chunk,
+                      inner_frames=inner_frames, halo=halo, query_chunk=query_chunk)
 
     def lower():
         run = _full(vae, mesh, plan, denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
@@ -199,6 +202,11 @@ def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: O
         return jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh))
 
     return vae.programs.get(key, lower)
+
+
+def _lower(run: Callable, *avals: Any) -> jax.stages.Lowered:
+    """``jax.jit(run).lower(*avals)``: what a ``ProgramCache`` miss compiles (bound now, run then)."""
+    return jax.jit(run).lower(*avals)
 
 
 def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool, split: Split | None,
@@ -211,14 +219,15 @@ def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denorma
     state = _state_aval(vae, mesh)
     cache_sharding = NamedSharding(mesh, cache_spec(plan))
     programs: dict[tuple[int, int], jax.stages.Compiled] = {}
-    caches = None
+    caches: Any = None  # abstract caches: None for the first step, then what it returns
     for start, stop in stream_steps(shape[2], chunk):
         z = _latents_aval((*shape[:2], stop - start, *shape[3:]), mesh)
         first = caches is None
         run = _step(vae, mesh, plan, first=first, denormalize=denormalize, inner_frames=inner_frames, halo=halo,
                     query_chunk=query_chunk)
-        key = ("sharded-decode-step", mesh_key(mesh), z.shape, plan, first, denormalize, inner_frames, halo, query_chunk)
-        programs[start, stop] = vae.programs.get(key, lambda run=run, caches=caches, z=z: jax.jit(run).lower(state, caches, z))
+        key = program_key("stream-step", z.shape, "first" if first else "next", mesh=mesh_key(mesh), plan=plan,
+                          denormalize=denormalize, inner_frames=inner_frames, halo=halo, query_chunk=query_chunk)
+        programs[start, stop] = vae.programs.get(key, functools.partial(_lower, run, state, caches, z))
         if first:
             _, out = jax.eval_shape(run, state, None, z)
             caches = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cache_sharding), out)

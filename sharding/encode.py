@@ -1,13 +1,17 @@
 """The sharded encode: ``models.encode`` programs under ``jax.shard_map`` over the ``(dp, tp)`` mesh.
 
 Layouts match ``WanVAE.encode``: frames ``(B, 3, F, H, W)`` NCTHW in; float32 latents
-``(B, z, T, H/8, W/8)`` out. The band plan is made in *latent* rows (``plan_bands(H/8, W/8, tp)``),
-so every band holds ``8·band`` frame rows, then ``4·band`` and ``2·band`` after the first two
-downsamplers: every band starts on an even row at the input of every stride-2 conv, and the
-strided rows of each band are those of the whole frame. The split axis is padded at the far edge
-to ``8 · tp · band`` rows on the host, and the padded rows are masked to zero at every conv input
-as in the decoder. The encoder runs per band; the posterior (mean or sample, normalization) runs
-on the whole latent array after the bands are cropped, so a sample's noise is that of one device.
+``(B, z, T, H/s, W/s)`` out (``s = config.spatial_scale``: 8 for Wan 2.1, 16 for Wan 2.2). The
+band plan is made in *latent* rows (``plan_bands(H/s, W/s, tp)``), so every band holds ``s·band``
+frame rows: Wan 2.1's three downsamplers see ``8·band``, ``4·band`` and ``2·band`` rows; Wan 2.2's
+2x2 patchify turns ``16·band`` rows into ``8·band`` before the same three (its AvgDown3D shortcuts
+average the same 2x2 blocks as the strided convs). Every band starts on an even row at the input
+of every stride-2 step, so the strided rows of each band are those of the whole frame. The split
+axis is padded at the far edge to ``s · tp · band`` rows on the host, and the padded rows are
+masked to zero at every conv input as in the decoder (a valid output row of a 2x step reads only
+valid rows, as the valid rows are a whole number of 2x2 blocks). The encoder runs per band; the
+posterior (mean or sample, normalization) runs on the whole latent array after the bands are
+cropped, so a sample's noise is that of one device.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from models.encode import (
     posterior_options,
     resolve_encode_chunk,
 )
+from models.programs import program_key
 from models.vae import DTYPES, WanVAE, check_frames_shape
 
 from .decode import _band_context, _check_mesh, _shard, _spec
@@ -94,7 +99,8 @@ def compile_encode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Sp
     shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
     check_halo(halo)
     plan = make_encode_plan(vae, shape, mesh, split)
-    key = ("sharded-encode", mesh_key(mesh), shape, plan, chunk, halo, query_chunk)
+    key = program_key("encode", shape, "latents", mesh=mesh_key(mesh), plan=plan, chunk=chunk, halo=halo,
+                      query_chunk=query_chunk)
     scale = vae.config.spatial_scale
 
     def lower():
@@ -137,7 +143,8 @@ def sharded_encode(
 
     Args:
       vae: a model with an encoder (its weights are replicated onto the mesh once and kept).
-      frames: ``(B, 3, F, H, W)`` NCTHW in [-1, 1], ``F = 1 + 4k``, ``H``, ``W`` multiples of 8;
+      frames: ``(B, 3, F, H, W)`` NCTHW in [-1, 1], ``F = 1 + 4k``, ``H``, ``W`` multiples of the
+        spatial scale ``s`` (8 for Wan 2.1, 16 for Wan 2.2);
         ``B`` a multiple of the mesh's ``dp``.
       mesh: a ``(dp, tp)`` mesh from ``make_mesh``.
       sample, seed, normalize, chunk: as in ``WanVAE.encode`` (the same seed gives the same noise).
@@ -147,7 +154,7 @@ def sharded_encode(
       halo: ``"exchange"``; ``"none"``/``"cyclic"`` are broken on purpose (negative controls).
       query_chunk: attention queries per score block on each device.
     Returns:
-      float32 latents ``(B, z, 1 + k, H/8, W/8)`` as a ``jax.Array`` on the mesh.
+      float32 latents ``(B, z, 1 + k, H/s, W/s)`` as a ``jax.Array`` on the mesh.
     """
     program = compile_encode(vae, np.shape(frames), mesh, split=split, chunk=chunk, halo=halo,
                              query_chunk=query_chunk)

@@ -119,8 +119,8 @@ class HaloRecorder:
     """A single-band stand-in context that records what ``BandContext`` would exchange.
 
     Trace a decode step on one band's shapes with it (``jax.eval_shape``): every ``pad_hw`` call
-    appends the shape and dtype of the one-row slab each device sends in each direction. (It has
-    no ``pad_hw_after``: it records decode steps, whose convs all pad on every side.)
+    appends the shape and dtype of the one-row slab each device sends in each direction. (Its
+    ``pad_hw_after`` raises: it records decode steps, whose convs all pad on every side.)
     """
 
     native_conv = False  # the conv path does not change what crosses devices
@@ -134,6 +134,9 @@ class HaloRecorder:
         shape[_positive(self.plan.axis, x.ndim)] = 1
         self.slabs.append((tuple(shape), np.dtype(x.dtype)))
         return zero_pad_hw(x)
+
+    def pad_hw_after(self, x: jax.Array) -> jax.Array:
+        raise NotImplementedError("HaloRecorder records decode steps; their convs pad on every side")
 
     def attend(self, q, k, v):
         return q  # shapes only

@@ -29,7 +29,8 @@ router = APIRouter()
              responses=ENCODE_RESPONSES, openapi_extra=ENCODE_OPENAPI)
 async def encode(request: Request, params: EncodeParamsDep, media_type: EncodeMediaTypeDep,
                  state: StateDep) -> Response:
-    """Encode to float32 latents ``(B, z, T, H/8, W/8)``; see the README for body formats."""
+    """Encode to float32 latents ``(B, z, T, H/s, W/s)`` (``s`` 8 for Wan 2.1, 16 for Wan 2.2); see the
+    README for body formats."""
     arrived = time.monotonic()
     model, worker = state.serving()
     model.require_encoder()  # 501 before a byte of the body is read

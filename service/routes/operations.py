@@ -58,7 +58,8 @@ async def list_models(state: StateDep) -> ModelList:
         max_latent_height=limits.max_latent_height, max_latent_width=limits.max_latent_width)
     return ModelList(data=[ModelInfo(
         id=settings.model or meta.get("name", "vae"), source=meta.get("source"),
-        random_weights=meta.get("random_weights"), dtype=vae.dtype, latents=latents, config=vae.config.to_dict(),
+        random_weights=meta.get("random_weights"), dtype=vae.dtype, encodes=vae.has_encoder, latents=latents,
+        config=vae.config.to_dict(),
         metadata=meta, mesh=MeshInfo(dp=settings.dp, tp=settings.tp, devices=model.devices,
                                      processes=model.slice.control.num_processes if model.slice else 1),
         batch_buckets=model.runner.buckets, warmed_shapes=[list(w.shape) for w in model.warmed],

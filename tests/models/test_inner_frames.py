@@ -20,7 +20,13 @@ from models.decode import step_program
 from models.decoder import STREAM_MIN_FRAME_BYTES, check_inner_frames, scan_frame_groups, stream_group
 from models.layers import CausalConv3d
 from models.spatial import SingleDeviceContext
-from wan_reference import ALL_CASES, case_config, fixture_path, seeded_decoder_weights, write_diffusers_folder
+from tests.helpers.wan_reference import (
+    ALL_CASES,
+    case_config,
+    fixture_path,
+    seeded_decoder_weights,
+    write_diffusers_folder,
+)
 
 EXACT = 1e-6
 # Activation-dominated (tiny weights, 256x256 frames at 8 channels in the last stage). Wan 2.2 in

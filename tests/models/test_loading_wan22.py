@@ -11,7 +11,7 @@ import models
 from models import keys
 from models.config import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
 from models.loading import embedded_vae, original_release_config
-from wan_reference import WAN22_SMALL, perturbed_diffusers_vae
+from tests.helpers.wan_reference import WAN22_SMALL, perturbed_diffusers_vae
 
 # The published vae/config.json of Wan-AI/Wan2.2-TI2V-5B-Diffusers, including ``clip_output``,
 # which diffusers' AutoencoderKLWan drops.
@@ -80,7 +80,13 @@ def reference():
 
 
 def _same_weights(a: models.WanVAE, b: models.WanVAE) -> bool:
-    left, right = nnx.to_flat_state(a.state), nnx.to_flat_state(b.state)
+    """Both halves: the decoder's weights and the encoder's (which both models must have)."""
+    assert a.has_encoder and b.has_encoder
+    return all(_same_state(x, y) for x, y in ((a.state, b.state), (a.encoder_state, b.encoder_state)))
+
+
+def _same_state(a, b) -> bool:
+    left, right = nnx.to_flat_state(a), nnx.to_flat_state(b)
     return [p for p, _ in left] == [p for p, _ in right] and all(
         np.array_equal(np.asarray(x[...]), np.asarray(y[...])) for (_, x), (_, y) in zip(left, right, strict=True))
 
@@ -91,6 +97,11 @@ def test_original_pth_loads_and_converts_to_a_folder_diffusers_loads(tmp_path, r
 
     reference.save_pretrained(tmp_path / "diffusers")  # a full checkpoint: encoder tensors present
     from_folder = models.load_vae(tmp_path / "diffusers")
+    encoder_tensors = sum(v.numel() for k, v in reference.state_dict().items()
+                          if k.startswith(("encoder.", "quant_conv.")))
+    assert from_folder.metadata["encoder_parameters"] == encoder_tensors > 0  # both halves loaded
+    assert "encoder.downsamples.1.downsamples.1.resample.1.weight" in {  # R = 1: the downsampler is layer 1
+        keys.diffusers_to_original(k, 1, residual=True) for k in reference.state_dict()}
     state = {keys.diffusers_to_original(k, 1, residual=True): v for k, v in reference.state_dict().items()}
     assert "decoder.upsamples.1.upsamples.2.time_conv.weight" in state  # R = 1: the upsampler is layer 2
     torch.save(state, tmp_path / "Wan2.2_VAE.pth")
@@ -105,8 +116,9 @@ def test_original_pth_loads_and_converts_to_a_folder_diffusers_loads(tmp_path, r
 
 
 def test_embedded_models_by_name():
-    """``load_vae("wan2.2")`` builds ``MODEL_NAMES["wan2.2"]`` with seeded random weights (the service
-    test ``test_wan22_service`` loads it for real: 555 M parameters take ~30 s to draw)."""
+    """``load_vae("wan2.2")`` builds ``MODEL_NAMES["wan2.2"]`` with seeded random weights, encoder
+    included (the service test ``test_embedded_wan22_from_the_environment`` loads it for real:
+    555 M decoder + 150 M encoder parameters take ~30 s to draw)."""
     assert models.MODEL_NAMES["wan2.2"]() == models.WanVAEConfig.wan22()
     assert models.MODEL_NAMES["wan2.1"]() == models.WanVAEConfig()
     with pytest.raises(ValueError, match="no embedded model 'wan3'"):

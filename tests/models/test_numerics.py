@@ -4,8 +4,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from models.decode import to_uint8
-from models.spatial import SingleDeviceContext, dot_product_attention
 from models.conv import (
     causal_conv3x3x3,
     conv2d_frames,
@@ -16,6 +14,8 @@ from models.conv import (
     upsample2x_conv2d_frames,
     upsample_nearest_2x,
 )
+from models.decode import to_uint8
+from models.spatial import SingleDeviceContext, dot_product_attention
 
 RNG = np.random.default_rng(0)
 

@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import models
-from wan_reference import CASES, case_config, fixture_path, seeded_decoder_weights, write_diffusers_folder
+from tests.helpers.wan_reference import CASES, case_config, fixture_path, seeded_decoder_weights, write_diffusers_folder
 
 PARITY_TOL = 1e-4
 

@@ -14,7 +14,13 @@ from safetensors.numpy import load_file
 import models
 from models import decoder, layers
 from models.loading import build_vae
-from wan_reference import CASES22, case_config, fixture_path, seeded_decoder_weights, write_diffusers_folder
+from tests.helpers.wan_reference import (
+    CASES22,
+    case_config,
+    fixture_path,
+    seeded_decoder_weights,
+    write_diffusers_folder,
+)
 
 PARITY_TOL = 1e-4
 SMALL = "wan22_small"

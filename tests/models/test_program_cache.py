@@ -7,7 +7,7 @@ import pytest
 
 import models
 from models.conv import native_conv_for
-from models.programs import ProgramCache
+from models.programs import ProgramCache, ProgramKey
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 SHAPE = (1, 16, 2, 3, 3)
@@ -23,12 +23,15 @@ def test_a_shape_compiles_once_and_the_cache_drops_the_least_recently_used(vae):
     first = np.asarray(vae.decode(x))
     compiles = vae.programs.compiles
     assert np.array_equal(np.asarray(vae.decode(x)), first) and vae.programs.compiles == compiles
+    (key,) = vae.programs.keys()  # a named key: what the service lists under /v1/models
+    assert isinstance(key, ProgramKey) and key.mesh is None and dict(key.options) == {"denormalize": False, "chunk": 1}
+    assert key.describe() == ["decode", list(SHAPE), "float"]
 
     seen = []
     cache = ProgramCache(max_entries=2)
     cache.on_evict = seen.append
     for key in ("a", "b", "a", "c"):  # "a" is used again before "c" arrives, so "b" goes
-        cache.get(key, lambda: _Lowered(key))
+        cache.get(key, lambda key=key: _Lowered(key))  # bind this iteration's key (B023)
     assert cache.keys() == ["a", "c"] and seen == ["b"]
     assert (cache.compiles, cache.evictions) == (3, 1)
     with pytest.raises(ValueError, match="max_entries"):

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.layers import duplicate_up, patchify, unpatchify
+from models.layers import average_down, duplicate_up, patchify, unpatchify
 
 RNG = np.random.default_rng(0)
 
@@ -60,3 +60,39 @@ def test_patchify_is_diffusers_patchify_and_inverts_unpatchify():
     expected = _ncthw(frames).reshape(b, c, f, hp // 2, 2, wp // 2, 2).transpose(0, 1, 6, 4, 2, 3, 5)
     assert np.array_equal(_ncthw(got), expected.reshape(b, c * 4, f, hp // 2, wp // 2))
     assert np.array_equal(np.asarray(unpatchify(jnp.asarray(got), 2)), frames)
+
+
+def _diffusers_avg_down(x, cout, factor_t, factor_s):
+    """diffusers' AvgDown3D.forward on NCTHW, step by step (front time padding, view, permute, view, mean)."""
+    pad_t = (factor_t - x.shape[2] % factor_t) % factor_t
+    x = np.pad(x, ((0, 0), (0, 0), (pad_t, 0), (0, 0), (0, 0)))
+    b, c, t, h, w = x.shape
+    factor = factor_t * factor_s * factor_s
+    x = x.reshape(b, c, t // factor_t, factor_t, h // factor_s, factor_s, w // factor_s, factor_s)
+    x = x.transpose(0, 1, 3, 5, 7, 2, 4, 6).reshape(b, c * factor, t // factor_t, h // factor_s, w // factor_s)
+    return x.reshape(b, cout, c * factor // cout, t // factor_t, h // factor_s, w // factor_s).mean(axis=2)
+
+
+@pytest.mark.parametrize("cin, cout, factor_t, factor_s, frames", [
+    (16, 16, 2, 2, 1), (16, 32, 2, 2, 4), (16, 32, 2, 2, 1), (32, 64, 1, 2, 3), (64, 64, 1, 1, 4), (12, 8, 2, 2, 5)],
+    ids=["first-chunk", "widening-chunk", "widening-first-chunk", "space-only", "identity", "narrowing-odd-frames"])
+def test_average_down_is_diffusers_avg_down_3d(cin, cout, factor_t, factor_s, frames):
+    x = RNG.standard_normal((2, frames, 4, 6, cin)).astype(np.float32)  # (B, T, H, W, C)
+    got = np.asarray(average_down(jnp.asarray(x), cout, factor_t=factor_t, factor_s=factor_s))
+    expected = _diffusers_avg_down(_ncthw(x), cout, factor_t, factor_s)
+    assert got.shape == (2, -(-frames // factor_t), 4 // factor_s, 6 // factor_s, cout)
+    assert np.abs(_ncthw(got) - expected).max() <= 1e-6
+
+
+def test_average_down_pads_the_first_chunk_in_front():
+    """One frame, doubled width: output channel 2c averages the zero frame's sub-positions of input
+    channel c (it is 0), 2c + 1 the real frame's 2x2 block."""
+    x = RNG.standard_normal((1, 1, 2, 2, 3)).astype(np.float32)
+    got = np.asarray(average_down(jnp.asarray(x), 6, factor_t=2, factor_s=2))
+    assert np.array_equal(got[..., 0::2], np.zeros((1, 1, 1, 1, 3), np.float32))
+    assert np.allclose(got[0, 0, 0, 0, 1::2], x[0, 0].mean(axis=(0, 1)), atol=1e-6)
+
+
+def test_average_down_refuses_groups_that_do_not_divide():
+    with pytest.raises(ValueError, match="must split into 48 groups"):
+        average_down(jnp.zeros((1, 1, 2, 2, 20)), 48, factor_t=2, factor_s=2)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from slice_process import micro_encoder_vae, micro_vae, slice_frames, slice_latents
 
 import models
 import sharding
+from tests.helpers.slice_process import micro_encoder_vae, micro_vae, slice_frames, slice_latents
 
 
 @pytest.fixture(scope="session")

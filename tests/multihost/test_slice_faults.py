@@ -1,6 +1,6 @@
 """A slice that loses or disagrees with a process fails clearly, in bounded time; a stop request stops it cleanly.
 
-Each test starts its own pair of processes (``slice_process.py SCENARIO``); every wait is bounded.
+Each test starts its own pair of processes (``tests.helpers.slice_process SCENARIO``); every wait is bounded.
 The stated detection time is ``heartbeat + interval`` (then process 0 exits after its grace);
 the assertions allow 5 s more for a loaded machine.
 """
@@ -11,10 +11,10 @@ import signal
 import time
 
 import pytest
-from slice_helpers import start_slice, stop_all, wait_until_ready
-from slice_process import FAULT_HEARTBEAT_S, GRACE_S, INTERVAL_S
 
 from service.distributed import EXIT_SLICE_FAILED
+from tests.helpers.slice_helpers import start_slice, stop_all, wait_until_ready
+from tests.helpers.slice_process import FAULT_HEARTBEAT_S, GRACE_S, INTERVAL_S
 
 START_TIMEOUT_S = 240
 EXIT_BOUND_S = FAULT_HEARTBEAT_S + INTERVAL_S + GRACE_S + 5

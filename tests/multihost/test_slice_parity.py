@@ -1,6 +1,6 @@
 """Two processes x 2 CPU devices decode (and encode) exactly what one process with the same mesh does.
 
-One slice (``slice_process.py parity``) runs every check of this module: tp = 4 across both
+One slice (``tests.helpers.slice_process parity``) runs every check of this module: tp = 4 across both
 processes (the halo between bands 1 and 2 crosses processes; uint8, float and streamed frames) and
 tp = 2 x dp = 2 (one replica per process; uint8 and float), a stream abandoned after one step, a
 call that fails on every process, and a negative control without halos. The references are
@@ -13,7 +13,8 @@ import json
 
 import numpy as np
 import pytest
-from slice_helpers import start_slice, stop_all
+
+from tests.helpers.slice_helpers import start_slice, stop_all
 
 SLICE_TIMEOUT_S = 400  # compiles of ~10 small programs per process on 2 shared cores
 

@@ -18,10 +18,10 @@ import time
 import httpx
 import numpy as np
 import pytest
-from slice_helpers import start_serve_slice, stop_all, wait_until_serving
-from slice_process import slice_latents
 
 from service.client import decode_stream
+from tests.helpers.slice_helpers import start_serve_slice, stop_all, wait_until_serving
+from tests.helpers.slice_process import slice_latents
 
 HEARTBEAT_S, GRACE_S = 3, 3
 MESH = ["--tp", "2", "--dp", "2", "--max-batch", "2", "--heartbeat-timeout-s", str(HEARTBEAT_S),

@@ -1,4 +1,4 @@
-"""Fixtures for the service tests (helpers live in service_helpers.py)."""
+"""Fixtures for the service tests (helpers live in tests/helpers/service_helpers.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import models
-from service_helpers import make_test_model
+from tests.helpers.service_helpers import make_test_model
 
 
 @pytest.fixture(scope="session")

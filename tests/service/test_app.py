@@ -16,8 +16,7 @@ import pytest
 from service import codec, create_app
 from service.client import read_stream
 from service.runner import DeviceRunner
-
-from service_helpers import PoisonRunner, app_client, latents, poisoned, settings_for_tests
+from tests.helpers.service_helpers import PoisonRunner, app_client, latents, poisoned, settings_for_tests
 
 PROBLEM = "application/problem+json"
 KEY = "s3cret"

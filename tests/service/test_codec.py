@@ -15,8 +15,7 @@ import safetensors.numpy
 
 from service import codec
 from service.errors import Problem
-
-from service_helpers import latents
+from tests.helpers.service_helpers import latents
 
 LIMITS = codec.Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)
 RAW, NPY, SAFETENSORS = "tensor/binary", "application/x-npy", "application/x-safetensors"

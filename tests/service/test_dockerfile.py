@@ -9,8 +9,7 @@ import tomllib
 
 from service.cli import build_parser
 from service.settings import Settings
-
-from service_helpers import REPO
+from tests.helpers.service_helpers import REPO
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())

@@ -23,8 +23,7 @@ from service import codec
 from service.client import DecodeError
 from service.client import encode as client_encode
 from service.runner import DeviceRunner
-
-from service_helpers import app_client, thread_server
+from tests.helpers.service_helpers import app_client, thread_server
 
 PROBLEM = "application/problem+json"
 VIDEO = (1, 3, 5, 16, 24)  # -> latents (1, 16, 2, 2, 3)

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service_helpers import REPO, WARM, free_port, latents, start_server
+from tests.helpers.service_helpers import REPO, WARM, free_port, latents, start_server
 
 KEY = "s3cret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -10,10 +10,9 @@ import re
 import subprocess
 import sys
 
-from service_helpers import REPO, app_client, free_port, make_test_model
-
 from sharding.inspect import program_memory
 from sharding.planner import program_total_bytes
+from tests.helpers.service_helpers import REPO, app_client, free_port, make_test_model
 
 MICRO = dict(dim_mult=(1, 2), temperal_downsample=(True,), scale_factor_temporal=2, scale_factor_spatial=2)
 WARM = "16x2x8x8:uint8"
@@ -42,5 +41,5 @@ def test_models_lists_the_bytes_of_every_compiled_program():
     assert set(rows) == {("decode", (1, 16, 2, 8, 8), "uint8"), ("decode", (2, 16, 2, 8, 8), "uint8")}
     for key in vae.programs.keys():  # the numbers are the compiled programs' memory_analysis()
         memory = program_memory(vae.programs.peek(key))
-        row = rows[("decode", tuple(key[2]), key[4])]
+        row = rows[(key.program, key.shape, key.variant)]
         assert row["temp_bytes"] == memory["temp_bytes"] and row["total_bytes"] == program_total_bytes(memory) > 0

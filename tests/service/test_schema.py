@@ -16,7 +16,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from service_helpers import thread_server
+from tests.helpers.service_helpers import thread_server
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 EXAMPLES = 30  # per operation and mode: a few seconds in all on 2 cores

@@ -16,8 +16,7 @@ import safetensors.numpy
 
 from service import codec
 from service.client import DecodeError, decode, decode_stream
-
-from service_helpers import WARM, latents, start_server
+from tests.helpers.service_helpers import WARM, latents, start_server
 
 PROBLEM = "application/problem+json"
 LIMITS = ["--max-frames", "9", "--max-height", "64", "--max-width", "64", "--max-body-bytes", "65536"]

@@ -10,8 +10,8 @@ from service import codec
 from service.client import read_stream
 from service.runner import batch_buckets, bucket_for, pad_batch
 from service.settings import Settings, parse_latent_shape
+from tests.helpers.service_helpers import latents, make_test_model
 
-from service_helpers import latents, make_test_model
 
 def test_stream_framing_survives_any_chunking():
     payloads = [bytes(range(7)), b"", b"\x01" * 100]

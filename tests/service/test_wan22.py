@@ -1,33 +1,46 @@
 """The service with a Wan 2.2 model: channels, scales and limits come from the loaded config.
 
-A small 2.2 model (48 latent channels, 16x: 8x decoder and 2x2 patches) behind a real uvicorn
-server, driven by diffusers' own ``remote_decode``; and the embedded ``wan2.2`` selected by
-``VAESERVE_MODEL``, as ``--model wan2.2`` does.
+A small full 2.2 checkpoint (48 latent channels, 16x: 8x and 2x2 patches; encoder included)
+behind a real uvicorn server, driven by diffusers' own ``remote_decode`` and ``remote_encode``;
+``vaeserve encode`` on it; and the embedded ``wan2.2`` selected by ``VAESERVE_MODEL``, as
+``--model wan2.2`` does. Encodes use one frame shape (1, 3, 1, 32, 48): one compile each side.
 """
 
 from __future__ import annotations
 
+import io
+
 import httpx
 import numpy as np
 import pytest
+from PIL import Image
 
 import models
 from models.decode import to_uint8
 from service import codec
-
-from service_helpers import app_client, latents, thread_server
+from tests.helpers.service_helpers import app_client, latents, thread_server
 
 PROBLEM = "application/problem+json"
 LATENT = (1, 48, 2, 3, 2)  # -> (1, 5, 48, 32, 3) frames
+IMAGE = (32, 48)  # (H, W) of the encoded frames -> latents (1, 48, 1, 2, 3)
+ENCODE_TOLERANCE = 1e-5  # the service's (sharded, tp = 1) encode against vae.encode's single-device one
 
 
 @pytest.fixture(scope="module")
-def vae22(tmp_path_factory):
-    """A small Wan 2.2 saved as a diffusers folder and loaded back (as ``--model DIR`` would)."""
+def folder22(tmp_path_factory):
+    """A small full Wan 2.2 checkpoint (decoder and encoder) as a diffusers folder."""
     folder = tmp_path_factory.mktemp("wan22")
     config = models.WanVAEConfig.wan22(base_dim=8, decoder_base_dim=8, num_res_blocks=1)
     models.save_vae(models.init_vae(config, seed=0), folder)
-    return models.load_vae(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def vae22(folder22):
+    """The folder loaded back, as ``--model DIR`` would: both halves."""
+    vae = models.load_vae(folder22)
+    assert vae.has_encoder and vae.metadata["encoder_parameters"] > 0
+    return vae
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +60,7 @@ def test_models_shows_the_2_2_latents_and_limits(server):
     assert info["latents"] == {"channels": 48, "spatial_scale": 16, "temporal_scale": 4, "max_batch": 2,
                                "max_latent_frames": 3, "max_latent_height": 4, "max_latent_width": 4}
     assert info["config"]["is_residual"] is True and info["config"]["patch_size"] == 2
+    assert info["encodes"] is True
 
 
 def test_errors_name_the_model_channels_and_scale(server):
@@ -87,12 +101,77 @@ def test_diffusers_remote_decode_mp4_and_pt(server, vae22):
     assert np.abs(floats.float().numpy() - ref_float).max() < 2e-3
 
 
+def _pixels(height: int, width: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def _as_frames(rgb: np.ndarray) -> np.ndarray:
+    """uint8 ``(H, W, 3)`` → ``(1, 3, 1, H, W)`` in [-1, 1], as diffusers' image processor converts."""
+    return (2.0 * (rgb.astype(np.float32) / 255.0) - 1.0).transpose(2, 0, 1)[None, :, None]
+
+
+def _png(rgb: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_diffusers_remote_encode_tensor_and_image(server, vae22):
+    """diffusers' client unchanged: a tensor (raw bytes, no Content-Type) and a PIL image (a PNG)
+    give 48-channel latents at 1/16 of the size, equal to ``vae.encode`` of the same frames."""
+    torch = pytest.importorskip("torch")
+    from diffusers.utils.remote_utils import remote_encode
+
+    endpoint = server.url + "/v1/encode"
+    rgb = _pixels(*IMAGE, seed=3)
+    tensor = np.random.default_rng(4).uniform(-1, 1, (1, 3, 1, *IMAGE)).astype(np.float32)
+    for sent, frames in ((Image.fromarray(rgb), _as_frames(rgb)), (torch.from_numpy(tensor), tensor)):
+        got = remote_encode(endpoint=endpoint, image=sent)
+        want = np.asarray(vae22.encode(frames))
+        assert tuple(got.shape) == want.shape == (1, 48, 1, 2, 3) and got.dtype == torch.float32
+        assert np.abs(got.numpy() - want).max() <= ENCODE_TOLERANCE
+        assert want.std() > 0.05
+    with pytest.raises(RuntimeError) as info:  # remote_encode raises response.json(): our problem body
+        remote_encode(endpoint=endpoint, image=Image.fromarray(_pixels(40, 48, seed=5)))
+    assert "invalid-height" in str(info.value) and "multiple of 16" in str(info.value)
+    assert "'expected': [32, 48]" in str(info.value) and "'received': 40" in str(info.value)
+
+
+def test_encode_errors_name_the_frame_channels_and_the_16x_sizes(server):
+    """Frames are RGB (3 channels) although the patchified encoder takes 12; sizes are multiples of 16."""
+    def post(shape):
+        x = np.zeros(shape, np.float32)
+        return httpx.post(server.url + "/v1/encode", content=x.tobytes(), timeout=120,
+                          params={"shape": ",".join(map(str, shape)), "dtype": "float32"})
+
+    twelve = post((1, 12, 1, 16, 16))
+    assert twelve.status_code == 422 and twelve.headers["content-type"] == PROBLEM
+    assert (twelve.json()["expected"], twelve.json()["received"]) == (3, 12)
+    narrow = post((1, 3, 1, 32, 40)).json()
+    assert narrow["type"].endswith("/invalid-width") and (narrow["expected"], narrow["received"]) == ([32, 48], 40)
+
+
+def test_command_line_encode(folder22, vae22, tmp_path):
+    from service.cli import main
+
+    rgb = _pixels(*IMAGE, seed=6)
+    (tmp_path / "first.png").write_bytes(_png(rgb))
+    assert main(["encode", str(tmp_path / "first.png"), "-o", str(tmp_path / "z.npy"), "--model", str(folder22)]) == 0
+    written = np.load(tmp_path / "z.npy", allow_pickle=False)
+    want = np.asarray(vae22.encode(_as_frames(rgb)))
+    assert written.shape == want.shape == (1, 48, 1, 2, 3)
+    assert np.abs(written - want).max() <= ENCODE_TOLERANCE
+    (tmp_path / "tall.png").write_bytes(_png(_pixels(40, 48, seed=7)))
+    with pytest.raises(SystemExit, match=r"multiple of 16: expected \[32, 48\], received 40"):
+        main(["encode", str(tmp_path / "tall.png"), "-o", str(tmp_path / "out.npy"), "--model", str(folder22)])
+
+
 def test_embedded_wan22_from_the_environment(monkeypatch):
     """``VAESERVE_MODEL=wan2.2``: the real 2.2 architecture (555 M parameters), random weights."""
     monkeypatch.setenv("VAESERVE_MODEL", "wan2.2")
     with app_client(None, max_height=1280, max_width=1280, max_frames=121) as client:
         info = client.get("/v1/models").json()["data"][0]
-        assert info["id"] == "wan2.2" and info["random_weights"] is True
+        assert info["id"] == "wan2.2" and info["random_weights"] is True and info["encodes"] is True
         assert info["config"] == models.WanVAEConfig.wan22().to_dict()
         assert info["latents"]["channels"] == 48 and info["latents"]["spatial_scale"] == 16
         # TI2V-5B's native 1280x704x121 is the largest request these limits allow

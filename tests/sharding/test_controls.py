@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sharding
-from tests.sharding.conftest import WIDTH, make_latents
+from tests.helpers.sharding_helpers import WIDTH, make_latents
 
 SHAPE = (1, 3, 8, WIDTH)  # shared with test_exact (tp=8 there; tp=4 here)
 TP = 4

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sharding
-from tests.sharding.conftest import WIDTH, make_latents
+from tests.helpers.sharding_helpers import WIDTH, make_latents
 
 TOLERANCE = 1e-5
 
@@ -18,8 +18,8 @@ TOLERANCE = 1e-5
 # uneven heights leave partly padded bands (tp=3: 7 → 9, tp=8: 13 → 16) and wholly padded ones
 # (tp=4: 5 → 8 leaves rank 3 empty).
 HEIGHTS = {1: (5,), 2: (8, 5), 3: (6, 7), 4: (8, 5), 8: (8, 13)}
-CASES = [(tp, height, frames) for tp, heights in HEIGHTS.items() for height in heights for frames in (1, 3)]
-CASES = [pytest.param(*case, id="tp{}-h{}-t{}".format(*case)) for case in CASES]
+CASES = [pytest.param(tp, height, frames, id=f"tp{tp}-h{height}-t{frames}")
+         for tp, heights in HEIGHTS.items() for height in heights for frames in (1, 3)]
 
 
 def _max_diff(a, b) -> float:

@@ -14,7 +14,7 @@ import pytest
 
 import sharding
 from models.decode import to_uint8
-from tests.sharding.conftest import make_latents
+from tests.helpers.sharding_helpers import make_latents
 
 TOLERANCE = 1e-5
 SHAPE = (1, 3, 7, 5)  # (B, T, H, W): 7 rows over tp = 2, 3, 4, 8 pad to 8, 9, 8, 8

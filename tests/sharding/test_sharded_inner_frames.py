@@ -11,7 +11,7 @@ import numpy as np
 
 import sharding
 from models.decode import to_uint8
-from tests.sharding.conftest import WIDTH, make_latents
+from tests.helpers.sharding_helpers import WIDTH, make_latents
 
 TOLERANCE = 1e-5
 TP, SHAPE = 4, (1, 3, 5, WIDTH)  # latent height 5 over 4 bands: 2, 2, 1 and 0 real rows (padded)

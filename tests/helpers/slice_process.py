@@ -1,7 +1,7 @@
 """One process of a 2-process test slice (2 CPU devices each, gloo collectives).
 
-``python tests/multihost/slice_process.py SCENARIO --process-id I --port P --out DIR``. Every
-process builds the same tiny model and the same handler table (two ``DeviceRunner``s: tp = 4
+``python -m tests.helpers.slice_process SCENARIO --process-id I --port P --out DIR``, run from the
+repository root. Every process builds the same tiny model and the same handler table (two ``DeviceRunner``s: tp = 4
 across both processes, and tp = 2 x dp = 2 with one replica per process), then process 0 drives
 SCENARIO while the follower runs ``broadcast.follow``:
 
@@ -34,10 +34,7 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "models")]
-
-from service.distributed import SliceFailed, SliceMonitor, exit_on_failure, initialize, wait_for_exit  # noqa: E402
+from service.distributed import SliceFailed, SliceMonitor, exit_on_failure, initialize, wait_for_exit
 
 # The smallest Wan-shaped decoder (one up stage, 2x in space and time): compiles dominate these tests.
 MICRO = dict(base_dim=8, num_res_blocks=0, dim_mult=(1, 2), temperal_downsample=(True,), scale_factor_spatial=2,
@@ -52,10 +49,9 @@ INTERVAL_S, GRACE_S = 0.5, 1.5
 def micro_vae():
     """The MICRO decoder with seeded NumPy weights (perturbed gammas and biases): built in well
     under a second, where ``init_vae``'s one small compile per initializer took ~20 s here."""
-    from wan_reference import seeded_decoder_weights
-
     import models
     from models.loading import build_vae
+    from tests.helpers.wan_reference import seeded_decoder_weights
 
     config = models.WanVAEConfig(**MICRO)
     return build_vae(config, seeded_decoder_weights(config, seed=7), dtype="float32", metadata={"source": "seed 7"})
@@ -64,10 +60,9 @@ def micro_vae():
 def micro_encoder_vae():
     """MICRO with one residual block per stage (the encoder needs them to widen its stages), decoder
     and encoder seeded: for the encode call."""
-    from wan_reference import seeded_vae_weights
-
     import models
     from models.loading import build_vae
+    from tests.helpers.wan_reference import seeded_vae_weights
 
     config = models.WanVAEConfig(**{**MICRO, "num_res_blocks": 1})
     return build_vae(config, seeded_vae_weights(config, seed=7), dtype="float32", metadata={"source": "seed 7"})

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import httpx
 import numpy as np
@@ -152,7 +153,15 @@ def app_client(vae, *, runner_factory=None, expect_ready=True, **settings) -> It
         yield client
 
 
-def wait_ready(probe: Callable[[], httpx.Response | None], timeout: float = 120, expect_ready: bool = True) -> None:
+class StatusAnswer(Protocol):
+    """What ``wait_ready`` reads of a response: httpx's, or the TestClient's (httpx2's)."""
+
+    status_code: int
+
+    def json(self) -> Any: ...
+
+
+def wait_ready(probe: Callable[[], StatusAnswer | None], timeout: float = 120, expect_ready: bool = True) -> None:
     deadline = time.monotonic() + timeout
     while True:
         response = probe()

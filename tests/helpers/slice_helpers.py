@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("slice_process.py")
+SLICE_MODULE = "tests.helpers.slice_process"  # run with -m from REPO: it imports tests.helpers as pytest does
 
 
 def free_port() -> int:
@@ -58,13 +58,14 @@ class SliceProcess:
 
 
 def start_slice(scenario: str, out: Path, num_processes: int = 2) -> list[SliceProcess]:
-    """``num_processes`` processes of ``slice_process.py SCENARIO``, logs in ``out``."""
+    """``num_processes`` processes of ``tests.helpers.slice_process SCENARIO``, logs in ``out``."""
     port = free_port()
     processes = []
     for pid in range(num_processes):
         log_path = out / f"process{pid}.log"
         with open(log_path, "wb") as log:
-            cmd = [sys.executable, str(SCRIPT), scenario, "--process-id", str(pid), "--port", str(port), "--out", str(out)]
+            cmd = [sys.executable, "-m", SLICE_MODULE, scenario, "--process-id", str(pid), "--port", str(port),
+                   "--out", str(out)]
             process = subprocess.Popen(cmd, cwd=REPO, env=slice_env(), stdout=log, stderr=subprocess.STDOUT)
         processes.append(SliceProcess(pid, process, log_path))
     return processes

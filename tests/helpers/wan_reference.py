@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -31,14 +32,6 @@ CASES = {
 }
 
 
-# Encoder cases: name: (config overrides, seed, frame shapes (B, 3, F, H, W)). F ∈ {1, 5, 9}; H
-# and W odd multiples of 8 (odd latent sizes); batch 2 on the small config, the real config too.
-ENCODE_CASES = {
-    "tiny_r1": ({"base_dim": 8, "num_res_blocks": 1}, 1, [(2, 3, 1, 24, 40), (2, 3, 9, 40, 24)]),
-    "wan21": ({}, 4, [(1, 3, 5, 24, 24)]),
-}
-
-
 # Wan 2.2 (is_residual, 2x2 patchify, 48 latent channels): a small config whose time upsamplers
 # sit in stages 1 and 2 (the real one: 0 and 1), so one DupUp3D shortcut halves the width while
 # doubling time — its two frames per latent frame then differ, and the first chunk's dropped frame
@@ -54,6 +47,17 @@ CASES22 = {
     "wan22": (WAN22_REAL, 6, [(1, 48, 2, 3, 3)]),
 }
 ALL_CASES = {**CASES, **CASES22}
+
+# Encoder cases: name: (config overrides, seed, frame shapes (B, 3, F, H, W)). F ∈ {1, 5, 9}; H
+# and W odd multiples of the spatial scale (odd latent sizes: 8 for Wan 2.1, 16 for Wan 2.2);
+# batch 2 on the small configs; the real configs with the fewest frames their compile allows.
+# A name shared with a decoder case has its config and seed (both halves come from one seed).
+ENCODE_CASES = {
+    "tiny_r1": ({"base_dim": 8, "num_res_blocks": 1}, 1, [(2, 3, 1, 24, 40), (2, 3, 9, 40, 24)]),
+    "wan21": ({}, 4, [(1, 3, 5, 24, 24)]),
+    "wan22_small": (WAN22_SMALL, 5, [(2, 3, 1, 48, 80), (1, 3, 5, 48, 48), (2, 3, 9, 16, 48)]),
+    "wan22": (WAN22_REAL, 6, [(1, 3, 1, 16, 48)]),
+}
 
 
 def case_config(name: str) -> models.WanVAEConfig:
@@ -94,6 +98,22 @@ def _seeded_weights(module_type, config: models.WanVAEConfig, rng: np.random.Gen
     return weights
 
 
+def encoder_only_vae(config: models.WanVAEConfig, weights: dict[str, np.ndarray]) -> models.WanVAE:
+    """A ``WanVAE`` whose encoder holds ``weights`` (diffusers names and layouts, every one checked
+    for shape) and whose decoder is abstract (shapes only, as in ``abstract_vae``): the real
+    Wan 2.2 encoder without drawing the 555 M weights of its decoder. It encodes; it cannot decode."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: WanEncoder(config, rngs=nnx.Rngs(0))))
+    leaves = []
+    for path, var in nnx.to_flat_state(state):
+        array = weights.pop(keys.diffusers_key(path))
+        assert array.shape == keys.torch_shape(path, var.shape), (path, array.shape)
+        leaves.append((path, var.replace(jnp.asarray(keys.from_torch(path, array, var.shape)))))
+    assert not weights, sorted(weights)  # every tensor found a parameter
+    decoder = nnx.eval_shape(lambda: WanDecoder(config, rngs=nnx.Rngs(0)))
+    return models.WanVAE(config, decoder, dtype="float32", encoder=nnx.merge(graphdef, nnx.from_flat_state(leaves)),
+                         metadata={"source": "seeded encoder, abstract decoder"})
+
+
 def seeded_latents(shape, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
@@ -123,11 +143,11 @@ def encode_fixture_path(name: str, shape) -> Path:
 
 def perturbed_diffusers_vae(overrides: dict, seed: int):
     """diffusers' ``AutoencoderKLWan`` with torch-seeded weights, gammas and biases perturbed."""
-    import diffusers
     import torch
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
     torch.manual_seed(seed)
-    model = diffusers.AutoencoderKLWan(**overrides).eval()
+    model = AutoencoderKLWan(**overrides).eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.endswith("gamma"):
