@@ -64,6 +64,12 @@ def check_inner_frames(inner_frames: int | None) -> int | None:
     return inner_frames
 
 
+def inner_frames_option(inner_frames: int | None) -> dict[str, int]:
+    """``inner_frames`` as a program-key option: absent for the default (None), so the keys of
+    default programs (listed by the service) read as they did before the option existed."""
+    return {} if inner_frames is None else {"inner_frames": inner_frames}
+
+
 def stream_group(inner_frames: int | None, full_frame_bytes: int) -> int | None:
     """Frames per inner step: ``inner_frames`` if given, else 1 for frames of at least
     ``STREAM_MIN_FRAME_BYTES`` at full resolution, else None (no inner loop)."""

@@ -14,7 +14,7 @@ from flax import nnx
 from .config import ConfigError, WanVAEConfig
 from .conv import native_conv_for
 from .decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
-from .decoder import WanDecoder, check_inner_frames
+from .decoder import WanDecoder, check_inner_frames, inner_frames_option
 from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
 from .encoder import FRAMES_PER_CHUNK, WanEncoder, check_encoder_config
 from .programs import ProgramCache, program_key
@@ -165,11 +165,12 @@ class WanVAE:
         shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
         inner_frames = check_inner_frames(inner_frames)
         check_latents_shape(shape, self.config)
-        key = program_key("decode", shape, output, denormalize=denormalize, chunk=chunk, inner_frames=inner_frames)
+        key = program_key("decode", shape, output, denormalize=denormalize, chunk=chunk,
+                          **inner_frames_option(inner_frames))
 
         def lower():
             run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
-                               denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames)
+                               denormalize=denormalize, output=output, chunk=chunk, **inner_frames_option(inner_frames))
             return jax.jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32))
 
         return self.programs.get(key, lower)
@@ -178,7 +179,7 @@ class WanVAE:
                       inner_frames: int | None) -> jax.stages.Compiled:
         """The stream step for latents of ``shape`` after ``caches`` (abstract; None for frame 0)."""
         key = program_key("stream-step", shape, "first" if caches is None else "next", denormalize=denormalize,
-                          inner_frames=inner_frames)
+                          **inner_frames_option(inner_frames))
 
         def lower():
             run = step_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,

@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from models.conv import native_conv_for
 from models.decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
-from models.decoder import check_inner_frames
+from models.decoder import check_inner_frames, inner_frames_option
 from models.programs import program_key
 from models.vae import DTYPES, WanVAE, check_latents_shape
 
@@ -147,7 +147,7 @@ def _full(vae: WanVAE, mesh: Mesh, plan: BandPlan, *, denormalize: bool, output:
           inner_frames: int | None, halo: str, query_chunk: int) -> Callable:
     """The whole decode on each band under ``shard_map``; latents padded and frames cropped around it."""
     local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, plan, halo, query_chunk),
-                         denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames)
+                         denormalize=denormalize, output=output, chunk=chunk, **inner_frames_option(inner_frames))
     sharded = _shard(mesh, local, (P(), latents_spec(plan)), frames_spec(plan, output))
 
     def run(state, latents):
@@ -194,7 +194,7 @@ def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: O
     check_halo(halo)
     plan = make_plan(vae, shape, mesh, split)
     key = program_key("decode", shape, output, mesh=mesh_key(mesh), plan=plan, denormalize=denormalize, chunk=chunk,
-                      inner_frames=inner_frames, halo=halo, query_chunk=query_chunk)
+                      halo=halo, query_chunk=query_chunk, **inner_frames_option(inner_frames))
 
     def lower():
         run = _full(vae, mesh, plan, denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
@@ -226,7 +226,8 @@ def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denorma
         run = _step(vae, mesh, plan, first=first, denormalize=denormalize, inner_frames=inner_frames, halo=halo,
                     query_chunk=query_chunk)
         key = program_key("stream-step", z.shape, "first" if first else "next", mesh=mesh_key(mesh), plan=plan,
-                          denormalize=denormalize, inner_frames=inner_frames, halo=halo, query_chunk=query_chunk)
+                          denormalize=denormalize, halo=halo, query_chunk=query_chunk,
+                          **inner_frames_option(inner_frames))
         programs[start, stop] = vae.programs.get(key, functools.partial(_lower, run, state, caches, z))
         if first:
             _, out = jax.eval_shape(run, state, None, z)
