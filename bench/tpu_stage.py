@@ -8,10 +8,13 @@ compiles in minutes where the whole decode takes ≈ 8 CPU-minutes, so changes t
 convolutions can be compared here first, then confirmed on the whole decode (``bench/tpu_plan.py``).
 
     python bench/tpu_stage.py                        # the causal conv as it is
-    python bench/tpu_stage.py --variant concat       # one frame concatenated after its cached past first
+    python bench/tpu_stage.py --variant taps         # one frame: a 2-D conv per time tap, no concatenation
 
-``--variant concat`` is the one-frame causal conv as it was before: the two cached frames and the
-new one concatenated into a 3-frame copy, then one 3-D convolution.
+``--variant taps`` is an experiment that was measured and not kept: the one-frame causal conv as
+three 2-D convs (one per time tap) summed in float32, instead of concatenating the two cached
+frames and the new one into a 3-frame copy first. Here it lowers the stage's temp (2.31 → 1.71 GB
+at 720p bfloat16 on v5e), and the whole 720p decode at tp = 1 (10.50 → 9.83 GB), but it raised the
+1080p decode at tp = 2 from 13.38 to 15.76 GB (README, "Frame-level streaming: before and after").
 """
 
 from __future__ import annotations
@@ -27,25 +30,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the TPU device is compile-only
 
 
-def concatenating_causal_conv(past, x_padded, kernel, bias, *, native, block_bytes=None):
-    """The native causal conv with no one-frame special case: concatenate, then one 3-D conv."""
+def per_tap_causal_conv(past, x_padded, kernel, bias, *, native, block_bytes=None):
+    """The experiment: one frame after its past as a 2-D conv per time tap, summed in float32."""
     import jax.numpy as jnp
     from jax import lax
 
     from models.conv import CPU_BLOCK_BYTES, causal_conv3x3x3
     from models.spatial import matmul_precision
 
-    if not native:
-        return causal_conv3x3x3(past, x_padded, kernel, bias, native=False, block_bytes=block_bytes or CPU_BLOCK_BYTES)
-    seq = jnp.concatenate([past, x_padded], axis=1)
-    y = lax.conv_general_dilated(seq, kernel, (1, 1, 1), "VALID", dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
-                                 precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
-    return (y + bias).astype(x_padded.dtype)
+    if not native or x_padded.shape[1] != 1:
+        return causal_conv3x3x3(past, x_padded, kernel, bias, native=native, block_bytes=block_bytes or CPU_BLOCK_BYTES)
+    frames = (past[:, 0], past[:, 1], x_padded[:, 0])
+    y = sum(lax.conv_general_dilated(frame, kernel[i], (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                     precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
+            for i, frame in enumerate(frames))
+    return (y + bias).astype(x_padded.dtype)[:, None]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variant", choices=["current", "concat"], default="current")
+    parser.add_argument("--variant", choices=["current", "taps"], default="current")
     parser.add_argument("--video", default="1280x720", help="frame size WxH (default 1280x720)")
     parser.add_argument("--frames", type=int, default=1, help="frames per inner step (default 1)")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
@@ -61,8 +65,8 @@ def main() -> None:
     from models.spatial import SingleDeviceContext
     from sharding.chips import topology_devices
 
-    if args.variant == "concat":
-        layers.causal_conv3x3x3 = concatenating_causal_conv
+    if args.variant == "taps":
+        layers.causal_conv3x3x3 = per_tap_causal_conv
     width, height = (int(v) for v in args.video.lower().split("x"))
     config = models.WanVAEConfig()
     dtype = models.vae.DTYPES[args.dtype]

@@ -200,16 +200,6 @@ def causal_conv3x3x3(past: jax.Array, x_padded: jax.Array, kernel: jax.Array, bi
     """
     b, t, hp, wp, c = x_padded.shape
     kt, kh, kw, _, o = kernel.shape
-    if native and t == 1:
-        # One frame (frame-level streaming): a 2-D conv per time tap, summed in float32, instead of
-        # concatenating the two cached frames and the new one into a 3-frame copy first. At full
-        # resolution that copy is the stage's largest buffer: 720p bf16 on v5e, the last stage's
-        # temp falls from 2.31 to 1.71 GB per frame (README, "Frame-level streaming").
-        y = sum(lax.conv_general_dilated(frame, kernel[i], (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                         precision=matmul_precision(x_padded.dtype),
-                                         preferred_element_type=jnp.float32)
-                for i, frame in enumerate((past[:, 0], past[:, 1], x_padded[:, 0])))
-        return (y + bias).astype(x_padded.dtype)[:, None]
     seq = jnp.concatenate([past, x_padded], axis=1)
     if native:
         y = lax.conv_general_dilated(seq, kernel, (1, 1, 1), "VALID", dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
