@@ -8,6 +8,7 @@ where it stopped. ``--render`` prints the README table and writes the memory-vs-
 
     nice -n 19 python bench/tpu_plan.py                 # all rows (hours on 2 cores), resumable
     nice -n 10 python bench/tpu_plan.py --only 1280x720x81:v5e-8:bfloat16:1   # chosen rows only
+    nice -n 19 python bench/tpu_plan.py --first-fit --slices v6e-8   # per (video, dtype): tp up to the first fit
     python bench/tpu_plan.py --render                   # the README table + docs/tpu-plan/memory.png
 
 Real-size compiles take minutes each and some need many GB of host memory: run it alone.
@@ -56,6 +57,12 @@ def done(path: Path) -> dict[tuple, dict]:
     return {key(r): r for r in results}
 
 
+def fits_below(results: dict[tuple, dict], row: dict) -> bool:
+    """Whether a smaller tp of the same video, slice and dtype already fits."""
+    return any(results.get((row["video"], row["slice"], row["dtype"], tp), {}).get("fits")
+               for tp in SLICES[row["slice"]] if tp < row["tp"])
+
+
 def run(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
@@ -65,13 +72,18 @@ def run(args: argparse.Namespace) -> None:
     from sharding.planner import HEADROOM, latent_shape_for_video, parse_dims, plan_mesh
 
     finished = done(args.results)
-    todo = [r for r in rows() if key(r) not in finished and (not args.only or key(r) in args.only)]
+    todo = [r for r in rows() if key(r) not in finished and (not args.only or key(r) in args.only)
+            and (not args.slices or r["slice"] in args.slices)]
+    if args.first_fit:  # the smallest tp that fits answers "what do I need"; larger tps only fit better
+        todo.sort(key=lambda r: (DTYPES.index(r["dtype"]), VIDEOS.index(r["video"]), r["slice"], r["tp"]))
     if args.limit:
         todo = todo[: args.limit]
     args.results.parent.mkdir(parents=True, exist_ok=True)
     config = models.WanVAEConfig()
     print(f"{len(finished)} rows done, {len(todo)} to compile → {args.results}", file=sys.stderr)
     for row in (bar := tqdm(todo, unit="compile")):
+        if args.first_fit and fits_below(done(args.results), row):
+            continue
         bar.set_postfix_str(" ".join(map(str, key(row))))
         vae = models.abstract_vae(config, dtype=row["dtype"])  # a fresh program cache: one program at a time
         devices = topology_devices(row["slice"])
@@ -164,6 +176,10 @@ def main(argv=None) -> None:
     parser.add_argument("--limit", type=int, help="compile at most this many rows now")
     parser.add_argument("--only", type=parse_row, action="append", metavar="VIDEO:SLICE:DTYPE:TP",
                         help="compile only this row (repeatable), e.g. 1280x720x81:v5e-8:bfloat16:1")
+    parser.add_argument("--slices", type=lambda text: text.split(","), metavar="v5e-8,v6e-8",
+                        help=f"compile only rows of these slices (of {', '.join(SLICES)})")
+    parser.add_argument("--first-fit", action="store_true",
+                        help="per video, slice and dtype, compile tp = 1, 2, … only up to the first that fits")
     args = parser.parse_args(argv)
     render(args) if args.render else run(args)
 

@@ -53,7 +53,8 @@ def decode_npy(server, x: np.ndarray, timeout: float = 120, **params) -> httpx.R
 
 
 def test_not_ready_until_warm(server, loading_seen):
-    assert loading_seen["readyz"] == {503}, "readyz answered 200 before the warm-up compiled"
+    # 503 while the warm-up compiles; a 200 may be seen too, when the warm-up ends between two polls.
+    assert 503 in loading_seen["readyz"], "readyz never answered 503 while the warm-up compiled"
     assert loading_seen["healthz"] == {200}
     assert loading_seen["decode"] == {(503, "1")}
     info = httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]
