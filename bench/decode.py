@@ -8,8 +8,8 @@
 Prints min and median seconds over ``--runs`` timed runs after one warm-up (which includes our
 compile), the ratio ours/diffusers, achieved GFLOP/s on the nominal FLOPs (bench/flops.py), and
 the max abs difference between the two outputs as a sanity check. With several ``--inner-frames``
-settings, ours runs once per setting in turn within each round (the same machine load for all)
-and each is compared with the first setting: ratio and max abs difference.
+settings, each is compared with the first setting: ratio and max abs difference. diffusers and every
+setting of ours run once each in turn within each round, so that all see the same machine load.
 """
 
 from __future__ import annotations
@@ -18,31 +18,16 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 import models  # noqa: E402
+from bench.common import diffusers_reference, ratio, timed  # noqa: E402
 from models.flops import decode_flops  # noqa: E402
-
-
-def timed(fns: dict[str, Callable[[], np.ndarray]], runs: int) -> dict[str, tuple[list[float], np.ndarray]]:
-    """Warm each up (compile / allocator and oneDNN primitive caches), then ``runs`` rounds that
-    time each once in turn, so that every one sees the same machine load."""
-    results = {name: fn() for name, fn in fns.items()}
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in tqdm(range(runs), desc=" vs ".join(fns), unit="round", leave=False):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            results[name] = fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: (times[name], results[name]) for name in fns}
 
 
 def parse_inner_frames(text: str) -> list[int | None]:
@@ -68,53 +53,50 @@ def main() -> None:
     shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else (1, config.z_dim, 3, side, side)
     latents = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     flops = decode_flops(config, shape)
-    rows = []
+    fns, names = {}, {}
 
     with tempfile.TemporaryDirectory() as folder:
-        reference_out = None
         if not args.skip_diffusers:
             import torch
-            from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
-            torch.manual_seed(0)
-            reference = AutoencoderKLWan(**{k: v for k, v in config.to_dict().items() if k != "_class_name"}).eval()
-            reference.save_pretrained(folder)
+            reference = diffusers_reference(config, folder)
             z = torch.from_numpy(latents)
 
             def run_reference():
                 with torch.no_grad():
                     return reference.decode(z).sample.numpy()
 
-            ((times, reference_out),) = timed({"diffusers": run_reference}, args.runs).values()
-            rows.append(("diffusers (PyTorch CPU, float32)", times))
+            fns["diffusers"] = run_reference
+            names["diffusers"] = "diffusers (PyTorch CPU, float32)"
             vae = models.load_vae(folder, dtype=args.dtype)
         else:
             vae = models.init_vae(config, dtype=args.dtype)
 
-        def run_ours(inner_frames):
-            return lambda: np.asarray(jax.block_until_ready(vae.decode(latents, chunk=args.chunk,
-                                                                       inner_frames=inner_frames)))
+    def run_ours(inner_frames):
+        return lambda: np.asarray(jax.block_until_ready(vae.decode(latents, chunk=args.chunk,
+                                                                   inner_frames=inner_frames)))
 
-        ours = timed({f"inner_frames={f or 'auto'}": run_ours(f) for f in args.inner_frames}, args.runs)
-        for name, (times, _) in ours.items():
-            rows.append((f"vaeserve (JAX {jax.default_backend()}, {args.dtype}) {name}", times))
+    for inner_frames in args.inner_frames:
+        name = f"inner_frames={inner_frames or 'auto'}"
+        fns[name] = run_ours(inner_frames)
+        names[name] = f"vaeserve (JAX {jax.default_backend()}, {args.dtype}) {name}"
+    results = timed(fns, args.runs)  # diffusers and ours in turn within each round
+    reference_result = results.pop("diffusers", None)
 
-    outputs = [out for _, out in ours.values()]
+    outputs = [out for _, out in results.values()]
     print(f"{args.model}: latents {shape} -> frames {outputs[0].shape}; nominal {flops / 1e9:.0f} GFLOP; "
           f"devices: {jax.devices()[0].device_kind} x{jax.device_count()}")
     print(f"{'implementation':56s} {'min s':>8s} {'median s':>9s} {'GFLOP/s':>8s}")
-    for name, times in rows:
-        print(f"{name:56s} {min(times):8.2f} {statistics.median(times):9.2f} {flops / min(times) / 1e9:8.1f}")
-    first, *others = list(ours.items())
+    for name, (times, _) in ([("diffusers", reference_result)] if reference_result else []) + list(results.items()):
+        print(f"{names[name]:56s} {min(times):8.2f} {statistics.median(times):9.2f} {flops / min(times) / 1e9:8.1f}")
+    (first, (first_times, first_out)), *others = list(results.items())
     for name, (times, out) in others:
-        print(f"ratio {name} / {first[0]}: min {min(times) / min(first[1][0]):.3f}, "
-              f"median {statistics.median(times) / statistics.median(first[1][0]):.3f}; "
-              f"max abs diff {np.abs(out - first[1][1]).max():.2e}")
-    if reference_out is not None:
-        ref_t = rows[0][1]
-        for name, (our_t, out) in ours.items():
-            print(f"ratio ours ({name}) / diffusers: min {min(our_t) / min(ref_t):.2f}, "
-                  f"median {statistics.median(our_t) / statistics.median(ref_t):.2f}; "
+        print(f"ratio {name} / {first}: {ratio(times, first_times, digits=3)}; "
+              f"max abs diff {np.abs(out - first_out).max():.2e}")
+    if reference_result is not None:
+        reference_times, reference_out = reference_result
+        for name, (times, out) in results.items():
+            print(f"ratio ours ({name}) / diffusers: {ratio(times, reference_times)}; "
                   f"max abs diff {np.abs(out - reference_out).max():.2e}")
 
 

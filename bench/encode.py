@@ -5,7 +5,7 @@
     .venv/bin/python bench/encode.py --model wan2.2           # real Wan 2.2 config (150 M encoder parameters)
 
 Prints min and median seconds over ``--runs`` timed runs after one warm-up (which includes our
-compile), the ratio ours/diffusers from the same run, achieved GFLOP/s on the nominal FLOPs
+compile), the ratio ours/diffusers from the same run (the two run in turn within each round), achieved GFLOP/s on the nominal FLOPs
 (models/flops.py), and the max abs difference of the posterior means as a sanity check.
 """
 
@@ -15,34 +15,16 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 import models  # noqa: E402
+from bench.common import diffusers_reference, ratio, timed  # noqa: E402
 from models.flops import encode_flops  # noqa: E402
-
-T = TypeVar("T")
-
-
-def timed(name: str, fn: Callable[[], T], runs: int) -> tuple[list[float], T]:
-    times = []
-    with tqdm(total=runs + 1, desc=name, unit="run", leave=False) as bar:
-        result = fn()  # warm-up: compile (ours) / allocator and oneDNN primitive caches (torch)
-        bar.update()
-        for _ in range(runs):
-            start = time.perf_counter()
-            result = fn()
-            times.append(time.perf_counter() - start)
-            bar.update()
-    return times, result
 
 
 def main() -> None:
@@ -59,45 +41,37 @@ def main() -> None:
     config = models.MODEL_NAMES[args.model]()
     frames = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
     flops = encode_flops(config, shape)
-    rows = []
+    fns, names = {}, {}
 
     with tempfile.TemporaryDirectory() as folder:
-        reference_out = None
         if not args.skip_diffusers:
             import torch
-            from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
-            torch.manual_seed(0)
-            reference = AutoencoderKLWan(**{k: v for k, v in config.to_dict().items() if k != "_class_name"}).eval()
-            reference.save_pretrained(folder)
+            reference = diffusers_reference(config, folder)
             x = torch.from_numpy(frames)
 
             def run_reference():
                 with torch.no_grad():
                     return reference.encode(x).latent_dist.mode().numpy()
 
-            times, reference_out = timed("diffusers", run_reference, args.runs)
-            rows.append(("diffusers (PyTorch CPU, float32)", times))
+            fns["diffusers"], names["diffusers"] = run_reference, "diffusers (PyTorch CPU, float32)"
             vae = models.load_vae(folder, dtype=args.dtype)
         else:
             vae = models.init_vae(config, dtype=args.dtype)
 
-        def run_ours():
-            return np.asarray(jax.block_until_ready(vae.encode(frames)))
+    fns["vaeserve"] = lambda: np.asarray(jax.block_until_ready(vae.encode(frames)))
+    names["vaeserve"] = f"vaeserve (JAX {jax.default_backend()}, {args.dtype})"
+    results = timed(fns, args.runs)  # diffusers and ours in turn within each round
 
-        times, ours_out = timed("vaeserve", run_ours, args.runs)
-        rows.append((f"vaeserve (JAX {jax.default_backend()}, {args.dtype})", times))
-
-    print(f"frames {shape} -> latents {ours_out.shape}; nominal {flops / 1e9:.0f} GFLOP; "
+    print(f"frames {shape} -> latents {results['vaeserve'][1].shape}; nominal {flops / 1e9:.0f} GFLOP; "
           f"devices: {jax.devices()[0].device_kind} x{jax.device_count()}")
     print(f"{'implementation':36s} {'min s':>8s} {'median s':>9s} {'GFLOP/s':>8s}")
-    for name, times in rows:
-        print(f"{name:36s} {min(times):8.2f} {statistics.median(times):9.2f} {flops / min(times) / 1e9:8.1f}")
-    if len(rows) == 2:
-        (_, ref_t), (_, our_t) = rows
-        print(f"ratio ours/diffusers: min {min(our_t) / min(ref_t):.2f}, "
-              f"median {statistics.median(our_t) / statistics.median(ref_t):.2f}")
-        print(f"max abs diff vs diffusers (posterior mean): {np.abs(ours_out - reference_out).max():.2e}")
+    for name, (times, _) in results.items():
+        print(f"{names[name]:36s} {min(times):8.2f} {statistics.median(times):9.2f} {flops / min(times) / 1e9:8.1f}")
+    if "diffusers" in results:
+        (reference_times, reference_out), (our_times, our_out) = results["diffusers"], results["vaeserve"]
+        print(f"ratio ours/diffusers: {ratio(our_times, reference_times)}")
+        print(f"max abs diff vs diffusers (posterior mean): {np.abs(our_out - reference_out).max():.2e}")
 
 
 if __name__ == "__main__":

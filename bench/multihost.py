@@ -37,6 +37,8 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 import numpy as np  # noqa: E402
 
+from bench.common import CONFIGS, bench_config, latent_shape  # noqa: E402
+
 # (name, latents (B, C, T, H, W), uint8 frames (B, F, H, W, 3)): production sizes for the protocol table
 PRODUCTION = [
     ("480p x 81", (1, 16, 21, 60, 104), (1, 81, 480, 832, 3)),
@@ -45,17 +47,10 @@ PRODUCTION = [
 PARTS = ("send", "decode", "gather", "agree", "total")
 
 
-def _shape(text: str) -> tuple[int, ...]:
-    shape = tuple(int(part) for part in text.lower().split("x"))
-    if len(shape) != 5:
-        raise argparse.ArgumentTypeError(f"expected BxCxTxHxW, got {text!r}")
-    return shape
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", choices=("real", "tiny"), default="real")
-    parser.add_argument("--shape", type=_shape, default=(1, 16, 2, 16, 16), help="latents BxCxTxHxW (default: 5 frames of 128x128)")
+    parser.add_argument("--config", choices=CONFIGS, default="real")
+    parser.add_argument("--shape", type=latent_shape, default=(1, 16, 2, 16, 16), help="latents BxCxTxHxW (default: 5 frames of 128x128)")
     parser.add_argument("--tp", type=int, default=4, help="devices per frame, split over the processes")
     parser.add_argument("--runs", type=int, default=3, help="timed calls per output, after one warm-up call")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each slice")
@@ -139,8 +134,7 @@ def run_process(args) -> None:
     import models
     import sharding
 
-    config = models.WanVAEConfig() if args.config == "real" else models.WanVAEConfig(base_dim=8, num_res_blocks=1)
-    vae = models.init_vae(config, seed=0)
+    vae = models.init_vae(bench_config(args.config), seed=0)
     record: dict = {}
     handlers = _handlers(vae, sharding.make_mesh(args.tp), record)
     channel = Channel(control)

@@ -25,23 +25,20 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-def _shape(text: str) -> tuple[int, ...]:
-    shape = tuple(int(part) for part in text.lower().split("x"))
-    if len(shape) != 5:
-        raise argparse.ArgumentTypeError(f"expected BxCxTxHxW, got {text!r}")
-    return shape
+from bench.common import CONFIGS, bench_config, latent_shape  # noqa: E402  (no JAX: XLA_FLAGS are set below)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tps", default="1,2,4,8", help="comma-separated tp sizes")
-    parser.add_argument("--memory-shape", type=_shape, default=(1, 16, 3, 60, 104),
+    parser.add_argument("--memory-shape", type=latent_shape, default=(1, 16, 3, 60, 104),
                         help="latents BxCxTxHxW for the compile-only memory/halo table (default 480x832, 9 frames)")
-    parser.add_argument("--time-shape", type=_shape, default=(1, 16, 2, 16, 16),
+    parser.add_argument("--time-shape", type=latent_shape, default=(1, 16, 2, 16, 16),
                         help="latents BxCxTxHxW that are actually decoded and timed (default 128x128, 5 frames)")
     parser.add_argument("--repeats", type=int, default=2, help="timed decodes per tp after one warm-up")
-    parser.add_argument("--config", choices=("real", "tiny"), default="real")
+    parser.add_argument("--config", choices=CONFIGS, default="real")
     parser.add_argument("--platform", default="cpu", help="JAX platform (cpu: forces max(tps) host devices)")
     return parser.parse_args(argv)
 
@@ -51,8 +48,6 @@ if ARGS is not None:  # before JAX starts
     _max_tp = max(int(tp) for tp in ARGS.tps.split(","))
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_max_tp}").strip()
     os.environ["JAX_PLATFORMS"] = ARGS.platform
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
 import numpy as np  # noqa: E402
 
 MB = 1e6
@@ -87,8 +82,7 @@ def main(args: argparse.Namespace) -> None:
     tps = [int(tp) for tp in args.tps.split(",")]
     devices = jax.devices()
     tps = [tp for tp in tps if tp <= len(devices)] or [1]
-    config = models.WanVAEConfig() if args.config == "real" else models.WanVAEConfig(base_dim=8, num_res_blocks=1)
-    vae = models.init_vae(config, seed=0)
+    vae = models.init_vae(bench_config(args.config), seed=0)
     print(f"{len(devices)} x {devices[0].platform} devices ({devices[0].device_kind}) on {os.cpu_count()} CPU cores; "
           f"config {args.config} ({vae.metadata['parameters'] / 1e6:.1f} M decoder parameters, float32)")
 

@@ -1,0 +1,1 @@
+"""Benchmark scripts (run as files: ``python bench/decode.py``); ``bench.common`` holds what they share."""

@@ -1,0 +1,67 @@
+"""What the bench scripts share: shape and config arguments, the diffusers reference, and timing
+that interleaves the contenders so that each sees the same machine load.
+
+Nothing here imports JAX at module level: some scripts set ``XLA_FLAGS`` after parsing arguments."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import models
+
+T = TypeVar("T")
+CONFIGS = ("real", "tiny")
+
+
+def latent_shape(text: str) -> tuple[int, ...]:
+    """argparse type: ``"1x16x3x60x104"`` → ``(1, 16, 3, 60, 104)`` (B, C, T, H, W)."""
+    shape = tuple(int(part) for part in text.lower().split("x"))
+    if len(shape) != 5:
+        raise argparse.ArgumentTypeError(f"expected BxCxTxHxW, got {text!r}")
+    return shape
+
+
+def bench_config(name: str) -> models.WanVAEConfig:
+    """``real``: the Wan 2.1 architecture; ``tiny``: a few-channel one that compiles in seconds."""
+    import models
+
+    return models.WanVAEConfig() if name == "real" else models.WanVAEConfig(base_dim=8, num_res_blocks=1)
+
+
+def diffusers_reference(config: models.WanVAEConfig, folder: str | Path) -> Any:
+    """diffusers' ``AutoencoderKLWan`` for ``config`` with seeded random weights, saved to ``folder``
+    (so that ``models.load_vae(folder)`` holds the same weights)."""
+    import torch
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    reference = AutoencoderKLWan(**{k: v for k, v in config.to_dict().items() if k != "_class_name"}).eval()
+    reference.save_pretrained(folder)
+    return reference
+
+
+def timed(fns: dict[str, Callable[[], T]], runs: int) -> dict[str, tuple[list[float], T]]:
+    """Warm each up (our compile; torch's allocator and oneDNN primitive caches), then ``runs``
+    rounds that time each once in turn, so that every one sees the same machine load."""
+    from tqdm import tqdm
+
+    results = {name: fn() for name, fn in tqdm(fns.items(), desc="warm-up", unit="fn", leave=False)}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in tqdm(range(runs), desc=" vs ".join(fns), unit="round", leave=False):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: (times[name], results[name]) for name in fns}
+
+
+def ratio(times: list[float], reference: list[float], digits: int = 2) -> str:
+    """``"min 0.74, median 0.71"``: the ratio of two timed series from the same run."""
+    return (f"min {min(times) / min(reference):.{digits}f}, "
+            f"median {statistics.median(times) / statistics.median(reference):.{digits}f}")
