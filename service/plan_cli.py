@@ -1,7 +1,9 @@
-"""``vaeserve plan``: will this decode fit that TPU slice? Answered with the real TPU compiler, no TPU.
+"""``vaeserve plan``: will this decode fit that TPU slice or GPU host? Answered with the real
+compiler (libtpu, or XLA's CUDA compiler), no TPU and no GPU.
 
     vaeserve plan --topology v5e:2x4 --video 1280x720x81 --dtype bfloat16
     vaeserve plan --topology v6e-8 --shape 16x21x90x160 --tp 4,8 --json
+    vaeserve plan --topology h100-8 --video 1920x1080x81 --dtype bfloat16   # needs the `cuda` extra
 
 Compiles the sharded decode for each candidate mesh over the slice's abstract devices (see
 ``sharding.planner``) and prints per-device memory, fit, FLOPs, traffic, collectives, compile time
@@ -18,10 +20,11 @@ from typing import Any
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("plan", help="per-chip HBM of a decode on a TPU slice, compiled without a TPU",
+    p = sub.add_parser("plan", help="per-chip memory of a decode on a TPU slice or GPU host, compiled without one",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", required=True,
-                   help="TPU slice: a topology (v5e:2x4, v6e:2x4, v5p:2x2x1, v4:2x2x1) or a single-host slice (v6e-8)")
+                   help="TPU slice: a topology (v5e:2x4, v6e:2x4, v5p:2x2x1, v4:2x2x1) or a single-host slice "
+                        "(v6e-8); or a GPU host: h100-N or h200-N, N in 1, 2, 4, 8 (needs the `cuda` extra)")
     shape = p.add_mutually_exclusive_group(required=True)
     shape.add_argument("--video", metavar="WxHxF", help="decoded video, e.g. 1280x720x81 (F = 1 + 4k)")
     shape.add_argument("--shape", metavar="CxTxHxW", help="latents, e.g. 16x21x90x160")
@@ -33,7 +36,9 @@ def add_parser(sub) -> None:
     p.add_argument("--batch", type=int, default=1, help="latents per dp replica")
     p.add_argument("--output", choices=["uint8", "float"], default="uint8", help="decoded frames as served")
     p.add_argument("--headroom", type=float, default=None,
-                   help="share of HBM kept free (default 0.1): a mesh fits when its bytes ≤ (1 − headroom) · HBM")
+                   help="share of HBM kept free (default 0.1 on a TPU; 0.25 on a GPU, where JAX takes 75%% of "
+                        "the memory unless XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise): a mesh fits when its "
+                        "bytes ≤ (1 − headroom) · HBM")
     p.add_argument("--inner-frames", type=int, default=None, metavar="N",
                    help="frames per inner step of the stages after each temporal upsampler (default: automatic, "
                         "as a server runs: 1 once a full-resolution frame per device holds ≥ 4 MB; 4: whole steps)")
@@ -96,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     import models
     import sharding
     from sharding.chips import TopologyError, topology_devices
-    from sharding.planner import HEADROOM, PlanError, latent_shape_for_video, parse_dims, plan_decode
+    from sharding.planner import PlanError, latent_shape_for_video, parse_dims, plan_decode
 
     try:
         config = models.load_config(args.model)
@@ -112,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         vae = models.abstract_vae(config, dtype=args.dtype)
         plan = plan_decode(vae, latents, devices, topology=args.topology, tps=_tps(args.tp), dp=args.dp,
                            batch=args.batch, output=args.output,
-                           headroom=HEADROOM if args.headroom is None else args.headroom,
+                           headroom=args.headroom,
                            inner_frames=_inner_frames(args.inner_frames), progress=True)
     except (PlanError, TopologyError, models.ConfigError, FileNotFoundError, sharding.SplitError) as e:
         print(f"vaeserve plan: error: {e}", file=sys.stderr)

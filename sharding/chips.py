@@ -1,12 +1,16 @@
-"""TPU chips by generation, and abstract TPU devices to compile for without a TPU.
+"""TPU chips by generation and NVIDIA GPUs, and abstract devices to compile for without them.
 
 ``topology_devices("v5e:2x4")`` returns the compile-only devices of that slice from libtpu's
 compiler (``pip install "vaeserve[aot]"``): a ``Mesh`` over them compiles the very programs the
 chips would run, and ``memory_analysis()`` answers per device. Nothing runs.
+``topology_devices("h100-8")`` does the same for one host of 8 H100s with XLA's CUDA compiler
+(``pip install "vaeserve[cuda]"``; no GPU or driver needed), given a description of the GPU
+that we write from its public figures (``gpu_target_config``).
 
 The chip facts are the public figures of Google's Cloud TPU documentation, one page per
-generation (sources beside each row). HBM is given as the documents write it (GB, 10^9 bytes):
-slightly less than the chips hold, so a plan that fits here fits there.
+generation, and of NVIDIA's data sheets (sources beside each row). Memory is given as the
+documents write it (GB, 10^9 bytes): slightly less than the chips hold, so a plan that fits here
+fits there.
 """
 
 from __future__ import annotations
@@ -25,16 +29,21 @@ class TopologyError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ChipFacts:
-    """Public per-chip figures of one TPU generation.
+    """Public per-chip figures of one TPU generation or GPU model.
 
     Attributes:
-      name: the generation as Cloud TPU names it (``"v5e"``).
+      name: the generation as Cloud TPU names it (``"v5e"``), or the GPU (``"h100"``).
       device_kinds: ``jax.Device.device_kind`` of its devices (``"TPU v5 lite"``).
       hbm_bytes: HBM per chip.
       peak_bf16_flops: peak dense bfloat16 FLOP/s per chip.
       hbm_bytes_per_s: HBM bandwidth per chip.
-      chips_per_host: chips on one host (one TPU VM of the largest single-host slice).
-      slices: single-host slice names and their topology names (``"v5e-8": "v5e:2x4"``).
+      chips_per_host: chips on one host (one TPU VM of the largest single-host slice; an HGX board).
+      slices: single-host slice names and their topology names (``"v5e-8": "v5e:2x4"``; for a GPU
+        host ``"h100-8": "1x1x8"``: slices x hosts x GPUs per host, as XLA's CUDA topology reads it).
+      platform: ``"tpu"`` or ``"cuda"``: which compiler describes its devices.
+      headroom: the share of HBM a plan keeps free by default. 10% on a TPU (the runtime, transfers,
+        fragmentation); 25% on a GPU, because JAX's GPU allocator takes 75% of the memory unless
+        ``XLA_PYTHON_CLIENT_MEM_FRACTION`` says otherwise.
     """
 
     name: str
@@ -44,6 +53,8 @@ class ChipFacts:
     hbm_bytes_per_s: float
     chips_per_host: int
     slices: dict[str, str]
+    platform: str = "tpu"
+    headroom: float = 0.10
 
 
 CHIPS: tuple[ChipFacts, ...] = (
@@ -57,7 +68,27 @@ CHIPS: tuple[ChipFacts, ...] = (
     # https://cloud.google.com/tpu/docs/v6e — 32 GB HBM, 1640 GBps, 918 TFLOPS bf16, 8 chips per host.
     ChipFacts("v6e", ("TPU v6 lite", "TPU v6e"), 32 * 10**9, 918e12, 1640e9, 8,
               {"v6e-4": "v6e:2x2", "v6e-8": "v6e:2x4"}),
+    # https://www.nvidia.com/en-us/data-center/h100/ — H100 SXM: 80 GB HBM3, 3.35 TB/s, 1,979 TFLOPS
+    # bf16 with sparsity (989 dense), 8 GPUs per HGX H100 host.
+    ChipFacts("h100", ("NVIDIA H100 80GB HBM3",), 80 * 10**9, 989e12, 3.35e12, 8,
+              {f"h100-{n}": f"1x1x{n}" for n in (1, 2, 4, 8)}, platform="cuda", headroom=0.25),
+    # https://www.nvidia.com/en-us/data-center/h200/ — H200 SXM: 141 GB HBM3e, 4.8 TB/s, 1,979 TFLOPS
+    # bf16 with sparsity (989 dense; the same Hopper die as H100), 8 GPUs per HGX H200 host.
+    ChipFacts("h200", ("NVIDIA H200 141GB HBM3e",), 141 * 10**9, 989e12, 4.8e12, 8,
+              {f"h200-{n}": f"1x1x{n}" for n in (1, 2, 4, 8)}, platform="cuda", headroom=0.25),
 )
+
+# What XLA's CUDA compiler needs to know of a Hopper SM (compute capability 9.0), from NVIDIA's
+# CUDA C++ Programming Guide (Technical Specifications per Compute Capability) and the H100 white
+# paper: 132 SMs at 1.98 GHz boost, 128 FP32 lanes per SM, 50 MB L2, 228 KB shared memory per SM
+# (227 KB opt-in per block), 64 K registers per SM and per block.
+_HOPPER = {
+    "threads_per_block_limit": 1024, "threads_per_warp": 32, "shared_memory_per_block": 48 * 1024,
+    "shared_memory_per_core": 228 * 1024, "threads_per_core_limit": 2048, "core_count": 132,
+    "fpus_per_core": 128, "block_dim_limit_x": 2**31 - 1, "block_dim_limit_y": 65535, "block_dim_limit_z": 65535,
+    "l2_cache_size": 50 * 2**20, "clock_rate_ghz": 1.98, "shared_memory_per_block_optin": 227 * 1024,
+    "registers_per_core_limit": 65536, "registers_per_block_limit": 65536,
+}
 
 
 def chip_facts(device_kind: str) -> ChipFacts:
@@ -77,13 +108,59 @@ def topology_name(text: str) -> str:
     return text
 
 
+def _cudnn_version() -> tuple[int, int, int]:
+    """The cuDNN that the CUDA plugin would load (XLA's choice of convolution depends on it);
+    9.0.0 where none is installed."""
+    from importlib import metadata
+
+    try:
+        major, minor, patch, *_ = (int(part) for part in metadata.version("nvidia-cudnn-cu12").split("."))
+    except (metadata.PackageNotFoundError, ValueError):
+        return 9, 0, 0
+    return major, minor, patch
+
+
+def gpu_target_config(chip: ChipFacts) -> str:
+    """The ``GpuTargetConfigProto`` (text form) that lets XLA compile for ``chip`` without the GPU:
+    a Hopper SM with the chip's memory, bandwidth and name (its ``device_kind``)."""
+    fields = {**_HOPPER, "memory_bandwidth": int(chip.hbm_bytes_per_s), "device_memory_size": chip.hbm_bytes}
+    lines = [f"  {key}: {value}" for key, value in fields.items()]
+    return "\n".join([
+        "gpu_device_info {", *lines, "  cuda_compute_capability { major: 9 minor: 0 }", "}",
+        'platform_name: "CUDA"', "dnn_version_info {{ major: {} minor: {} patch: {} }}".format(*_cudnn_version()),
+        f'device_description_str: "{chip.device_kinds[0]}"', "",
+    ])
+
+
+def _gpu_devices(topology: str) -> list[jax.Device]:
+    """The compile-only devices of one GPU host, e.g. ``"h100-8"``."""
+    chip = next(chip for chip in CHIPS if topology in chip.slices)
+    # The CUDA plugin checks the driver's and libraries' versions when it loads; compiling for a
+    # described GPU needs neither a GPU nor a driver.
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    from jax.experimental import topologies
+
+    try:
+        description = topologies.get_topology_desc(platform="cuda", topology_name=chip.name,
+                                                   target_config=gpu_target_config(chip),
+                                                   topology=chip.slices[topology])
+    except (RuntimeError, ValueError, NotImplementedError) as e:  # no CUDA plugin: "Unknown backend cuda"
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise TopologyError(f"cannot describe GPU host {topology!r}: {message}. XLA's CUDA compiler comes "
+                            "with `pip install \"vaeserve[cuda]\"` (no GPU or driver needed to plan)") from e
+    return list(description.devices)
+
+
 def topology_devices(topology: str) -> list[jax.Device]:
-    """The compile-only devices of a TPU slice, e.g. ``"v5e:2x4"`` (8 devices) or ``"v5p-8"``.
+    """The compile-only devices of a TPU slice, e.g. ``"v5e:2x4"`` (8 devices) or ``"v5p-8"``, or of
+    a GPU host (``"h100-8"``, ``"h200-4"``; see ``_gpu_devices``).
 
     Needs libtpu (the ``aot`` extra) but no TPU. libtpu takes a machine-wide lock when it loads and
     asks the cloud metadata server what it runs on; neither is needed to compile, so both are
     turned off here (a serving process that already holds the lock does not block planning).
     """
+    if any(topology in chip.slices for chip in CHIPS if chip.platform == "cuda"):
+        return _gpu_devices(topology)
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     from jax.experimental import topologies
@@ -93,11 +170,12 @@ def topology_devices(topology: str) -> list[jax.Device]:
         return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
     except (RuntimeError, ValueError) as e:  # JaxRuntimeError is a RuntimeError
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        slices = sorted(s for chip in CHIPS for s in chip.slices)
+        slices = sorted(s for chip in CHIPS for s in chip.slices if chip.platform == "tpu")
+        gpus = sorted(s for chip in CHIPS for s in chip.slices if chip.platform == "cuda")
         raise TopologyError(
             f"cannot describe TPU topology {topology!r}: {message}. Expected a name such as "
-            f"'v5e:2x4', 'v6e:2x4', 'v5p:2x2x1' or a single-host slice {slices}; the TPU compiler "
-            "comes with `pip install \"vaeserve[aot]\"`"
+            f"'v5e:2x4', 'v6e:2x4', 'v5p:2x2x1', a single-host slice {slices} or a GPU host {gpus}; "
+            "the TPU compiler comes with `pip install \"vaeserve[aot]\"`"
         ) from e
 
 

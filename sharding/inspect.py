@@ -96,16 +96,16 @@ _CONV_SCOPES = ("CausalConv3d/", "Resample/resample/")  # the 3x3(x3) convolutio
 def conv_ops(hlo: str) -> dict[str, int]:
     """How the 3x3(x3) convolutions were compiled: ``{"convolution", "tap_matmul"}`` instruction counts.
 
-    ``convolution``: native convolution instructions. ``tap_matmul``: dots traced inside a
-    convolution layer's scope — the CPU path's nine-tap matmul, which an accelerator program
-    must not contain (it is what compiling for a TPU from a CPU host ran before the conv path
-    followed the target devices).
+    ``convolution``: native convolution instructions (on a GPU, cuDNN convolution calls).
+    ``tap_matmul``: matmuls (dots; cuBLAS calls on a GPU) traced inside a convolution layer's
+    scope — the CPU path's nine-tap matmul, which an accelerator program must not contain (it is
+    what compiling for a TPU from a CPU host ran before the conv path followed the target devices).
     """
     native = tap = 0
     for line in hlo.splitlines():
-        if " convolution(" in line:
+        if " convolution(" in line or '"__cudnn$conv' in line:
             native += 1
-        elif " dot(" in line and any(scope in line for scope in _CONV_SCOPES):
+        elif (" dot(" in line or '"__cublas' in line) and any(scope in line for scope in _CONV_SCOPES):
             tap += 1
     return {"convolution": native, "tap_matmul": tap}
 

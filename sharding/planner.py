@@ -1,4 +1,5 @@
-"""Will a decode fit a TPU slice? Compile it for the slice's abstract devices and read each chip's bytes.
+"""Will a decode fit a TPU slice (or a GPU host)? Compile it for the slice's abstract devices and read
+each chip's bytes.
 
 ``plan_decode`` compiles the sharded decode (``compile_decode``, the very program a server runs)
 ahead of time for every candidate ``(dp, tp)`` mesh over the devices of a topology
@@ -34,8 +35,6 @@ from .decode import compile_decode
 from .inspect import collective_summary, collectives, halo_bytes, program_memory
 from .mesh import DP_AXIS, TP_AXIS, make_mesh
 from .plan import plan_bands
-
-HEADROOM = 0.10  # share of HBM kept free for the runtime, the input/output transfers and fragmentation
 
 
 class PlanError(ValueError):
@@ -136,7 +135,7 @@ def device_flops(config: WanVAEConfig, shape: tuple[int, ...], tp: int, dp: int,
 
 
 def plan_mesh(vae: WanVAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: ChipFacts, *,
-              hbm_bytes: int, output: Output = "uint8", headroom: float = HEADROOM,
+              hbm_bytes: int, output: Output = "uint8", headroom: float | None = None,
               inner_frames: int | None = None) -> MeshPlan:
     """Compile the decode of NCTHW latents ``shape`` on ``mesh`` and report one device's needs
     (``inner_frames``: as in ``compile_decode``; None is what a server runs)."""
@@ -146,7 +145,7 @@ def plan_mesh(vae: WanVAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip
     compile_s = time.perf_counter() - start
     memory = program_memory(compiled)
     total = program_total_bytes(memory)
-    usable = int(hbm_bytes * (1 - headroom))
+    usable = int(hbm_bytes * (1 - (chip.headroom if headroom is None else headroom)))
     bands = plan_bands(shape[3], shape[4], tp)
     flops = device_flops(vae.config, shape, tp, dp, bands.split, bands.band)
     cost = _cost(compiled)
@@ -232,7 +231,7 @@ def recommend(meshes: Sequence[MeshPlan], devices: int) -> dict[str, Any]:
 
 def plan_decode(vae: WanVAE, latents: Sequence[int], devices: Sequence[jax.Device], *, topology: str,
                 tps: Sequence[int] = (1, 2, 4, 8), dp: int = 1, batch: int = 1, output: Output = "uint8",
-                headroom: float = HEADROOM, inner_frames: int | None = None, progress: bool = False) -> Plan:
+                headroom: float | None = None, inner_frames: int | None = None, progress: bool = False) -> Plan:
     """Plan the decode of latents ``(C, T, H, W)``, ``batch`` per dp replica, on ``devices``.
 
     Every ``tp`` in ``tps`` with ``dp·tp`` ≤ the devices is compiled (the others are listed in
@@ -240,12 +239,13 @@ def plan_decode(vae: WanVAE, latents: Sequence[int], devices: Sequence[jax.Devic
     ``device_kind`` has chip facts.
     """
     output = check_output(output)
-    if not 0 <= headroom < 1:
+    if headroom is not None and not 0 <= headroom < 1:
         raise PlanError(f"headroom must be in [0, 1); received {headroom}")
     if batch < 1 or dp < 1:
         raise PlanError(f"batch and dp must be ≥ 1; received batch={batch}, dp={dp}")
     devices = list(devices)
     chip = chip_facts(devices[0].device_kind)
+    headroom = chip.headroom if headroom is None else headroom
     per_chip = devices_per_chip(devices)
     shape = (batch * dp, *tuple(latents))
     meshes, skipped = [], []

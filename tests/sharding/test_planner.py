@@ -3,6 +3,7 @@ refusals, and the serve-time memory guard on a real compiled CPU program (the on
 ``test_sharded_memory.py`` compiles). ``test_tpu_aot.py`` compiles for a TPU slice."""
 
 import dataclasses
+import importlib.util
 import re
 
 import jax
@@ -12,8 +13,8 @@ import pytest
 import models
 import sharding
 from service import cli
-from sharding.chips import CHIPS, TopologyError, chip_facts, topology_name
-from sharding.inspect import collective_summary, collectives, program_memory
+from sharding.chips import CHIPS, TopologyError, chip_facts, gpu_target_config, topology_devices, topology_name
+from sharding.inspect import collective_summary, collectives, conv_ops, program_memory
 from sharding.planner import (
     MeshPlan,
     PlanError,
@@ -66,10 +67,37 @@ def test_chip_facts_and_slice_names():
     assert chip_facts("TPU v5").name == "v5p" and chip_facts("TPU v4").name == "v4"
     assert topology_name("v6e-8") == "v6e:2x4" and topology_name("v5p-8") == "v5p:2x2x1"
     assert topology_name("v5e:4x4") == "v5e:4x4"
+    assert chip_facts("NVIDIA H100 80GB HBM3").name == "h100" and chip_facts("NVIDIA H200 141GB HBM3e").name == "h200"
+    assert topology_name("h100-8") == "1x1x8"
     with pytest.raises(TopologyError, match="no chip facts"):
-        chip_facts("NVIDIA H100 80GB HBM3")
-    assert {c.name for c in CHIPS} == {"v4", "v5e", "v5p", "v6e"}
+        chip_facts("NVIDIA A100-SXM4-80GB")
+    assert {c.name: c.platform for c in CHIPS} == {"v4": "tpu", "v5e": "tpu", "v5p": "tpu", "v6e": "tpu",
+                                                   "h100": "cuda", "h200": "cuda"}
     assert all(c.hbm_bytes > 0 and c.peak_bf16_flops > 1e14 and c.hbm_bytes_per_s > 5e11 for c in CHIPS)
+
+
+def test_gpu_description_carries_the_chip_facts():
+    h200 = chip_facts("NVIDIA H200 141GB HBM3e")
+    text = gpu_target_config(h200)
+    assert "device_memory_size: 141000000000" in text and "memory_bandwidth: 4800000000000" in text
+    assert 'device_description_str: "NVIDIA H200 141GB HBM3e"' in text  # what devices report as device_kind
+    assert "cuda_compute_capability { major: 9 minor: 0 }" in text and 'platform_name: "CUDA"' in text
+    assert "core_count: 132" in text and text.count("{") == text.count("}")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is not None, reason="the CUDA compiler is installed")
+def test_gpu_topology_without_the_cuda_compiler_names_the_extra():
+    with pytest.raises(TopologyError, match=r"GPU host 'h100-8'.*vaeserve\[cuda\]"):
+        topology_devices("h100-8")
+
+
+def test_conv_ops_counts_cudnn_convolutions_and_cublas_taps():
+    hlo = """
+  %cudnn-conv = (f32[1,18,18,32]{3,2,1,0}, u8[0]{0}) custom-call(%p, %w), custom_call_target="__cudnn$convForward", metadata={op_name="jit(run)/CausalConv3d/conv"}
+  %gemm = (f32[64,32]{1,0}, s8[4]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", metadata={op_name="jit(run)/CausalConv3d/tap"}
+  %gemm.1 = (f32[64,32]{1,0}, s8[4]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", metadata={op_name="jit(run)/AttentionBlock/qk"}
+"""
+    assert conv_ops(hlo) == {"convolution": 1, "tap_matmul": 1}
 
 
 def _mesh(tp: int, total: int, usable: int = 100) -> MeshPlan:

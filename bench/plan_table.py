@@ -1,17 +1,20 @@
 #!/usr/bin/env python
-"""Per-chip HBM of the Wan 2.1 decode on TPU v5e-8, v6e-8 and v5p-8, from the real TPU compiler.
+"""Per-chip memory of the Wan 2.1 decode on TPU v5e-8, v6e-8 and v5p-8 (libtpu's compiler) or on
+8-GPU H100 and H200 hosts (XLA's CUDA compiler), compiled on this host: no TPU, no GPU.
 
 Each row compiles the sharded decode (uint8 output, batch 1) for one (video, slice, dtype, tp) on
-the slice's abstract devices — the program `vaeserve plan` compiles, no TPU needed — and appends
-one JSON line to ``--results``. Rows already there are skipped, so an interrupted run resumes
-where it stopped. ``--render`` prints the README table and writes the memory-vs-tp PNG.
+the slice's abstract devices — the program `vaeserve plan` compiles — and appends one JSON line to
+``--results``. Rows already there are skipped, so an interrupted run resumes where it stopped.
+``--render`` prints the README table and writes the memory-vs-tp PNG.
 
-    nice -n 19 python bench/tpu_plan.py                 # all rows (hours on 2 cores), resumable
-    nice -n 10 python bench/tpu_plan.py --only 1280x720x81:v5e-8:bfloat16:1   # chosen rows only
-    nice -n 19 python bench/tpu_plan.py --first-fit --slices v6e-8   # per (video, dtype): tp up to the first fit
-    python bench/tpu_plan.py --render                   # the README table + docs/tpu-plan/memory.png
+    nice -n 19 python bench/plan_table.py                 # every TPU row (hours on 2 cores), resumable
+    nice -n 10 python bench/plan_table.py --only 1280x720x81:v5e-8:bfloat16:1   # chosen rows only
+    nice -n 19 python bench/plan_table.py --first-fit --slices v6e-8   # per (video, dtype): tp up to the first fit
+    python bench/plan_table.py --render                   # the README table + docs/tpu-plan/memory.png
+    python bench/plan_table.py --platform gpu             # every GPU row (needs the `cuda` extra; seconds each)
+    python bench/plan_table.py --platform gpu --render    # docs/gpu-plan/memory.png
 
-Real-size compiles take minutes each and some need many GB of host memory: run it alone.
+Real-size TPU compiles take minutes each and some need many GB of host memory: run it alone.
 """
 
 from __future__ import annotations
@@ -22,22 +25,39 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
-os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the TPU devices are compile-only
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the devices are compile-only
 
-RESULTS = REPO / "docs" / "tpu-plan" / "results.jsonl"
-PNG = REPO / "docs" / "tpu-plan" / "memory.png"
 VIDEOS = ("1280x720x81", "832x480x81", "1920x1080x81", "1280x720x121")
-SLICES = {"v5e-8": (8, 4, 2, 1), "v6e-8": (8, 4, 2, 1), "v5p-8": (4, 2, 1)}
 DTYPES = ("bfloat16", "float32")
 
 
-def rows() -> list[dict]:
-    """Every row of the table, the most asked-for first (720p bf16 on v5e-8 at tp = 8)."""
+class Table(NamedTuple):
+    slices: dict[str, tuple[int, ...]]  # slice name → candidate tps
+    results: Path
+    png: Path
+    compiler: str
+
+
+TABLES = {
+    "tpu": Table({"v5e-8": (8, 4, 2, 1), "v6e-8": (8, 4, 2, 1), "v5p-8": (4, 2, 1)},
+                 REPO / "docs" / "tpu-plan" / "results.jsonl", REPO / "docs" / "tpu-plan" / "memory.png",
+                 "TPU by libtpu (no TPU)"),
+    "gpu": Table({"h100-8": (8, 4, 2, 1), "h200-8": (8, 4, 2, 1)},
+                 REPO / "docs" / "gpu-plan" / "results.jsonl", REPO / "docs" / "gpu-plan" / "memory.png",
+                 "NVIDIA GPUs by XLA's CUDA compiler (no GPU)"),
+}
+SLICES = {name: tps for table in TABLES.values() for name, tps in table.slices.items()}
+
+
+def rows(platform: str) -> list[dict]:
+    """Every row of one platform's table."""
+    slices = TABLES[platform].slices
     return [{"video": video, "slice": name, "dtype": dtype, "tp": tp}
-            for dtype in DTYPES for video in VIDEOS for name, tps in SLICES.items() for tp in tps]
+            for dtype in DTYPES for video in VIDEOS for name, tps in slices.items() for tp in tps]
 
 
 def key(row: dict) -> tuple:
@@ -69,10 +89,10 @@ def run(args: argparse.Namespace) -> None:
     import models
     import sharding
     from sharding.chips import chip_facts, topology_devices
-    from sharding.planner import HEADROOM, latent_shape_for_video, parse_dims, plan_mesh
+    from sharding.planner import latent_shape_for_video, parse_dims, plan_mesh
 
     finished = done(args.results)
-    todo = [r for r in rows() if key(r) not in finished and (not args.only or key(r) in args.only)
+    todo = [r for r in rows(args.platform) if key(r) not in finished and (not args.only or key(r) in args.only)
             and (not args.slices or r["slice"] in args.slices)]
     if args.first_fit:  # the smallest tp that fits answers "what do I need"; larger tps only fit better
         todo.sort(key=lambda r: (DTYPES.index(r["dtype"]), VIDEOS.index(r["video"]), r["slice"], r["tp"]))
@@ -91,8 +111,8 @@ def run(args: argparse.Namespace) -> None:
         mesh = sharding.make_mesh(row["tp"], devices=devices)
         start, cpu = time.perf_counter(), time.process_time()
         try:
-            plan = plan_mesh(vae, (1, *latents), mesh, chip_facts(devices[0].device_kind),
-                             hbm_bytes=chip_facts(devices[0].device_kind).hbm_bytes, output="uint8", headroom=HEADROOM)
+            chip = chip_facts(devices[0].device_kind)
+            plan = plan_mesh(vae, (1, *latents), mesh, chip, hbm_bytes=chip.hbm_bytes, output="uint8")
             result = {**row, **{k: getattr(plan, k) for k in (
                 "split", "argument_bytes", "output_bytes", "temp_bytes", "code_bytes", "total_bytes", "hbm_bytes",
                 "usable_bytes", "fits", "flops", "bytes_accessed", "compile_s", "bound_s")},
@@ -105,12 +125,13 @@ def run(args: argparse.Namespace) -> None:
 
 
 def render(args: argparse.Namespace) -> None:
+    slices = TABLES[args.platform].slices
     results = done(args.results)
     print("| video | slice | dtype | tp=1 | tp=2 | tp=4 | tp=8 | compile wall s / CPU s (tp=1 … 8) |")
     print("|---|---|---|---|---|---|---|---|")
     for dtype in DTYPES:
         for video in VIDEOS:
-            for name, tps in SLICES.items():
+            for name, tps in slices.items():
                 cells, times = [], []
                 for tp in (1, 2, 4, 8):
                     r = results.get((video, name, dtype, tp))
@@ -119,7 +140,7 @@ def render(args: argparse.Namespace) -> None:
                     elif r is None:
                         cells.append("not run")
                     elif "RESOURCE_EXHAUSTED" in r.get("error", ""):
-                        cells.append("✗ refused: > HBM")  # the compiler's own verdict, in seconds
+                        cells.append("✗ refused: > HBM")  # the TPU compiler's own verdict, in seconds
                     elif "error" in r:
                         cells.append("compile failed")
                     else:
@@ -130,10 +151,10 @@ def render(args: argparse.Namespace) -> None:
                 if any(c not in ("—", "not run") for c in cells):
                     print(f"| {video.replace('x', '×', 1).replace('x', ' × ')} | {name} | {dtype} | "
                           f"{' | '.join(cells)} | {' / '.join(times)} |")
-    plot(results)
+    plot(results, TABLES[args.platform])
 
 
-def plot(results: dict[tuple, dict]) -> None:
+def plot(results: dict[tuple, dict], table: Table) -> None:
     import matplotlib
     import matplotlib.ticker
 
@@ -145,13 +166,13 @@ def plot(results: dict[tuple, dict]) -> None:
     fig, axes = plt.subplots(1, len(DTYPES), figsize=(12, 4.5), sharey=True)
     for ax, dtype in zip(axes, DTYPES, strict=True):
         for video in VIDEOS:
-            for name, tps in SLICES.items():
+            for name, tps in table.slices.items():
                 points = [(tp, results[(video, name, dtype, tp)]["total_bytes"] / 1e9) for tp in tps
                           if "total_bytes" in results.get((video, name, dtype, tp), {})]
                 if points:
                     ax.plot(*zip(*sorted(points), strict=True), marker="o", label=f"{video} {name}")
         for chip in CHIPS:
-            if chip.name in ("v5e", "v6e", "v5p"):
+            if any(name.startswith(f"{chip.name}-") for name in table.slices):
                 ax.axhline(chip.hbm_bytes / 1e9 * 0.9, linestyle="--", linewidth=0.8, color="grey")
                 ax.text(1, chip.hbm_bytes / 1e9 * 0.9, f" {chip.name} HBM −10%", fontsize=7, va="bottom")
         ax.set(xscale="log", yscale="log", xlabel="tp (chips per frame)", title=f"{dtype}, uint8 out, batch 1",
@@ -162,16 +183,18 @@ def plot(results: dict[tuple, dict]) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6, loc="upper right")
     axes[0].set_ylabel("GB per chip (memory_analysis: args + out + temp + code)")
-    fig.suptitle("Wan 2.1 decode, compiled for TPU by libtpu (no TPU): per-chip HBM vs tp")
+    fig.suptitle(f"Wan 2.1 decode, compiled for {table.compiler}: per-chip memory vs tp")
     fig.tight_layout()
-    PNG.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PNG, dpi=110)
-    print(f"\nwrote {PNG.relative_to(REPO)}")
+    table.png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(table.png, dpi=110)
+    print(f"\nwrote {table.png.relative_to(REPO)}")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", type=Path, default=RESULTS, help="JSON lines, appended to (resumable)")
+    parser.add_argument("--platform", choices=sorted(TABLES), default="tpu", help="which table (default tpu)")
+    parser.add_argument("--results", type=Path, help="JSON lines, appended to (resumable); default "
+                        "docs/tpu-plan/results.jsonl or docs/gpu-plan/results.jsonl")
     parser.add_argument("--render", action="store_true", help="print the table and write the PNG; compile nothing")
     parser.add_argument("--limit", type=int, help="compile at most this many rows now")
     parser.add_argument("--only", type=parse_row, action="append", metavar="VIDEO:SLICE:DTYPE:TP",
@@ -181,6 +204,7 @@ def main(argv=None) -> None:
     parser.add_argument("--first-fit", action="store_true",
                         help="per video, slice and dtype, compile tp = 1, 2, … only up to the first that fits")
     args = parser.parse_args(argv)
+    args.results = args.results or TABLES[args.platform].results
     render(args) if args.render else run(args)
 
 

@@ -1,0 +1,84 @@
+"""The decode compiled for absent NVIDIA GPUs, on this CPU host: XLA's CUDA compiler, a GPU described
+by ``sharding.chips.gpu_target_config``, no GPU and no driver.
+
+Needs the CUDA plugin (``pip install "vaeserve[cuda]"``, about 5.5 GB of CUDA wheels), which
+``make test`` does not install: here the tests skip, saying so. Where it is installed, four
+compiles of the tiny model (a few seconds each): tp = 1 and tp = 4 on `h100-4`, and tp = 4 again
+inside ``plan_decode``. The same checks as the TPU program's: cuDNN convolutions and no nine-tap
+matmul, per-device temp memory, one-row collective-permutes, and the planner's numbers.
+"""
+
+import importlib.util
+
+import pytest
+
+import sharding
+from sharding.chips import topology_devices
+from sharding.inspect import collectives, conv_ops, program_memory
+from sharding.planner import plan_decode
+
+TOPOLOGY = "h100-4"
+SHAPE = (1, 16, 3, 16, 16)
+
+
+
+def _cuda_compiler_installed() -> bool:
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace at all
+        return False
+
+
+pytestmark = pytest.mark.skipif(
+    not _cuda_compiler_installed(),
+    reason="XLA's CUDA compiler is not installed (pip install 'vaeserve[cuda]', ≈ 5.5 GB; not in `make test`)")
+
+
+@pytest.fixture(scope="module")
+def devices():
+    devices = topology_devices(TOPOLOGY)
+    assert [d.device_kind for d in devices] == ["NVIDIA H100 80GB HBM3"] * 4
+    assert {d.platform for d in devices} == {"gpu"}
+    return devices
+
+
+@pytest.fixture(scope="module")
+def programs(vae, devices):
+    return {tp: sharding.compile_decode(vae, SHAPE, sharding.make_mesh(tp, devices=devices), output="uint8")
+            for tp in (4, 1)}
+
+
+def test_gpu_program_uses_cudnn_convolutions(programs):
+    for tp, compiled in programs.items():
+        ops = conv_ops(compiled.as_text())
+        assert ops["tap_matmul"] == 0, (tp, ops)
+        assert ops["convolution"] >= 50, (tp, ops)  # 25 convs per step, frame 0 and the scan body
+
+
+def test_temp_memory_per_device_shrinks_with_tp(programs):
+    temp = {tp: program_memory(c)["temp_bytes"] for tp, c in programs.items()}
+    assert 0 < temp[4] <= 0.5 * temp[1], temp
+    output = {tp: program_memory(c)["output_bytes"] for tp, c in programs.items()}
+    assert output[4] * 4 == output[1]  # each device holds a quarter of the frames
+
+
+def test_gpu_collectives_are_one_row_halos_and_latent_kv(programs, vae):
+    assert collectives(programs[1].as_text()) == []
+    found = collectives(programs[4].as_text())
+    permutes = [c for c in found if c["op"] == "collective-permute"]
+    assert permutes and all(c["shape"][2] == 1 for c in permutes), permutes  # (B, T, 1 row, W, C) slabs
+    gathers = [c for c in found if c["op"] == "all-gather"]
+    # K/V at latent resolution: (H, W, C) here, the batch of one squeezed away by the GPU compiler.
+    assert gathers and all(c["shape"][-3:-1] == SHAPE[3:] for c in gathers), gathers
+    assert {c["op"] for c in found} <= {"collective-permute", "all-gather"}
+
+
+def test_plan_is_the_compiled_program(programs, vae, devices):
+    plan = plan_decode(vae, SHAPE[1:], devices, topology=TOPOLOGY, tps=(4,)).to_dict()
+    assert plan["chip"]["name"] == "h100" and plan["devices"] == 4 and plan["devices_per_chip"] == 1
+    (mesh,) = plan["meshes"]
+    memory = program_memory(programs[4])
+    for field in ("argument_bytes", "output_bytes", "temp_bytes", "code_bytes"):
+        assert mesh[field] == memory[field], (field, mesh[field], memory[field])
+    assert mesh["hbm_bytes"] == 80 * 10**9 and mesh["fits"] is True
+    assert plan["recommendation"]["tp"] == 4
