@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> None:
 def render(args: argparse.Namespace) -> None:
     slices = TABLES[args.platform].slices
     results = done(args.results)
-    print("| video | slice | dtype | tp=1 | tp=2 | tp=4 | tp=8 | compile wall s / CPU s (tp=1 … 8) |")
+    print("| video | slice | dtype | tp=1 | tp=2 | tp=4 | tp=8 | compile s, wall/CPU, per row compiled (tp = 1 … 8) |")
     print("|---|---|---|---|---|---|---|---|")
     for dtype in DTYPES:
         for video in VIDEOS:
@@ -146,11 +146,11 @@ def render(args: argparse.Namespace) -> None:
                     else:
                         cells.append(f"{r['total_bytes'] / 1e9:.1f} GB {'✓' if r['fits'] else '✗'}")
                     if r is not None:
-                        times.append(f"{r['compile_s']:.0f} / {r['compile_cpu_s']:.0f}" if "compile_cpu_s" in r
-                                     else f"{r['compile_s']:.0f} / —")
+                        times.append(f"{r['compile_s']:.0f}/{r['compile_cpu_s']:.0f}" if "compile_cpu_s" in r
+                                     else f"{r['compile_s']:.0f}/—")
                 if any(c not in ("—", "not run") for c in cells):
                     print(f"| {video.replace('x', '×', 1).replace('x', ' × ')} | {name} | {dtype} | "
-                          f"{' | '.join(cells)} | {' / '.join(times)} |")
+                          f"{' | '.join(cells)} | {' · '.join(times)} |")
     plot(results, TABLES[args.platform])
 
 

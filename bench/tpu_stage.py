@@ -5,7 +5,7 @@ A proxy for what each inner step of frame-level streaming keeps alive at full re
 3 (three residual blocks, six causal convs) + RMS norm + conv_out of the real Wan 2.1 decoder on
 one frame with its causal caches, compiled for one abstract TPU chip (no TPU, no weights). It
 compiles in minutes where the whole decode takes ≈ 8 CPU-minutes, so changes to the full-resolution
-convolutions can be compared here first, then confirmed on the whole decode (``bench/tpu_plan.py``).
+convolutions can be compared here first, then confirmed on the whole decode (``bench/plan_table.py``).
 
     python bench/tpu_stage.py                        # the causal conv as it is
     python bench/tpu_stage.py --variant taps         # one frame: a 2-D conv per time tap, no concatenation
