@@ -173,10 +173,12 @@ def plot(results: dict[tuple, dict], table: Table) -> None:
                     ax.plot(*zip(*sorted(points), strict=True), marker="o", label=f"{video} {name}")
         for chip in CHIPS:
             if any(name.startswith(f"{chip.name}-") for name in table.slices):
-                ax.axhline(chip.hbm_bytes / 1e9 * 0.9, linestyle="--", linewidth=0.8, color="grey")
-                ax.text(1, chip.hbm_bytes / 1e9 * 0.9, f" {chip.name} HBM −10%", fontsize=7, va="bottom")
+                usable = chip.hbm_bytes / 1e9 * (1 - chip.headroom)
+                ax.axhline(usable, linestyle="--", linewidth=0.8, color="grey")
+                ax.text(1, usable, f" {chip.name} HBM −{chip.headroom:.0%}", fontsize=7, va="bottom")
         ax.set(xscale="log", yscale="log", xlabel="tp (chips per frame)", title=f"{dtype}, uint8 out, batch 1",
                xticks=[1, 2, 4, 8], xticklabels=["1", "2", "4", "8"])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.grid(True, which="both", alpha=0.3)
