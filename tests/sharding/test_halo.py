@@ -26,27 +26,33 @@ def _bands(plan, mesh, fn, x, out_axis):
     return np.asarray(jax.jit(run)(x))
 
 
+def _assert_bands_equal_padded_whole(plan, tp: int, pad_band, pad_whole, *, scale: int, extra: int, seed: int):
+    """``pad_band`` on each band (rows at ``scale`` x the latent band) equals the matching window of
+    ``pad_whole`` on the whole frame whose padded rows are zero; each band grows by ``extra`` rows."""
+    shape = [2, 3, 6, 6, 5]
+    axis = len(shape) + plan.axis
+    shape[axis] = plan.padded * scale
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    whole = x.copy()
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(plan.size * scale, None)
+    whole[tuple(index)] = 0.0  # padded rows are zero at every conv input
+    expected_full = np.asarray(pad_whole(jnp.asarray(whole)))
+    got = _bands(plan, sharding.make_mesh(tp), pad_band, x, axis)
+    local = scale * plan.band
+    for rank in range(tp):
+        window = [slice(None)] * x.ndim
+        window[axis] = slice(rank * local, rank * local + local + extra)
+        got_window = [slice(None)] * x.ndim
+        got_window[axis] = slice(rank * (local + extra), (rank + 1) * (local + extra))
+        np.testing.assert_array_equal(got[tuple(got_window)], expected_full[tuple(window)], err_msg=f"rank {rank}")
+
+
 @pytest.mark.parametrize("split, size, tp", [("height", 8, 4), ("height", 7, 4), ("width", 5, 3), ("height", 3, 8)])
 def test_pad_hw_equals_zero_padding_of_the_whole_frame(split, size, tp):
     plan = sharding.plan_bands(size, size, tp, split)
-    mesh = sharding.make_mesh(tp)
-    shape = [2, 3, 6, 6, 5]
-    axis = len(shape) + plan.axis
-    shape[axis] = plan.padded * 2  # at upsampling scale 2
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    whole = x.copy()
-    index = [slice(None)] * x.ndim
-    index[axis] = slice(plan.size * 2, None)
-    whole[tuple(index)] = 0.0  # padded rows are zero at every conv input
-    expected_full = np.asarray(zero_pad_hw(jnp.asarray(whole)))
-    got = _bands(plan, mesh, lambda ctx, band: ctx.pad_hw(band), x, axis)
-    local = 2 * plan.band
-    for rank in range(tp):
-        window = [slice(None)] * x.ndim
-        window[axis] = slice(rank * local, rank * local + local + 2)
-        got_window = [slice(None)] * x.ndim
-        got_window[axis] = slice(rank * (local + 2), (rank + 1) * (local + 2))
-        np.testing.assert_array_equal(got[tuple(got_window)], expected_full[tuple(window)], err_msg=f"rank {rank}")
+    _assert_bands_equal_padded_whole(plan, tp, lambda ctx, band: ctx.pad_hw(band), zero_pad_hw,
+                                     scale=2, extra=2, seed=0)  # at upsampling scale 2; a row above and below
 
 
 @pytest.mark.parametrize("split, size, tp", [("height", 8, 4), ("height", 5, 4), ("width", 7, 3)])
@@ -77,21 +83,5 @@ def test_pad_hw_after_equals_bottom_right_zero_padding_of_the_whole_frame(split,
     from models.spatial import zero_pad_hw_after
 
     plan = sharding.plan_bands(size, size, tp, split)
-    mesh = sharding.make_mesh(tp)
-    shape = [2, 3, 6, 6, 5]
-    axis = len(shape) + plan.axis
-    shape[axis] = plan.padded * 4  # at the encoder's scale 4 (after one downsampler)
-    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
-    whole = x.copy()
-    index = [slice(None)] * x.ndim
-    index[axis] = slice(plan.size * 4, None)
-    whole[tuple(index)] = 0.0
-    expected_full = np.asarray(zero_pad_hw_after(jnp.asarray(whole)))
-    got = _bands(plan, mesh, lambda ctx, band: ctx.pad_hw_after(band), x, axis)
-    local = 4 * plan.band
-    for rank in range(tp):
-        window = [slice(None)] * x.ndim
-        window[axis] = slice(rank * local, rank * local + local + 1)
-        got_window = [slice(None)] * x.ndim
-        got_window[axis] = slice(rank * (local + 1), (rank + 1) * (local + 1))
-        np.testing.assert_array_equal(got[tuple(got_window)], expected_full[tuple(window)], err_msg=f"rank {rank}")
+    _assert_bands_equal_padded_whole(plan, tp, lambda ctx, band: ctx.pad_hw_after(band), zero_pad_hw_after,
+                                     scale=4, extra=1, seed=2)  # at the encoder's scale 4 (after one downsampler)
