@@ -16,6 +16,7 @@ import sharding
 from sharding.chips import topology_devices
 from sharding.inspect import collectives, conv_ops, program_memory
 from sharding.planner import plan_decode
+from tests.helpers.sharding_helpers import assert_halo_collectives, assert_memory_split_over_tp
 
 TOPOLOGY = "h100-4"
 SHAPE = (1, 16, 3, 16, 16)
@@ -56,21 +57,13 @@ def test_gpu_program_uses_cudnn_convolutions(programs):
 
 
 def test_temp_memory_per_device_shrinks_with_tp(programs):
-    temp = {tp: program_memory(c)["temp_bytes"] for tp, c in programs.items()}
-    assert 0 < temp[4] <= 0.5 * temp[1], temp
-    output = {tp: program_memory(c)["output_bytes"] for tp, c in programs.items()}
-    assert output[4] * 4 == output[1]  # each device holds a quarter of the frames
+    assert_memory_split_over_tp(programs, 4, temp_at_most=0.5)
 
 
-def test_gpu_collectives_are_one_row_halos_and_latent_kv(programs, vae):
+def test_gpu_collectives_are_one_row_halos_and_latent_kv(programs):
     assert collectives(programs[1].as_text()) == []
-    found = collectives(programs[4].as_text())
-    permutes = [c for c in found if c["op"] == "collective-permute"]
-    assert permutes and all(c["shape"][2] == 1 for c in permutes), permutes  # (B, T, 1 row, W, C) slabs
-    gathers = [c for c in found if c["op"] == "all-gather"]
-    # K/V at latent resolution: (H, W, C) here, the batch of one squeezed away by the GPU compiler.
-    assert gathers and all(c["shape"][-3:-1] == SHAPE[3:] for c in gathers), gathers
-    assert {c["op"] for c in found} <= {"collective-permute", "all-gather"}
+    # K/V gathered at latent resolution: (H, W, C) here, the batch of one squeezed away by the GPU compiler.
+    assert_halo_collectives(collectives(programs[4].as_text()), SHAPE[3:])
 
 
 def test_plan_is_the_compiled_program(programs, vae, devices):

@@ -23,6 +23,7 @@ import sharding
 from sharding.chips import topology_devices
 from sharding.inspect import collectives, conv_ops, program_memory
 from sharding.planner import device_flops
+from tests.helpers.sharding_helpers import assert_halo_collectives, assert_memory_split_over_tp
 
 TOPOLOGY = "v5e:2x2"
 SHAPE = (1, 16, 3, 16, 16)
@@ -83,21 +84,13 @@ def test_tpu_program_uses_native_convolutions(programs, vae):
 
 
 def test_temp_memory_per_device_shrinks_with_tp(programs):
-    temp = {tp: program_memory(c)["temp_bytes"] for tp, c in programs.items()}
-    assert 0 < temp[4] <= 0.4 * temp[1], temp
-    output = {tp: program_memory(c)["output_bytes"] for tp, c in programs.items()}
-    assert output[4] * 4 == output[1]  # each device holds a quarter of the frames
+    assert_memory_split_over_tp(programs, 4, temp_at_most=0.4)
 
 
 def test_tpu_collectives_are_one_row_halos_and_latent_kv(programs, vae):
     assert collectives(programs[1].as_text()) == []
-    found = collectives(programs[4].as_text())
-    permutes = [c for c in found if c["op"] == "collective-permute"]
-    gathers = [c for c in found if c["op"] == "all-gather"]
+    permutes = assert_halo_collectives(collectives(programs[4].as_text()), SHAPE[3:])
     assert len(permutes) == 100  # 25 convs x 2 directions x (frame 0 + scan body)
-    assert all(c["shape"][2] == 1 for c in permutes), permutes  # (B, T, 1 row, W, C) slabs
-    assert gathers and all(c["shape"][1:3] == SHAPE[3:] for c in gathers), gathers  # K/V (N, H, W, C), latent
-    assert {c["op"] for c in found} == {"collective-permute", "all-gather"}
     traced = sharding.halo_bytes(vae, SHAPE, 4, split="height")
     assert sum(c["bytes"] for c in permutes) == traced["first_per_device"] + traced["next_per_device"]
 
