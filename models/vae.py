@@ -170,7 +170,7 @@ class WanVAE:
 
         def lower():
             run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
-                               denormalize=denormalize, output=output, chunk=chunk, **inner_frames_option(inner_frames))
+                               denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames)
             return jax.jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32))
 
         return self.programs.get(key, lower)

@@ -100,12 +100,15 @@ def chip_facts(device_kind: str) -> ChipFacts:
     raise TopologyError(f"no chip facts for device kind {device_kind!r}; known: {known}")
 
 
+def _slice_chip(name: str) -> ChipFacts | None:
+    """The chip of a single-host slice name (``"v5e-8"``, ``"h100-8"``); None for other names."""
+    return next((chip for chip in CHIPS if name in chip.slices), None)
+
+
 def topology_name(text: str) -> str:
     """``"v5e-8"`` (a single-host slice) → ``"v5e:2x4"``; topology names pass through."""
-    for chip in CHIPS:
-        if text in chip.slices:
-            return chip.slices[text]
-    return text
+    chip = _slice_chip(text)
+    return chip.slices[text] if chip else text
 
 
 def _cudnn_version() -> tuple[int, int, int]:
@@ -132,9 +135,8 @@ def gpu_target_config(chip: ChipFacts) -> str:
     ])
 
 
-def _gpu_devices(topology: str) -> list[jax.Device]:
+def _gpu_devices(chip: ChipFacts, topology: str) -> list[jax.Device]:
     """The compile-only devices of one GPU host, e.g. ``"h100-8"``."""
-    chip = next(chip for chip in CHIPS if topology in chip.slices)
     # The CUDA plugin checks the driver's and libraries' versions when it loads; compiling for a
     # described GPU needs neither a GPU nor a driver.
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
@@ -159,8 +161,9 @@ def topology_devices(topology: str) -> list[jax.Device]:
     asks the cloud metadata server what it runs on; neither is needed to compile, so both are
     turned off here (a serving process that already holds the lock does not block planning).
     """
-    if any(topology in chip.slices for chip in CHIPS if chip.platform == "cuda"):
-        return _gpu_devices(topology)
+    chip = _slice_chip(topology)
+    if chip is not None and chip.platform == "cuda":
+        return _gpu_devices(chip, topology)
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     from jax.experimental import topologies

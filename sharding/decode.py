@@ -147,7 +147,7 @@ def _full(vae: WanVAE, mesh: Mesh, plan: BandPlan, *, denormalize: bool, output:
           inner_frames: int | None, halo: str, query_chunk: int) -> Callable:
     """The whole decode on each band under ``shard_map``; latents padded and frames cropped around it."""
     local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, plan, halo, query_chunk),
-                         denormalize=denormalize, output=output, chunk=chunk, **inner_frames_option(inner_frames))
+                         denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames)
     sharded = _shard(mesh, local, (P(), latents_spec(plan)), frames_spec(plan, output))
 
     def run(state, latents):

@@ -50,4 +50,3 @@ async def serve_job(request: Request, state: ServiceState, *, parse: Callable[[b
     if not isinstance(response, StreamingResponse):  # a stream's whole time is not known yet
         state.metrics.total_seconds.observe(time.monotonic() - arrived)
     return response
-

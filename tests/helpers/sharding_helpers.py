@@ -1,5 +1,7 @@
 """Helpers for the sharding tests: the tiny model configs and deterministic latents."""
 
+import importlib.util
+
 import numpy as np
 
 TINY = dict(base_dim=8, num_res_blocks=1)
@@ -36,3 +38,11 @@ def assert_memory_split_over_tp(programs: dict, tp: int, *, temp_at_most: float)
     memory = {n: program_memory(compiled) for n, compiled in programs.items()}
     assert 0 < memory[tp]["temp_bytes"] <= temp_at_most * memory[1]["temp_bytes"], memory
     assert memory[tp]["output_bytes"] * tp == memory[1]["output_bytes"], memory
+
+
+def cuda_compiler_installed() -> bool:
+    """Whether XLA's CUDA compiler (the ``cuda`` extra's plugin) can be loaded here."""
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace at all
+        return False

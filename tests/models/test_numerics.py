@@ -76,6 +76,10 @@ def test_causal_conv_equals_conv3d_over_past_and_frames():
         got = np.asarray(causal_conv3x3x3(past, x, k, bias, block_bytes=block_bytes, native=native))
         assert got.shape == (1, 4, 17, 4, 2)
         assert np.abs(got - expected).max() < 1e-6 * np.abs(expected).max() * 10
+    # One frame after its past (frame-level streaming's inner step), on both paths.
+    for native in (False, True):
+        got = np.asarray(causal_conv3x3x3(past, x[:, :1], k, bias, native=native))
+        assert np.abs(got - expected[:, :1]).max() < 1e-6 * np.abs(expected).max() * 10
 
 
 def test_attention_chunks_and_masks_exactly():

@@ -8,30 +8,26 @@ inside ``plan_decode``. The same checks as the TPU program's: cuDNN convolutions
 matmul, per-device temp memory, one-row collective-permutes, and the planner's numbers.
 """
 
-import importlib.util
-
 import pytest
 
+import models
 import sharding
 from sharding.chips import topology_devices
 from sharding.inspect import collectives, conv_ops, program_memory
 from sharding.planner import plan_decode
-from tests.helpers.sharding_helpers import assert_halo_collectives, assert_memory_split_over_tp
+from tests.helpers.sharding_helpers import (
+    assert_halo_collectives,
+    assert_memory_split_over_tp,
+    cuda_compiler_installed,
+)
 
 TOPOLOGY = "h100-4"
 SHAPE = (1, 16, 3, 16, 16)
 
 
 
-def _cuda_compiler_installed() -> bool:
-    try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:  # no jax_plugins namespace at all
-        return False
-
-
 pytestmark = pytest.mark.skipif(
-    not _cuda_compiler_installed(),
+    not cuda_compiler_installed(),
     reason="XLA's CUDA compiler is not installed (pip install 'vaeserve[cuda]', ≈ 5.5 GB; not in `make test`)")
 
 
@@ -67,7 +63,8 @@ def test_gpu_collectives_are_one_row_halos_and_latent_kv(programs):
 
 
 def test_plan_is_the_compiled_program(programs, vae, devices):
-    plan = plan_decode(vae, SHAPE[1:], devices, topology=TOPOLOGY, tps=(4,)).to_dict()
+    fresh = models.abstract_vae(vae.config, dtype=vae.dtype)  # its own program cache: the plan compiles anew
+    plan = plan_decode(fresh, SHAPE[1:], devices, topology=TOPOLOGY, tps=(4,)).to_dict()
     assert plan["chip"]["name"] == "h100" and plan["devices"] == 4 and plan["devices_per_chip"] == 1
     (mesh,) = plan["meshes"]
     memory = program_memory(programs[4])

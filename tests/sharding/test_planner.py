@@ -3,7 +3,6 @@ refusals, and the serve-time memory guard on a real compiled CPU program (the on
 ``test_sharded_memory.py`` compiles). ``test_tpu_aot.py`` compiles for a TPU slice."""
 
 import dataclasses
-import importlib.util
 import re
 
 import jax
@@ -28,6 +27,7 @@ from sharding.planner import (
     video_for_latents,
     what_would_fit,
 )
+from tests.helpers.sharding_helpers import cuda_compiler_installed
 
 WAN21 = models.WanVAEConfig()
 
@@ -85,7 +85,7 @@ def test_gpu_description_carries_the_chip_facts():
     assert "core_count: 132" in text and text.count("{") == text.count("}")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is not None, reason="the CUDA compiler is installed")
+@pytest.mark.skipif(cuda_compiler_installed(), reason="the CUDA compiler is installed")
 def test_gpu_topology_without_the_cuda_compiler_names_the_extra():
     with pytest.raises(TopologyError, match=r"GPU host 'h100-8'.*vaeserve\[cuda\]"):
         topology_devices("h100-8")
