@@ -124,9 +124,33 @@ def run(args: argparse.Namespace) -> None:
             f.write(json.dumps(result) + "\n")
 
 
+def coverage(platform: str, results: dict[tuple, dict]) -> str:
+    """One line: rows compiled per slice, and for how many (video, slice, dtype) the smallest tp
+    that fits is known (a fitting tp with every smaller one compiled, or every tp compiled)."""
+    slices = TABLES[platform].slices
+    every = rows(platform)
+    per_slice = ", ".join(f"{name} {sum(key(r) in results for r in every if r['slice'] == name)}/"
+                          f"{len(tps) * len(VIDEOS) * len(DTYPES)}" for name, tps in slices.items())
+    answered = 0
+    for dtype in DTYPES:
+        for video in VIDEOS:
+            for name, tps in slices.items():
+                for tp in sorted(tps):
+                    r = results.get((video, name, dtype, tp))
+                    if r is None:
+                        break
+                    if r.get("fits") or tp == max(tps):
+                        answered += 1
+                        break
+    groups = len(VIDEOS) * len(DTYPES) * len(slices)
+    return (f"{sum(key(r) in results for r in every)} of {len(every)} rows compiled ({per_slice}); "
+            f"the smallest tp that fits is known for {answered} of {groups} (video, slice, dtype)")
+
+
 def render(args: argparse.Namespace) -> None:
     slices = TABLES[args.platform].slices
     results = done(args.results)
+    print(coverage(args.platform, results) + "\n")
     print("| video | slice | dtype | tp=1 | tp=2 | tp=4 | tp=8 | compile s, wall/CPU, per row compiled (tp = 1 … 8) |")
     print("|---|---|---|---|---|---|---|---|")
     for dtype in DTYPES:
