@@ -189,12 +189,14 @@ def plot(results: dict[tuple, dict], table: Table) -> None:
 
     fig, axes = plt.subplots(1, len(DTYPES), figsize=(12, 4.5), sharey=True)
     for ax, dtype in zip(axes, DTYPES, strict=True):
-        for video in VIDEOS:
-            for name, tps in table.slices.items():
+        for color, video in enumerate(VIDEOS):  # one colour per video, one marker and line per slice
+            for (name, tps), (marker, line) in zip(table.slices.items(), (("o", "-"), ("s", "--"), ("^", ":")),
+                                                   strict=False):
                 points = [(tp, results[(video, name, dtype, tp)]["total_bytes"] / 1e9) for tp in tps
                           if "total_bytes" in results.get((video, name, dtype, tp), {})]
                 if points:
-                    ax.plot(*zip(*sorted(points), strict=True), marker="o", label=f"{video} {name}")
+                    ax.plot(*zip(*sorted(points), strict=True), color=f"C{color}", marker=marker, linestyle=line,
+                            label=f"{video} {name}")
         for chip in CHIPS:
             if any(name.startswith(f"{chip.name}-") for name in table.slices):
                 usable = chip.hbm_bytes / 1e9 * (1 - chip.headroom)
