@@ -50,14 +50,20 @@ TABLES = {
                  REPO / "docs" / "gpu-plan" / "results.jsonl", REPO / "docs" / "gpu-plan" / "memory.png",
                  "NVIDIA GPUs by XLA's CUDA compiler (no GPU)"),
 }
+SLICE_STYLES = (("o", "-"), ("s", "--"), ("^", ":"))  # marker and line of each slice in the plot
 SLICES = {name: tps for table in TABLES.values() for name, tps in table.slices.items()}
+
+
+def groups(platform: str) -> list[tuple[str, str, str, tuple[int, ...]]]:
+    """``(dtype, video, slice, tps)`` of one platform's table, in the table's order."""
+    return [(dtype, video, name, tps) for dtype in DTYPES for video in VIDEOS
+            for name, tps in TABLES[platform].slices.items()]
 
 
 def rows(platform: str) -> list[dict]:
     """Every row of one platform's table."""
-    slices = TABLES[platform].slices
     return [{"video": video, "slice": name, "dtype": dtype, "tp": tp}
-            for dtype in DTYPES for video in VIDEOS for name, tps in slices.items() for tp in tps]
+            for dtype, video, name, tps in groups(platform) for tp in tps]
 
 
 def key(row: dict) -> tuple:
@@ -127,54 +133,47 @@ def run(args: argparse.Namespace) -> None:
 def coverage(platform: str, results: dict[tuple, dict]) -> str:
     """One line: rows compiled per slice, and for how many (video, slice, dtype) the smallest tp
     that fits is known (a fitting tp with every smaller one compiled, or every tp compiled)."""
-    slices = TABLES[platform].slices
     every = rows(platform)
     per_slice = ", ".join(f"{name} {sum(key(r) in results for r in every if r['slice'] == name)}/"
-                          f"{len(tps) * len(VIDEOS) * len(DTYPES)}" for name, tps in slices.items())
+                          f"{sum(r['slice'] == name for r in every)}" for name in TABLES[platform].slices)
     answered = 0
-    for dtype in DTYPES:
-        for video in VIDEOS:
-            for name, tps in slices.items():
-                for tp in sorted(tps):
-                    r = results.get((video, name, dtype, tp))
-                    if r is None:
-                        break
-                    if r.get("fits") or tp == max(tps):
-                        answered += 1
-                        break
-    groups = len(VIDEOS) * len(DTYPES) * len(slices)
+    for dtype, video, name, tps in groups(platform):
+        for tp in sorted(tps):
+            r = results.get((video, name, dtype, tp))
+            if r is None:
+                break
+            if r.get("fits") or tp == max(tps):
+                answered += 1
+                break
     return (f"{sum(key(r) in results for r in every)} of {len(every)} rows compiled ({per_slice}); "
-            f"the smallest tp that fits is known for {answered} of {groups} (video, slice, dtype)")
+            f"the smallest tp that fits is known for {answered} of {len(groups(platform))} (video, slice, dtype)")
 
 
 def render(args: argparse.Namespace) -> None:
-    slices = TABLES[args.platform].slices
     results = done(args.results)
     print(coverage(args.platform, results) + "\n")
     print("| video | slice | dtype | tp=1 | tp=2 | tp=4 | tp=8 | compile s, wall/CPU, per row compiled (tp = 1 … 8) |")
     print("|---|---|---|---|---|---|---|---|")
-    for dtype in DTYPES:
-        for video in VIDEOS:
-            for name, tps in slices.items():
-                cells, times = [], []
-                for tp in (1, 2, 4, 8):
-                    r = results.get((video, name, dtype, tp))
-                    if tp not in tps:
-                        cells.append("—")
-                    elif r is None:
-                        cells.append("not run")
-                    elif "RESOURCE_EXHAUSTED" in r.get("error", ""):
-                        cells.append("✗ refused: > HBM")  # the TPU compiler's own verdict, in seconds
-                    elif "error" in r:
-                        cells.append("compile failed")
-                    else:
-                        cells.append(f"{r['total_bytes'] / 1e9:.1f} GB {'✓' if r['fits'] else '✗'}")
-                    if r is not None:
-                        times.append(f"{r['compile_s']:.0f}/{r['compile_cpu_s']:.0f}" if "compile_cpu_s" in r
-                                     else f"{r['compile_s']:.0f}/—")
-                if any(c not in ("—", "not run") for c in cells):
-                    print(f"| {video.replace('x', '×', 1).replace('x', ' × ')} | {name} | {dtype} | "
-                          f"{' | '.join(cells)} | {' · '.join(times)} |")
+    for dtype, video, name, tps in groups(args.platform):
+        cells, times = [], []
+        for tp in (1, 2, 4, 8):
+            r = results.get((video, name, dtype, tp))
+            if tp not in tps:
+                cells.append("—")
+            elif r is None:
+                cells.append("not run")
+            elif "RESOURCE_EXHAUSTED" in r.get("error", ""):
+                cells.append("✗ refused: > HBM")  # the TPU compiler's own verdict, in seconds
+            elif "error" in r:
+                cells.append("compile failed")
+            else:
+                cells.append(f"{r['total_bytes'] / 1e9:.1f} GB {'✓' if r['fits'] else '✗'}")
+            if r is not None:
+                times.append(f"{r['compile_s']:.0f}/{r['compile_cpu_s']:.0f}" if "compile_cpu_s" in r
+                             else f"{r['compile_s']:.0f}/—")
+        if any(c not in ("—", "not run") for c in cells):
+            print(f"| {video.replace('x', '×', 1).replace('x', ' × ')} | {name} | {dtype} | "
+                  f"{' | '.join(cells)} | {' · '.join(times)} |")
     plot(results, TABLES[args.platform])
 
 
@@ -190,8 +189,8 @@ def plot(results: dict[tuple, dict], table: Table) -> None:
     fig, axes = plt.subplots(1, len(DTYPES), figsize=(12, 4.5), sharey=True)
     for ax, dtype in zip(axes, DTYPES, strict=True):
         for color, video in enumerate(VIDEOS):  # one colour per video, one marker and line per slice
-            for (name, tps), (marker, line) in zip(table.slices.items(), (("o", "-"), ("s", "--"), ("^", ":")),
-                                                   strict=False):
+            for index, (name, tps) in enumerate(table.slices.items()):
+                marker, line = SLICE_STYLES[index % len(SLICE_STYLES)]
                 points = [(tp, results[(video, name, dtype, tp)]["total_bytes"] / 1e9) for tp in tps
                           if "total_bytes" in results.get((video, name, dtype, tp), {})]
                 if points:

@@ -25,7 +25,6 @@ TOPOLOGY = "h100-4"
 SHAPE = (1, 16, 3, 16, 16)
 
 
-
 pytestmark = pytest.mark.skipif(
     not cuda_compiler_installed(),
     reason="XLA's CUDA compiler is not installed (pip install 'vaeserve[cuda]', ≈ 5.5 GB; not in `make test`)")
