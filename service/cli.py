@@ -120,7 +120,12 @@ def serve(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     settings = Settings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_server(create_app(settings), settings)
+    code = run_server(create_app(settings), settings)
+    if settings.multi_process:
+        from .slice import exit_process
+
+        exit_process(code)
+    return code
 
 
 def _load_latents(path: Path):
