@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
@@ -123,9 +124,9 @@ def lead(leader, args, record: dict) -> dict:
     return results
 
 
-def run_process(args) -> None:
+def run_process(args) -> NoReturn:
     from service.broadcast import Channel, Leader, follow
-    from service.distributed import SliceMonitor, initialize
+    from service.distributed import SliceMonitor, exit_process, initialize
 
     control = initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.num_processes,
                          process_id=args.process_id, heartbeat_timeout_s=60, cpu_devices=args.tp // args.num_processes)
@@ -147,6 +148,7 @@ def run_process(args) -> None:
         follow(channel, handlers)
     monitor.stop()
     control.shutdown()
+    exit_process(0)
 
 
 # -- the orchestrator ---------------------------------------------------------------------------

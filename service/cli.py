@@ -122,7 +122,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     code = run_server(create_app(settings), settings)
     if settings.multi_process:
-        from .slice import exit_process
+        from .distributed import exit_process
 
         exit_process(code)
     return code

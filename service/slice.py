@@ -24,12 +24,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
@@ -182,7 +181,8 @@ class SliceMember:
 def _exit_if_still_running(after_s: float) -> None:
     """Once the slice is left, the process must end: exit 0 anyway if it is still running after
     ``after_s`` (uvicorn's own shutdown stuck). Only while Python still runs: once the interpreter
-    tears down, daemon threads are frozen; ``exit_process`` keeps a slice process out of teardown."""
+    tears down, daemon threads are frozen; ``distributed.exit_process`` keeps a slice process out of
+    teardown."""
 
     def guard() -> None:
         time.sleep(after_s)
@@ -191,18 +191,6 @@ def _exit_if_still_running(after_s: float) -> None:
         os._exit(0)
 
     threading.Thread(target=guard, name="vaeserve-exit-guard", daemon=True).start()
-
-
-def exit_process(code: int) -> NoReturn:
-    """End a slice process without the interpreter's teardown. After leaving the slice, the
-    finalisers that teardown's garbage collection runs for JAX's distributed runtime can block for
-    good (seen in CI: process 0 still running 90 s after uvicorn's "Finished server process", its
-    main thread in "Garbage-collecting"), and the exit guard's daemon thread is frozen by then.
-    The slice was already left in order (``SliceMember.leave``): nothing is lost by skipping it."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _stop_once() -> Callable[[int, str], None]:

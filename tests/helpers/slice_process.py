@@ -25,7 +25,6 @@ import functools
 import json
 import logging
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from service.distributed import SliceFailed, SliceMonitor, exit_on_failure, initialize, wait_for_exit
+from service.distributed import SliceFailed, SliceMonitor, exit_on_failure, exit_process, initialize, wait_for_exit
 
 # The smallest Wan-shaped decoder (one up stage, 2x in space and time): compiles dominate these tests.
 MICRO = dict(base_dim=8, num_res_blocks=0, dim_mult=(1, 2), temperal_downsample=(True,), scale_factor_spatial=2,
@@ -204,4 +203,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
