@@ -4,7 +4,9 @@
 
 Each row compiles the sharded decode (uint8 output, batch 1) for one (video, slice, dtype, tp) on
 the slice's abstract devices — the program `vaeserve plan` compiles — and appends one JSON line to
-``--results``. Rows already there are skipped, so an interrupted run resumes where it stopped.
+``--results``. Rows already there are skipped, so an interrupted run resumes where it stopped, and
+two processes can share the work (disjoint ``--slices`` or ``--only``; each skips what the other
+has finished).
 ``--render`` prints the README table and writes the memory-vs-tp PNG.
 
     nice -n 19 python bench/plan_table.py                 # every TPU row (hours on 2 cores), resumable
@@ -108,7 +110,8 @@ def run(args: argparse.Namespace) -> None:
     config = models.WanVAEConfig()
     print(f"{len(finished)} rows done, {len(todo)} to compile → {args.results}", file=sys.stderr)
     for row in (bar := tqdm(todo, unit="compile")):
-        if args.first_fit and fits_below(done(args.results), row):
+        latest = done(args.results)  # another process (``--only``, another ``--slices``) may have finished it
+        if key(row) in latest or (args.first_fit and fits_below(latest, row)):
             continue
         bar.set_postfix_str(" ".join(map(str, key(row))))
         vae = models.abstract_vae(config, dtype=row["dtype"])  # a fresh program cache: one program at a time
