@@ -287,8 +287,7 @@ def exit_on_failure(control: SliceControl, *, grace_s: float = 2.0, code: int = 
         def leave() -> None:
             time.sleep(delay_s)
             log.critical("exiting with code %d: %s", code, reason)
-            logging.shutdown()
-            os._exit(code)
+            exit_process(code)
 
         threading.Thread(target=leave, name="vaeserve-exit", daemon=True).start()
 
@@ -300,7 +299,7 @@ def wait_for_exit(timeout_s: float = 60.0) -> NoReturn:
     the process. Returning instead would run the normal exit, which stops the coordination
     service at once (on process 0), before the followers have read why."""
     time.sleep(timeout_s)
-    os._exit(EXIT_SLICE_FAILED)
+    exit_process(EXIT_SLICE_FAILED)
 
 
 def exit_process(code: int) -> NoReturn:

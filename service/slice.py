@@ -36,7 +36,7 @@ from models.decode import Output
 from models.encode import PosteriorOptions
 
 from .broadcast import Channel, Handler, Leader, follow
-from .distributed import SliceControl, SliceFailed, SliceMonitor, exit_on_failure, initialize
+from .distributed import SliceControl, SliceFailed, SliceMonitor, exit_on_failure, exit_process, initialize
 from .errors import Problem
 from .runner import DeviceRunner
 from .settings import Settings
@@ -187,8 +187,7 @@ def _exit_if_still_running(after_s: float) -> None:
     def guard() -> None:
         time.sleep(after_s)
         log.error("still running %.0f s after leaving the slice: exiting now", after_s)
-        logging.shutdown()
-        os._exit(0)
+        exit_process(0)
 
     threading.Thread(target=guard, name="vaeserve-exit-guard", daemon=True).start()
 
