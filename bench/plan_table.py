@@ -122,12 +122,14 @@ def run(args: argparse.Namespace) -> None:
         try:
             chip = chip_facts(devices[0].device_kind)
             plan = plan_mesh(vae, (1, *latents), mesh, chip, hbm_bytes=chip.hbm_bytes, output="uint8")
+            if plan.refused:
+                raise RuntimeError(plan.refused)
             result = {**row, **{k: getattr(plan, k) for k in (
                 "split", "argument_bytes", "output_bytes", "temp_bytes", "code_bytes", "total_bytes", "hbm_bytes",
                 "usable_bytes", "fits", "flops", "bytes_accessed", "compile_s", "bound_s")},
                       "compile_cpu_s": round(time.process_time() - cpu, 1)}
-        except Exception as e:  # noqa: BLE001 - the compiler's refusal (e.g. out of HBM) is a result too
-            result = {**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
+        except Exception as e:  # noqa: BLE001 - the compiler's refusal (out of HBM) is a result too
+            result = {**row, "error": str(e).splitlines()[0][:300],
                       "compile_s": round(time.perf_counter() - start, 1)}
         with args.results.open("a") as f:
             f.write(json.dumps(result) + "\n")

@@ -94,7 +94,7 @@ def main(args: argparse.Namespace) -> None:
     base = None
     for tp in tps:
         mesh = sharding.make_mesh(tp)
-        plan = sharding.plan_bands(mem_shape[3], mem_shape[4], tp)
+        plan = sharding.band_layout(mem_shape[3], mem_shape[4], tp)
         stats = sharding.memory_stats(vae, mem_shape, mesh)
         halo = sharding.halo_bytes(vae, mem_shape, tp, split=plan.split)
         base = base or stats["temp_bytes"]
@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> None:
     for tp in tps:
         mesh = sharding.make_mesh(tp)
         first, median = time_decode(vae, latents, mesh, args.repeats)
-        split = sharding.plan_bands(time_shape[3], time_shape[4], tp).split
+        split = sharding.band_layout(time_shape[3], time_shape[4], tp).split
         print(f"| {tp} | {split} | {first:.1f} | {median:.2f} | {pixels / median:,.0f} |")
     if devices[0].platform == "cpu":
         print(f"\nThe {len(devices)} CPU devices are forced host devices sharing {os.cpu_count()} cores: "

@@ -117,6 +117,7 @@ def main(args: argparse.Namespace) -> None:
 
     import models
     import sharding
+    from sharding._controls import decode_with
 
     torch.set_num_threads(os.cpu_count() or 1)
     config = models.MODEL_NAMES[args.model]().to_dict()
@@ -158,7 +159,7 @@ def main(args: argparse.Namespace) -> None:
     results["(b) diffusers enable_tiling()"] = (timed("b", lambda: diffusers_decode(
         reference_model, latents, tiling=tiling)), tile_seams(height_px, args.tile, args.stride, args.height, scale))
     results["(c) shard_map, no halo"] = (timed("c", lambda: np.asarray(
-        sharding.sharded_decode(vae, latents, mesh, halo="none", split="height"))), seams)
+        decode_with("none", vae, latents, mesh, split="height"))), seams)
     results["(-) diffusers full decode"] = (timed("-", lambda: diffusers_decode(reference_model, latents, tiling=None)), [])
 
     progress.close()

@@ -79,6 +79,11 @@ def format_table(plan: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in plan["meshes"]:
+        if m["refused"]:
+            lines.append(f"| {m['tp']} | {m['dp']} | {m['split']} | — | — | ≥ {_gb(m['temp_bytes'])} | — "
+                         f"| ≥ {_gb(m['total_bytes'])} | NO | {m['flops'] / 1e12:,.1f} | — | — | — "
+                         f"| {m['compile_s']:.1f} | refused by the compiler: {m['refused']} |")
+            continue
         found = ", ".join(f"{n} {op}" for op, n in ((op, c["count"]) for op, c in sorted(m["collectives"].items())))
         lines.append(
             f"| {m['tp']} | {m['dp']} | {m['split']} | {_gb(m['argument_bytes'])} | {_gb(m['output_bytes'])} "

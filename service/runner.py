@@ -135,7 +135,7 @@ class DeviceRunner:
         """Per-device bytes of every compiled program of this runner's mesh (``memory_analysis()``):
         ``{"program", "shape", "variant", "argument_bytes", "output_bytes", "temp_bytes",
         "code_bytes", "total_bytes"}``, least recently used first (as ``programs()``)."""
-        from sharding.inspect import program_memory
+        from sharding.introspect import program_memory
         from sharding.planner import program_total_bytes
 
         rows = []

@@ -4,10 +4,11 @@ one-row halos.
 Public surface: ``make_mesh``, ``sharded_decode``, ``sharded_decode_stream``, ``sharded_encode``,
 their ahead-of-time compiled programs (``compile_decode``, ``compile_decode_stream``,
 ``compile_encode``), the axis-name constants, inspection helpers for memory and HLO
-(``inspect``), and planning for TPU slices without a TPU (``topology_devices``, ``plan_decode``,
+(``introspect``), and planning for TPU slices without a TPU (``topology_devices``, ``plan_decode``,
 ``check_fits``).
 """
 
+from .bands import BandLayout, SplitError, band_layout, choose_split
 from .chips import TopologyError, topology_devices
 from .decode import (
     compile_decode,
@@ -20,9 +21,8 @@ from .decode import (
 )
 from .encode import compile_encode, put_frames, replicated_encoder_state, sharded_encode
 from .halo import BandContext
-from .inspect import collectives, halo_bytes, hlo_text, memory_stats
+from .introspect import collectives, halo_bytes, hlo_text, memory_stats
 from .mesh import DP_AXIS, MESH_AXES, TP_AXIS, MeshError, make_mesh
-from .plan import BandPlan, SplitError, choose_split, plan_bands
 from .planner import PlanError, WontFitError, check_fits, plan_decode
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
     "MESH_AXES",
     "TP_AXIS",
     "BandContext",
-    "BandPlan",
+    "BandLayout",
     "MeshError",
     "PlanError",
     "SplitError",
@@ -46,7 +46,7 @@ __all__ = [
     "hlo_text",
     "make_mesh",
     "memory_stats",
-    "plan_bands",
+    "band_layout",
     "plan_decode",
     "put_frames",
     "put_latents",

@@ -2,7 +2,7 @@
 
 Layouts match ``WanVAE``: latents ``(B, 16, T, H, W)`` NCTHW in; float32 ``(B, 3, F, 8H, 8W)`` or
 uint8 ``(B, F, 8H, 8W, 3)`` out, ``F = 1 + 4(T-1)``. Inside the mesh, the batch is split over
-``dp`` and the split axis (height or width, see ``plan.choose_split``) over ``tp``; causal caches
+``dp`` and the split axis (height or width, see ``layout.choose_split``) over ``tp``; causal caches
 stay on the device of their band, and time is never split.
 """
 
@@ -25,9 +25,9 @@ from models.decoder import check_inner_frames, inner_frames_option
 from models.programs import program_key
 from models.vae import DTYPES, WanVAE, check_latents_shape
 
+from .bands import BandLayout, Split, SplitError, band_layout
 from .halo import BandContext
 from .mesh import DP_AXIS, TP_AXIS, mesh_key
-from .plan import BandPlan, Split, SplitError, check_halo, plan_bands
 
 
 # -- layouts ----------------------------------------------------------------------------------------
@@ -38,38 +38,38 @@ def _spec(ndim: int, batch_axis: int, split_axis: int) -> P:
     return P(*parts)
 
 
-def latents_spec(plan: BandPlan) -> P:
+def latents_spec(layout: BandLayout) -> P:
     """NCTHW latents: batch over dp, H (or W) over tp."""
-    return _spec(5, 0, 3 if plan.split == "height" else 4)
+    return _spec(5, 0, 3 if layout.split == "height" else 4)
 
 
-def frames_spec(plan: BandPlan, output: Output) -> P:
+def frames_spec(layout: BandLayout, output: Output) -> P:
     """float NCTHW ``(B, 3, F, H, W)`` or uint8 NTHWC ``(B, F, H, W, 3)`` frames."""
     first_spatial = 3 if output == "float" else 2
-    return _spec(5, 0, first_spatial + (plan.split == "width"))
+    return _spec(5, 0, first_spatial + (layout.split == "width"))
 
 
-def cache_spec(plan: BandPlan) -> P:
+def cache_spec(layout: BandLayout) -> P:
     """Every causal cache leaf is channels-last ``(B, 2, h, w, C)``."""
-    return _spec(5, 0, 2 if plan.split == "height" else 3)
+    return _spec(5, 0, 2 if layout.split == "height" else 3)
 
 
-def pad_latents(latents: jax.Array, plan: BandPlan) -> jax.Array:
-    """Zero-pad NCTHW latents at the far edge of the split axis up to ``plan.padded``."""
-    if plan.pad == 0:
+def pad_latents(latents: jax.Array, layout: BandLayout) -> jax.Array:
+    """Zero-pad NCTHW latents at the far edge of the split axis up to ``layout.padded``."""
+    if layout.pad == 0:
         return latents
     widths = [(0, 0)] * 5
-    widths[3 if plan.split == "height" else 4] = (0, plan.pad)
+    widths[3 if layout.split == "height" else 4] = (0, layout.pad)
     return jnp.pad(latents, widths)
 
 
-def crop_frames(frames: jax.Array, plan: BandPlan, output: Output) -> jax.Array:
+def crop_frames(frames: jax.Array, layout: BandLayout, output: Output) -> jax.Array:
     """Drop the frame rows (columns) that came from padded latent rows."""
-    if plan.pad == 0:
+    if layout.pad == 0:
         return frames
-    axis = frames_spec(plan, output).index(TP_AXIS)
-    factor = frames.shape[axis] // plan.padded
-    return jax.lax.slice_in_dim(frames, 0, plan.size * factor, axis=axis)
+    axis = frames_spec(layout, output).index(TP_AXIS)
+    factor = frames.shape[axis] // layout.padded
+    return jax.lax.slice_in_dim(frames, 0, layout.size * factor, axis=axis)
 
 
 # -- checks -----------------------------------------------------------------------------------------
@@ -81,11 +81,11 @@ def _check_mesh(mesh: Mesh, batch: int) -> None:
         raise SplitError(f"batch {batch} does not split over dp={dp}: send a multiple of {dp} latents")
 
 
-def make_plan(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, split: Split | None) -> BandPlan:
-    """Validate ``shape`` (NCTHW) against the model and mesh, and plan its bands."""
+def decode_layout(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, split: Split | None) -> BandLayout:
+    """Validate ``shape`` (NCTHW) against the model and mesh, and layout its bands."""
     check_latents_shape(tuple(shape), vae.config)
     _check_mesh(mesh, shape[0])
-    return plan_bands(shape[3], shape[4], mesh.shape[TP_AXIS], split)
+    return band_layout(shape[3], shape[4], mesh.shape[TP_AXIS], split)
 
 
 # -- programs ---------------------------------------------------------------------------------------
@@ -135,38 +135,46 @@ def _shard(mesh: Mesh, fn: Callable, in_specs, out_specs) -> Callable:
     return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
-def _band_context(mesh: Mesh, plan: BandPlan, halo: str, query_chunk: int) -> Callable[[], BandContext]:
+# The spatial context each band decodes with. Always ``BandContext`` in the programs this package
+# compiles and caches; the builders below take it as an argument so that the negative controls
+# (``sharding._controls``: no halo, cyclic halo) can build the same program around a broken one.
+ContextType = type[BandContext]
+
+
+def _band_context(mesh: Mesh, layout: BandLayout, query_chunk: int,
+                  context_type: ContextType = BandContext) -> Callable[[], BandContext]:
     native = native_conv_for(mesh_platform(mesh))
 
     def make() -> BandContext:
-        return BandContext(plan, halo=halo, query_chunk=query_chunk, native_conv=native)
+        return context_type(layout, query_chunk=query_chunk, native_conv=native)
     return make
 
 
-def _full(vae: WanVAE, mesh: Mesh, plan: BandPlan, *, denormalize: bool, output: Output, chunk: int,
-          inner_frames: int | None, halo: str, query_chunk: int) -> Callable:
+def _full(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output: Output, chunk: int,
+          inner_frames: int | None, query_chunk: int, context_type: ContextType = BandContext) -> Callable:
     """The whole decode on each band under ``shard_map``; latents padded and frames cropped around it."""
-    local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, plan, halo, query_chunk),
+    context = _band_context(mesh, layout, query_chunk, context_type)
+    local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], context,
                          denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames)
-    sharded = _shard(mesh, local, (P(), latents_spec(plan)), frames_spec(plan, output))
+    sharded = _shard(mesh, local, (P(), latents_spec(layout)), frames_spec(layout, output))
 
     def run(state, latents):
-        return crop_frames(sharded(state, pad_latents(latents, plan)), plan, output)
+        return crop_frames(sharded(state, pad_latents(latents, layout)), layout, output)
     return run
 
 
-def _step(vae: WanVAE, mesh: Mesh, plan: BandPlan, *, first: bool, denormalize: bool, inner_frames: int | None,
-          halo: str, query_chunk: int) -> Callable:
+def _step(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, first: bool, denormalize: bool, inner_frames: int | None,
+          query_chunk: int) -> Callable:
     """One stream step on each band; its caches (None for latent frame 0) stay on their bands."""
-    local = step_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, plan, halo, query_chunk),
+    local = step_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, layout, query_chunk),
                          denormalize=denormalize, output="uint8", inner_frames=inner_frames)
-    caches = cache_spec(plan)
-    sharded = _shard(mesh, local, (P(), None if first else caches, latents_spec(plan)),
-                     (frames_spec(plan, "uint8"), caches))
+    caches = cache_spec(layout)
+    sharded = _shard(mesh, local, (P(), None if first else caches, latents_spec(layout)),
+                     (frames_spec(layout, "uint8"), caches))
 
     def run(state, step_caches, latents):
-        out, new_caches = sharded(state, step_caches, pad_latents(latents, plan))
-        return crop_frames(out, plan, "uint8"), new_caches
+        out, new_caches = sharded(state, step_caches, pad_latents(latents, layout))
+        return crop_frames(out, layout, "uint8"), new_caches
     return run
 
 
@@ -180,8 +188,7 @@ def _state_aval(vae: WanVAE, mesh: Mesh):
 
 def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "float",
                    denormalize: bool = False, split: Split | None = None, chunk: int | None = None,
-                   inner_frames: int | None = None, halo: str = "exchange",
-                   query_chunk: int = 4096) -> jax.stages.Compiled:
+                   inner_frames: int | None = None, query_chunk: int = 4096) -> jax.stages.Compiled:
     """The compiled sharded decode of NCTHW latents of ``shape`` on ``mesh`` (see ``sharded_decode``).
 
     Compiled ahead of time from abstract weights and latents, so ``mesh`` may hold abstract devices
@@ -191,14 +198,13 @@ def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: O
     """
     shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
     inner_frames = check_inner_frames(inner_frames)
-    check_halo(halo)
-    plan = make_plan(vae, shape, mesh, split)
-    key = program_key("decode", shape, output, mesh=mesh_key(mesh), plan=plan, denormalize=denormalize, chunk=chunk,
-                      halo=halo, query_chunk=query_chunk, **inner_frames_option(inner_frames))
+    layout = decode_layout(vae, shape, mesh, split)
+    key = program_key("decode", shape, output, mesh=mesh_key(mesh), layout=layout, denormalize=denormalize, chunk=chunk,
+                      query_chunk=query_chunk, **inner_frames_option(inner_frames))
 
     def lower():
-        run = _full(vae, mesh, plan, denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
-                    halo=halo, query_chunk=query_chunk)
+        run = _full(vae, mesh, layout, denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
+                    query_chunk=query_chunk)
         return jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh))
 
     return vae.programs.get(key, lower)
@@ -210,23 +216,22 @@ def _lower(run: Callable, *avals: Any) -> jax.stages.Lowered:
 
 
 def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool, split: Split | None,
-                     chunk: int, inner_frames: int | None, halo: str,
-                     query_chunk: int) -> dict[tuple[int, int], jax.stages.Compiled]:
+                     chunk: int, inner_frames: int | None, query_chunk: int) -> dict[tuple[int, int], jax.stages.Compiled]:
     """``{(start, stop): compiled step}`` for every step of a stream of latents ``shape``; steps of
     equal length after the first share one program."""
-    plan = make_plan(vae, shape, mesh, split)
+    layout = decode_layout(vae, shape, mesh, split)
     inner_frames = check_inner_frames(inner_frames)
     state = _state_aval(vae, mesh)
-    cache_sharding = NamedSharding(mesh, cache_spec(plan))
+    cache_sharding = NamedSharding(mesh, cache_spec(layout))
     programs: dict[tuple[int, int], jax.stages.Compiled] = {}
     caches: Any = None  # abstract caches: None for the first step, then what it returns
     for start, stop in stream_steps(shape[2], chunk):
         z = _latents_aval((*shape[:2], stop - start, *shape[3:]), mesh)
         first = caches is None
-        run = _step(vae, mesh, plan, first=first, denormalize=denormalize, inner_frames=inner_frames, halo=halo,
+        run = _step(vae, mesh, layout, first=first, denormalize=denormalize, inner_frames=inner_frames,
                     query_chunk=query_chunk)
-        key = program_key("stream-step", z.shape, "first" if first else "next", mesh=mesh_key(mesh), plan=plan,
-                          denormalize=denormalize, halo=halo, query_chunk=query_chunk,
+        key = program_key("stream-step", z.shape, "first" if first else "next", mesh=mesh_key(mesh), layout=layout,
+                          denormalize=denormalize, query_chunk=query_chunk,
                           **inner_frames_option(inner_frames))
         programs[start, stop] = vae.programs.get(key, functools.partial(_lower, run, state, caches, z))
         if first:
@@ -237,13 +242,11 @@ def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denorma
 
 def compile_decode_stream(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool = False,
                           split: Split | None = None, chunk: int | None = None, inner_frames: int | None = None,
-                          halo: str = "exchange", query_chunk: int = 4096) -> tuple[jax.stages.Compiled, ...]:
+                          query_chunk: int = 4096) -> tuple[jax.stages.Compiled, ...]:
     """Every compiled program a ``sharded_decode_stream`` of latents ``shape`` runs (first step, later
     steps, a shorter last step), compiled now and cached in ``vae.programs``."""
-    check_halo(halo)
     programs = _stream_programs(vae, tuple(shape), mesh, denormalize=denormalize, split=split,
-                                chunk=resolve_chunk(chunk), inner_frames=inner_frames, halo=halo,
-                                query_chunk=query_chunk)
+                                chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk)
     return tuple(dict.fromkeys(programs.values()))
 
 
@@ -258,7 +261,6 @@ def sharded_decode(
     split: Split | None = None,
     chunk: int | None = None,
     inner_frames: int | None = None,
-    halo: str = "exchange",
     query_chunk: int = 4096,
 ) -> jax.Array:
     """Decode ``(B, 16, T, H, W)`` latents on ``mesh``; the same frames as ``vae.decode``.
@@ -274,13 +276,12 @@ def sharded_decode(
       inner_frames: frames per inner step of the stages after each temporal upsampler (None:
         automatic, one frame at a time once a band's full-resolution frame holds ≥ 4 MB; see
         ``models.decoder.Decoder3d``). The frames are the same computation whatever it is.
-      halo: ``"exchange"``; ``"none"``/``"cyclic"`` are broken on purpose (negative controls).
       query_chunk: attention queries per score block on each device.
     Returns:
       A ``jax.Array`` sharded over the mesh (batch over dp, the split axis over tp).
     """
     run = compile_decode(vae, np.shape(latents), mesh, output=output, denormalize=denormalize, split=split,
-                         chunk=chunk, inner_frames=inner_frames, halo=halo, query_chunk=query_chunk)
+                         chunk=chunk, inner_frames=inner_frames, query_chunk=query_chunk)
     return run(replicated_state(vae, mesh), put_latents(latents, mesh))
 
 
@@ -293,7 +294,6 @@ def sharded_decode_stream(
     split: Split | None = None,
     chunk: int | None = None,
     inner_frames: int | None = None,
-    halo: str = "exchange",
     query_chunk: int = 4096,
 ) -> Iterator[np.ndarray]:
     """Yield host uint8 frames ``(B, f, 8H, 8W, 3)`` as each sharded decode step finishes.
@@ -302,11 +302,9 @@ def sharded_decode_stream(
     (``f = 4 · chunk``, fewer at the end). The caches between steps stay sharded on the mesh.
     Concatenated along axis 1, the steps equal ``sharded_decode(..., output="uint8")``.
     """
-    check_halo(halo)
     latents = np.asarray(latents, np.float32)
     programs = _stream_programs(vae, latents.shape, mesh, denormalize=denormalize, split=split,
-                                chunk=resolve_chunk(chunk), inner_frames=inner_frames, halo=halo,
-                                query_chunk=query_chunk)
+                                chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk)
     state = replicated_state(vae, mesh)
     caches = None
     for (start, stop), step in programs.items():

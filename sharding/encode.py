@@ -2,7 +2,7 @@
 
 Layouts match ``WanVAE.encode``: frames ``(B, 3, F, H, W)`` NCTHW in; float32 latents
 ``(B, z, T, H/s, W/s)`` out (``s = config.spatial_scale``: 8 for Wan 2.1, 16 for Wan 2.2). The
-band plan is made in *latent* rows (``plan_bands(H/s, W/s, tp)``), so every band holds ``s·band``
+band layout is made in *latent* rows (``band_layout(H/s, W/s, tp)``), so every band holds ``s·band``
 frame rows: Wan 2.1's three downsamplers see ``8·band``, ``4·band`` and ``2·band`` rows; Wan 2.2's
 2x2 patchify turns ``16·band`` rows into ``8·band`` before the same three (its AvgDown3D shortcuts
 average the same 2x2 blocks as the strided convs). Every band starts on an even row at the input
@@ -32,38 +32,39 @@ from models.encode import (
 from models.programs import program_key
 from models.vae import DTYPES, WanVAE, check_frames_shape
 
-from .decode import _band_context, _check_mesh, _shard, _spec
+from .bands import BandLayout, Split, band_layout
+from .decode import ContextType, _band_context, _check_mesh, _shard, _spec
+from .halo import BandContext
 from .mesh import TP_AXIS, mesh_key
-from .plan import BandPlan, Split, check_halo, plan_bands
 
 
-def frames_spec(plan: BandPlan) -> P:
+def frames_spec(layout: BandLayout) -> P:
     """NCTHW frames (and latents): batch over dp, H (or W) over tp."""
-    return _spec(5, 0, 3 if plan.split == "height" else 4)
+    return _spec(5, 0, 3 if layout.split == "height" else 4)
 
 
-def moments_spec(plan: BandPlan) -> P:
+def moments_spec(layout: BandLayout) -> P:
     """Channels-last moments ``(B, T, h, w, 2z)``: batch over dp, h (or w) over tp."""
-    return _spec(5, 0, 2 if plan.split == "height" else 3)
+    return _spec(5, 0, 2 if layout.split == "height" else 3)
 
 
-def make_encode_plan(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, split: Split | None) -> BandPlan:
-    """Validate frames ``shape`` (NCTHW) against the model and mesh; plan bands in latent rows."""
+def encode_layout(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, split: Split | None) -> BandLayout:
+    """Validate frames ``shape`` (NCTHW) against the model and mesh; layout bands in latent rows."""
     vae.require_encoder()
     check_frames_shape(tuple(shape), vae.config)
     _check_mesh(mesh, shape[0])
     scale = vae.config.spatial_scale
-    return plan_bands(shape[3] // scale, shape[4] // scale, mesh.shape[TP_AXIS], split)
+    return band_layout(shape[3] // scale, shape[4] // scale, mesh.shape[TP_AXIS], split)
 
 
-def padded_frames_shape(shape: tuple[int, ...], plan: BandPlan, scale: int) -> tuple[int, ...]:
-    """Frames ``shape`` with the split axis padded to ``scale · plan.padded`` rows."""
+def padded_frames_shape(shape: tuple[int, ...], layout: BandLayout, scale: int) -> tuple[int, ...]:
+    """Frames ``shape`` with the split axis padded to ``scale · layout.padded`` rows."""
     padded = list(shape)
-    padded[3 if plan.split == "height" else 4] = scale * plan.padded
+    padded[3 if layout.split == "height" else 4] = scale * layout.padded
     return tuple(padded)
 
 
-def put_frames(frames, plan: BandPlan, mesh: Mesh, scale: int) -> jax.Array:
+def put_frames(frames, layout: BandLayout, mesh: Mesh, scale: int) -> jax.Array:
     """Frames onto the mesh, each device receiving only its band (an explicit transfer).
 
     The split axis is zero-padded on the host first: frames are the large input here, so they are
@@ -71,9 +72,9 @@ def put_frames(frames, plan: BandPlan, mesh: Mesh, scale: int) -> jax.Array:
     """
     frames = np.asarray(frames, np.float32)
     widths = [(0, 0)] * 5
-    axis = 3 if plan.split == "height" else 4
-    widths[axis] = (0, scale * plan.padded - frames.shape[axis])
-    return jax.device_put(np.pad(frames, widths), NamedSharding(mesh, frames_spec(plan)))
+    axis = 3 if layout.split == "height" else 4
+    widths[axis] = (0, scale * layout.padded - frames.shape[axis])
+    return jax.device_put(np.pad(frames, widths), NamedSharding(mesh, frames_spec(layout)))
 
 
 def put_options(options: PosteriorOptions, mesh: Mesh) -> PosteriorOptions:
@@ -81,15 +82,36 @@ def put_options(options: PosteriorOptions, mesh: Mesh) -> PosteriorOptions:
     return jax.device_put(options, NamedSharding(mesh, P()))
 
 
-def crop_moments(moments: jax.Array, plan: BandPlan) -> jax.Array:
+def crop_moments(moments: jax.Array, layout: BandLayout) -> jax.Array:
     """Drop the latent rows (columns) of channels-last moments that came from padded frame rows."""
-    if plan.pad == 0:
+    if layout.pad == 0:
         return moments
-    return jax.lax.slice_in_dim(moments, 0, plan.size, axis=moments_spec(plan).index(TP_AXIS))
+    return jax.lax.slice_in_dim(moments, 0, layout.size, axis=moments_spec(layout).index(TP_AXIS))
+
+
+def _encoder(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, chunk: int, query_chunk: int,
+             context_type: ContextType = BandContext):
+    """The encode on each band under ``shard_map``, then the posterior on the cropped latents:
+    ``run(state, padded frames, options)``."""
+    local = moments_program(vae.encoder_graphdef, DTYPES[vae.dtype],
+                            _band_context(mesh, layout, query_chunk, context_type), chunk=chunk)
+    sharded = _shard(mesh, local, (P(), frames_spec(layout)), moments_spec(layout))
+
+    def run(state, frames, options):
+        return latents_from_moments(crop_moments(sharded(state, frames), layout), options, vae.config)
+    return run
+
+
+def encode_avals(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, layout: BandLayout):
+    """Abstract ``(state, padded frames, options)`` of the encode of frames ``shape`` on ``mesh``."""
+    replicated = NamedSharding(mesh, P())
+    frames = jax.ShapeDtypeStruct(padded_frames_shape(shape, layout, vae.config.spatial_scale), jnp.float32,
+                                  sharding=NamedSharding(mesh, frames_spec(layout)))
+    return vae.encoder_state_avals(replicated), frames, PosteriorOptions.avals(shape[0], replicated)
 
 
 def compile_encode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split | None = None,
-                   chunk: int | None = None, halo: str = "exchange", query_chunk: int = 4096) -> jax.stages.Compiled:
+                   chunk: int | None = None, query_chunk: int = 4096) -> jax.stages.Compiled:
     """The compiled sharded encode of NCTHW frames of ``shape`` on ``mesh`` (see ``sharded_encode``).
 
     Compiled ahead of time from abstract weights and frames (``mesh`` may hold abstract devices)
@@ -97,25 +119,13 @@ def compile_encode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Sp
     it as ``compiled(replicated_encoder_state(vae, mesh), put_frames(...), put_options(...))``.
     """
     shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
-    check_halo(halo)
-    plan = make_encode_plan(vae, shape, mesh, split)
-    key = program_key("encode", shape, "latents", mesh=mesh_key(mesh), plan=plan, chunk=chunk, halo=halo,
+    layout = encode_layout(vae, shape, mesh, split)
+    key = program_key("encode", shape, "latents", mesh=mesh_key(mesh), layout=layout, chunk=chunk,
                       query_chunk=query_chunk)
-    scale = vae.config.spatial_scale
 
     def lower():
-        local = moments_program(vae.encoder_graphdef, DTYPES[vae.dtype], _band_context(mesh, plan, halo, query_chunk),
-                                chunk=chunk)
-        sharded = _shard(mesh, local, (P(), frames_spec(plan)), moments_spec(plan))
-
-        def run(state, frames, options):
-            return latents_from_moments(crop_moments(sharded(state, frames), plan), options, vae.config)
-
-        replicated = NamedSharding(mesh, P())
-        frames = jax.ShapeDtypeStruct(padded_frames_shape(shape, plan, scale), jnp.float32,
-                                      sharding=NamedSharding(mesh, frames_spec(plan)))
-        return jax.jit(run).lower(vae.encoder_state_avals(replicated), frames,
-                                  PosteriorOptions.avals(shape[0], replicated))
+        run = _encoder(vae, mesh, layout, chunk=chunk, query_chunk=query_chunk)
+        return jax.jit(run).lower(*encode_avals(vae, shape, mesh, layout))
 
     return vae.programs.get(key, lower)
 
@@ -136,7 +146,6 @@ def sharded_encode(
     options: PosteriorOptions | None = None,
     split: Split | None = None,
     chunk: int | None = None,
-    halo: str = "exchange",
     query_chunk: int = 4096,
 ) -> jax.Array:
     """Encode frames ``(B, 3, F, H, W)`` on ``mesh``; the same latents as ``vae.encode``.
@@ -151,15 +160,13 @@ def sharded_encode(
       options: per-row posterior options instead of ``sample``/``seed``/``normalize`` (a server
         batching several requests passes each request's rows; see ``PosteriorOptions``).
       split: ``"height"``, ``"width"`` or None (the latent axis that needs less padding).
-      halo: ``"exchange"``; ``"none"``/``"cyclic"`` are broken on purpose (negative controls).
       query_chunk: attention queries per score block on each device.
     Returns:
       float32 latents ``(B, z, 1 + k, H/s, W/s)`` as a ``jax.Array`` on the mesh.
     """
-    program = compile_encode(vae, np.shape(frames), mesh, split=split, chunk=chunk, halo=halo,
-                             query_chunk=query_chunk)
-    plan = make_encode_plan(vae, np.shape(frames), mesh, split)
+    program = compile_encode(vae, np.shape(frames), mesh, split=split, chunk=chunk, query_chunk=query_chunk)
+    layout = encode_layout(vae, np.shape(frames), mesh, split)
     if options is None:
         options = posterior_options(np.shape(frames)[0], sample=sample, seed=seed, normalize=normalize)
-    return program(replicated_encoder_state(vae, mesh), put_frames(frames, plan, mesh, vae.config.spatial_scale),
+    return program(replicated_encoder_state(vae, mesh), put_frames(frames, layout, mesh, vae.config.spatial_scale),
                    put_options(options, mesh))

@@ -1,6 +1,6 @@
 """The sharded spatial context: what the decoder sees inside ``shard_map``.
 
-Each device holds one band of every frame (``BandPlan``). Before every 3x3 conv, ``pad_hw``
+Each device holds one band of every frame (``BandLayout``). Before every 3x3 conv, ``pad_hw``
 fetches one row from each neighbour with a non-cyclic ``lax.ppermute`` (the image edges receive
 zeros, exactly like zero padding) and zero-pads the other spatial axis. The mid-block attention
 keeps its queries local and all-gathers K and V along ``tp`` (they are latent-resolution).
@@ -19,8 +19,8 @@ from jax import lax
 
 from models.spatial import dot_product_attention, zero_pad_hw, zero_pad_hw_after
 
+from .bands import BandLayout, halo_permutations
 from .mesh import TP_AXIS
-from .plan import BandPlan, check_halo, halo_permutations
 
 
 def _positive(axis: int, ndim: int) -> int:
@@ -39,30 +39,32 @@ class BandContext:
     """``SpatialContext`` for one band inside ``shard_map`` over the ``tp`` mesh axis.
 
     Args:
-      plan: the band plan (split axis, band size, padding).
-      halo: ``"exchange"`` (exact); ``"none"`` (each band zero-padded alone) and ``"cyclic"``
-        (the edges wrap around) exist as negative controls for tests and benches.
+      layout: the band layout (split axis, band size, padding).
       axis_name: the mesh axis the bands lie along.
       query_chunk: queries per attention score block (passed to ``dot_product_attention``).
       native_conv: native XLA convolutions (the mesh is on an accelerator; see ``SpatialContext``).
     """
 
-    def __init__(self, plan: BandPlan, *, halo: str = "exchange", axis_name: str = TP_AXIS,
-                 query_chunk: int = 4096, native_conv: bool = False):
-        self.plan, self.halo, self.axis_name, self.query_chunk = plan, check_halo(halo), axis_name, query_chunk
+    def __init__(self, layout: BandLayout, *, axis_name: str = TP_AXIS, query_chunk: int = 4096,
+                 native_conv: bool = False):
+        self.layout, self.axis_name, self.query_chunk = layout, axis_name, query_chunk
         self.native_conv = native_conv
+
+    def permutations(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """``(downward, upward)`` ppermute pairs of the halo exchange (``bands.halo_permutations``)."""
+        return halo_permutations(self.layout.tp)
 
     def _valid_local(self, local_size: int) -> jax.Array:
         """``(local_size,)`` bool: which of this device's rows exist (at the array's scale)."""
-        scale = self.plan.scale(local_size)
+        scale = self.layout.scale(local_size)
         rows = lax.axis_index(self.axis_name) * local_size + jnp.arange(local_size)
-        return rows < self.plan.size * scale
+        return rows < self.layout.size * scale
 
     def mask_padding(self, x: jax.Array) -> jax.Array:
         """Zero the rows of ``(..., H, W, C)`` that exist only because of padding (no-op when even)."""
-        if self.plan.pad == 0:
+        if self.layout.pad == 0:
             return x
-        axis = _positive(self.plan.axis, x.ndim)
+        axis = _positive(self.layout.axis, x.ndim)
         shape = [1] * x.ndim
         shape[axis] = x.shape[axis]
         valid = self._valid_local(x.shape[axis]).reshape(shape)
@@ -71,11 +73,11 @@ class BandContext:
     def pad_hw(self, x: jax.Array) -> jax.Array:
         """``(..., h, w, C)`` band → ``(..., h+2, w+2, C)`` with the neighbours' edge rows as halo."""
         x = self.mask_padding(x)
-        if self.plan.tp == 1 or self.halo == "none":
+        if self.layout.tp == 1:
             return zero_pad_hw(x)
-        axis = _positive(self.plan.axis, x.ndim)
+        axis = _positive(self.layout.axis, x.ndim)
         n = x.shape[axis]
-        down, up = halo_permutations(self.plan.tp, cyclic=self.halo == "cyclic")
+        down, up = self.permutations()
         top = lax.ppermute(lax.slice_in_dim(x, n - 1, n, axis=axis), self.axis_name, down)
         bottom = lax.ppermute(lax.slice_in_dim(x, 0, 1, axis=axis), self.axis_name, up)
         return _pad_other_axis(jnp.concatenate([top, x, bottom], axis=axis), axis)
@@ -89,23 +91,23 @@ class BandContext:
         whole frame's.
         """
         x = self.mask_padding(x)
-        if self.plan.tp == 1 or self.halo == "none":
+        if self.layout.tp == 1:
             return zero_pad_hw_after(x)
-        axis = _positive(self.plan.axis, x.ndim)
-        _, up = halo_permutations(self.plan.tp, cyclic=self.halo == "cyclic")
+        axis = _positive(self.layout.axis, x.ndim)
+        _, up = self.permutations()
         below = lax.ppermute(lax.slice_in_dim(x, 0, 1, axis=axis), self.axis_name, up)
         return _pad_other_axis(jnp.concatenate([x, below], axis=axis), axis, (0, 1))
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         """Local queries ``(N, h, w, C)`` against the keys/values of the whole frame → ``(N, h, w, C)``."""
         n, h, w, c = q.shape
-        axis = 1 if self.plan.split == "height" else 2
+        axis = 1 if self.layout.split == "height" else 2
         key_valid = None
-        if self.plan.tp > 1:
+        if self.layout.tp > 1:
             k = lax.all_gather(k, self.axis_name, axis=axis, tiled=True)
             v = lax.all_gather(v, self.axis_name, axis=axis, tiled=True)
-        if self.plan.pad:
-            rows = self.plan.valid(self.plan.scale(q.shape[axis]))
+        if self.layout.pad:
+            rows = self.layout.valid(self.layout.scale(q.shape[axis]))
             grid = rows[:, None] if axis == 1 else rows[None, :]
             key_valid = jnp.asarray(np.broadcast_to(grid, k.shape[1:3]).reshape(-1))
         out = dot_product_attention(
@@ -125,13 +127,13 @@ class HaloRecorder:
 
     native_conv = False  # the conv path does not change what crosses devices
 
-    def __init__(self, plan: BandPlan):
-        self.plan = plan
+    def __init__(self, layout: BandLayout):
+        self.layout = layout
         self.slabs: list[tuple[tuple[int, ...], np.dtype]] = []
 
     def pad_hw(self, x: jax.Array) -> jax.Array:
         shape = list(x.shape)
-        shape[_positive(self.plan.axis, x.ndim)] = 1
+        shape[_positive(self.layout.axis, x.ndim)] = 1
         self.slabs.append((tuple(shape), np.dtype(x.dtype)))
         return zero_pad_hw(x)
 

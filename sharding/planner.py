@@ -17,6 +17,7 @@ of them), so its figure is reported beside it (``cost_analysis_flops``), and so 
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -30,11 +31,11 @@ from models.decode import Output, check_output
 from models.flops import decode_flops
 from models.vae import WanVAE
 
+from .bands import band_layout
 from .chips import ChipFacts, chip_facts, devices_per_chip
 from .decode import compile_decode
-from .inspect import collective_summary, collectives, halo_bytes, program_memory
+from .introspect import collective_summary, collectives, halo_bytes, program_memory
 from .mesh import DP_AXIS, TP_AXIS, make_mesh
-from .plan import plan_bands
 
 
 class PlanError(ValueError):
@@ -96,6 +97,11 @@ class MeshPlan:
     model's count for the whole decode on this device; ``cost_analysis_flops`` and
     ``bytes_accessed`` are XLA's, counting a scan body once. ``halo_bytes`` are sent by the busiest
     device over the whole decode. ``bound_s`` is a lower bound, not a measurement.
+
+    ``refused``: the compiler's own message when it refused the program for memory (libtpu checks a
+    program against the chip's HBM while compiling). Such a row does not fit; its ``temp_bytes`` and
+    ``total_bytes`` are the bytes the compiler names (at least what the program needs), its other
+    byte and cost fields are 0.
     """
 
     tp: int
@@ -117,6 +123,7 @@ class MeshPlan:
     collectives: dict[str, dict[str, int]]
     compile_s: float
     bound_s: float
+    refused: str | None = None
 
 
 def _cost(compiled: jax.stages.Compiled) -> dict[str, float]:
@@ -140,25 +147,54 @@ def plan_mesh(vae: WanVAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip
     """Compile the decode of NCTHW latents ``shape`` on ``mesh`` and report one device's needs
     (``inner_frames``: as in ``compile_decode``; None is what a server runs)."""
     tp, dp = mesh.shape[TP_AXIS], mesh.shape[DP_AXIS]
+    usable = int(hbm_bytes * (1 - (chip.headroom if headroom is None else headroom)))
+    bands = band_layout(shape[3], shape[4], tp)
+    flops = device_flops(vae.config, shape, tp, dp, bands.split, bands.band)
     start = time.perf_counter()
-    compiled = compile_decode(vae, shape, mesh, output=output, inner_frames=inner_frames)
+    try:
+        compiled = compile_decode(vae, shape, mesh, output=output, inner_frames=inner_frames)
+    except jax.errors.JaxRuntimeError as error:
+        required = compiler_refusal_bytes(str(error))
+        if required is None:
+            raise
+        return MeshPlan(
+            tp=tp, dp=dp, split=bands.split, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=required,
+            code_bytes=0, total_bytes=required, hbm_bytes=hbm_bytes, usable_bytes=usable, fits=False, flops=flops,
+            cost_analysis_flops=0.0, bytes_accessed=0.0, halo_bytes=0, collectives={},
+            compile_s=round(time.perf_counter() - start, 3), bound_s=0.0, refused=str(error).splitlines()[0])
     compile_s = time.perf_counter() - start
     memory = program_memory(compiled)
     total = program_total_bytes(memory)
-    usable = int(hbm_bytes * (1 - (chip.headroom if headroom is None else headroom)))
-    bands = plan_bands(shape[3], shape[4], tp)
-    flops = device_flops(vae.config, shape, tp, dp, bands.split, bands.band)
     cost = _cost(compiled)
     bytes_accessed = float(cost.get("bytes accessed", 0.0))
     halo = halo_bytes(vae, shape, tp, dp=dp, split=bands.split)
     return MeshPlan(
-        tp=tp, dp=dp, split=bands.split, **memory, total_bytes=total, hbm_bytes=hbm_bytes, usable_bytes=usable,
+        tp=tp, dp=dp, split=bands.split, argument_bytes=memory["argument_bytes"], output_bytes=memory["output_bytes"],
+        alias_bytes=memory["alias_bytes"], temp_bytes=memory["temp_bytes"], code_bytes=memory["code_bytes"],
+        total_bytes=total, hbm_bytes=hbm_bytes, usable_bytes=usable,
         fits=total <= usable, flops=flops, cost_analysis_flops=float(cost.get("flops", 0.0)),
         bytes_accessed=bytes_accessed,
         halo_bytes=halo["first_per_device"] + (shape[2] - 1) * halo["next_per_device"],
         collectives=collective_summary(collectives(compiled.as_text() or "")), compile_s=round(compile_s, 3),
         bound_s=max(flops / chip.peak_bf16_flops, bytes_accessed / chip.hbm_bytes_per_s),
     )
+
+
+_REFUSAL = re.compile(r"RESOURCE_EXHAUSTED.*?required for [^(]*\((?P<size>[0-9.]+)(?P<unit>[KMGT]?)\)")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def compiler_refusal_bytes(message: str) -> int | None:
+    """The bytes a compiler's out-of-memory refusal names, or None for any other error.
+
+    libtpu: ``RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO
+    temporaries (28.79G) exceeds available HBM (15.75G)`` (binary units: its 15.75G on a 16 GB v5e
+    chip are GiB).
+    """
+    match = _REFUSAL.search(message)
+    if match is None:
+        return None
+    return int(float(match["size"]) * _UNITS[match["unit"]])
 
 
 # -- every candidate ------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ def make_latents(batch: int, frames: int, height: int, width: int, seed: int = 0
 
 
 def assert_halo_collectives(found: list[dict], latent_hw: tuple[int, ...]) -> list[dict]:
-    """The collectives of a compiled sharded decode (``sharding.inspect.collectives``): one-row
+    """The collectives of a compiled sharded decode (``sharding.introspect.collectives``): one-row
     collective-permutes ``(B, T, 1 row, W, C)`` and all-gathers of latent-resolution K/V only
     (``(..., H, W, C)`` at the latents' ``latent_hw``). Returns the permutes."""
     permutes = [c for c in found if c["op"] == "collective-permute"]
@@ -33,7 +33,7 @@ def assert_halo_collectives(found: list[dict], latent_hw: tuple[int, ...]) -> li
 def assert_memory_split_over_tp(programs: dict, tp: int, *, temp_at_most: float) -> None:
     """Per-device memory of the same decode compiled at tp = 1 and ``tp``: temp bytes shrink to at
     most ``temp_at_most`` x tp = 1's; each device holds 1/tp of the frames."""
-    from sharding.inspect import program_memory
+    from sharding.introspect import program_memory
 
     memory = {n: program_memory(compiled) for n, compiled in programs.items()}
     assert 0 < memory[tp]["temp_bytes"] <= temp_at_most * memory[1]["temp_bytes"], memory

@@ -85,13 +85,14 @@ def slice_frames() -> tuple[np.ndarray, Any]:
 def build_handlers(vae, runners, encode_runner) -> dict[str, Callable[..., Any]]:
     import sharding
     from service.slice import runner_handlers
+    from sharding._controls import decode_with
 
     handlers: dict[str, Callable[..., Any]] = {}
     for name, runner in runners.items():
         handlers[f"{name}.decode"] = lambda z, runner=runner, **options: runner.decode(z, **options)
         handlers[f"{name}.stream"] = lambda z, runner=runner: runner.decode_stream(z)
     # Negative control: the same tp=4 decode without halo exchange (bands decoded independently).
-    no_halo = functools.partial(sharding.sharded_decode, vae, mesh=runners["tp4"].mesh, halo="none")
+    no_halo = functools.partial(decode_with, "none", vae, mesh=runners["tp4"].mesh)
     handlers["tp4.decode_no_halo"] = lambda z: sharding.to_host(no_halo(z))
     handlers["tp4.encode"] = runner_handlers(encode_runner)["encode"]  # the service's own table
     handlers["diverge"] = _fail_on_followers

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 
-from sharding.inspect import program_memory
+from sharding.introspect import program_memory
 from sharding.planner import program_total_bytes
 from tests.helpers.service_helpers import REPO, app_client, free_port, make_test_model
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import sharding
+from sharding._controls import encode_with
 
 TOLERANCE = 1e-5
 UNEVEN = (2, 3, 5, 40, 32)  # latents (2, 16, 2, 5, 4): frame 0 + one scanned 4-frame chunk
@@ -65,7 +66,7 @@ def test_sampling_and_normalization_are_those_of_one_device(vae, reference):
 def test_no_halo_breaks_the_band_boundaries(vae, reference):
     """Negative control: bands zero-padded alone differ from the single-device encode."""
     mesh = sharding.make_mesh(8)
-    broken = np.asarray(sharding.sharded_encode(vae, make_frames(EVEN), mesh, split="height", halo="none"))
+    broken = np.asarray(encode_with("none", vae, make_frames(EVEN), mesh, split="height"))
     assert _max_diff(broken, reference(EVEN)) > 1e-2
 
 

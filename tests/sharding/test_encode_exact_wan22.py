@@ -15,6 +15,7 @@ import pytest
 
 import models
 import sharding
+from sharding._controls import encode_with
 
 TOLERANCE = 1e-5
 SHAPE = (2, 3, 1, 80, 16)  # -> latents (2, 48, 1, 5, 1)
@@ -56,7 +57,7 @@ def test_sharded_encode_matches_single_device(vae22, frames, reference, tp, dp):
 def test_no_halo_breaks_the_band_boundaries(vae22, frames, reference):
     """Negative control: bands zero-padded alone (patchify and the shortcuts need no halo, the
     convs do) differ from the single-device encode."""
-    broken = sharding.sharded_encode(vae22, frames, sharding.make_mesh(4), split="height", halo="none")
+    broken = encode_with("none", vae22, frames, sharding.make_mesh(4), split="height")
     assert _max_diff(broken, reference) > 1e-2
 
 

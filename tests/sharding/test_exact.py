@@ -47,7 +47,7 @@ def test_automatic_split_takes_width_when_height_does_not_divide(vae, reference)
     shape = (1, 1, 3, 8)  # tp=4: height 3 would pad 1 row, width 8 divides
     mesh = sharding.make_mesh(4)
     got = sharding.sharded_decode(vae, make_latents(*shape), mesh)
-    assert sharding.plan_bands(3, 8, 4).split == "width"
+    assert sharding.band_layout(3, 8, 4).split == "width"
     assert got.sharding.spec[4] == sharding.TP_AXIS  # (B, 3, F, H, W): W is split
     assert _max_diff(np.asarray(got), reference(shape)) <= TOLERANCE
 

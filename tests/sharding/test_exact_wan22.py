@@ -14,6 +14,7 @@ import pytest
 
 import sharding
 from models.decode import to_uint8
+from sharding._controls import decode_with
 from tests.helpers.sharding_helpers import make_latents
 
 TOLERANCE = 1e-5
@@ -88,8 +89,7 @@ def test_only_one_row_halos_and_latent_kv_cross_devices(vae22):
 def test_no_halo_breaks_band_boundaries(vae22, reference22):
     """Negative control: bands zero-padded alone differ at the cuts; the exact decode does not."""
     tp, band_rows = 4, 2 * SCALE  # 7 rows → bands of 2 latent rows
-    got = np.asarray(sharding.sharded_decode(vae22, _latents(SHAPE), sharding.make_mesh(tp), split="height",
-                                             halo="none"))
+    got = np.asarray(decode_with("none", vae22, _latents(SHAPE), sharding.make_mesh(tp), split="height"))
     cuts = [r for b in range(1, tp) for r in (b * band_rows - 1, b * band_rows) if r < SHAPE[2] * SCALE]
     expected = reference22(SHAPE)
     assert np.abs(got[:, :, :, cuts] - expected[:, :, :, cuts]).max() > 1e-2

@@ -13,7 +13,7 @@ import pytest
 import models
 import sharding
 from sharding.chips import topology_devices
-from sharding.inspect import collectives, conv_ops, program_memory
+from sharding.introspect import collectives, conv_ops, program_memory
 from sharding.planner import plan_decode
 from tests.helpers.sharding_helpers import (
     assert_halo_collectives,

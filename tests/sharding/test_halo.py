@@ -50,14 +50,14 @@ def _assert_bands_equal_padded_whole(plan, tp: int, pad_band, pad_whole, *, scal
 
 @pytest.mark.parametrize("split, size, tp", [("height", 8, 4), ("height", 7, 4), ("width", 5, 3), ("height", 3, 8)])
 def test_pad_hw_equals_zero_padding_of_the_whole_frame(split, size, tp):
-    plan = sharding.plan_bands(size, size, tp, split)
+    plan = sharding.band_layout(size, size, tp, split)
     _assert_bands_equal_padded_whole(plan, tp, lambda ctx, band: ctx.pad_hw(band), zero_pad_hw,
                                      scale=2, extra=2, seed=0)  # at upsampling scale 2; a row above and below
 
 
 @pytest.mark.parametrize("split, size, tp", [("height", 8, 4), ("height", 5, 4), ("width", 7, 3)])
 def test_attend_equals_whole_frame_attention(split, size, tp):
-    plan = sharding.plan_bands(size, size, tp, split)
+    plan = sharding.band_layout(size, size, tp, split)
     mesh = sharding.make_mesh(tp)
     axis = 1 if split == "height" else 2
     shape = [3, size, size, 8]
@@ -82,6 +82,6 @@ def test_pad_hw_after_equals_bottom_right_zero_padding_of_the_whole_frame(split,
     image's far edge and below padded rows), and one zero column/row on the other axis."""
     from models.spatial import zero_pad_hw_after
 
-    plan = sharding.plan_bands(size, size, tp, split)
+    plan = sharding.band_layout(size, size, tp, split)
     _assert_bands_equal_padded_whole(plan, tp, lambda ctx, band: ctx.pad_hw_after(band), zero_pad_hw_after,
                                      scale=4, extra=1, seed=2)  # at the encoder's scale 4 (after one downsampler)

@@ -13,7 +13,7 @@ import models
 import sharding
 from service import cli
 from sharding.chips import CHIPS, TopologyError, chip_facts, gpu_target_config, topology_devices, topology_name
-from sharding.inspect import collective_summary, collectives, conv_ops, program_memory
+from sharding.introspect import collective_summary, collectives, conv_ops, program_memory
 from sharding.planner import (
     MeshPlan,
     PlanError,

@@ -20,8 +20,9 @@ import pytest
 
 import models
 import sharding
+from service import cli
 from sharding.chips import topology_devices
-from sharding.inspect import collectives, conv_ops, program_memory
+from sharding.introspect import collectives, conv_ops, program_memory
 from sharding.planner import device_flops
 from tests.helpers.sharding_helpers import assert_halo_collectives, assert_memory_split_over_tp
 
@@ -112,3 +113,21 @@ def test_plan_json_is_the_compiled_program(plan, programs, vae):
     assert mesh["halo_bytes"] == traced["first_per_device"] + (SHAPE[2] - 1) * traced["next_per_device"]
     assert mesh["collectives"]["collective-permute"]["count"] == 100
     assert plan["recommendation"]["tp"] == 4 and plan["recommendation"]["dp"] == 1
+
+
+def test_plan_reports_meshes_the_compiler_refuses_as_rows_that_do_not_fit(vae, tmp_path, capsys):
+    """libtpu refuses a program past the chip's HBM while compiling (in seconds): `vaeserve plan`
+    answers with that row (the bytes the compiler names), goes on to the next tp, and exits 0."""
+    _require_libtpu()
+    model_dir = models.save_vae(vae, tmp_path / "tiny-vae")
+    code = cli.main(["plan", "--topology", TOPOLOGY, "--shape", "16x1x768x768", "--model", str(model_dir),
+                     "--tp", "1,2", "--json"])
+    assert code == 0
+    plan = json.loads(capsys.readouterr().out)
+    tp1, tp2 = plan["meshes"]
+    for mesh in (tp1, tp2):
+        assert mesh["fits"] is False
+        assert mesh["refused"].startswith("RESOURCE_EXHAUSTED: Ran out of memory on HBM")
+        assert mesh["total_bytes"] == mesh["temp_bytes"] > 16 * 10**9  # the compiler's figure (GiB)
+    assert (tp1["tp"], tp2["tp"]) == (1, 2) and tp2["total_bytes"] < tp1["total_bytes"]
+    assert plan["recommendation"]["tp"] is None and "no candidate fits" in plan["recommendation"]["reason"]

@@ -15,9 +15,9 @@ from jax.sharding import Mesh
 from models.decode import decode_step, resolve_chunk
 from models.vae import DTYPES, WanVAE
 
+from .bands import Split, band_layout
 from .decode import compile_decode
 from .halo import HaloRecorder
-from .plan import Split, plan_bands
 
 
 def program_memory(compiled: jax.stages.Compiled) -> dict[str, int]:
@@ -120,10 +120,10 @@ def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, spl
     slabs per conv, times ``dp``). ``tp = 1`` exchanges nothing.
     """
     batch, _, _, height, width = shape
-    plan = plan_bands(height, width, tp, split)
+    layout = band_layout(height, width, tp, split)
     chunk = resolve_chunk(chunk)
     dtype = DTYPES[vae.dtype]
-    band_hw = (plan.band, width) if plan.split == "height" else (height, plan.band)
+    band_hw = (layout.band, width) if layout.split == "height" else (height, layout.band)
     z_dim = vae.config.z_dim
 
     # Traced as whole steps (no inner frame loop, whose body a trace would see once): the rows
@@ -137,7 +137,7 @@ def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, spl
     slabs = {}
     caches = None
     for name, frames in (("first", 1), ("next", chunk)):
-        recorder = HaloRecorder(plan)
+        recorder = HaloRecorder(layout)
         z = jax.ShapeDtypeStruct((batch // dp, frames, *band_hw, z_dim), dtype)
         _, caches = jax.eval_shape(step, vae.state, caches, z)
         slabs[name] = recorder.slab_bytes()

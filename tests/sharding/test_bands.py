@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import sharding
-from sharding.plan import band_size, halo_permutations, padding
+from sharding._controls import CyclicHaloContext
+from sharding.bands import band_size, halo_permutations, padding
 
 
 @pytest.mark.parametrize("size, tp, band, pad", [(8, 1, 8, 0), (8, 4, 2, 0), (5, 4, 2, 3), (7, 3, 3, 2), (13, 8, 2, 3), (3, 8, 1, 5)])
@@ -35,24 +36,26 @@ def test_split_can_be_forced_and_is_validated():
         sharding.choose_split(90, 160, 8, "diagonal")
 
 
-def test_plan_scale_and_valid_rows():
-    plan = sharding.plan_bands(5, 4, 4, "height")
-    assert (plan.band, plan.padded, plan.pad, plan.axis) == (2, 8, 3, -3)
-    assert [plan.scale(n) for n in (2, 4, 8, 16)] == [1, 2, 4, 8]
+def test_layout_scale_and_valid_rows():
+    layout = sharding.band_layout(5, 4, 4, "height")
+    assert (layout.band, layout.padded, layout.pad, layout.axis) == (2, 8, 3, -3)
+    assert [layout.scale(n) for n in (2, 4, 8, 16)] == [1, 2, 4, 8]
     with pytest.raises(ValueError):
-        plan.scale(3)
-    np.testing.assert_array_equal(plan.valid(1), [1, 1, 1, 1, 1, 0, 0, 0])
-    assert plan.valid(8).sum() == 40 and plan.valid(8).size == 64
-    assert sharding.plan_bands(4, 7, 3, "width").axis == -2
+        layout.scale(3)
+    np.testing.assert_array_equal(layout.valid(1), [1, 1, 1, 1, 1, 0, 0, 0])
+    assert layout.valid(8).sum() == 40 and layout.valid(8).size == 64
+    assert sharding.band_layout(4, 7, 3, "width").axis == -2
 
 
-def test_halo_permutations_are_non_cyclic_by_default():
+def test_halo_permutations_are_non_cyclic():
     down, up = halo_permutations(4)
     assert down == [(0, 1), (1, 2), (2, 3)]
     assert up == [(1, 0), (2, 1), (3, 2)]
     assert halo_permutations(1) == ([], [])
-    down, up = halo_permutations(4, cyclic=True)
-    assert (3, 0) in down and (0, 3) in up  # the wrap the exact path must not have
+    layout = sharding.band_layout(8, 8, 4)
+    down, up = CyclicHaloContext(layout).permutations()  # the negative control wraps; the exact path must not
+    assert (3, 0) in down and (0, 3) in up
+    assert sharding.BandContext(layout).permutations() == halo_permutations(4)
 
 
 def test_make_mesh_axes_and_errors():

@@ -2,7 +2,7 @@
 
 Pure functions of static sizes, testable without a mesh. Sizes are in *latent* rows (or columns);
 after each 2x upsampler a band is 2x taller, so the scale of an activation is inferred from its
-local size relative to the latent band (``BandPlan.scale``).
+local size relative to the latent band (``BandLayout.scale``).
 """
 
 from __future__ import annotations
@@ -14,18 +14,10 @@ import numpy as np
 
 Split = Literal["height", "width"]
 SPLITS = ("height", "width")
-HALOS = ("exchange", "none", "cyclic")  # "none" and "cyclic" exist only as negative controls
 
 
 class SplitError(ValueError):
     """A split that cannot be made (unknown axis, a mesh that does not fit the batch)."""
-
-
-def check_halo(halo: str) -> str:
-    """The one place that validates a halo mode."""
-    if halo not in HALOS:
-        raise ValueError(f"halo must be one of {HALOS}; received {halo!r}")
-    return halo
 
 
 def band_size(size: int, tp: int) -> int:
@@ -52,7 +44,7 @@ def choose_split(height: int, width: int, tp: int, split: Split | None = None) -
 
 
 @dataclasses.dataclass(frozen=True)
-class BandPlan:
+class BandLayout:
     """How one spatial axis of every frame is cut into ``tp`` bands.
 
     Attributes:
@@ -93,26 +85,23 @@ class BandPlan:
         return np.arange(self.padded * scale) < self.size * scale
 
 
-def plan_bands(height: int, width: int, tp: int, split: Split | None = None) -> BandPlan:
-    """The band plan for latent frames of ``height x width`` over ``tp`` devices."""
+def band_layout(height: int, width: int, tp: int, split: Split | None = None) -> BandLayout:
+    """The band layout for latent frames of ``height x width`` over ``tp`` devices."""
     if tp < 1:
         raise SplitError(f"tp must be ≥ 1; received {tp}")
     split = choose_split(height, width, tp, split)
     size = height if split == "height" else width
-    return BandPlan(split=split, tp=tp, size=size, band=band_size(size, tp))
+    return BandLayout(split=split, tp=tp, size=size, band=band_size(size, tp))
 
 
-def halo_permutations(tp: int, *, cyclic: bool = False) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def halo_permutations(tp: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """``(downward, upward)`` source→target pairs for ``lax.ppermute`` along ``tp``.
 
     Downward: rank ``i`` sends its last row to ``i+1`` (its top halo). Upward: rank ``i+1`` sends
     its first row to ``i`` (its bottom halo). Non-cyclic: rank 0 receives no top halo and rank
     ``tp-1`` no bottom halo, and ``ppermute`` fills what nobody sends with zeros — exactly zero
-    padding at the image edge. ``cyclic=True`` wraps the edges around (a negative control only).
+    padding at the image edge. (A cyclic ``(i + 1) % tp`` would wrap the bottom edge onto the top.)
     """
-    if cyclic:
-        down = [(i, (i + 1) % tp) for i in range(tp)]
-    else:
-        down = [(i, i + 1) for i in range(tp - 1)]
+    down = [(i, i + 1) for i in range(tp - 1)]
     up = [(dst, src) for src, dst in down]
     return down, up
