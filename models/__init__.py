@@ -1,12 +1,48 @@
-"""The Wan 2.1 / 2.2 video VAE (decoder and encoder) in Flax nnx, its configuration, weight loading and
-compiled programs."""
+"""The video VAEs (Wan 2.1 / 2.2) in Flax nnx: configuration, shape rules, weight loading and
+compiled programs.
+
+``models.config`` and ``models.shapes`` (and this package itself) import without JAX, so a caller
+that only checks request shapes against a model's rules (the HTTP layer) never starts it. The
+names below that need JAX load on first use (PEP 562 ``__getattr__``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .config import ConfigError, WanVAEConfig
-from .decode import OUTPUTS, Output, denormalize_latents, to_uint8
-from .encode import latent_frames, normalize_latents
-from .loading import MODEL_NAMES, WeightsError, convert_wan_pth, load_config, load_vae, save_vae
-from .programs import ProgramCache, ProgramKey, program_key
-from .vae import FramesError, LatentsError, NoEncoderError, ShapeError, WanVAE, abstract_vae, init_vae
+from .shapes import OUTPUTS, FramesError, LatentsError, NoEncoderError, Output, ShapeError
+
+# name -> the submodule that defines it (imported, with JAX, when the name is first used).
+_LAZY = {
+    "denormalize_latents": "decode", "to_uint8": "decode",
+    "latent_frames": "encode", "normalize_latents": "encode",
+    "MODEL_NAMES": "loading", "WeightsError": "loading", "convert_wan_pth": "loading", "load_config": "loading",
+    "load_vae": "loading", "save_vae": "loading",
+    "ProgramCache": "programs", "ProgramKey": "programs", "program_key": "programs",
+    "WanVAE": "vae", "abstract_vae": "vae", "init_vae": "vae",
+}
+
+if TYPE_CHECKING:
+    from .decode import denormalize_latents, to_uint8
+    from .encode import latent_frames, normalize_latents
+    from .loading import MODEL_NAMES, WeightsError, convert_wan_pth, load_config, load_vae, save_vae
+    from .programs import ProgramCache, ProgramKey, program_key
+    from .vae import WanVAE, abstract_vae, init_vae
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    elif name in ("conv", "decode", "decoder", "encode", "encoder", "flops", "keys", "layers", "loading", "programs",
+                  "spatial", "vae"):  # ``models.loading.X`` without importing the submodule first
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ConfigError",

@@ -8,7 +8,6 @@ Layouts: ``(B, z, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` i
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -17,18 +16,10 @@ from jax import lax
 
 from .config import WanVAEConfig
 from .decoder import DecoderCache, WanDecoder
+from .shapes import Output
 from .spatial import SpatialContext
 
-# What a decode returns: float32 NCTHW frames in [-1, 1], or uint8 NTHWC frames.
-Output = Literal["float", "uint8"]
-OUTPUTS: tuple[Output, ...] = ("float", "uint8")
 DEFAULT_CHUNK = 1  # latent frames per decode step: 1 holds the least memory
-
-
-def check_output(output: str) -> Output:
-    if output not in OUTPUTS:
-        raise ValueError(f"output must be one of {OUTPUTS}; received {output!r}")
-    return output
 
 
 def resolve_chunk(chunk: int | None) -> int:

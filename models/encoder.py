@@ -36,10 +36,8 @@ from .layers import (
     patchify,
     scoped,
 )
+from .shapes import FRAMES_PER_CHUNK
 from .spatial import SpatialContext
-
-# diffusers' ``_encode`` hard-codes frame 0 alone, then 4 frames per encoder call.
-FRAMES_PER_CHUNK = 4
 
 
 class ResidualDownCache(NamedTuple):

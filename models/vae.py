@@ -13,83 +13,27 @@ from flax import nnx
 
 from .config import ConfigError, WanVAEConfig
 from .conv import native_conv_for
-from .decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
+from .decode import full_program, resolve_chunk, step_program, stream_steps
 from .decoder import WanDecoder, check_inner_frames, inner_frames_option
 from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
-from .encoder import FRAMES_PER_CHUNK, WanEncoder, check_encoder_config
+from .encoder import WanEncoder, check_encoder_config
 from .programs import ProgramCache, program_key
+from .shapes import (
+    NoEncoderError,
+    Output,
+    check_frames_shape,
+    check_latents_shape,
+    check_output,
+)
 from .spatial import SingleDeviceContext
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-class ShapeError(ValueError):
-    """An input whose shape does not fit the model; ``expected``/``received`` say how, ``what``
-    names the part that does not fit (``"ndim"``, ``"channels"``, ``"sizes"``, ``"frames"``,
-    ``"height"``, ``"width"``)."""
-
-    def __init__(self, message: str, *, expected: Any, received: Any, what: str = "shape"):
-        super().__init__(f"{message}: expected {expected}, received {received}")
-        self.expected, self.received, self.what = expected, received, what
-
-
-class LatentsError(ShapeError):
-    """Latents whose shape does not fit the decoder."""
-
-
-class FramesError(ShapeError):
-    """Frames whose shape does not fit the encoder."""
-
-
-class NoEncoderError(RuntimeError):
-    """Encode asked of a model whose checkpoint holds no encoder weights."""
 
 
 def resolve_dtype(dtype: str):
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}; received {dtype!r}")
     return DTYPES[dtype]
-
-
-def check_latents_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
-    if len(shape) != 5:
-        raise LatentsError("latents must be (B, C, T, H, W)", expected="5 dimensions", received=len(shape))
-    if shape[1] != config.z_dim:
-        raise LatentsError("latent channels", expected=config.z_dim, received=shape[1])
-    if min(shape) < 1:
-        raise LatentsError("every latent dimension must be ≥ 1", expected="B, T, H, W ≥ 1", received=shape)
-
-
-def nearest_valid(value: int, step: int, offset: int = 0) -> list[int]:
-    """The valid values ``offset + step·k`` just below and above ``value`` (positive, and for
-    ``offset`` 0 at least ``step``): ``nearest_valid(7, 4, 1) == [5, 9]``, ``nearest_valid(5, 8) == [8]``."""
-    lower = offset + (value - offset) // step * step
-    return [v for v in (lower, lower + step) if v >= (offset or step)]
-
-
-def check_frames_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
-    """Frames ``(B, 3, F, H, W)`` with ``F = 1 + 4k`` and ``H``, ``W`` multiples of the spatial scale
-    (8 for Wan 2.1, 16 for Wan 2.2).
-
-    diffusers silently drops frames beyond ``1 + 4k`` and crops sizes; we refuse them and name the
-    nearest valid values in ``expected``.
-    """
-    if len(shape) != 5:
-        raise FramesError("frames must be (B, C, F, H, W)", expected="5 dimensions", received=len(shape), what="ndim")
-    rgb = config.in_channels // config.patch**2  # Wan 2.2's encoder takes 12 = 3 x 2x2 patchified channels
-    if shape[1] != rgb:
-        raise FramesError("frame channels", expected=rgb, received=shape[1], what="channels")
-    if min(shape) < 1:
-        raise FramesError("every frame dimension must be ≥ 1", expected="B, F, H, W ≥ 1", received=shape,
-                          what="sizes")
-    if (shape[2] - 1) % FRAMES_PER_CHUNK:
-        raise FramesError(f"the frame count must be 1 + {FRAMES_PER_CHUNK}k",
-                          expected=nearest_valid(shape[2], FRAMES_PER_CHUNK, 1), received=shape[2], what="frames")
-    scale = config.spatial_scale
-    for axis, name in ((3, "height"), (4, "width")):
-        if shape[axis] % scale:
-            raise FramesError(f"the {name} must be a multiple of {scale}",
-                              expected=nearest_valid(shape[axis], scale), received=shape[axis], what=name)
 
 
 class WanVAE:

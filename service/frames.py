@@ -28,7 +28,7 @@ import av
 import numpy as np
 
 from models.config import WanVAEConfig
-from models.vae import FramesError, check_frames_shape
+from models.shapes import FramesError, check_frames_shape
 
 from . import codec
 from .errors import Problem

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from models.decode import Output
+from models.shapes import Output
 
 OutputType = Literal["mp4", "pt", "npy", "png"]
 EncodeOutputType = Literal["pt", "npy", "safetensors"]

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from models.decode import Output
 from models.programs import ProgramKey
+from models.shapes import Output
 
 
 def batch_buckets(max_batch: int, dp: int) -> list[int]:

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from models.decode import Output
 from models.encode import PosteriorOptions
+from models.shapes import Output
 
 from .broadcast import Channel, Handler, Leader, follow
 from .distributed import SliceControl, SliceFailed, SliceMonitor, exit_on_failure, exit_process, initialize

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from models.decode import Output
+from models.shapes import Output
 
 from .errors import Problem
 from .metrics import Metrics

@@ -17,8 +17,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from models.decode import Output, check_output, resolve_chunk
+from models.decode import resolve_chunk
 from models.encode import posterior_options, resolve_encode_chunk
+from models.shapes import Output, check_output
 from models.spatial import zero_pad_hw, zero_pad_hw_after
 from models.vae import WanVAE
 

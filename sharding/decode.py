@@ -20,10 +20,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from models.conv import native_conv_for
-from models.decode import Output, check_output, full_program, resolve_chunk, step_program, stream_steps
+from models.decode import full_program, resolve_chunk, step_program, stream_steps
 from models.decoder import check_inner_frames, inner_frames_option
 from models.programs import program_key
-from models.vae import DTYPES, WanVAE, check_latents_shape
+from models.shapes import Output, check_latents_shape, check_output
+from models.vae import DTYPES, WanVAE
 
 from .bands import BandLayout, Split, SplitError, band_layout
 from .halo import BandContext

@@ -30,7 +30,8 @@ from models.encode import (
     resolve_encode_chunk,
 )
 from models.programs import program_key
-from models.vae import DTYPES, WanVAE, check_frames_shape
+from models.shapes import check_frames_shape
+from models.vae import DTYPES, WanVAE
 
 from .bands import BandLayout, Split, band_layout
 from .decode import ContextType, _band_context, _check_mesh, _shard, _spec

@@ -27,8 +27,8 @@ import jax
 from tqdm import tqdm
 
 from models.config import WanVAEConfig
-from models.decode import Output, check_output
 from models.flops import decode_flops
+from models.shapes import Output, check_output
 from models.vae import WanVAE
 
 from .bands import band_layout
