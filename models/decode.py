@@ -41,6 +41,13 @@ def to_uint8(frames: jax.Array) -> jax.Array:
     return jnp.round(scaled).astype(jnp.uint8)
 
 
+def nonfinite_count(frames: jax.Array) -> jax.Array:
+    """``(B,)`` int32: NaN/Inf values of each row of frames ``(B, ...)``, read before ``finish_frames``
+    (after it, a uint8 frame would show them only as black). One reduction per step; the service
+    refuses a decode whose count is not zero (finite latents can still overflow the network)."""
+    return jnp.sum(~jnp.isfinite(frames), axis=tuple(range(1, frames.ndim)), dtype=jnp.int32)
+
+
 def finish_frames(frames: jax.Array, output: Output) -> jax.Array:
     """Clamp to [-1, 1] (as the reference does) and convert: float32 NCTHW-ready or uint8 frames."""
     if output == "uint8":
@@ -73,13 +80,14 @@ def _time_axis(output: Output) -> int:
 
 
 def decode_step(model: WanDecoder, caches: DecoderCache | None, z: jax.Array, ctx: SpatialContext, *,
-                output: Output, inner_frames: int | None = None) -> tuple[jax.Array, DecoderCache]:
+                output: Output, inner_frames: int | None = None) -> tuple[jax.Array, DecoderCache, jax.Array]:
     """One decode step: latents ``(B, c, H, W, z)`` and the previous step's caches (None for latent
-    frame 0, then ``c`` must be 1) → (frames in the output layout, the new caches). ``inner_frames``:
-    frames per inner step after each temporal upsampler (``models.decoder.Decoder3d``)."""
+    frame 0, then ``c`` must be 1) → (frames in the output layout, the new caches, the ``(B,)``
+    non-finite count of its frames). ``inner_frames``: frames per inner step after each temporal
+    upsampler (``models.decoder.Decoder3d``)."""
     with jax.named_scope("decode_step"):
         frames, caches = model(z, caches, ctx, inner_frames=inner_frames)
-        return _layout(finish_frames(frames, output), output), caches
+        return _layout(finish_frames(frames, output), output), caches, nonfinite_count(frames)
 
 
 def decode_frames(
@@ -90,17 +98,17 @@ def decode_frames(
     chunk: int = 1,
     output: Output = "float",
     inner_frames: int | None = None,
-) -> jax.Array:
+) -> tuple[jax.Array, jax.Array]:
     """Decode channels-last latents ``(B, T, H, W, z)``.
 
-    Returns float32 ``(B, 3, F, sH, sW)`` (``output="float"``) or uint8 ``(B, F, sH, sW, 3)``,
-    ``F = 1 + 4(T-1)``, ``s = 8`` for Wan 2.1 and 16 for Wan 2.2. Every step writes its frames into
+    Returns the frames, float32 ``(B, 3, F, sH, sW)`` (``output="float"``) or uint8 ``(B, F, sH, sW, 3)``,
+    ``F = 1 + 4(T-1)``, ``s = 8`` for Wan 2.1 and 16 for Wan 2.2, and their ``(B,)`` non-finite count. Every step writes its frames into
     one preallocated output buffer carried through the scan, so peak memory is the output plus one
     step's activations and caches, whatever ``T`` is. Inside a step, the stages after each temporal
     upsampler run ``inner_frames`` frames at a time (None: automatic; see ``Decoder3d``).
     """
     num_latent = z.shape[1]
-    first, caches = decode_step(model, None, z[:, :1], ctx, output=output)  # one frame: no inner loop
+    first, caches, bad = decode_step(model, None, z[:, :1], ctx, output=output)  # one frame: no inner loop
     axis = _time_axis(output)
     per_latent = model.temporal_scale  # frames per later latent frame; frame 0 yields one
     shape = list(first.shape)
@@ -108,9 +116,9 @@ def decode_frames(
     buffer = lax.dynamic_update_slice_in_dim(jnp.zeros(shape, first.dtype), first, 0, axis)
 
     def step(carry, z_chunk, start):
-        caches, buffer = carry
-        frames, caches = decode_step(model, caches, z_chunk, ctx, output=output, inner_frames=inner_frames)
-        return caches, lax.dynamic_update_slice_in_dim(buffer, frames, start, axis)
+        caches, buffer, bad = carry
+        frames, caches, step_bad = decode_step(model, caches, z_chunk, ctx, output=output, inner_frames=inner_frames)
+        return caches, lax.dynamic_update_slice_in_dim(buffer, frames, start, axis), bad + step_bad
 
     rest = z[:, 1:]
     num_chunks, remainder = divmod(num_latent - 1, chunk)
@@ -122,22 +130,23 @@ def decode_frames(
             index, z_chunk = xs
             return step(carry, z_chunk, 1 + index * chunk * per_latent), None
 
-        (caches, buffer), _ = lax.scan(body, (caches, buffer), (jnp.arange(num_chunks), scanned))
+        (caches, buffer, bad), _ = lax.scan(body, (caches, buffer, bad), (jnp.arange(num_chunks), scanned))
     if remainder:
-        caches, buffer = step((caches, buffer), rest[:, num_chunks * chunk :], 1 + num_chunks * chunk * per_latent)
-    return buffer
+        caches, buffer, bad = step((caches, buffer, bad), rest[:, num_chunks * chunk :],
+                                   1 + num_chunks * chunk * per_latent)
+    return buffer, bad
 
 
-Program = Callable[..., jax.Array]
-StepProgram = Callable[..., tuple[jax.Array, DecoderCache]]
+Program = Callable[..., tuple[jax.Array, jax.Array]]
+StepProgram = Callable[..., tuple[jax.Array, DecoderCache, jax.Array]]
 
 
 def full_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
                  denormalize: bool, output: Output, chunk: int, inner_frames: int | None = None) -> Program:
-    """``(state, latents NCTHW) → frames``: the whole decode on one device (or one band: the
-    single-device and the sharded decode differ only in ``make_context``)."""
+    """``(state, latents NCTHW) → (frames, (B,) non-finite count)``: the whole decode on one device
+    (or one band: the single-device and the sharded decode differ only in ``make_context``)."""
 
-    def run(state, latents: jax.Array) -> jax.Array:
+    def run(state, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
         z = prepare_latents(latents, config, dtype, denormalize=denormalize)
         return decode_frames(nnx.merge(graphdef, state), z, make_context(), chunk=chunk, output=output,
                              inner_frames=inner_frames)
@@ -147,10 +156,10 @@ def full_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[
 
 def step_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
                  denormalize: bool, output: Output, inner_frames: int | None = None) -> StepProgram:
-    """``(state, caches, latents NCTHW) → (frames, caches)``: one streaming decode step, with
-    ``caches=None`` for latent frame 0."""
+    """``(state, caches, latents NCTHW) → (frames, caches, (B,) non-finite count)``: one streaming
+    decode step, with ``caches=None`` for latent frame 0."""
 
-    def run(state, caches: DecoderCache | None, latents: jax.Array) -> tuple[jax.Array, DecoderCache]:
+    def run(state, caches: DecoderCache | None, latents: jax.Array) -> tuple[jax.Array, DecoderCache, jax.Array]:
         z = prepare_latents(latents, config, dtype, denormalize=denormalize)
         return decode_step(nnx.merge(graphdef, state), caches, z, make_context(), output=output,
                            inner_frames=inner_frames)

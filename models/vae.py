@@ -178,7 +178,8 @@ class WanVAE:
         """
         program = self.compile(np.shape(latents), denormalize=denormalize, output=output, chunk=chunk,
                                inner_frames=inner_frames)
-        return program(self.state, jnp.asarray(latents, jnp.float32))
+        frames, _ = program(self.state, jnp.asarray(latents, jnp.float32))
+        return frames
 
     def decode_stream(self, latents, *, denormalize: bool = False, chunk: int | None = None,
                       inner_frames: int | None = None) -> Iterator[np.ndarray]:
@@ -191,7 +192,7 @@ class WanVAE:
             z = latents[:, :, start:stop]
             step = self._compile_step(z.shape, None if caches is None else _avals(caches), denormalize=denormalize,
                                       inner_frames=inner_frames)
-            frames, caches = step(self.state, caches, z)
+            frames, caches, _ = step(self.state, caches, z)
             yield np.asarray(frames)
 
 

@@ -11,6 +11,7 @@ their ahead-of-time compiled programs (``compile_decode``, ``compile_decode_stre
 from .bands import BandLayout, SplitError, band_layout, choose_split
 from .chips import TopologyError, topology_devices
 from .decode import (
+    DecodedStep,
     compile_decode,
     compile_decode_stream,
     put_latents,
@@ -31,6 +32,7 @@ __all__ = [
     "TP_AXIS",
     "BandContext",
     "BandLayout",
+    "DecodedStep",
     "MeshError",
     "PlanError",
     "SplitError",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -151,16 +151,31 @@ def _band_context(mesh: Mesh, layout: BandLayout, query_chunk: int,
     return make
 
 
+# Each band's ``(B,)`` non-finite count leaves the shard_map as one column of a ``(B, tp)`` array
+# (no collective inside the program); the caller sums the columns.
+COUNTS_SPEC = P(DP_AXIS, TP_AXIS)
+
+
+def band_counts(local: Callable) -> Callable:
+    """A band program whose last output is its ``(B,)`` count → the same with it as ``(B, 1)``."""
+
+    def run(*args):
+        *outputs, counts = local(*args)
+        return (*outputs, counts[:, None])
+    return run
+
+
 def _full(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output: Output, chunk: int,
           inner_frames: int | None, query_chunk: int, context_type: ContextType = BandContext) -> Callable:
     """The whole decode on each band under ``shard_map``; latents padded and frames cropped around it."""
     context = _band_context(mesh, layout, query_chunk, context_type)
     local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], context,
                          denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames)
-    sharded = _shard(mesh, local, (P(), latents_spec(layout)), frames_spec(layout, output))
+    sharded = _shard(mesh, band_counts(local), (P(), latents_spec(layout)), (frames_spec(layout, output), COUNTS_SPEC))
 
     def run(state, latents):
-        return crop_frames(sharded(state, pad_latents(latents, layout)), layout, output)
+        frames, counts = sharded(state, pad_latents(latents, layout))
+        return crop_frames(frames, layout, output), counts.sum(axis=1)
     return run
 
 
@@ -170,12 +185,12 @@ def _step(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, first: bool, denormali
     local = step_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, layout, query_chunk),
                          denormalize=denormalize, output="uint8", inner_frames=inner_frames)
     caches = cache_spec(layout)
-    sharded = _shard(mesh, local, (P(), None if first else caches, latents_spec(layout)),
-                     (frames_spec(layout, "uint8"), caches))
+    sharded = _shard(mesh, band_counts(local), (P(), None if first else caches, latents_spec(layout)),
+                     (frames_spec(layout, "uint8"), caches, COUNTS_SPEC))
 
     def run(state, step_caches, latents):
-        out, new_caches = sharded(state, step_caches, pad_latents(latents, layout))
-        return crop_frames(out, layout, "uint8"), new_caches
+        out, new_caches, counts = sharded(state, step_caches, pad_latents(latents, layout))
+        return crop_frames(out, layout, "uint8"), new_caches, counts.sum(axis=1)
     return run
 
 
@@ -194,7 +209,8 @@ def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: O
 
     Compiled ahead of time from abstract weights and latents, so ``mesh`` may hold abstract devices
     (a TPU topology compiled on a CPU host); the convolution path follows the mesh's platform.
-    Cached in ``vae.programs``: call it as ``compiled(replicated_state(vae, mesh), put_latents(x, mesh))``,
+    Cached in ``vae.programs``: ``compiled(replicated_state(vae, mesh), put_latents(x, mesh))`` returns
+    the frames and their ``(B,)`` non-finite count (``models.decode.nonfinite_count``),
     or read ``memory_analysis()`` / ``as_text()`` without running it.
     """
     shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
@@ -236,7 +252,7 @@ def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denorma
                           **inner_frames_option(inner_frames))
         programs[start, stop] = vae.programs.get(key, functools.partial(_lower, run, state, caches, z))
         if first:
-            _, out = jax.eval_shape(run, state, None, z)
+            _, out, _ = jax.eval_shape(run, state, None, z)
             caches = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cache_sharding), out)
     return programs
 
@@ -283,7 +299,16 @@ def sharded_decode(
     """
     run = compile_decode(vae, np.shape(latents), mesh, output=output, denormalize=denormalize, split=split,
                          chunk=chunk, inner_frames=inner_frames, query_chunk=query_chunk)
-    return run(replicated_state(vae, mesh), put_latents(latents, mesh))
+    frames, _ = run(replicated_state(vae, mesh), put_latents(latents, mesh))
+    return frames
+
+
+class DecodedStep(NamedTuple):
+    """One step of a streamed decode, on the host: uint8 frames ``(B, f, sH, sW, 3)`` and the
+    ``(B,)`` count of NaN/Inf values the decoder produced for them (0 when all is well)."""
+
+    frames: np.ndarray
+    nonfinite: np.ndarray
 
 
 def sharded_decode_stream(
@@ -296,12 +321,12 @@ def sharded_decode_stream(
     chunk: int | None = None,
     inner_frames: int | None = None,
     query_chunk: int = 4096,
-) -> Iterator[np.ndarray]:
-    """Yield host uint8 frames ``(B, f, 8H, 8W, 3)`` as each sharded decode step finishes.
+) -> Iterator[DecodedStep]:
+    """Yield each sharded decode step's host frames (``DecodedStep``) as soon as it finishes.
 
     Step 0 decodes latent frame 0 (``f = 1``); every later step ``chunk`` latent frames
     (``f = 4 · chunk``, fewer at the end). The caches between steps stay sharded on the mesh.
-    Concatenated along axis 1, the steps equal ``sharded_decode(..., output="uint8")``.
+    Concatenated along axis 1, the steps' frames equal ``sharded_decode(..., output="uint8")``.
     """
     latents = np.asarray(latents, np.float32)
     programs = _stream_programs(vae, latents.shape, mesh, denormalize=denormalize, split=split,
@@ -309,5 +334,5 @@ def sharded_decode_stream(
     state = replicated_state(vae, mesh)
     caches = None
     for (start, stop), step in programs.items():
-        frames, caches = step(state, caches, put_latents(latents[:, :, start:stop], mesh))
-        yield to_host(frames)
+        frames, caches, nonfinite = step(state, caches, put_latents(latents[:, :, start:stop], mesh))
+        yield DecodedStep(to_host(frames), to_host(nonfinite))

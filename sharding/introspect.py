@@ -139,7 +139,7 @@ def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, spl
     for name, frames in (("first", 1), ("next", chunk)):
         recorder = HaloRecorder(layout)
         z = jax.ShapeDtypeStruct((batch // dp, frames, *band_hw, z_dim), dtype)
-        _, caches = jax.eval_shape(step, vae.state, caches, z)
+        _, caches, _ = jax.eval_shape(step, vae.state, caches, z)
         slabs[name] = recorder.slab_bytes()
     result = {}
     for name, slab in slabs.items():

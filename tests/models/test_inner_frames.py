@@ -54,7 +54,7 @@ def steps():
         if name not in cache:
             vae = models.init_vae(config)
             # Any past will do: random caches of the shapes latent frame 0 leaves (no compile needed).
-            _, avals = jax.eval_shape(_program(vae, None), vae.state_avals(), None, _aval(shape, 1))
+            _, avals, _ = jax.eval_shape(_program(vae, None), vae.state_avals(), None, _aval(shape, 1))
             leaves, tree = jax.tree.flatten(avals)
             caches = jax.tree.unflatten(tree, [jnp.asarray(_latents(a.shape, seed=i)) for i, a in enumerate(leaves)])
             cache[name] = (vae, caches, _latents(shape)[:, :, 1:2])
@@ -121,7 +121,7 @@ def test_streamed_step_equals_the_whole_step(steps, name):
     config, shape = CONFIGS[name]
     whole, vae, caches, latents = steps(name, config.temporal_scale)  # all of the step's frames at once
     streamed = steps(name, 1)[0]
-    (frames, new_caches), (expected, expected_caches) = streamed(vae.state, caches, latents), whole(vae.state, caches, latents)
+    (frames, new_caches, _), (expected, expected_caches, _) = streamed(vae.state, caches, latents), whole(vae.state, caches, latents)
     assert frames.shape == expected.shape == (1, 3, config.temporal_scale, *[s * config.spatial_scale for s in shape[3:]])
     assert float(jnp.abs(frames - expected).max()) <= EXACT
     for got, want in zip(jax.tree.leaves(new_caches), jax.tree.leaves(expected_caches), strict=True):

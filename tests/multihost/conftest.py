@@ -25,7 +25,7 @@ def references():
         "tp4_encode": sharding.to_host(sharding.sharded_encode(micro_encoder_vae(), frames, tp4, options=options)),
         "tp4_uint8": sharding.to_host(sharding.sharded_decode(vae, z, tp4, output="uint8")),
         "tp4_float": sharding.to_host(sharding.sharded_decode(vae, z, tp4, output="float")),
-        "tp4_stream": np.concatenate(list(sharding.sharded_decode_stream(vae, z, tp4)), axis=1),
+        "tp4_stream": np.concatenate([step.frames for step in sharding.sharded_decode_stream(vae, z, tp4)], axis=1),
         "tp2dp2_float": sharding.to_host(sharding.sharded_decode(vae, z, tp2dp2, output="float")),
     }
 

@@ -81,13 +81,26 @@ def test_stream_concatenates_to_the_full_decode(vae, reference):
     shape = (1, 3, 5, WIDTH)
     mesh = sharding.make_mesh(4)
     with jax.transfer_guard("disallow"):  # the hot path makes only explicit transfers
-        steps = list(sharding.sharded_decode_stream(vae, make_latents(*shape), mesh, split="height"))
+        decoded = list(sharding.sharded_decode_stream(vae, make_latents(*shape), mesh, split="height"))
+    steps = [step.frames for step in decoded]
     assert all(isinstance(step, np.ndarray) and step.dtype == np.uint8 for step in steps)
+    assert all(step.nonfinite.tolist() == [0] for step in decoded)
     assert [step.shape[1] for step in steps] == [1, 4, 4]  # caches carried across two steps
     frames = np.concatenate(steps, axis=1)
     expected = reference(shape, output="uint8")
     assert _max_diff(frames, expected) <= 1
     assert np.mean(frames == expected) > 0.999
+
+
+def test_the_decoder_counts_the_nonfinite_values_it_produces(vae):
+    """Finite latents can overflow the network (values near float32's limit): the count is read on
+    the device before the uint8 conversion hides NaN as black. Same programs as the stream above."""
+    shape = (1, 3, 5, WIDTH)
+    mesh = sharding.make_mesh(4)
+    huge = np.full((1, 16, *shape[1:]), 3e38, np.float32)
+    steps = list(sharding.sharded_decode_stream(vae, huge, mesh, split="height"))
+    assert all(int(step.nonfinite[0]) > 0 for step in steps)
+    assert all(step.nonfinite.dtype == np.int32 for step in steps)
 
 
 def test_programs_are_compiled_once_per_shape_and_mesh(vae):

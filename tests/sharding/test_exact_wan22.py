@@ -63,7 +63,8 @@ def test_batch_over_dp_even_split(vae22, reference22):
 
 
 def test_stream_concatenates_to_the_full_decode(vae22, reference22):
-    steps = list(sharding.sharded_decode_stream(vae22, _latents(SHAPE), sharding.make_mesh(4), split="height"))
+    steps = [step.frames for step in sharding.sharded_decode_stream(vae22, _latents(SHAPE), sharding.make_mesh(4),
+                                                                    split="height")]
     assert [step.shape[1] for step in steps] == [1, 2, 2]
     frames = np.concatenate(steps, axis=1)
     expected = np.asarray(to_uint8(np.moveaxis(reference22(SHAPE), 1, -1)))

@@ -36,8 +36,8 @@ def test_streamed_sharded_decode_matches_single_device(vae, reference):
 
 
 def test_streamed_sharded_steps_concatenate_to_the_decode(vae, reference):
-    steps = list(sharding.sharded_decode_stream(vae, make_latents(*SHAPE), sharding.make_mesh(TP), split="height",
-                                                inner_frames=1))
+    steps = [step.frames for step in sharding.sharded_decode_stream(vae, make_latents(*SHAPE), sharding.make_mesh(TP),
+                                                                    split="height", inner_frames=1)]
     assert [s.shape[1] for s in steps] == [1, 4, 4]
     expected = np.asarray(to_uint8(np.moveaxis(reference(SHAPE), 1, -1)))
     frames = np.concatenate(steps, axis=1)
