@@ -1,6 +1,6 @@
-# Entry points: `make serve`, `make test` (lint, then pytest) and `make lint` (ruff + mypy). Each
-# creates .venv when missing and installs what it needs; a stamp file keeps repeat runs fast until
-# pyproject.toml changes.
+# Entry points: `make serve`, `make test` (lint and docs, then pytest), `make lint` (ruff + mypy) and
+# `make docs` (mkdocs build --strict). Each creates .venv when missing and installs what it needs;
+# a stamp file keeps repeat runs fast until pyproject.toml changes.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -11,7 +11,7 @@ ARGS   ?=
 # Test files are the unit of distribution (--dist loadfile), so module fixtures are built once.
 WORKERS ?= 2
 
-.PHONY: serve test lint install clean
+.PHONY: serve test lint docs install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,11 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint
+# The docs under docs/ (MkDocs): strict, so a broken link, anchor or a page left out of the nav fails.
+docs: $(VENV)/.installed-test
+	$(BIN)/mkdocs build --strict --quiet
+
+test: lint docs
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(ARGS)
 
 clean:

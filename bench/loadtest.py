@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from service.loadtest import main  # noqa: E402
+from service.cli.loadtest import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

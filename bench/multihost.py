@@ -125,8 +125,8 @@ def lead(leader, args, record: dict) -> dict:
 
 
 def run_process(args) -> NoReturn:
-    from service.broadcast import Channel, Leader, follow
-    from service.distributed import SliceMonitor, exit_process, initialize
+    from service.slice.broadcast import Channel, Leader, follow
+    from service.slice.control import SliceMonitor, exit_process, initialize
 
     control = initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.num_processes,
                          process_id=args.process_id, heartbeat_timeout_s=60, cpu_devices=args.tp // args.num_processes)

@@ -121,15 +121,6 @@ class PosteriorOptions(NamedTuple):
         missing = 0 if batch is None else batch - len(fields[1])
         return PosteriorOptions(*(np.concatenate([f, np.zeros((missing, *f.shape[1:]), f.dtype)]) for f in fields))
 
-    def to_json(self) -> dict[str, list]:
-        """Host options as JSON values (to send them to the other processes of a slice)."""
-        return {name: np.asarray(getattr(self, name)).tolist() for name in PosteriorOptions._fields}
-
-    @staticmethod
-    def from_json(fields: dict[str, list]) -> PosteriorOptions:
-        dtypes = {"keys": np.uint32, "rows": np.int32, "sample": np.bool_, "normalize": np.bool_}
-        return PosteriorOptions(**{name: np.asarray(fields[name], dtypes[name]) for name in PosteriorOptions._fields})
-
 
 def prng_key(seed: int | None) -> np.ndarray:
     """``jax.random.PRNGKey(seed)`` as host ``uint32[2]``; a fresh random seed when ``seed`` is None.

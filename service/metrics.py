@@ -20,35 +20,32 @@ class Metrics:
             "vaeserve_requests", "HTTP requests answered, by route and status", ["route", "status"], registry=r
         )
         self.queue_seconds = Histogram(
-            "vaeserve_queue_seconds", "Time from arrival to the start of its decode", buckets=_SECONDS_BUCKETS,
+            "vaeserve_queue_seconds", "Time from arrival to the start of its device batch", buckets=_SECONDS_BUCKETS,
             registry=r,
         )
-        self.decode_seconds = Histogram(
-            "vaeserve_decode_seconds", "Device time per batch (decode + transfer to host)",
-            buckets=_SECONDS_BUCKETS, registry=r,
+        self.device_seconds = Histogram(
+            "vaeserve_device_seconds", "Device time per batch (the VAE decode or encode, transfers to the host "
+            "included), by operation", ["operation"], buckets=_SECONDS_BUCKETS, registry=r,
         )
-        self.encode_seconds = Histogram(
-            "vaeserve_encode_seconds", "Time to encode the response (mp4, npy, png, raw)",
-            buckets=_SECONDS_BUCKETS, registry=r,
-        )
-        self.encode_device_seconds = Histogram(
-            "vaeserve_vae_encode_seconds", "Device time per VAE encode batch (frames to latents, on the host after)",
-            buckets=_SECONDS_BUCKETS, registry=r,
+        self.serialize_seconds = Histogram(
+            "vaeserve_serialize_seconds", "Time to write the response body (mp4, png, npy, pt, safetensors), "
+            "by output_type", ["output_type"], buckets=_SECONDS_BUCKETS, registry=r,
         )
         self.total_seconds = Histogram(
             "vaeserve_request_seconds", "Decode and encode request latency, arrival to response body",
             buckets=_SECONDS_BUCKETS, registry=r,
         )
         self.batch_size = Histogram(
-            "vaeserve_batch_size", "Latents per device batch, before padding", buckets=(1, 2, 4, 8, 16, 32, 64),
+            "vaeserve_batch_size", "Inputs per device batch, before padding", buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
         self.queue_depth = Gauge("vaeserve_queue_depth", "Requests waiting for the device", registry=r)
-        self.frames = Counter("vaeserve_frames_decoded", "Output frames decoded (excluding padding)", registry=r)
+        self.frames_decoded = Counter("vaeserve_frames_decoded", "Output frames decoded (excluding padding)",
+                                      registry=r)
         self.frames_encoded = Counter("vaeserve_frames_encoded", "Input frames encoded (excluding padding)",
                                       registry=r)
         self.compiles = Counter(
-            "vaeserve_compiles", "XLA compiles of decode programs (or loads from --compile-cache)", registry=r
+            "vaeserve_compiles", "XLA compiles of decode, stream-step and encode programs (or loads from --compile-cache)", registry=r
         )
         self.compile_seconds = Histogram(
             "vaeserve_compile_seconds", "Time per program compile", buckets=_SECONDS_BUCKETS, registry=r

@@ -9,7 +9,7 @@ embedders can make their own. Environment variables use the prefix ``VAESERVE_``
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -74,93 +74,129 @@ class Warmup(BaseModel):
         return "x".join(map(str, self.shape)) + ":" + ",".join(self.outputs)
 
 
+SECTIONS = {
+    "model": "Model and mesh",
+    "slice": "Multi-host slice (one process per host; process 0 serves requests)",
+    "network": "Network",
+    "scheduling": "Scheduling",
+    "limits": "Input limits (checked before any device work)",
+    "output": "Output defaults",
+}
+
+
+def _in(section: str, metavar: str | None = None) -> dict[str, Any]:
+    """A setting's place in ``vaeserve serve --help`` and the docs' table (``json_schema_extra``)."""
+    return {"section": section, **({"metavar": metavar} if metavar else {})}
+
+
 class Settings(BaseSettings):
-    """Service configuration. Defaults suit one host with a handful of accelerators."""
+    """Service configuration, declared once: ``vaeserve serve --help``, the ``VAESERVE_*``
+    environment variables and the docs' settings table are all made from these fields. Defaults
+    suit one host with a handful of accelerators."""
 
     model_config = SettingsConfigDict(env_prefix="VAESERVE_", extra="ignore", protected_namespaces=())
 
     # --- model and mesh -------------------------------------------------------------------
     model: str | None = Field(
-        None, description="diffusers-format VAE folder, original Wan2.x_VAE.pth, or an embedded model (wan2.1, "
-        "wan2.2: random weights); None = wan2.1"
-    )
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    tp: int = Field(1, ge=1, description="devices per frame (horizontal bands)")
-    dp: int = Field(1, ge=1, description="data-parallel replicas; batches are padded to a multiple")
+        None, description="diffusers-format VAE folder (or a pipeline folder with vae/), a .safetensors file, an "
+        "original Wan2.x_VAE.pth, or an embedded model with random weights: wan2.1 (the default), wan2.2",
+        json_schema_extra=_in("model", "PATH|NAME"))
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="weights and activations (float32 matches the PyTorch reference)",
+        json_schema_extra=_in("model"))
+    tp: int = Field(1, ge=1, description="devices per frame (horizontal bands)", json_schema_extra=_in("model", "N"))
+    dp: int = Field(1, ge=1, description="data-parallel replicas; batches are padded to a multiple",
+                    json_schema_extra=_in("model", "N"))
     cpu_devices: int | None = Field(
-        None, ge=1, description="fake this many CPU devices (testing tp/dp without accelerators)"
-    )
+        None, ge=1, description="fake this many CPU devices (testing tp/dp without accelerators)",
+        json_schema_extra=_in("model", "N"))
     warmup: list[Warmup] = Field(
         default_factory=list,
-        description="latent shapes CxTxHxW[:outputs] compiled before /readyz is 200 (outputs: uint8, float, "
-        "stream; default all)",
-    )
+        description="latent shape compiled before /readyz is 200 (repeatable); outputs: uint8, float, stream "
+        "(default all), e.g. 16x21x60x104 or 16x21x60x104:uint8,stream", json_schema_extra=_in("model", "CxTxHxW[:OUTPUTS]"))
     encode_warmup: list[FrameShape] = Field(
         default_factory=list,
-        description="frame shapes 3xFxHxW whose encode is compiled before /readyz is 200 (needs an encoder)",
-    )
-    compile_cache: str | None = Field(None, description="JAX persistent compilation cache directory")
+        description="frame shape whose encode is compiled before /readyz is 200 (repeatable; needs an encoder), "
+        "e.g. 3x81x480x832", json_schema_extra=_in("model", "3xFxHxW"))
+    compile_cache: str | None = Field(None, description="JAX persistent compilation cache directory",
+                                      json_schema_extra=_in("model", "DIR"))
     shapes: list[LatentShape] | Literal["any", "warmed"] = Field(
-        "any", description="latent shapes served: any, only the warmed ones (and their outputs), or a list; "
-        "others -> 422. Unless any, encode serves only the encode_warmup frame shapes"
-    )
+        "any", description="latent shapes served (repeatable): any, warmed (the warm-up shapes and outputs only), "
+        "or a list; others get 422. Unless any, encode serves only the encode-warmup frame shapes",
+        json_schema_extra=_in("model", "any|warmed|CxTxHxW"))
     max_programs: int = Field(
-        64, ge=0, description="compiled programs kept (least recently used dropped); 0 = no limit"
-    )
+        64, ge=0, description="compiled programs kept (least recently used dropped); 0 = no limit",
+        json_schema_extra=_in("model", "N"))
     device_memory_bytes: int | None = Field(
         None, ge=1, description="memory per device that every warm-up program must fit before the service "
-        "starts; None = the devices' memory_stats()['bytes_limit'] (accelerators; CPU reports none: no check)"
-    )
+        "starts; default: the devices' memory_stats()['bytes_limit'] (accelerators; CPU reports none: no check)",
+        json_schema_extra=_in("model", "BYTES"))
 
     # --- multi-host slice (one process per host; process 0 serves requests) ----------------
     distributed: Literal["off", "auto"] = Field(
-        "off", description="auto: join a multi-host slice, JAX detecting what is not given (TPU VMs, GKE)"
-    )
-    coordinator_address: str | None = Field(None, description="HOST:PORT of process 0's coordinator (all processes)")
-    num_processes: int | None = Field(None, ge=1, description="processes in the slice, one per host")
-    process_id: int | None = Field(None, ge=0, description="this process's rank; 0 serves requests")
+        "off", description="auto: join a multi-host slice, JAX detecting what is not given (TPU VMs, GKE)",
+        json_schema_extra=_in("slice"))
+    coordinator_address: str | None = Field(None, description="HOST:PORT of process 0's coordinator (all processes)",
+                                            json_schema_extra=_in("slice", "HOST:PORT"))
+    num_processes: int | None = Field(None, ge=1, description="processes in the slice, one per host",
+                                      json_schema_extra=_in("slice", "N"))
+    process_id: int | None = Field(None, ge=0, description="this process's rank; 0 serves requests",
+                                   json_schema_extra=_in("slice", "N"))
     heartbeat_timeout_s: int = Field(
-        10, ge=1, description="a process silent this long is dead: the slice fails (process 0 exits 3)"
-    )
+        10, ge=1, description="a process silent this long is dead: the slice fails (process 0 exits 3)",
+        json_schema_extra=_in("slice", "SECONDS"))
     call_timeout_s: float = Field(
-        600.0, gt=0, description="a device call unfinished on the slice after this fails the slice"
-    )
+        600.0, gt=0, description="a device call unfinished on the slice after this fails the slice",
+        json_schema_extra=_in("slice", "SECONDS"))
     failure_grace_s: float = Field(
-        2.0, ge=0, description="after the slice fails, process 0 answers 503 this long, then exits 3"
-    )
+        2.0, ge=0, description="after the slice fails, process 0 answers 503 this long, then exits 3",
+        json_schema_extra=_in("slice", "SECONDS"))
 
     # --- network --------------------------------------------------------------------------
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    api_key: SecretStr | None = Field(None, description="if set, require 'Authorization: Bearer KEY'")
-    log_level: str = "info"
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)",
+                      json_schema_extra=_in("network", "ADDRESS"))
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on", json_schema_extra=_in("network", "PORT"))
+    api_key: SecretStr | None = Field(None, description="if set, require 'Authorization: Bearer KEY'",
+                                      json_schema_extra=_in("network", "KEY"))
+    log_level: str = Field("info", description="debug, info, warning or error", json_schema_extra=_in("network", "LEVEL"))
     max_connections: int = Field(
-        256, ge=1, description="open connections (and requests in progress); past it uvicorn answers 503"
-    )
-    keepalive_timeout_s: int = Field(5, ge=1, description="an idle keep-alive connection is closed after this")
+        256, ge=1, description="open connections (and requests in progress); past it uvicorn answers 503",
+        json_schema_extra=_in("network", "N"))
+    keepalive_timeout_s: int = Field(5, ge=1, description="an idle keep-alive connection is closed after this",
+                                     json_schema_extra=_in("network", "SECONDS"))
     read_timeout_s: float = Field(
-        30.0, gt=0, description="time to receive a request's headers, and again its body; past it -> 408"
-    )
+        30.0, gt=0, description="time to receive a request's headers, and again its body; past it 408",
+        json_schema_extra=_in("network", "SECONDS"))
 
     # --- scheduling -----------------------------------------------------------------------
-    max_queue: int = Field(16, ge=1, description="requests waiting for the device; more -> 429")
-    max_batch: int = Field(4, ge=1, description="latents decoded together (also the per-request B limit)")
-    request_timeout_s: float = Field(300.0, gt=0, description="deadline from arrival; past it -> 504")
-    retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 and 503")
-    drain_timeout_s: float = Field(60.0, ge=0, description="SIGTERM: time to finish queued work")
+    max_queue: int = Field(16, ge=1, description="requests waiting for the device; more get 429",
+                           json_schema_extra=_in("scheduling", "N"))
+    max_batch: int = Field(4, ge=1, description="inputs run together on the device (also the per-request B limit)",
+                           json_schema_extra=_in("scheduling", "N"))
+    request_timeout_s: float = Field(300.0, gt=0, description="deadline from arrival; past it 504",
+                                     json_schema_extra=_in("scheduling", "SECONDS"))
+    retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 and 503",
+                               json_schema_extra=_in("scheduling", "SECONDS"))
+    drain_timeout_s: float = Field(60.0, ge=0, description="on SIGTERM: time to finish queued work",
+                                   json_schema_extra=_in("scheduling", "SECONDS"))
 
     # --- input limits (checked before any device work) ------------------------------------
-    max_body_bytes: int = Field(64 * 2**20, ge=1, description="Content-Length above this -> 413")
+    max_body_bytes: int = Field(64 * 2**20, ge=1, description="Content-Length above this gets 413",
+                                json_schema_extra=_in("limits", "BYTES"))
     max_reading_bytes: int = Field(
-        256 * 2**20, ge=1, description="bytes of request bodies being read at once; past it -> 429"
-    )
-    max_frames: int = Field(129, ge=1, description="output frames per video, 1 + 4 (T - 1)")
-    max_height: int = Field(1280, ge=8, description="output height in pixels, s H (s = 8 for Wan 2.1, 16 for 2.2)")
-    max_width: int = Field(1280, ge=8, description="output width in pixels, s W")
+        256 * 2**20, ge=1, description="bytes of request bodies being read at once; past it 429",
+        json_schema_extra=_in("limits", "BYTES"))
+    max_frames: int = Field(129, ge=1, description="output frames per video, 1 + 4 (T - 1)",
+                            json_schema_extra=_in("limits", "N"))
+    max_height: int = Field(1280, ge=8, description="output height in pixels, s·H (s: the model's spatial scale)",
+                            json_schema_extra=_in("limits", "PIXELS"))
+    max_width: int = Field(1280, ge=8, description="output width in pixels, s·W", json_schema_extra=_in("limits", "PIXELS"))
 
     # --- output defaults ------------------------------------------------------------------
-    default_fps: int = Field(16, ge=1, le=240)
-    default_crf: int = Field(18, ge=0, le=51)
+    default_fps: int = Field(16, ge=1, le=240, description="frame rate of MP4 answers without fps=",
+                             json_schema_extra=_in("output", "FPS"))
+    default_crf: int = Field(18, ge=0, le=51, description="libx264 quality of MP4 answers without crf= (0: lossless)",
+                             json_schema_extra=_in("output", "CRF"))
 
     @field_validator("warmup", mode="before")
     @classmethod
@@ -213,3 +249,33 @@ class Settings(BaseSettings):
             raise ValueError(f"max_reading_bytes ({self.max_reading_bytes}) must be at least max_body_bytes "
                              f"({self.max_body_bytes})")
         return self
+
+
+def _default_text(name: str) -> str:
+    field = Settings.model_fields[name]
+    if field.default_factory is not None:
+        return "none"
+    default = field.default
+    if default is None:
+        return "none"
+    return f"`{default}`"
+
+
+def settings_markdown() -> str:
+    """The docs' settings table, section by section: flag, environment variable, default, meaning."""
+    lines: list[str] = []
+    for section, title in SECTIONS.items():
+        lines += [f"### {title}", "", "| flag | environment | default | meaning |", "|---|---|---|---|"]
+        for name, field in Settings.model_fields.items():
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            if extra.get("section") != section:
+                continue
+            flag = "--" + name.replace("_", "-")
+            metavar = extra.get("metavar")
+            if metavar is None and get_origin(field.annotation) is Literal:
+                metavar = "|".join(get_args(field.annotation))  # the choices, as the docs write them
+            flag_text = (f"`{flag} {metavar}`" if metavar else f"`{flag}`").replace("|", "\\|")
+            meaning = (field.description or "").replace("|", "\\|")  # a table cell
+            lines.append(f"| {flag_text} | `VAESERVE_{name.upper()}` | {_default_text(name)} | {meaning} |")
+        lines.append("")
+    return "\n".join(lines)

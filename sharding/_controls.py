@@ -60,7 +60,8 @@ def decode_with(control: str, vae: WanVAE, latents, mesh: Mesh, *, output: Outpu
     run = _full(vae, mesh, layout, denormalize=False, output=output, chunk=resolve_chunk(None), inner_frames=None,
                 query_chunk=query_chunk, context_type=CONTROLS[control])
     compiled = jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh)).compile()
-    return compiled(replicated_state(vae, mesh), put_latents(latents, mesh))
+    frames, _ = compiled(replicated_state(vae, mesh), put_latents(latents, mesh))
+    return frames
 
 
 def encode_with(control: str, vae: WanVAE, frames, mesh: Mesh, *, split: Split | None = None,

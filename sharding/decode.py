@@ -1,7 +1,8 @@
 """The sharded decode: ``models.decode`` programs under ``jax.shard_map`` over the ``(dp, tp)`` mesh.
 
-Layouts match ``WanVAE``: latents ``(B, 16, T, H, W)`` NCTHW in; float32 ``(B, 3, F, 8H, 8W)`` or
-uint8 ``(B, F, 8H, 8W, 3)`` out, ``F = 1 + 4(T-1)``. Inside the mesh, the batch is split over
+Layouts match ``WanVAE``: latents ``(B, C, T, H, W)`` NCTHW in (``C``: the model's latent channels);
+float32 ``(B, 3, F, sH, sW)`` or uint8 ``(B, F, sH, sW, 3)`` out, ``F = 1 + 4(T-1)``, ``s`` the
+model's spatial scale. Inside the mesh, the batch is split over
 ``dp`` and the split axis (height or width, see ``layout.choose_split``) over ``tp``; causal caches
 stay on the device of their band, and time is never split.
 """
@@ -280,14 +281,15 @@ def sharded_decode(
     inner_frames: int | None = None,
     query_chunk: int = 4096,
 ) -> jax.Array:
-    """Decode ``(B, 16, T, H, W)`` latents on ``mesh``; the same frames as ``vae.decode``.
+    """Decode ``(B, C, T, H, W)`` latents on ``mesh``; the same frames as ``vae.decode``.
 
     Args:
       vae: the model (its weights are replicated onto the mesh once and kept).
-      latents: ``(B, 16, T, H, W)`` NCTHW; ``B`` must be a multiple of the mesh's ``dp``.
+      latents: ``(B, C, T, H, W)`` NCTHW (``C``: the model's latent channels); ``B`` a multiple of
+        the mesh's ``dp``.
       mesh: a ``(dp, tp)`` mesh from ``make_mesh``.
       denormalize: apply ``z · latents_std + latents_mean`` first.
-      output: ``"float"`` → float32 ``(B, 3, F, 8H, 8W)`` in [-1, 1]; ``"uint8"`` → ``(B, F, 8H, 8W, 3)``.
+      output: ``"float"`` → float32 ``(B, 3, F, sH, sW)`` in [-1, 1]; ``"uint8"`` → ``(B, F, sH, sW, 3)``.
       split: ``"height"``, ``"width"`` or None (the axis that needs less padding).
       chunk: latent frames per scan step (default 1: least memory).
       inner_frames: frames per inner step of the stages after each temporal upsampler (None:

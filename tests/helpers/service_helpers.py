@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient
 
 import models
 from service import Settings, create_app
-from service.runner import DeviceRunner
+from service.engine.runner import DeviceRunner
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(base_dim=8, num_res_blocks=1)
@@ -124,10 +124,10 @@ class PoisonRunner(DeviceRunner):
         return super().decode(latents, output=output)
 
     def decode_stream(self, latents):
-        for index, chunk in enumerate(super().decode_stream(latents)):
+        for index, step in enumerate(super().decode_stream(latents)):
             if latents[0].flat[0] == self.POISON and index == 1:  # after the first chunk went out
                 raise RuntimeError("device fell over mid-stream")
-            yield chunk
+            yield step
 
 
 def poisoned(x: np.ndarray) -> np.ndarray:
@@ -194,7 +194,7 @@ class ThreadServer:
 def thread_server(vae, *, runner_factory=None, **settings) -> Iterator[ThreadServer]:
     """``create_app`` served by uvicorn (configured as ``vaeserve serve`` configures it) on
     127.0.0.1 in a thread: real sockets, real HTTP/1.1, and the runner a test injects."""
-    from service.server import uvicorn_config
+    from service.http.server import uvicorn_config
 
     config_settings = settings_for_tests(port=free_port(), **settings)
     app = create_app(config_settings, vae=vae, runner_factory=runner_factory)

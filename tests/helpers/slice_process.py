@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from service.distributed import SliceFailed, SliceMonitor, exit_on_failure, exit_process, initialize, wait_for_exit
+from service.engine.jobs import EncodeOptions
+from service.slice.control import SliceFailed, SliceMonitor, exit_on_failure, exit_process, initialize, wait_for_exit
 
 # The smallest Wan-shaped decoder (one up stage, 2x in space and time): compiles dominate these tests.
 MICRO = dict(base_dim=8, num_res_blocks=0, dim_mult=(1, 2), temperal_downsample=(True,), scale_factor_spatial=2,
@@ -71,26 +72,22 @@ def slice_latents(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
 
 
-def slice_frames() -> tuple[np.ndarray, Any]:
+def slice_frames() -> tuple[np.ndarray, list[tuple[EncodeOptions, int]]]:
     """Frames for the MICRO encoder, (2, 3, 5, 16, 8) -> latents (2, 16, 3, 8, 4) (2 rows per band at
-    tp = 4), and per-row posterior options: row 0 sampled with seed 3, row 1 normalized."""
-    from models.encode import PosteriorOptions, posterior_options
-
+    tp = 4), as two one-row requests: row 0 sampled with seed 3, row 1 normalized."""
     frames = np.random.default_rng(1).uniform(-1, 1, (2, 3, 5, 16, 8)).astype(np.float32)
-    options = PosteriorOptions.concatenate([posterior_options(1, sample=True, seed=3),
-                                            posterior_options(1, normalize=True)])
-    return frames, options
+    return frames, [(EncodeOptions(sample=True, seed=3), 1), (EncodeOptions(normalize=True), 1)]
 
 
 def build_handlers(vae, runners, encode_runner) -> dict[str, Callable[..., Any]]:
     import sharding
-    from service.slice import runner_handlers
+    from service.slice.member import runner_handlers
     from sharding._controls import decode_with
 
     handlers: dict[str, Callable[..., Any]] = {}
     for name, runner in runners.items():
-        handlers[f"{name}.decode"] = lambda z, runner=runner, **options: runner.decode(z, **options)
-        handlers[f"{name}.stream"] = lambda z, runner=runner: runner.decode_stream(z)
+        handlers[f"{name}.decode"] = lambda z, runner=runner, **options: runner.decode(z, **options).frames
+        handlers[f"{name}.stream"] = lambda z, runner=runner: (step.frames for step in runner.decode_stream(z))
     # Negative control: the same tp=4 decode without halo exchange (bands decoded independently).
     no_halo = functools.partial(decode_with, "none", vae, mesh=runners["tp4"].mesh)
     handlers["tp4.decode_no_halo"] = lambda z: sharding.to_host(no_halo(z))
@@ -136,8 +133,10 @@ def drive_parity(leader, out: Path) -> None:
         report["bad_call_error"] = type(error).__name__
     arrays["after_error"] = leader.call("tp4.decode", z, output="float")
     arrays["no_halo"] = leader.call("tp4.decode_no_halo", z)
-    frames, options = slice_frames()
-    arrays["tp4_encode"] = leader.call("tp4.encode", frames, options=options.to_json())
+    from service.slice.member import requests_to_json
+
+    frames, requests = slice_frames()
+    arrays["tp4_encode"] = leader.call("tp4.encode", frames, requests=requests_to_json(requests))
     np.savez(out / "slice.npz", **arrays)
     (out / "report.json").write_text(json.dumps(report))
 
@@ -174,8 +173,8 @@ def main() -> int:
                            on_stop_request=lambda pid, reason: stop_requested.set()).start()
 
     import sharding
-    from service.broadcast import Channel, Leader, follow
-    from service.runner import DeviceRunner
+    from service.engine.runner import DeviceRunner
+    from service.slice.broadcast import Channel, Leader, follow
 
     vae = micro_vae()
     runners = {"tp4": DeviceRunner(vae, sharding.make_mesh(4), max_batch=2, dp=1),

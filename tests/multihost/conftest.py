@@ -9,6 +9,7 @@ import pytest
 
 import models
 import sharding
+from service.engine.runner import encode_rows
 from tests.helpers.slice_process import micro_encoder_vae, micro_vae, slice_frames, slice_latents
 
 
@@ -20,7 +21,8 @@ def references():
     vae = micro_vae()
     z = slice_latents()
     tp4, tp2dp2 = sharding.make_mesh(4), sharding.make_mesh(2, dp=2)
-    frames, options = slice_frames()
+    frames, requests = slice_frames()
+    options = encode_rows(requests, len(frames))
     return {
         "tp4_encode": sharding.to_host(sharding.sharded_encode(micro_encoder_vae(), frames, tp4, options=options)),
         "tp4_uint8": sharding.to_host(sharding.sharded_decode(vae, z, tp4, output="uint8")),

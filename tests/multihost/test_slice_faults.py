@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from service.distributed import EXIT_SLICE_FAILED
+from service.slice.control import EXIT_SLICE_FAILED
 from tests.helpers.slice_helpers import start_slice, stop_all, wait_until_ready
 from tests.helpers.slice_process import FAULT_HEARTBEAT_S, GRACE_S, INTERVAL_S
 

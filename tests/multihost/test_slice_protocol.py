@@ -6,27 +6,27 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from service.broadcast import (
+from service.slice.broadcast import (
     HEADER_BYTES,
     MIN_PAYLOAD_BYTES,
     Call,
     ProtocolError,
-    decode_header,
-    encode_header,
+    pack_header,
     pack_payload,
     payload_bucket,
+    unpack_header,
     unpack_payload,
 )
-from service.distributed import DistributedError, initialize
+from service.slice.control import DistributedError, initialize
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8, jnp.bfloat16, np.float16])
 def test_a_call_survives_header_and_payload(dtype):
     array = (np.random.default_rng(0).standard_normal((2, 16, 3, 5, 7)) * 3).astype(dtype)
     call = Call("decode", array, {"output": "uint8", "chunk": 2, "denormalize": False})
-    header = encode_header(call, seq=41)
+    header = pack_header(call, seq=41)
     assert header.shape == (HEADER_BYTES,) and header.dtype == np.uint8
-    read = decode_header(header)
+    read = unpack_header(header)
     assert (read.seq, read.op, read.shape, read.options) == (41, "decode", array.shape, dict(call.options))
     payload = pack_payload(array)
     assert payload.size == read.padded == payload_bucket(array.nbytes) >= array.nbytes
@@ -36,7 +36,7 @@ def test_a_call_survives_header_and_payload(dtype):
 
 
 def test_a_call_without_an_array_has_no_payload():
-    read = decode_header(encode_header(Call("compile", None, {"shape": [2, 16, 3, 5, 7]}), seq=1))
+    read = unpack_header(pack_header(Call("compile", None, {"shape": [2, 16, 3, 5, 7]}), seq=1))
     assert (read.shape, read.dtype, read.nbytes, read.padded) == (None, None, 0, 0)
 
 
@@ -52,19 +52,19 @@ def test_payload_buckets_are_quarter_octaves_from_64_kib():
 
 def test_bad_calls_and_headers_are_refused():
     with pytest.raises(ProtocolError, match="JSON"):
-        encode_header(Call("decode", None, {"output": object()}), seq=1)
+        pack_header(Call("decode", None, {"output": object()}), seq=1)
     with pytest.raises(ProtocolError, match="exceeds"):
-        encode_header(Call("decode", None, {"note": "x" * HEADER_BYTES}), seq=1)
-    header = encode_header(Call("decode", None, {}), seq=1)
+        pack_header(Call("decode", None, {"note": "x" * HEADER_BYTES}), seq=1)
+    header = pack_header(Call("decode", None, {}), seq=1)
     corrupted = header.copy()
     corrupted[4:20] = ord("#")
     with pytest.raises(ProtocolError, match="not JSON"):
-        decode_header(corrupted)
+        unpack_header(corrupted)
     with pytest.raises(ProtocolError, match="out of range"):
-        decode_header(np.zeros(HEADER_BYTES, np.uint8))
-    newer = encode_header(Call("decode", None, {}), seq=1).tobytes().replace(b'"version":1', b'"version":9')
+        unpack_header(np.zeros(HEADER_BYTES, np.uint8))
+    newer = pack_header(Call("decode", None, {}), seq=1).tobytes().replace(b'"version":1', b'"version":9')
     with pytest.raises(ProtocolError, match="protocol version 9"):
-        decode_header(np.frombuffer(newer, np.uint8))
+        unpack_header(np.frombuffer(newer, np.uint8))
 
 
 def test_initialize_names_what_is_missing():

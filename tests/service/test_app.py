@@ -13,9 +13,10 @@ import httpx
 import numpy as np
 import pytest
 
-from service import codec, create_app
+from service import create_app
 from service.client import read_stream
-from service.runner import DeviceRunner
+from service.codecs.tensors import encode_npy
+from service.engine.runner import Decoded, DeviceRunner
 from tests.helpers.service_helpers import PoisonRunner, app_client, latents, poisoned, settings_for_tests
 
 PROBLEM = "application/problem+json"
@@ -83,8 +84,8 @@ HOSTILE = [  # id, body, content type, query, slug: each was a 500 or a wrong 20
     ("st-negative", _safetensors([-1, 16, -2, 4, 4], 2048), "application/x-safetensors", {}, "invalid-shape"),
     ("st-nested", _safetensors(None, 0, b"[" * 20_000 + b"]" * 20_000), "application/x-safetensors", {},
      "invalid-safetensors"),
-    ("npy-T0", codec.encode_npy(np.zeros((1, 16, 0, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
-    ("npy-B0", codec.encode_npy(np.zeros((0, 16, 2, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
+    ("npy-T0", encode_npy(np.zeros((1, 16, 0, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
+    ("npy-B0", encode_npy(np.zeros((0, 16, 2, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
     ("st-W0", _safetensors([1, 16, 2, 4, 0], 0), "application/x-safetensors", {}, "invalid-shape"),
 ]
 
@@ -167,7 +168,7 @@ def test_stream_device_error_in_band_after_the_first_chunk(client):
 def test_internal_error_is_a_500_problem(tiny_vae):
     class GarbageRunner(DeviceRunner):  # answers a shape no encoder can take
         def decode(self, latents, *, output="uint8"):
-            return np.zeros((latents.shape[0], 2), np.uint8)
+            return Decoded(np.zeros((latents.shape[0], 2), np.uint8), np.zeros(latents.shape[0], np.int32))
 
     with app_client(tiny_vae, runner_factory=GarbageRunner) as client:
         body = assert_problem(post(client, latents(), output_type="mp4"), 500, "internal-error")

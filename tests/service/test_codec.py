@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from service import codec
-from service.errors import Problem
+from service.codecs.latents import check_finite, check_latent_dims, check_limits, parse_latents, unscale_latents
+from service.codecs.tensors import WIRE_DTYPES, encode_npy, parse_npy, parse_safetensors, parse_shape
+from service.codecs.video import encode_mp4, encode_png, mp4_boxes, read_mp4
+from service.engine.limits import Limits
+from service.problem import Problem
 from tests.helpers.service_helpers import latents
 
-LIMITS = codec.Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)
+LIMITS = Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)
 RAW, NPY, SAFETENSORS = "tensor/binary", "application/x-npy", "application/x-safetensors"
 
 
@@ -34,24 +37,36 @@ def safetensors_body(shape, nbytes: int, *, dtype: str = "F32", header: bytes | 
 
 
 def parse(body: bytes, media_type: str, shape=None, dtype=None):
-    return codec.parse_latents(body, media_type, shape, dtype, LIMITS)
+    return parse_latents(body, media_type, shape, dtype, LIMITS)
+
+
+def latents_shape(values):
+    return parse_shape(values, check=check_latent_dims)
+
+
+def latents_npy(body):
+    return parse_npy(body, check=check_latent_dims)
+
+
+def latents_safetensors(body):
+    return parse_safetensors(body, check=check_latent_dims)
 
 
 # ---- forms that work ----------------------------------------------------------------------------
 
 
 def test_parse_shape_forms():
-    assert codec.parse_shape(["1", "16", "2", "4", "4"]) == (1, 16, 2, 4, 4)  # requests' repeated keys
-    assert codec.parse_shape(["1,16,2,4,4"]) == (1, 16, 2, 4, 4)
-    assert codec.parse_shape(["[1, 16, 2, 4, 4]"]) == (1, 16, 2, 4, 4)
-    assert codec.parse_shape(["16,2,4,4"]) == (16, 2, 4, 4)
-    assert codec.parse_shape(None) is None
+    assert parse_shape(["1", "16", "2", "4", "4"], check=check_latent_dims) == (1, 16, 2, 4, 4)  # requests' repeated keys
+    assert parse_shape(["1,16,2,4,4"], check=check_latent_dims) == (1, 16, 2, 4, 4)
+    assert parse_shape(["[1, 16, 2, 4, 4]"], check=check_latent_dims) == (1, 16, 2, 4, 4)
+    assert parse_shape(["16,2,4,4"], check=check_latent_dims) == (16, 2, 4, 4)
+    assert parse_shape(None, check=check_latent_dims) is None
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_raw_dtypes_round_trip(dtype):
     x = latents()
-    wire = x.astype(codec.WIRE_DTYPES[dtype])
+    wire = x.astype(WIRE_DTYPES[dtype])
     out, batched = parse(wire.tobytes(), RAW, x.shape, dtype)
     assert batched and out.dtype == np.float32
     assert np.array_equal(out, wire.astype(np.float32))
@@ -61,28 +76,28 @@ def test_safetensors_bf16_and_errors():
     x = latents().astype(ml_dtypes.bfloat16)
     header = json.dumps({"z": {"dtype": "BF16", "shape": list(x.shape), "data_offsets": [0, x.nbytes]}}).encode()
     body = struct.pack("<Q", len(header)) + header + x.tobytes()
-    assert np.array_equal(codec.parse_safetensors(body), x)
+    assert np.array_equal(parse_safetensors(body, check=check_latent_dims), x)
     two = safetensors.numpy.save({"a": np.zeros(2, np.float32), "b": np.zeros(2, np.float32)})
-    assert "exactly one" in problem_of(codec.parse_safetensors, two).detail
-    assert problem_of(codec.parse_safetensors, b"\xff" * 16).status == 422
+    assert "exactly one" in problem_of(latents_safetensors, two).detail
+    assert problem_of(latents_safetensors, b"\xff" * 16).status == 422
     ints = safetensors.numpy.save({"a": np.zeros(2, np.int32)})
-    assert problem_of(codec.parse_safetensors, ints).slug == "invalid-dtype"
+    assert problem_of(latents_safetensors, ints).slug == "invalid-dtype"
 
 
 def test_npy_refuses_pickles_and_ints():
     buffer = io.BytesIO()
     np.save(buffer, np.array([object()], dtype=object), allow_pickle=True)
-    assert problem_of(codec.parse_npy, buffer.getvalue()).slug == "invalid-npy"
-    assert problem_of(codec.parse_npy, codec.encode_npy(np.zeros(3, np.int64))).received == "int64"
+    assert problem_of(latents_npy, buffer.getvalue()).slug == "invalid-npy"
+    assert problem_of(latents_npy, encode_npy(np.zeros(3, np.int64))).received == "int64"
     big_endian = latents().astype(">f4")
-    out, _ = parse(codec.encode_npy(big_endian), NPY)
+    out, _ = parse(encode_npy(big_endian), NPY)
     assert np.array_equal(out, latents())
 
 
 def test_limits_are_on_output_sizes():
-    ok, _ = codec.check_limits(np.zeros((2, 16, 3, 8, 8), np.float32), LIMITS)  # 9 frames, 64x64
+    ok, _ = check_limits(np.zeros((2, 16, 3, 8, 8), np.float32), LIMITS)  # 9 frames, 64x64
     assert ok.shape == (2, 16, 3, 8, 8)
-    assert problem_of(codec.check_limits, np.zeros((1, 16, 4, 8, 8), np.float32), LIMITS).received == 13
+    assert problem_of(check_limits, np.zeros((1, 16, 4, 8, 8), np.float32), LIMITS).received == 13
 
 
 # ---- the hostile run's bodies: 422 at parse time, the same for every format ---------------------
@@ -95,7 +110,7 @@ ZERO_SIZED = [(1, 16, 0, 4, 4), (1, 16, 2, 0, 4), (1, 16, 2, 4, 0), (0, 16, 2, 4
 def test_zero_sizes_are_refused_in_every_format(shape, media_type):
     # npy and safetensors used to pass these on (B=0 answered 200 with an empty array; T/H/W=0
     # reached the device and failed there as a 500).
-    body = {RAW: b"", NPY: codec.encode_npy(np.zeros(shape, np.float32)),
+    body = {RAW: b"", NPY: encode_npy(np.zeros(shape, np.float32)),
             SAFETENSORS: safetensors_body(list(shape), 0)}[media_type]
     problem = problem_of(parse, body, media_type, shape, "float32")
     assert (problem.status, problem.slug, problem.received) == (422, "invalid-shape", list(shape))
@@ -128,22 +143,22 @@ def test_safetensors_shape_must_be_integers(shape):
 @pytest.mark.parametrize("text", ["1,1_6,2,4,4", "1,\uff11\uff16,2,4,4", "1,+16,2,4,4", "1,16.0,2,4,4", "1,16,x"])
 def test_query_shape_takes_ascii_digits_only(text):
     # int() accepts "1_6", full-width digits and a sign: the query must not.
-    problem = problem_of(codec.parse_shape, [text])
+    problem = problem_of(latents_shape, [text])
     assert (problem.status, problem.slug) == (422, "invalid-shape")
 
 
 def test_query_shape_checks_dims_and_sizes():
-    assert problem_of(codec.parse_shape, ["1,16,0,4,4"]).received == [1, 16, 0, 4, 4]
-    assert problem_of(codec.parse_shape, ["2,4,4"]).slug == "invalid-ndim"
-    assert problem_of(codec.parse_shape, [",".join(["1"] * 100)]).received == "100 dimensions"
+    assert problem_of(latents_shape, ["1,16,0,4,4"]).received == [1, 16, 0, 4, 4]
+    assert problem_of(latents_shape, ["2,4,4"]).slug == "invalid-ndim"
+    assert problem_of(latents_shape, [",".join(["1"] * 100)]).received == "100 dimensions"
 
 
 def test_finiteness_is_checked_where_asked():
     x = latents()
-    codec.check_finite(x)
+    check_finite(x)
     with np.errstate(over="ignore"):
-        scaled = codec.apply_scaling(x, None, 1e39)  # finite input and factor, inf in float32
-    problem = problem_of(codec.check_finite, scaled)
+        scaled = unscale_latents(x, None, 1e39)  # finite input and factor, inf in float32
+    problem = problem_of(check_finite, scaled)
     assert problem.slug == "non-finite" and problem.received == f"{x.size} non-finite of {x.size}"
 
 
@@ -154,13 +169,13 @@ def test_png_encoder_matches_pil():
     from PIL import Image
 
     frame = np.random.default_rng(0).integers(0, 256, (24, 40, 3), dtype=np.uint8)
-    image = Image.open(io.BytesIO(codec.encode_png(frame)))
+    image = Image.open(io.BytesIO(encode_png(frame)))
     assert image.size == (40, 24) and np.array_equal(np.asarray(image), frame)
 
 
 def test_mp4_has_its_index_before_the_media():
     frames = np.random.default_rng(0).integers(0, 256, (5, 32, 48, 3), dtype=np.uint8)
-    video = codec.encode_mp4(frames, fps=16, crf=18)
-    boxes = codec.mp4_boxes(video)
+    video = encode_mp4(frames, fps=16, crf=18)
+    boxes = mp4_boxes(video)
     assert boxes[0] == "ftyp" and boxes.index("moov") < boxes.index("mdat"), boxes
-    assert codec.decode_mp4(video).shape == frames.shape
+    assert read_mp4(video).shape == frames.shape

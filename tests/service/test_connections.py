@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.runner import DeviceRunner
+from service.engine.runner import Decoded, DeviceRunner
 from tests.helpers.service_helpers import latents, thread_server
 
 PROBLEM = "application/problem+json"
@@ -66,7 +66,7 @@ class GarbageRunner(DeviceRunner):
     error, not a device error); npy answers still work."""
 
     def decode(self, latents, *, output="uint8"):
-        return np.zeros((latents.shape[0], 2), np.uint8)
+        return Decoded(np.zeros((latents.shape[0], 2), np.uint8), np.zeros(latents.shape[0], np.int32))
 
 
 # ---- errors keep the connection usable --------------------------------------------------------

@@ -40,7 +40,7 @@ def test_flavours_install_existing_extras():
         assert flavour in extras and any(dep.startswith("jax[") for dep in extras[flavour])
     for name in ("models", "sharding", "service"):
         assert any(c.startswith(f"{name} ") for c in instructions("COPY"))
-        assert name in PYPROJECT["tool"]["setuptools"]["packages"]
+        assert f"{name}*" in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
 
 
 def test_non_root_healthcheck_and_port():

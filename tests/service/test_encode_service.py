@@ -18,11 +18,13 @@ from PIL import Image
 
 import models
 import sharding
-from models.encode import PosteriorOptions, posterior_options
-from service import codec
 from service.client import DecodeError
 from service.client import encode as client_encode
-from service.runner import DeviceRunner
+from service.codecs.tensors import encode_npy
+from service.codecs.video import encode_mp4, read_mp4
+from service.engine.jobs import EncodeOptions
+from service.engine.runner import DeviceRunner
+from service.slice.member import requests_from_json, requests_to_json
 from tests.helpers.service_helpers import app_client, thread_server
 
 PROBLEM = "application/problem+json"
@@ -122,13 +124,13 @@ def test_jpeg_mp4_npy_safetensors_and_four_dim_bodies(server, tiny_vae):
     assert close(image_latents, np.asarray(tiny_vae.encode(as_frames(seen))))
 
     video = np.stack([pixels(seed=10 + i) for i in range(5)])
-    mp4 = codec.encode_mp4(video, fps=16, crf=18)
-    decoded = codec.decode_mp4(mp4)  # the pixels the server sees after H.264
+    mp4 = encode_mp4(video, fps=16, crf=18)
+    decoded = read_mp4(mp4)  # the pixels the server sees after H.264
     for content_type in ("video/mp4", None):  # explicit, and sniffed from the 'ftyp' box
         assert close(latents_of(post(server, mp4, content_type=content_type)), np.asarray(tiny_vae.encode(as_frames(decoded))))
 
     x = frames(seed=4)
-    npy = httpx.post(server.url + "/v1/encode", content=codec.encode_npy(x), params={"output_type": "npy"},
+    npy = httpx.post(server.url + "/v1/encode", content=encode_npy(x), params={"output_type": "npy"},
                      headers={"Content-Type": "application/x-npy"}, timeout=120)
     assert npy.headers["content-type"] == "application/x-npy"
     out = np.load(io.BytesIO(npy.content), allow_pickle=False)
@@ -158,10 +160,9 @@ def test_requests_with_different_options_share_one_device_batch(tiny_vae):
     request's rows with its own options, each equal to encoding that request alone."""
     runner = DeviceRunner(tiny_vae, sharding.make_mesh(1), max_batch=2, dp=1)
     a, b = frames(seed=7), frames(seed=8)
-    options = PosteriorOptions.concatenate([posterior_options(1, sample=True, seed=9),
-                                            posterior_options(1, normalize=True)])
-    assert PosteriorOptions.from_json(options.to_json()).keys.tolist() == options.keys.tolist()  # multi-host wire form
-    out = runner.encode(np.concatenate([a, b]), options)
+    requests = [(EncodeOptions(sample=True, seed=9), 1), (EncodeOptions(normalize=True), 1)]
+    assert requests_from_json(requests_to_json(requests)) == requests  # multi-host wire form
+    out = runner.encode(np.concatenate([a, b]), requests)
     assert close(out[:1], np.asarray(tiny_vae.encode(a, sample=True, seed=9)))
     assert close(out[1:], np.asarray(tiny_vae.encode(b, normalize=True)))
 

@@ -10,11 +10,13 @@ import pytest
 from PIL import Image
 
 import models
-from service import codec, frames
-from service.errors import Problem
+from service.codecs.frames import body_format, check_frames, check_frames_content_type, parse_image, parse_tensor
+from service.codecs.latents import scale_latents, serialize_latents
+from service.engine.limits import Limits
+from service.problem import Problem
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
-LIMITS = codec.Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)
+LIMITS = Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)
 
 
 def problem_of(fn, *args) -> Problem:
@@ -36,7 +38,7 @@ def test_pixels_convert_exactly_as_diffusers_image_processor_does():
 
     rgb = np.random.default_rng(0).integers(0, 256, (16, 24, 3), dtype=np.uint8)
     theirs = VaeImageProcessor().preprocess(Image.fromarray(rgb)).to(torch.float32).numpy()  # (1, 3, H, W)
-    ours = frames.parse_image(image_bytes(rgb), LIMITS)  # (1, 3, 1, H, W)
+    ours = parse_image(image_bytes(rgb), LIMITS)  # (1, 3, 1, H, W)
     assert ours.dtype == np.float32 and np.array_equal(ours[:, :, 0], theirs)
 
 
@@ -51,29 +53,29 @@ def test_pixels_convert_exactly_as_diffusers_image_processor_does():
      ("application/x-safetensors", b"", False, "safetensors")],
 )
 def test_body_format_from_content_type_shape_or_magic_bytes(media_type, body, has_shape, expected):
-    assert frames.body_format(media_type, body, has_shape) == expected
+    assert body_format(media_type, body, has_shape) == expected
 
 
 def test_content_types_outside_the_route_are_415():
-    assert frames.check_content_type(None) == "" and frames.check_content_type("Image/PNG; x=1") == "image/png"
-    assert problem_of(frames.check_content_type, "text/plain").status == 415
+    assert check_frames_content_type(None) == "" and check_frames_content_type("Image/PNG; x=1") == "image/png"
+    assert problem_of(check_frames_content_type, "text/plain").status == 415
 
 
 def test_palette_grey_and_rgba_images_become_rgb_and_16_bit_is_refused():
     rgb = np.random.default_rng(1).integers(0, 256, (8, 16, 3), dtype=np.uint8)
-    grey = frames.parse_image(image_bytes(rgb, mode="L"), LIMITS)
+    grey = parse_image(image_bytes(rgb, mode="L"), LIMITS)
     assert grey.shape == (1, 3, 1, 8, 16) and np.array_equal(grey[0, 0], grey[0, 2])
-    rgba = frames.parse_image(image_bytes(rgb, mode="RGBA"), LIMITS)
-    assert np.array_equal(rgba, frames.parse_image(image_bytes(rgb), LIMITS))  # alpha dropped
+    rgba = parse_image(image_bytes(rgb, mode="RGBA"), LIMITS)
+    assert np.array_equal(rgba, parse_image(image_bytes(rgb), LIMITS))  # alpha dropped
     deep = Image.fromarray(rgb[..., 0].astype(np.uint16) * 257)
     buffer = io.BytesIO()
     deep.save(buffer, format="PNG")
-    assert problem_of(frames.parse_image, buffer.getvalue(), LIMITS).slug == "invalid-image-mode"
+    assert problem_of(parse_image, buffer.getvalue(), LIMITS).slug == "invalid-image-mode"
 
 
 def test_sizes_are_checked_from_the_header_before_pixels_are_decoded():
     wide = image_bytes(np.zeros((8, 72, 3), np.uint8))
-    problem = problem_of(frames.parse_image, wide, LIMITS)
+    problem = problem_of(parse_image, wide, LIMITS)
     assert (problem.slug, problem.expected, problem.received) == ("too-large-width", "width <= 64", 72)
 
 
@@ -84,23 +86,23 @@ def test_sizes_are_checked_from_the_header_before_pixels_are_decoded():
      ((1, 1, 1, 16, 16), "invalid-channels", 3)],
 )
 def test_shape_rules_name_the_nearest_valid_values(shape, slug, expected):
-    problem = problem_of(frames.check_frames, np.zeros(shape, np.float32), CONFIG, LIMITS)
+    problem = problem_of(check_frames, np.zeros(shape, np.float32), CONFIG, LIMITS)
     assert (problem.slug, problem.expected) == (slug, expected)
 
 
 def test_tensor_bodies_four_and_five_dims_and_dtypes():
     x = np.random.default_rng(2).uniform(-1, 1, (2, 3, 8, 8)).astype(np.float32)
-    raw = frames.parse_tensor(x.astype(np.float16).tobytes(), "raw", x.shape, "float16")
+    raw = parse_tensor(x.astype(np.float16).tobytes(), "raw", x.shape, "float16")
     assert raw.shape == (2, 3, 1, 8, 8) and raw.dtype == np.float32
     assert np.array_equal(raw[:, :, 0], x.astype(np.float16).astype(np.float32))
-    assert problem_of(frames.parse_tensor, b"", "raw", (1, 3, 8), "float32").slug == "invalid-ndim"
-    assert problem_of(frames.parse_tensor, b"", "raw", None, None).slug == "missing-shape"
+    assert problem_of(parse_tensor, b"", "raw", (1, 3, 8), "float32").slug == "invalid-ndim"
+    assert problem_of(parse_tensor, b"", "raw", None, None).slug == "missing-shape"
 
 
 def test_latents_out_scaling_and_formats():
     z = np.random.default_rng(3).standard_normal((1, 16, 2, 2, 3)).astype(np.float32)
-    assert np.allclose(frames.apply_scaling(z, 0.5, 0.25), (z - 0.25) * 0.5)
-    body, headers = frames.encode_latents(z, "pt")
+    assert np.allclose(scale_latents(z, 0.5, 0.25), (z - 0.25) * 0.5)
+    body, headers = serialize_latents(z, "pt")
     assert headers == {"shape": "[1, 16, 2, 2, 3]", "dtype": "float32"}
     assert np.array_equal(np.frombuffer(body, "<f4").reshape(z.shape), z)
-    assert np.array_equal(np.load(io.BytesIO(frames.encode_latents(z, "npy")[0]), allow_pickle=False), z)
+    assert np.array_equal(np.load(io.BytesIO(serialize_latents(z, "npy")[0]), allow_pickle=False), z)

@@ -41,7 +41,7 @@ def server(tiny_model_dir, tmp_path_factory, loading_seen):
 
     log = tmp_path_factory.mktemp("logs") / "lifecycle.log"
     srv = start_server(tiny_model_dir, log, "--tp", "2", "--dp", "2", "--max-batch", "2", "--warmup", WARM,
-                       "--api-key", KEY, "--drain-timeout-s", "60", while_loading=observe)
+                       "--api-key", KEY, "--drain-timeout-s", "600", while_loading=observe)  # a cold compile under load: minutes
     yield srv
     srv.stop()
 

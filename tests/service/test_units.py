@@ -6,16 +6,17 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from service import codec
 from service.client import read_stream
-from service.runner import batch_buckets, bucket_for, pad_batch
+from service.codecs.stream import stream_message
+from service.codecs.video import read_mp4
+from service.engine.batches import batch_buckets, bucket_for, pad_batch
 from service.settings import Settings, parse_latent_shape
 from tests.helpers.service_helpers import latents, make_test_model
 
 
 def test_stream_framing_survives_any_chunking():
     payloads = [bytes(range(7)), b"", b"\x01" * 100]
-    stream = b"".join(codec.stream_message({"type": "frames", "i": i}, p) for i, p in enumerate(payloads))
+    stream = b"".join(stream_message({"type": "frames", "i": i}, p) for i, p in enumerate(payloads))
     for size in (1, 3, 64, len(stream)):
         parts = iter([stream[i : i + size] for i in range(0, len(stream), size)])
         got = list(read_stream(parts))
@@ -68,7 +69,7 @@ def test_offline_decode_cli(tmp_path, tiny_model_dir, tiny_vae, capsys):
     assert np.abs(frames.astype(int) - direct).max() <= 1
     assert main(["decode", str(tmp_path / "z.safetensors"), "-o", str(tmp_path / "v.mp4"),
                  "--model", str(tiny_model_dir)]) == 0
-    video = codec.decode_mp4((tmp_path / "v.mp4").read_bytes())
+    video = read_mp4((tmp_path / "v.mp4").read_bytes())
     assert video.shape == (9, 32, 32, 3)
     assert "wrote" in capsys.readouterr().out
 

@@ -17,7 +17,7 @@ from PIL import Image
 
 import models
 from models.decode import to_uint8
-from service import codec
+from service.codecs.video import read_mp4
 from tests.helpers.service_helpers import app_client, latents, thread_server
 
 PROBLEM = "application/problem+json"
@@ -86,7 +86,7 @@ def test_diffusers_remote_decode_mp4_and_pt(server, vae22):
     assert ref.shape == (5, 48, 32, 3)
     video = remote_decode(endpoint=endpoint, tensor=torch.from_numpy(x), output_type="mp4", return_type="mp4")
     assert isinstance(video, bytes) and video[4:8] == b"ftyp"
-    decoded = codec.decode_mp4(video).astype(np.float64) @ np.array([0.299, 0.587, 0.114])
+    decoded = read_mp4(video).astype(np.float64) @ np.array([0.299, 0.587, 0.114])
     assert decoded.shape == (5, 48, 32)
     assert np.abs(decoded - ref.astype(np.float64) @ np.array([0.299, 0.587, 0.114])).mean() < 5
 

@@ -1,0 +1,184 @@
+"""The offline commands: ``vaeserve decode``, ``vaeserve encode`` and ``vaeserve convert``.
+
+They run on this machine's devices (``--tp``/``--dp`` meshes as the server builds them), read and
+write files with the server's codecs, and show progress; no size limits (the user's own files).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..codecs.frames import BodyFormat, read_frames
+from ..codecs.latents import check_latent_dims, serialize_latents
+from ..codecs.tensors import encode_npy, parse_npy, parse_safetensors
+from ..codecs.video import encode_mp4
+from ..engine.batches import pad_batch
+from ..engine.limits import Limits
+from ..problem import Problem
+
+
+def add_parsers(sub) -> None:
+    _decode_parser(sub)
+    _encode_parser(sub)
+    _convert_parser(sub)
+
+
+def _decode_parser(sub) -> None:
+    p = sub.add_parser("decode", help="decode a latents file offline on the local devices")
+    p.add_argument("input", help=".npy or .safetensors latents (B,C,T,H,W) or (C,T,H,W); C = 16 (Wan 2.1), 48 (2.2)")
+    p.add_argument("-o", "--output", required=True, help=".mp4 (first video) or .npy (uint8 frames)")
+    p.add_argument("--model")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--denormalize", action="store_true", help="z * latents_std + latents_mean first")
+    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--crf", type=int, default=18)
+    p.add_argument("--cpu-devices", type=int)
+
+
+def _encode_parser(sub) -> None:
+    p = sub.add_parser("encode", help="encode an image, video or frames file offline on the local devices")
+    p.add_argument("input", help=".mp4, .png, .jpg/.jpeg (pixels -> [-1, 1]), or .npy/.safetensors frames "
+                   "(B,3,F,H,W) or (B,3,H,W) in [-1, 1]")
+    p.add_argument("-o", "--output", required=True,
+                   help=".safetensors (tensor 'latents') or .npy: float32 (B,z,T,H/s,W/s), "
+                        "z, s = 16, 8 (Wan 2.1) or 48, 16 (Wan 2.2)")
+    p.add_argument("--model")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--normalize", action="store_true", help="(z - latents_mean) / latents_std after (as pipelines do)")
+    p.add_argument("--sample", action="store_true", help="draw from the posterior instead of taking its mean")
+    p.add_argument("--seed", type=int, help="noise seed for --sample")
+    p.add_argument("--cpu-devices", type=int)
+
+
+def _convert_parser(sub) -> None:
+    p = sub.add_parser("convert", help="original Wan2.1_VAE.pth / Wan2.2_VAE.pth -> diffusers-format folder")
+    p.add_argument("input")
+    p.add_argument("out_dir")
+    p.add_argument("--config", help="diffusers config.json of the checkpoint (default: the real Wan 2.1 or 2.2 "
+                   "config, whichever release the key names belong to)")
+
+
+def _load_latents(path: Path) -> np.ndarray:
+    data = path.read_bytes()
+    if path.suffix == ".npy":
+        array = parse_npy(data, check=check_latent_dims)
+    elif path.suffix == ".safetensors":
+        array = parse_safetensors(data, check=check_latent_dims)
+    else:
+        raise SystemExit(f"unsupported input {path.name}: use .npy or .safetensors")
+    array = np.asarray(array, np.float32)
+    return array if array.ndim == 5 else array[None]
+
+
+def _devices(cpu_devices: int | None):
+    """JAX, with ``--cpu-devices`` fake CPU devices if asked (before its backends start). Imported
+    here, when a command that runs a model starts, not by ``vaeserve serve`` or ``vaeserve plan``."""
+    import jax
+
+    if cpu_devices:
+        jax.config.update("jax_num_cpu_devices", cpu_devices)
+    return jax
+
+
+def _pad_to_dp(batch: np.ndarray, dp: int) -> np.ndarray:
+    """Pad the batch with zeros to a multiple of ``dp`` (it must split over the replicas)."""
+    return pad_batch(batch, -(-batch.shape[0] // dp) * dp)
+
+
+def decode(args: argparse.Namespace) -> int:
+    _devices(args.cpu_devices)
+    import models
+    import sharding
+
+    latents = _load_latents(Path(args.input))
+    vae = models.load_vae(args.model, dtype=args.dtype)
+    mesh = sharding.make_mesh(args.tp, dp=args.dp)
+    padded = _pad_to_dp(latents, args.dp)
+    total = vae.config.num_output_frames(latents.shape[2])
+    chunks, nonfinite = [], 0
+    with tqdm(total=total, unit="frame", desc="decode") as bar:
+        for step in sharding.sharded_decode_stream(vae, padded, mesh, denormalize=args.denormalize):
+            chunks.append(step.frames[: latents.shape[0]])
+            nonfinite += int(step.nonfinite[: latents.shape[0]].sum())
+            bar.update(step.frames.shape[1])
+    if nonfinite:
+        raise SystemExit(f"{args.input}: the decode produced {nonfinite} NaN/Inf values: the latents overflow the "
+                         "model (check their scale; --denormalize?)")
+    frames = np.concatenate(chunks, axis=1)
+    out = Path(args.output)
+    if out.suffix == ".mp4":
+        out.write_bytes(encode_mp4(frames[0], fps=args.fps, crf=args.crf))
+    elif out.suffix == ".npy":
+        out.write_bytes(encode_npy(frames))
+    else:
+        raise SystemExit(f"unsupported output {out.name}: use .mp4 or .npy")
+    print(f"wrote {out} ({frames.shape[1]} frames {frames.shape[2]}x{frames.shape[3]}, batch {frames.shape[0]})")
+    return 0
+
+
+_FRAME_SUFFIXES: dict[str, BodyFormat] = {".mp4": "mp4", ".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".npy": "npy",
+                   ".safetensors": "safetensors"}
+
+
+def _load_frames(path: Path, config) -> np.ndarray:
+    """A file → checked frames ``(B, 3, F, H, W)`` float32 (no size limits offline)."""
+    kind = _FRAME_SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise SystemExit(f"unsupported input {path.name}: use {', '.join(_FRAME_SUFFIXES)}")
+    return read_frames(path.read_bytes(), kind, None, None, config, Limits.unlimited())
+
+
+def encode(args: argparse.Namespace) -> int:
+    _devices(args.cpu_devices)
+    import models
+    import sharding
+
+    out = Path(args.output)
+    if out.suffix not in (".safetensors", ".npy"):
+        raise SystemExit(f"unsupported output {out.name}: use .safetensors or .npy")
+    with tqdm(total=4, desc="encode", unit="step") as bar:
+        bar.set_postfix_str("loading the model")
+        vae = models.load_vae(args.model, dtype=args.dtype)
+        try:
+            vae.require_encoder()
+        except models.NoEncoderError as error:
+            raise SystemExit(str(error)) from None
+        bar.update()
+        bar.set_postfix_str(f"reading {Path(args.input).name}")
+        try:
+            video = _load_frames(Path(args.input), vae.config)
+        except Problem as problem:
+            detail = problem.detail
+            if "expected" not in detail:  # shape problems already name both values in the detail
+                detail += f" (expected {problem.expected}, received {problem.received})"
+            raise SystemExit(f"{args.input}: {detail}") from None
+        mesh = sharding.make_mesh(args.tp, dp=args.dp)
+        padded = _pad_to_dp(video, args.dp)
+        bar.update()
+        bar.set_postfix_str(f"compiling and encoding {tuple(video.shape)}")
+        latents = np.asarray(sharding.sharded_encode(vae, padded, mesh, sample=args.sample, seed=args.seed,
+                                                     normalize=args.normalize))[: video.shape[0]]
+        bar.update()
+        bar.set_postfix_str(f"writing {out.name}")
+        body, _ = serialize_latents(latents, "safetensors" if out.suffix == ".safetensors" else "npy")
+        out.write_bytes(body)
+        bar.update()
+    print(f"wrote {out} (latents {tuple(latents.shape)} from frames {tuple(video.shape)})")
+    return 0
+
+
+def convert(args: argparse.Namespace) -> int:
+    import models
+
+    config = models.WanVAEConfig.from_json(args.config) if args.config else None
+    out = models.convert_wan_pth(args.input, args.out_dir, config=config)
+    print(f"wrote {out}")
+    return 0

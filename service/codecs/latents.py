@@ -1,0 +1,136 @@
+"""Latents in (the decode request) and latents out (the encode answer). Pure functions, no JAX.
+
+Parsing validates everything a client can get wrong (media type, shape, dtype, byte count,
+sizes, NaN/Inf) and raises :class:`service.problem.Problem` with what was expected and what was
+received, so the device never sees a malformed request.
+
+Layout: latents are ``(B, C, T, H, W)`` (NCTHW, diffusers' layout); ``C`` is the model's latent
+channels (16 for Wan 2.1, 48 for Wan 2.2), ``limits.channels``.
+
+Scaling follows diffusers' remote VAE convention, in both directions:
+
+* decode: ``unscale_latents`` gives the model ``z / scaling_factor + shift_factor``;
+* encode: ``scale_latents`` answers ``(z − shift_factor) · scaling_factor``, its inverse.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from safetensors.numpy import save as save_safetensors
+
+from ..engine.limits import Limits
+from ..problem import Problem
+from .tensors import (
+    NPY_CONTENT_TYPE,
+    SAFETENSORS_CONTENT_TYPE,
+    TENSOR_CONTENT_TYPES,
+    check_dims,
+    encode_npy,
+    media_type,
+    parse_npy,
+    parse_raw,
+    parse_safetensors,
+)
+
+LATENT_LAYOUTS = ["(C, T, H, W)", "(B, C, T, H, W)"]
+# Latents out, by the encode's output_type.
+LATENT_MEDIA_TYPES = {"pt": "application/octet-stream", "npy": NPY_CONTENT_TYPE,
+                      "safetensors": SAFETENSORS_CONTENT_TYPE}
+
+
+def check_latents_content_type(content_type: str | None) -> str:
+    """The media type of a decode body, or 415 from the headers alone."""
+    given = media_type(content_type)
+    if given not in TENSOR_CONTENT_TYPES:
+        raise Problem(415, "unsupported-media-type", f"Content-Type {given or '(none)'!r} is not a latent tensor format",
+                      expected=list(TENSOR_CONTENT_TYPES), received=given or None)
+    return given
+
+
+def check_latent_dims(shape: tuple[int, ...]) -> None:
+    """Latents are ``(C, T, H, W)`` or ``(B, C, T, H, W)``, every size at least 1."""
+    check_dims(shape, what="latents", layouts=LATENT_LAYOUTS, example="1,16,21,60,104")
+
+
+def parse_latents(
+    body: bytes, content_type: str, shape: tuple[int, ...] | None, dtype: str | None, limits: Limits
+) -> tuple[np.ndarray, bool]:
+    """Body -> ``(latents (B, C, T, H, W) float32, had_batch_dim)``; raises Problem on bad input.
+
+    Values are not checked here: NaN/Inf are refused by :func:`check_finite` once scaling and
+    denormalizing are applied (finite inputs can overflow there)."""
+    given = check_latents_content_type(content_type)
+    if given == NPY_CONTENT_TYPE:
+        array = parse_npy(body, check=check_latent_dims)
+    elif given == SAFETENSORS_CONTENT_TYPE:
+        array = parse_safetensors(body, check=check_latent_dims)
+    else:
+        array = parse_raw(body, shape, dtype, check=check_latent_dims)
+    return check_limits(array, limits)
+
+
+def check_limits(array: np.ndarray, limits: Limits) -> tuple[np.ndarray, bool]:
+    """Channels and the configured size limits; returns float32 ``(B, C, T, H, W)`` and whether
+    the input had the batch dimension."""
+    check_latent_dims(array.shape)
+    batched = array.ndim == 5
+    latents = array if batched else array[None]
+    b, c, t, h, w = latents.shape
+    if c != limits.channels:
+        raise Problem(422, "invalid-channels", f"latents need {limits.channels} channels, got {c}",
+                      expected=limits.channels, received=c)
+    checks = (
+        ("batch", b, limits.max_batch, "too-large-batch"),
+        ("frames", limits.output_frames(t), limits.max_frames, "too-many-frames"),
+        ("height", limits.spatial_scale * h, limits.max_height, "too-large-height"),
+        ("width", limits.spatial_scale * w, limits.max_width, "too-large-width"),
+    )
+    for name, value, limit, slug in checks:
+        if value > limit:
+            raise Problem(422, slug, f"output {name} {value} is over the limit {limit}",
+                          expected=f"{name} <= {limit}", received=value)
+    return np.ascontiguousarray(latents, dtype=np.float32), batched
+
+
+def check_finite(latents: np.ndarray, *, transformed: bool = False) -> None:
+    """422 unless every value is finite. ``transformed``: scaling or denormalizing was applied,
+    which can overflow float32 from finite inputs, so the detail says where the values came from."""
+    finite = np.isfinite(latents)
+    if not finite.all():
+        bad = int(latents.size - np.count_nonzero(finite))
+        where = " after scaling/denormalizing" if transformed else ""
+        raise Problem(422, "non-finite", f"latents contain {bad} NaN/Inf values{where}",
+                      expected="finite values", received=f"{bad} non-finite of {latents.size}")
+
+
+def unscale_latents(latents: np.ndarray, scaling_factor: float | None, shift_factor: float | None) -> np.ndarray:
+    """Decode input: ``latents / scaling_factor + shift_factor`` in float32 (either factor optional)."""
+    if scaling_factor is not None:
+        latents = latents / np.float32(scaling_factor)
+    if shift_factor is not None:
+        latents = latents + np.float32(shift_factor)
+    return latents
+
+
+def scale_latents(latents: np.ndarray, scaling_factor: float | None, shift_factor: float | None) -> np.ndarray:
+    """Encode output: ``(latents − shift_factor) · scaling_factor`` in float32, the inverse of
+    :func:`unscale_latents`."""
+    if shift_factor is not None:
+        latents = latents - np.float32(shift_factor)
+    if scaling_factor is not None:
+        latents = latents * np.float32(scaling_factor)
+    return latents
+
+
+def serialize_latents(latents: np.ndarray, output_type: str) -> tuple[bytes, dict[str, str]]:
+    """float32 latents ``(B, z, T, h, w)`` → (body, extra headers) for ``output_type``: ``pt`` (raw
+    little-endian bytes, described by ``shape``/``dtype`` headers as diffusers' client reads them),
+    ``npy`` or ``safetensors`` (one tensor named ``latents``)."""
+    latents = np.ascontiguousarray(latents, "<f4")
+    if output_type == "npy":
+        return encode_npy(latents), {}
+    if output_type == "safetensors":
+        return save_safetensors({"latents": latents}), {}
+    return latents.tobytes(), {"shape": json.dumps(list(latents.shape)), "dtype": "float32"}

@@ -1,0 +1,122 @@
+"""What start-up produced: the model, its runner and limits, what is served. Read-only afterwards.
+
+Also the two seams a multi-host slice plugs into (``service.slice``): the ``Runner`` the worker
+calls (process 0's runner sends every call to every process first) and the ``Cluster`` hook (a
+follower's device loop, a follower's stop request, leaving the slice after the drain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from models.shapes import Output
+
+from ..problem import shape_text
+from .errors import NoEncoder, ShapeNotServed
+from .jobs import EncodeOptions
+from .limits import Limits
+
+# Strict shapes: latent (C, T, H, W) -> the outputs served for it ("uint8", "float", "stream").
+ServedShapes = dict[tuple[int, ...], frozenset[str]]
+CompiledPrograms = list[tuple[tuple[int, ...], Any]]  # (batched input shape, compiled program)
+
+
+class Runner(Protocol):
+    """The device calls the worker and the warm-up make (``DeviceRunner``; on a multi-host slice,
+    process 0's ``SliceRunner``, which makes each on every process). Host arrays in and out."""
+
+    vae: Any
+    mesh: Any
+    buckets: list[int]
+
+    def decode(self, latents: np.ndarray, *, output: Output = "uint8") -> Any: ...  # Decoded(frames, nonfinite)
+
+    def decode_stream(self, latents: np.ndarray) -> Iterator[Any]: ...  # Decoded per step
+
+    def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray: ...
+
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> CompiledPrograms: ...
+
+    def compile_encode(self, shape: tuple[int, ...]) -> CompiledPrograms: ...
+
+    def programs(self) -> list[list]: ...
+
+    def program_memory(self) -> list[dict[str, Any]]: ...
+
+
+class Cluster(Protocol):
+    """This process's place in a multi-host slice (``service.slice.SliceMember``)."""
+
+    @property
+    def process_id(self) -> int:
+        """This process's rank in the slice."""
+
+    @property
+    def num_processes(self) -> int:
+        """Processes in the slice, one per host."""
+
+    @property
+    def is_leader(self) -> bool:
+        """Process 0: it serves HTTP and sends every device call to the others."""
+
+    def follow(self) -> None:
+        """A follower's device loop, in the device thread, until process 0 stops the slice."""
+
+    def request_stop(self, reason: str) -> None:
+        """A follower was asked to stop (a signal): ask process 0 to stop the whole slice."""
+
+    def leave(self, device_idle: bool) -> None:
+        """After the drain: leave the slice in order (process 0 stops the followers first)."""
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """What start-up produced; read-only afterwards (built by ``service.engine.startup.load_model``)."""
+
+    vae: Any
+    runner: Runner
+    limits: Limits
+    mean: np.ndarray  # (1, C, 1, 1, 1) float32: latents_mean
+    std: np.ndarray  # (1, C, 1, 1, 1) float32: latents_std
+    devices: list[str]
+    platform: str
+    warmed: tuple[Any, ...]  # the settings' Warmup entries compiled at start-up
+    served: ServedShapes | None  # None: any shape (programs compiled on demand, LRU-bounded)
+    device_memory_bytes: int | None = None  # per-device memory warm-up programs must fit (None: no check)
+    encode_served: frozenset[tuple[int, ...]] | None = None  # frames (3, F, H, W) encoded; None: any
+    cluster: Cluster | None = None  # this process's part in a multi-host slice
+
+    @property
+    def follower(self) -> bool:
+        """A process of a multi-host slice other than process 0: it serves probes, not requests."""
+        return self.cluster is not None and not self.cluster.is_leader
+
+    def check_served(self, shape: tuple[int, ...], output: str) -> None:
+        """``ShapeNotServed`` unless latents of ``shape`` (C, T, H, W) are served with ``output`` (``--shapes``)."""
+        if self.served is None or output in self.served.get(shape, ()):
+            return
+        allowed = sorted(f"{shape_text(s)}:{','.join(sorted(o))}" for s, o in self.served.items())
+        raise ShapeNotServed(f"latents {shape_text(shape)} with output {output} are not served here (--shapes)",
+                             received=f"{shape_text(shape)}:{output}", allowed=allowed)
+
+    def require_encoder(self) -> None:
+        """``NoEncoder`` unless the checkpoint has an encoder (answered before the body is read)."""
+        if not self.vae.has_encoder:
+            raise NoEncoder("the served checkpoint has no encoder weights (encoder.*, quant_conv.*): "
+                            "it decodes but cannot encode")
+
+    def check_encode_served(self, shape: tuple[int, ...]) -> None:
+        """``ShapeNotServed`` unless frames of ``shape`` (3, F, H, W) are served (``--shapes`` other
+        than ``any`` serves only the ``--encode-warmup`` shapes)."""
+        if self.encode_served is None or shape in self.encode_served:
+            return
+        raise ShapeNotServed(f"frames {shape_text(shape)} are not encoded here (--shapes, --encode-warmup)",
+                             received=shape_text(shape), allowed=sorted(shape_text(s) for s in self.encode_served))
+
+    def denormalize(self, latents: np.ndarray) -> np.ndarray:
+        """``z · latents_std + latents_mean`` per channel, on the host (float32)."""
+        return latents * self.std + self.mean

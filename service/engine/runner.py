@@ -1,0 +1,145 @@
+"""The one interface to the devices: ``DeviceRunner``.
+
+Everything that touches JAX after start-up goes through this class, from one thread (the
+worker's). Its methods take host arrays and return host arrays and are deterministic, which keeps
+a multi-host slice small: process 0 sends each call's inputs to every process
+(``service.slice``), and every process makes the same call.
+
+Batches are padded up to a *bucket* size (``service.engine.batches``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import sharding
+from models.encode import PosteriorOptions, posterior_options
+from models.programs import ProgramKey
+from models.shapes import Output
+from sharding.introspect import program_memory
+from sharding.mesh import mesh_key
+from sharding.planner import program_total_bytes
+
+from .batches import batch_buckets, bucket_for, pad_batch
+from .jobs import EncodeOptions
+
+
+class Decoded(NamedTuple):
+    """A decode's host frames and, per row, the NaN/Inf values the decoder produced (0: all finite)."""
+
+    frames: np.ndarray
+    nonfinite: np.ndarray
+
+
+def encode_rows(requests: Sequence[tuple[EncodeOptions, int]], batch: int) -> PosteriorOptions:
+    """The posterior options of a device batch: each request's ``rows`` with its own options (so
+    requests with different options share one call), padded with mean-only rows to ``batch``."""
+    parts = [posterior_options(rows, sample=options.sample, seed=options.seed, normalize=options.normalize)
+             for options, rows in requests]
+    return PosteriorOptions.concatenate(parts, batch)
+
+
+class DeviceRunner:
+    """Holds the model and the mesh; decodes and encodes host batches to host arrays.
+
+    ``decode(latents (B, C, T, H, W) float32)`` returns ``Decoded``: frames ``(B, F, sH, sW, 3)``
+    uint8 for ``output="uint8"`` or ``(B, 3, F, sH, sW)`` float32 in [-1, 1] for ``output="float"``
+    (``s``: the model's spatial scale). Latents are expected *already denormalized* (the service
+    does it on the host, so the device program does not depend on that flag). ``encode(frames
+    (B, 3, F, H, W) float32, requests)`` returns float32 latents ``(B, z, T, H/s, W/s)``.
+    """
+
+    def __init__(self, vae: Any, mesh: Any, *, max_batch: int, dp: int):
+        self.vae = vae
+        self.mesh = mesh
+        self.buckets = batch_buckets(max_batch, dp)
+        self._thread: int | None = None
+
+    def _check_thread(self) -> None:
+        # One thread owns the devices; a second caller would interleave collectives.
+        ident = threading.get_ident()
+        if self._thread is None:
+            self._thread = ident
+        elif self._thread != ident:
+            raise RuntimeError("DeviceRunner used from two threads")
+
+    def _padded(self, inputs: np.ndarray) -> np.ndarray:
+        self._check_thread()
+        return pad_batch(inputs, bucket_for(inputs.shape[0], self.buckets))
+
+    def decode(self, latents: np.ndarray, *, output: Output = "uint8") -> Decoded:
+        n, padded = latents.shape[0], self._padded(latents)
+        program = sharding.compile_decode(self.vae, padded.shape, self.mesh, output=output)
+        frames, nonfinite = program(sharding.replicated_state(self.vae, self.mesh),
+                                    sharding.put_latents(padded, self.mesh))
+        # all-gathered when the mesh spans processes
+        return Decoded(sharding.to_host(frames)[:n], sharding.to_host(nonfinite)[:n])
+
+    def decode_stream(self, latents: np.ndarray) -> Iterator[Decoded]:
+        """Yields ``Decoded`` uint8 chunks ``(B, f, sH, sW, 3)`` as each decode step finishes."""
+        n, padded = latents.shape[0], self._padded(latents)
+        for step in sharding.sharded_decode_stream(self.vae, padded, self.mesh):
+            yield Decoded(step.frames[:n], step.nonfinite[:n])
+
+    def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray:
+        """Encode a batch: ``requests`` are the ``(options, rows)`` of the requests that share it,
+        in order (each request's rows with its own seed and flags)."""
+        n, padded = frames.shape[0], self._padded(frames)
+        result = sharding.sharded_encode(self.vae, padded, self.mesh, options=encode_rows(requests, padded.shape[0]))
+        return sharding.to_host(result)[:n]  # all-gathered when the mesh spans processes
+
+    def compile_encode(self, shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], Any]]:
+        """Compile, without running, the encode of frames ``shape`` ``(3, F, H, W)`` at every batch
+        bucket (one program serves every sampling/normalization option); returned as ``compile``
+        returns them, each with the batched frames ``(B, 3, F, H, W)`` it serves."""
+        self._check_thread()
+        return [((size, *shape), sharding.compile_encode(self.vae, (size, *shape), self.mesh))
+                for size in self.buckets]
+
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> list[tuple[tuple[int, ...], Any]]:
+        """Compile, without running, every program a request of latent ``shape`` ``(C, T, H, W)``
+        can need, at every batch bucket: the decode of ``output``, or every step of a stream.
+        The programs land in the model's cache (``vae.programs``), where requests find them;
+        they are returned too, each with the batched latents ``(B, C, T, H, W)`` it serves, so
+        that their ``memory_analysis()`` can be read before anything runs."""
+        self._check_thread()
+        programs: list[tuple[tuple[int, ...], Any]] = []
+        for size in self.buckets:
+            batched = (size, *shape)
+            if stream:
+                programs += [(batched, p) for p in sharding.compile_decode_stream(self.vae, batched, self.mesh)]
+            else:
+                programs.append((batched, sharding.compile_decode(self.vae, batched, self.mesh, output=output)))
+        return programs
+
+    def program_memory(self) -> list[dict[str, Any]]:
+        """Per-device bytes of every compiled program of this runner's mesh (``memory_analysis()``):
+        ``{"program", "shape", "variant", "argument_bytes", "output_bytes", "temp_bytes",
+        "code_bytes", "total_bytes"}``, least recently used first (as ``programs()``)."""
+        rows = []
+        for key in self._keys():
+            compiled = self.vae.programs.peek(key)
+            if compiled is None:  # evicted since listed
+                continue
+            program, shape, variant = key.describe()
+            memory = program_memory(compiled)
+            rows.append({"program": program, "shape": shape, "variant": variant,
+                         **{k: v for k, v in memory.items() if k != "alias_bytes"},
+                         "total_bytes": program_total_bytes(memory)})
+        return rows
+
+    def programs(self) -> list[list]:
+        """The compiled programs of this runner's mesh in the model's cache, least recently used
+        first: ``["decode", [B, C, T, H, W], output]``, ``["stream-step", [B, C, t, H, W],
+        "first" | "next"]`` or ``["encode", [B, 3, F, H, W], "latents"]``. (A read of the cache; it
+        is safe from any thread.)"""
+        return [key.describe() for key in self._keys()]
+
+    def _keys(self) -> list[ProgramKey]:
+        """Cache keys of this mesh's decode, stream-step and encode programs, least recently used first."""
+        mesh = mesh_key(self.mesh)
+        return [key for key in self.vae.programs.keys() if isinstance(key, ProgramKey) and key.mesh == mesh]

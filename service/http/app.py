@@ -1,0 +1,108 @@
+"""The FastAPI app factory: ``create_app(settings=None, *, vae=None, runner_factory=None)``.
+
+The lifespan starts the device worker, which loads the model (or takes the one given, for tests
+and embedders), builds the mesh and runner, and compiles the warm-up shapes in its own thread
+(``service.engine.boot``); on shutdown it drains: no new work, queued work finished. On a
+multi-host slice it joins the slice first and leaves it last (``service.slice.boot``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import anyio
+from fastapi import FastAPI
+
+from ..engine.boot import boot
+from ..engine.errors import StartupRefused
+from ..engine.model import ModelState
+from ..engine.worker import Worker
+from ..metrics import Metrics
+from ..settings import Settings
+from ..slice.boot import FOLLOWER_STOP_MARGIN_S, slice_joiner
+from ..slice.control import SliceHooks
+from .admission import ByteBudget
+from .middleware import RequestContext
+from .problems import install_error_handlers
+from .routes import decode, encode, operations
+from .state import ServiceState
+
+VERSION = "0.2.0"
+
+
+def _start_worker(state: ServiceState, startup: Callable[[], ModelState]) -> Worker:
+    loop = asyncio.get_running_loop()
+
+    def on_ready(model: ModelState) -> None:  # called in the device thread: hop onto the loop
+        loop.call_soon_threadsafe(state.set_ready, model)
+
+    def on_failed(error: str) -> None:
+        loop.call_soon_threadsafe(state.set_failed, error)
+
+    def startup_or_refuse() -> ModelState:
+        try:
+            return startup()
+        except StartupRefused as refusal:  # the serving process exits 3 (service.http.server)
+            loop.call_soon_threadsafe(state.set_refused, f"start-up refused: {refusal}")
+            raise
+
+    settings = state.settings
+    worker = Worker(startup=startup_or_refuse, metrics=state.metrics, max_queue=settings.max_queue,
+                    max_batch=settings.max_batch, on_ready=on_ready, on_failed=on_failed)
+    state.worker = worker
+    worker.start()
+    return worker
+
+
+async def _stop(worker: Worker, settings: Settings) -> None:
+    """Drain the worker; on a multi-host slice, then leave it (process 0 stops the followers).
+    A follower's device thread ends when process 0's STOP arrives: it waits for that longer."""
+    model = worker.model
+    timeout = settings.drain_timeout_s
+    if model is not None and model.follower:
+        timeout += FOLLOWER_STOP_MARGIN_S
+    await anyio.to_thread.run_sync(worker.stop, timeout)
+    if model is not None and model.cluster is not None:
+        await anyio.to_thread.run_sync(model.cluster.leave, not worker.alive)
+
+
+def create_app(settings: Settings | None = None, *, vae: Any = None, runner_factory: Any = None) -> FastAPI:
+    """Build the app. ``vae`` (a ``models`` VAE) skips loading ``settings.model``;
+    ``runner_factory(vae, mesh, max_batch=, dp=)`` replaces ``service.engine.runner.DeviceRunner``."""
+    settings = settings or Settings()
+    state = ServiceState(settings=settings, metrics=Metrics(), reading=ByteBudget(settings.max_reading_bytes))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        join = None
+        if settings.multi_process:  # the slice's threads report through the loop
+            def on_loop(method: Callable[[str], None]) -> Callable[[str], None]:
+                def call(reason: str) -> None:
+                    loop.call_soon_threadsafe(method, reason)
+                return call
+
+            hooks = SliceHooks(on_failure=on_loop(state.fail_slice), stop_server=on_loop(state.request_stop))
+            join = slice_joiner(settings, hooks)
+        worker = _start_worker(state, partial(boot, settings, state.metrics, vae=vae, runner_factory=runner_factory,
+                                              join=join))
+        try:
+            yield
+        finally:
+            state.set_draining()  # whoever embeds the app: readyz 503, new work 503, queued work finishes
+            await _stop(worker, settings)
+
+    app = FastAPI(title="vaeserve", version=VERSION, lifespan=lifespan,
+                  description="Latents in, MP4 / frames / tensors out; images / video / frames in, latents "
+                  "out: video VAEs (Wan 2.1, Wan 2.2) on JAX, exact when sharded over devices.")
+    app.state.service = state
+    install_error_handlers(app)
+    app.include_router(operations.router)
+    app.include_router(decode.router)
+    app.include_router(encode.router)
+    app.add_middleware(RequestContext, metrics=state.metrics)
+    return app

@@ -1,0 +1,142 @@
+"""FastAPI dependencies: the service state, auth, body headers, query parameters."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated
+
+import numpy as np
+from fastapi import Depends, Header, Query, Request
+
+from ..codecs.frames import check_frame_dims, check_frames_content_type
+from ..codecs.latents import check_latent_dims, check_latents_content_type
+from ..codecs.tensors import parse_shape
+from ..problem import Problem
+from .schemas import DecodeParams, EncodeOutputType, EncodeParams, OutputType
+from .state import ServiceState
+
+
+def get_state(request: Request) -> ServiceState:
+    return request.app.state.service
+
+
+StateDep = Annotated[ServiceState, Depends(get_state)]
+
+_OWS = " \t"  # HTTP's optional whitespace; nothing else around a token is forgiven
+
+
+def require_api_key(state: StateDep, authorization: Annotated[str | None, Header()] = None) -> None:
+    """``Authorization: Bearer KEY`` when an API key is configured: the scheme is case-insensitive,
+    the token is compared exactly (constant time) once the spaces after ``Bearer`` are skipped."""
+    key = state.settings.api_key
+    if key is None:
+        return
+    scheme, _, token = (authorization or "").strip(_OWS).partition(" ")
+    given = token.lstrip(_OWS).encode("latin-1")  # Starlette decodes header bytes as latin-1
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given, key.get_secret_value().encode()):
+        raise Problem(401, "unauthorized", "missing or wrong bearer token",
+                      expected="Authorization: Bearer <key>",
+                      received="no Authorization header" if authorization is None else "a different token",
+                      headers={"WWW-Authenticate": 'Bearer realm="vaeserve"'})
+
+
+def check_latents_body_headers(request: Request, state: StateDep) -> str:
+    """``POST /v1/decode``: 415 (latent tensors) and 413 from the headers alone, before a byte of
+    the body is read."""
+    media_type = check_latents_content_type(request.headers.get("content-type"))
+    _check_length(request, state)
+    return media_type
+
+
+def check_frames_body_headers(request: Request, state: StateDep) -> str:
+    """``POST /v1/encode``: 415 (images, MP4, frame tensors, or none) and 413 from the headers alone."""
+    media_type = check_frames_content_type(request.headers.get("content-type"))
+    _check_length(request, state)
+    return media_type
+
+
+def _check_length(request: Request, state: ServiceState) -> None:
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isascii() or not length.isdigit():
+            raise Problem(400, "bad-content-length", "Content-Length is not an integer", expected="digits",
+                          received=length)
+        size, limit = int(length), state.settings.max_body_bytes
+        if size > limit:
+            raise Problem(413, "payload-too-large", f"body of {size} bytes is over the limit",
+                          expected=f"<= {limit} bytes", received=size)
+
+
+def _float32(name: str, value: float | None, *, positive: bool = False) -> float | None:
+    """The latents are float32: a factor must stay finite (and non-zero to divide by) there too."""
+    if value is None:
+        return None
+    with np.errstate(over="ignore"):  # 1e39 becomes inf, 1e-50 becomes 0: both refused below
+        narrowed = np.float32(value)
+    if not np.isfinite(narrowed) or (positive and narrowed <= 0):
+        raise Problem(422, "invalid-parameter", f"{name} is not usable in float32",
+                      expected=f"finite{' non-zero' if positive else ''} float32", received=value)
+    return value
+
+
+# Query parameters both routes take, declared once.
+DtypeQuery = Annotated[str | None, Query(description="raw bodies: float32 | float16 | bfloat16")]
+ScalingQuery = Annotated[float | None, Query(gt=0, allow_inf_nan=False)]
+ShiftQuery = Annotated[float | None, Query(allow_inf_nan=False)]
+TimeoutQuery = Annotated[float | None, Query(gt=0, allow_inf_nan=False, description="deadline, capped by the server's")]
+
+
+def decode_params(
+    state: StateDep,
+    output_type: OutputType = "mp4",
+    denormalize: Annotated[bool | None, Query(description="z * latents_std + latents_mean first")] = None,
+    do_scaling: Annotated[bool | None, Query(description="diffusers' name for denormalize")] = None,
+    partial_postprocess: Annotated[bool, Query(description="pt: uint8 frames instead of float16")] = False,
+    stream: Annotated[bool, Query(description="stream raw uint8 frames chunk by chunk")] = False,
+    fps: Annotated[int | None, Query(ge=1, le=240)] = None,
+    crf: Annotated[int | None, Query(ge=0, le=51)] = None,
+    frame: Annotated[int, Query(ge=0, description="png: which output frame")] = 0,
+    shape: Annotated[list[str] | None, Query(description="raw bodies: B,C,T,H,W or C,T,H,W")] = None,
+    dtype: DtypeQuery = None,
+    scaling_factor: ScalingQuery = None,
+    shift_factor: ShiftQuery = None,
+    timeout_s: TimeoutQuery = None,
+) -> DecodeParams:
+    settings = state.settings
+    if denormalize is None:
+        denormalize = bool(do_scaling)
+    cap = settings.request_timeout_s
+    return DecodeParams(
+        output_type=output_type, denormalize=denormalize, partial_postprocess=partial_postprocess,
+        stream=stream, fps=fps or settings.default_fps, crf=settings.default_crf if crf is None else crf,
+        frame=frame, shape=parse_shape(shape, check=check_latent_dims), dtype=dtype,
+        scaling_factor=_float32("scaling_factor", scaling_factor, positive=True),
+        shift_factor=_float32("shift_factor", shift_factor), timeout_s=min(timeout_s or cap, cap),
+    )
+
+
+def encode_params(
+    state: StateDep,
+    output_type: EncodeOutputType = "pt",
+    normalize: Annotated[bool, Query(description="(z - latents_mean) / latents_std after")] = False,
+    sample: Annotated[bool, Query(description="draw from the posterior instead of taking its mean")] = False,
+    seed: Annotated[int | None, Query(ge=0, lt=2**32, description="noise seed for sample (default: fresh)")] = None,
+    shape: Annotated[list[str] | None, Query(description="raw bodies: B,3,F,H,W or B,3,H,W")] = None,
+    dtype: DtypeQuery = None,
+    scaling_factor: ScalingQuery = None,
+    shift_factor: ShiftQuery = None,
+    timeout_s: TimeoutQuery = None,
+) -> EncodeParams:
+    cap = state.settings.request_timeout_s
+    return EncodeParams(
+        output_type=output_type, normalize=normalize, sample=sample, seed=seed, shape=parse_shape(shape, check=check_frame_dims),
+        dtype=dtype, scaling_factor=_float32("scaling_factor", scaling_factor, positive=True),
+        shift_factor=_float32("shift_factor", shift_factor), timeout_s=min(timeout_s or cap, cap),
+    )
+
+
+DecodeParamsDep = Annotated[DecodeParams, Depends(decode_params)]
+EncodeParamsDep = Annotated[EncodeParams, Depends(encode_params)]
+LatentsMediaTypeDep = Annotated[str, Depends(check_latents_body_headers)]
+FramesMediaTypeDep = Annotated[str, Depends(check_frames_body_headers)]
+ApiKeyDep = Depends(require_api_key)

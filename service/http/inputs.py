@@ -1,0 +1,56 @@
+"""Request bodies to device inputs, on the host (run in a thread: it touches every value)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..codecs.frames import parse_frames
+from ..codecs.latents import check_finite, parse_latents, unscale_latents
+from ..engine.errors import ShapeNotServed
+from ..engine.model import ModelState
+from ..metrics import Metrics
+from ..problem import Problem
+from .schemas import DecodeParams, EncodeParams
+
+
+def _check_output(latents: np.ndarray, params: DecodeParams, model: ModelState) -> None:
+    if params.output_type in ("mp4", "png") and not params.stream and latents.shape[0] != 1:
+        raise Problem(422, "batch-not-supported", f"{params.output_type} holds one video",
+                      expected="batch size 1", received=latents.shape[0])
+    frames = model.limits.output_frames(latents.shape[2])
+    if params.output_type == "png" and params.frame >= frames:
+        raise Problem(422, "invalid-frame", f"frame {params.frame} does not exist",
+                      expected=f"frame < {frames}", received=params.frame)
+
+
+def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: ModelState,
+                  metrics: Metrics) -> tuple[np.ndarray, bool]:
+    """Body → ``(latents (B, C, T, H, W) float32, had a batch dim)``: parsed, checked against the
+    limits, scaled (``/ scaling_factor + shift_factor``), denormalized if asked, then checked for
+    NaN/Inf — after the arithmetic, because finite inputs and factors can overflow float32."""
+    latents, batched = parse_latents(body, media_type, params.shape, params.dtype, model.limits)
+    try:
+        model.check_served(latents.shape[1:], "stream" if params.stream else params.output)
+    except ShapeNotServed:
+        metrics.refused_shapes.inc()
+        raise
+    _check_output(latents, params, model)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # check_finite reports it
+        values = unscale_latents(latents, params.scaling_factor, params.shift_factor)
+        if params.denormalize:
+            values = model.denormalize(values)
+    check_finite(values, transformed=values is not latents)
+    return np.ascontiguousarray(values, np.float32), batched
+
+
+def encode_inputs(body: bytes, media_type: str, params: EncodeParams, model: ModelState,
+                  metrics: Metrics) -> np.ndarray:
+    """Body → frames ``(B, 3, F, H, W)`` float32 in [-1, 1]: parsed (image, MP4 or tensor), checked
+    against the model's shape rules and the limits, finite, and served (``--shapes``)."""
+    video = parse_frames(body, media_type, params.shape, params.dtype, model.vae.config, model.limits)
+    try:
+        model.check_encode_served(video.shape[1:])
+    except ShapeNotServed:
+        metrics.refused_shapes.inc()
+        raise
+    return video

@@ -1,0 +1,92 @@
+"""``RequestContext``: the ASGI middleware around every request.
+
+* a request id on every request and response (``X-Request-Id``; the client's if it is sane);
+* the ``vaeserve_requests_total{route,status}`` counter (499 when the client left first);
+* ``Connection: close`` on any answer sent before the request body was read to its end (the
+  client may still be sending it; keeping the connection would mean reading it for nothing);
+* unexpected exceptions become one logged traceback and a 500 problem on a connection that stays
+  usable. (Starlette's own handler re-raises after answering, and uvicorn then closes the
+  keep-alive connection without ``Connection: close``, so a pooled client's next request fails.)
+
+Pure ASGI rather than BaseHTTPMiddleware so streaming bodies and disconnects pass through.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..metrics import Metrics
+from .problems import CLIENT_GONE, internal_error, render_problem
+
+log = logging.getLogger("vaeserve")
+
+ROUTES = ("/v1/decode", "/v1/encode", "/v1/models", "/healthz", "/readyz", "/metrics")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+def _has_body(headers: Headers) -> bool:
+    return headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers
+
+
+class _Exchange:
+    """What one request/response exchange has done so far."""
+
+    def __init__(self, scope: Scope):
+        headers = Headers(scope=scope)
+        given = headers.get("x-request-id", "")
+        self.request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        self.body_done = not _has_body(headers)
+        self.client_gone = False
+        self.status: int | None = None
+
+
+class RequestContext:
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        exchange = _Exchange(scope)
+        scope.setdefault("state", {})["request_id"] = exchange.request_id
+
+        async def receive_tracked() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                exchange.body_done = True
+            elif message["type"] == "http.disconnect":
+                exchange.client_gone = True
+            return message
+
+        async def send_with_context(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                exchange.status = message["status"]
+                headers = MutableHeaders(scope=message)
+                if "x-request-id" not in headers:
+                    headers.append("X-Request-Id", exchange.request_id)
+                if not exchange.body_done and "connection" not in headers:
+                    headers.append("Connection", "close")
+            await send(message)
+
+        try:
+            await self.app(scope, receive_tracked, send_with_context)
+        except Exception as exc:
+            if exchange.status is not None:
+                raise  # mid-response: only closing the connection can tell the client
+            log.exception("unhandled error in request %s", exchange.request_id)
+            response = render_problem(internal_error(exc, exchange.request_id), scope["path"], exchange.request_id)
+            await response(scope, receive_tracked, send_with_context)
+        finally:
+            self._count(scope, exchange)
+
+    def _count(self, scope: Scope, exchange: _Exchange) -> None:
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+        status = exchange.status
+        if status is None:  # nothing was sent: the client left, or the app never answered
+            status = CLIENT_GONE if exchange.client_gone else 500
+        self.metrics.requests.labels(route, str(status)).inc()

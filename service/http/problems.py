@@ -1,0 +1,149 @@
+"""Every failure leaves the service as ``application/problem+json`` (RFC 9457).
+
+A problem body always has ``type``, ``title``, ``status``, ``detail`` and ``instance``, plus the
+extension members ``request_id`` and, where the client sent something wrong, ``expected`` and
+``received`` so the caller can fix the request without reading server logs.
+
+The engine raises its own errors (``service.engine.errors``); :func:`engine_problem` is the one
+place that says which HTTP status and problem type each of them is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..engine.errors import (
+    DeadlineExceeded,
+    DeviceFailed,
+    EngineError,
+    NoEncoder,
+    NonFiniteOutput,
+    QueueFull,
+    ShapeNotServed,
+    Unavailable,
+)
+from ..problem import Problem
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+CLIENT_GONE = 499  # the client closed the connection before the answer (nginx's code)
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the answer (reported as status 499)."""
+
+
+def retry_after(seconds: int) -> dict[str, str]:
+    return {"Retry-After": str(seconds)}
+
+
+def engine_problem(error: EngineError, *, retry_after_s: int, request_id: str | None = None,
+                   scaling: str | None = None) -> Problem:
+    """The problem an engine error is answered with. ``scaling`` describes how the request's
+    latents were scaled (named when the decode came out non-finite)."""
+    if isinstance(error, QueueFull):
+        return Problem(429, "queue-full", str(error), expected=f"fewer than {error.limit} waiting",
+                       received=error.waiting, headers=retry_after(retry_after_s))
+    if isinstance(error, Unavailable):
+        return Problem(503, "unavailable", str(error), headers=retry_after(retry_after_s))
+    if isinstance(error, DeadlineExceeded):
+        return Problem(504, "deadline-exceeded", str(error), expected="decode finished before the deadline",
+                       received="deadline passed")
+    if isinstance(error, ShapeNotServed):
+        return Problem(422, "shape-not-allowed", str(error), expected=error.allowed, received=error.received)
+    if isinstance(error, NoEncoder):
+        return Problem(501, "no-encoder", str(error), expected="a full VAE checkpoint", received="decoder only")
+    if isinstance(error, NonFiniteOutput):
+        detail = f"{error}: the latents overflow the model in float arithmetic"
+        return Problem(422, "non-finite-output", f"{detail} ({scaling})" if scaling else detail,
+                       expected="latents (after scaling_factor, shift_factor and denormalize) the model decodes "
+                       "to finite frames", received=f"{error.count} NaN/Inf values in the decoded frames")
+    if isinstance(error, DeviceFailed):
+        return Problem(500, "device-error", f"{error}; request id {request_id}")
+    return Problem(500, "internal-error", f"{type(error).__name__}: {error}; request id {request_id}")
+
+
+def render_problem(problem: Problem, path: str | None, request_id: str | None) -> JSONResponse:
+    headers = dict(problem.headers)
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    return JSONResponse(problem.body(path, request_id), status_code=problem.status, headers=headers,
+                        media_type=PROBLEM_CONTENT_TYPE)
+
+
+def problem_response(problem: Problem, request: Request) -> JSONResponse:
+    return render_problem(problem, request.url.path, getattr(request.state, "request_id", None))
+
+
+def _http_slug(status: int) -> str:
+    return {
+        400: "bad-request",
+        401: "unauthorized",
+        404: "not-found",
+        405: "method-not-allowed",
+        413: "payload-too-large",
+        415: "unsupported-media-type",
+        429: "queue-full",
+        503: "unavailable",
+    }.get(status, f"http-{status}")
+
+
+async def _on_problem(request: Request, exc: Problem) -> JSONResponse:
+    return problem_response(exc, request)
+
+
+async def _on_engine_error(request: Request, exc: EngineError) -> JSONResponse:
+    settings = request.app.state.service.settings
+    problem = engine_problem(exc, retry_after_s=settings.retry_after_s,
+                             request_id=getattr(request.state, "request_id", None))
+    return problem_response(problem, request)
+
+
+async def _on_http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    problem = Problem(
+        exc.status_code, _http_slug(exc.status_code), str(exc.detail), headers=dict(exc.headers or {})
+    )
+    return problem_response(problem, request)
+
+
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    problem = Problem(
+        422,
+        "invalid-parameter",
+        f"{where}: {first.get('msg', 'invalid')}" if where else "invalid request",
+        expected=[{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors],
+        received=[_jsonable(e.get("input")) for e in errors],
+    )
+    return problem_response(problem, request)
+
+
+def internal_error(exc: BaseException, request_id: str | None) -> Problem:
+    return Problem(500, "internal-error", f"internal error ({type(exc).__name__}); request id {request_id}")
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return repr(value)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Client errors and the engine's. Unexpected exceptions are answered by
+    ``service.http.middleware.RequestContext``: a handler for ``Exception`` would run in
+    Starlette's ServerErrorMiddleware, which re-raises after answering, and uvicorn then drops the
+    keep-alive connection without saying so."""
+    app.add_exception_handler(Problem, _on_problem)  # type: ignore[arg-type]
+    app.add_exception_handler(EngineError, _on_engine_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _on_http_exception)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _on_validation_error)  # type: ignore[arg-type]

@@ -1,0 +1,197 @@
+"""The HTTP API's schemas: request parameters, response bodies and the OpenAPI extras (what /docs shows)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from models.shapes import Output
+
+OutputType = Literal["mp4", "pt", "npy", "png"]
+EncodeOutputType = Literal["pt", "npy", "safetensors"]
+
+
+@dataclass(frozen=True)
+class DecodeParams:
+    """Query parameters of ``POST /v1/decode`` after defaults and aliases are resolved."""
+
+    output_type: OutputType
+    denormalize: bool
+    partial_postprocess: bool
+    stream: bool
+    fps: int
+    crf: int
+    frame: int
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    scaling_factor: float | None
+    shift_factor: float | None
+    timeout_s: float
+
+    @property
+    def output(self) -> Output:
+        """What the device produces: float only for ``pt`` tensors; uint8 frames otherwise
+        (mp4, png, npy, ``pt`` with ``partial_postprocess``, streams)."""
+        if self.output_type == "pt" and not self.partial_postprocess and not self.stream:
+            return "float"
+        return "uint8"
+
+
+@dataclass(frozen=True)
+class EncodeParams:
+    """Query parameters of ``POST /v1/encode`` after defaults are resolved."""
+
+    output_type: EncodeOutputType
+    normalize: bool
+    sample: bool
+    seed: int | None
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    scaling_factor: float | None
+    shift_factor: float | None
+    timeout_s: float
+
+
+class Health(BaseModel):
+    status: Literal["ok", "failed"]
+    detail: str | None = None  # why it failed (a model that did not load, a multi-host slice that failed)
+
+
+class Ready(BaseModel):
+    status: str
+    ready: bool
+    detail: str | None = None
+
+
+class MeshInfo(BaseModel):
+    dp: int
+    tp: int
+    devices: list[str]
+    processes: int = 1  # JAX processes (hosts) the mesh spans
+
+
+class WarmedShape(BaseModel):
+    shape: list[int]
+    outputs: list[str]
+
+
+class LatentsInfo(BaseModel):
+    """What the loaded model takes and gives, and the largest request served (from its config)."""
+
+    channels: int  # latent channels C of (B, C, T, H, W): 16 for Wan 2.1, 48 for Wan 2.2
+    spatial_scale: int  # output pixels per latent row/column: 8 (Wan 2.1), 16 (Wan 2.2)
+    temporal_scale: int  # output frames per latent frame after the first (4)
+    max_batch: int
+    max_latent_frames: int  # largest T with 1 + temporal_scale (T - 1) ≤ max_frames
+    max_latent_height: int  # largest H with spatial_scale H ≤ max_height
+    max_latent_width: int
+
+
+class ProgramMemory(BaseModel):
+    """Per-device bytes of one compiled program (``memory_analysis()``)."""
+
+    program: str
+    shape: list[int]
+    variant: str
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    total_bytes: int
+
+
+class ModelInfo(BaseModel):
+    id: str
+    source: str | None
+    random_weights: bool | None
+    dtype: str
+    encodes: bool  # the checkpoint has an encoder: POST /v1/encode serves (else 501 no-encoder)
+    latents: LatentsInfo
+    config: dict[str, Any]
+    metadata: dict[str, Any]
+    mesh: MeshInfo
+    batch_buckets: list[int]
+    warmed_shapes: list[list[int]]
+    warmed: list[WarmedShape]
+    compiled: list[list[Any]]
+    program_memory: list[ProgramMemory]
+    device_memory_bytes: int | None  # what the warm-up checked programs against (None: unknown, no check)
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelInfo]
+
+
+class ProblemDocument(BaseModel):
+    """RFC 9457 problem details (``application/problem+json``), as ``service.problem.Problem`` renders."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str
+    request_id: str | None = None
+    expected: Any = None
+    received: Any = None
+
+
+# ---- OpenAPI: what /docs and schema-driven clients (and fuzzers) see -----------------------------
+
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"description": description, "content": {"application/problem+json": {"schema": ProblemDocument.model_json_schema()}}}
+    for code, description in {
+        400: "malformed request headers", 401: "API key set and the bearer token missing or wrong",
+        408: "the body did not arrive in time", 413: "body over max_body_bytes",
+        415: "Content-Type not a format of this route", 422: "the body or a parameter is invalid",
+        429: "queue full, or too many body bytes being read", 500: "the decode or encode failed",
+        501: "encode asked of a checkpoint without an encoder",
+        503: "loading, draining or failed", 504: "no result within the deadline",
+    }.items()
+}
+
+# The formats of the request body (README: Request body); raw bodies need ?shape=&dtype=.
+DECODE_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "latents (B, C, T, H, W) or (C, T, H, W); C: the model's latent channels (/v1/models)",
+        "content": {media: _BINARY for media in (
+            "application/octet-stream", "tensor/binary", "application/x-npy", "application/x-safetensors")},
+    }
+}
+
+DECODE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "by output_type: video/mp4, application/x-npy, image/png, application/octet-stream (pt); "
+        "application/x-vaeserve-stream with stream=true",
+        "content": {media: _BINARY for media in (
+            "video/mp4", "application/x-npy", "image/png", "application/octet-stream",
+            "application/x-vaeserve-stream")},
+    },
+    **PROBLEM_RESPONSES,
+}
+
+# POST /v1/encode (README: Encoding): frames in, latents out. No Content-Type at all is accepted too.
+ENCODE_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "an image (PNG/JPEG), an MP4, or frames (B, 3, F, H, W) / (B, 3, H, W) in [-1, 1]",
+        "content": {media: _BINARY for media in (
+            "image/png", "image/jpeg", "video/mp4", "application/octet-stream", "tensor/binary",
+            "application/x-npy", "application/x-safetensors")},
+    }
+}
+
+ENCODE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "float32 latents (B, z, T, H/s, W/s) (s = 8 for Wan 2.1, 16 for Wan 2.2): raw bytes with "
+        "shape/dtype headers (pt), .npy or safetensors",
+        "content": {media: _BINARY for media in (
+            "application/octet-stream", "application/x-npy", "application/x-safetensors")},
+    },
+    **PROBLEM_RESPONSES,
+}

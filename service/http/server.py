@@ -1,0 +1,156 @@
+"""uvicorn, configured so that slow or idle clients cannot hold the server.
+
+* ``limit_concurrency`` = ``max_connections``: past it uvicorn answers 503 at once;
+* ``timeout_keep_alive`` = ``keepalive_timeout_s``: idle keep-alive connections are closed;
+* a read deadline uvicorn lacks (:class:`ReadDeadlineProtocol`): the request headers must arrive
+  within ``read_timeout_s`` of the connection opening or of their first byte, else 408 and close;
+  a body the app did not read (an early 4xx) must finish arriving in that time too, else close.
+  The app bounds the body it reads itself (``service.http.admission.read_body``).
+* SIGTERM: the app turns draining at once (``/readyz`` 503) while uvicorn closes the listening
+  socket, closes idle connections, lets requests in progress finish (up to ``drain_timeout_s``),
+  then runs the lifespan shutdown, which drains the queue. The process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from typing import Any
+
+import h11
+import uvicorn
+from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ..problem import PROBLEM_BASE
+from ..settings import Settings
+from .problems import PROBLEM_CONTENT_TYPE
+from .state import ServiceState
+
+
+def _timeout_response(timeout_s: float) -> bytes:
+    body = json.dumps({
+        "type": PROBLEM_BASE + "request-timeout", "title": "Request timeout", "status": 408,
+        "detail": f"the request headers did not arrive within {timeout_s:g} s", "instance": None,
+        "expected": f"headers within {timeout_s:g} s", "received": "an incomplete request",
+    }).encode()
+    head = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: {PROBLEM_CONTENT_TYPE}\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
+    return head + body
+
+
+class ReadDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol plus one timer: armed while the server waits for request bytes that
+    nobody else is waiting for (headers; the unread rest of a body after an early answer)."""
+
+    read_timeout_s: float = 30.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._deadline: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._update()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._update()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _update(self) -> None:
+        their_state = self.conn.their_state
+        app_reading = self.cycle is not None and not self.cycle.response_complete
+        idle = their_state is h11.IDLE and not self.conn.trailing_data[0]
+        if app_reading or their_state not in (h11.IDLE, h11.SEND_BODY):
+            self._disarm()
+        elif idle and self.timeout_keep_alive_task is not None:
+            self._disarm()  # between requests: uvicorn's keep-alive timer decides
+        else:
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.read_timeout_s, self._expire)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        awaiting_headers = self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE
+        if awaiting_headers and self.conn.trailing_data[0]:  # part of a request arrived: say why
+            self.transport.write(_timeout_response(self.read_timeout_s))
+        self.transport.close()
+
+
+def protocol_for(settings: Settings) -> type[H11Protocol]:
+    return type("ReadDeadlineProtocol", (ReadDeadlineProtocol,), {"read_timeout_s": settings.read_timeout_s})
+
+
+def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    options: dict[str, Any] = dict(
+        host=settings.host, port=settings.port, log_level=settings.log_level, lifespan="on",
+        http=protocol_for(settings), limit_concurrency=settings.max_connections,
+        timeout_keep_alive=settings.keepalive_timeout_s, timeout_graceful_shutdown=settings.drain_timeout_s)
+    return uvicorn.Config(app, **{**options, **overrides})
+
+
+class DrainingServer(uvicorn.Server):
+    """Marks the app draining the moment the signal lands, before uvicorn starts shutting down;
+    shuts down when start-up was refused (a warm-up program that cannot fit the device)."""
+
+    async def on_tick(self, counter: int) -> bool:
+        should_exit = await super().on_tick(counter)
+        return should_exit or _refused(self.config.app) is not None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        service = _service(self.config.app)
+        if service is not None:
+            service.set_draining()
+            model = service.model
+            if model is not None and model.cluster is not None and not model.cluster.is_leader:
+                model.cluster.request_stop(f"signal {signal.Signals(sig).name}")  # process 0 stops the slice
+        super().handle_exit(sig, frame)
+
+    def stop(self) -> None:
+        """Stop as on SIGTERM (from any thread: uvicorn's main loop polls ``should_exit``); what the
+        slice asks for when process 0 stops it, or a follower asks process 0 to stop it."""
+        self.handle_exit(signal.SIGTERM, None)
+
+
+def _service(app: Any) -> ServiceState | None:
+    service = getattr(getattr(app, "state", None), "service", None)
+    return service if isinstance(service, ServiceState) else None
+
+
+def _refused(app: Any) -> str | None:
+    """The refusal message if start-up refused to serve, else None."""
+    service = _service(app)
+    return service.error if service is not None and service.refused else None
+
+
+def serve(app: FastAPI, settings: Settings) -> int:
+    server = DrainingServer(uvicorn_config(app, settings))
+    service = _service(app)
+    if service is not None:
+        service.stop_server = server.stop
+    # uvicorn re-raises the signal it caught once it has shut down, so that the default action
+    # (death by SIGTERM) still happens. A drained shutdown is a success: exit 0 instead.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    server.run()
+    refusal = _refused(app)
+    if refusal is not None:
+        print(f"vaeserve serve: {refusal}", file=sys.stderr)
+        return 3
+    return 0 if server.started else 1

@@ -1,0 +1,58 @@
+"""Settings are declared once: the flags of `vaeserve serve` (with their help), the environment
+variables and the docs' table all come from ``service.settings.Settings``."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from pydantic import ValidationError
+
+from service.cli import build_parser
+from service.cli.serve import settings_from
+from service.settings import Settings, settings_markdown
+from tests.helpers.service_helpers import REPO
+
+
+def serve_parser():
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    return sub.choices["serve"]
+
+
+def test_every_setting_is_a_flag_with_its_description_and_environment_variable():
+    actions = {a.dest: a for a in serve_parser()._actions if a.dest != "help"}
+    assert set(actions) == set(Settings.model_fields)
+    help_text = " ".join(serve_parser().format_help().split())
+    for name, field in Settings.model_fields.items():
+        assert f"--{name.replace('_', '-')}" in actions[name].option_strings
+        assert " ".join((field.description or "").split())[:40] in help_text, name
+        assert f"VAESERVE_{name.upper()}" in help_text, name
+
+
+def test_flags_win_over_the_environment_which_wins_over_defaults(monkeypatch):
+    monkeypatch.setenv("VAESERVE_TP", "4")
+    monkeypatch.setenv("VAESERVE_MAX_QUEUE", "7")
+    args = build_parser().parse_args(["serve", "--tp", "2", "--warmup", "16x2x4x4", "--warmup", "16x1x8x8:uint8,stream",
+                                      "--shapes", "warmed", "--api-key", "k", "--encode-warmup", "3,5,64,64"])
+    settings = settings_from(args)
+    assert (settings.tp, settings.max_queue, settings.max_batch) == (2, 7, 4)
+    # A value with commas is one entry (pydantic-settings alone would split it).
+    assert [str(w) for w in settings.warmup] == ["16x2x4x4:uint8,float,stream", "16x1x8x8:uint8,stream"]
+    assert settings.encode_warmup == [(3, 5, 64, 64)]
+    assert settings_from(build_parser().parse_args(["serve", "--shapes", "16,2,4,4"])).shapes == [(16, 2, 4, 4)]
+    assert settings.shapes == "warmed" and settings.api_key is not None
+    assert settings.api_key.get_secret_value() == "k"
+    with pytest.raises(ValidationError, match="tp"):  # the model's constraints hold for flags too
+        settings_from(build_parser().parse_args(["serve", "--tp", "0"]))
+
+
+def test_the_docs_table_is_the_generated_one():
+    page = (REPO / "docs" / "settings.md").read_text()
+    committed = re.search(r"<!-- settings:begin -->\n(.*)<!-- settings:end -->", page, re.S)
+    assert committed is not None
+    assert committed.group(1) == settings_markdown(), "regenerate it: vaeserve settings (docs/settings.md)"
+    rows = [line for line in committed.group(1).splitlines() if line.startswith("| `--")]
+    assert len(rows) == len(Settings.model_fields)
+    # Negative control: a setting the table lacks is noticed.
+    assert "| `--max-queue N` | `VAESERVE_MAX_QUEUE` | `16` |" in committed.group(1)
