@@ -123,6 +123,29 @@ def test_finite_factors_still_decode(client):
     assert post(client, latents(), scaling_factor="2.5", shift_factor="-0.1").status_code == 200
 
 
+def test_a_decode_that_comes_out_non_finite_is_422_naming_the_scaling(client):
+    """Finite latents that overflow the network (shift_factor near float32's limit) used to answer
+    200 with black frames; the decoder counts NaN/Inf on the device before the uint8 conversion."""
+    params = {"shift_factor": "3e38", "scaling_factor": "1e-3"}
+    body = assert_problem(post(client, latents(), **params), 422, "non-finite-output")
+    assert "scaling_factor=0.001, shift_factor=3e+38, denormalize=false" in body["detail"]
+    assert body["received"].endswith("NaN/Inf values in the decoded frames")
+    assert int(body["received"].split()[0]) > 0
+    # A stream whose first step is already non-finite has sent nothing: an ordinary 422.
+    assert_problem(post(client, latents(), stream="true", **params), 422, "non-finite-output")
+    # One whose later step overflows (latent frame 0 is finite, frame 1 near float32's limit) has
+    # sent its status and its first frames: the problem is its last message.
+    x = latents()
+    x[:, :, 1:] = 3e38
+    r = post(client, x, stream="true")
+    assert r.status_code == 200
+    messages = list(read_stream(iter([r.content])))
+    assert [h["type"] for h, _ in messages] == ["frames", "error"]
+    assert messages[1][0]["problem"]["type"].endswith("/non-finite-output")
+    # Negative control: the same latents without the shift decode (and the server keeps serving).
+    assert post(client, latents(), scaling_factor="1e-3").status_code == 200
+
+
 # ---- auth -----------------------------------------------------------------------------------------
 
 
