@@ -152,8 +152,9 @@ def _band_context(mesh: Mesh, layout: BandLayout, query_chunk: int,
     return make
 
 
-# Each band's ``(B,)`` non-finite count leaves the shard_map as one column of a ``(B, tp)`` array
-# (no collective inside the program); the caller sums the columns.
+# Each band's ``(B,)`` non-finite count leaves the program as one column of a ``(B, tp)`` array: no
+# collective at all (a sum over the bands on the devices would be an all-reduce); the host sums the
+# columns (``band_total``).
 COUNTS_SPEC = P(DP_AXIS, TP_AXIS)
 
 
@@ -166,6 +167,11 @@ def band_counts(local: Callable) -> Callable:
     return run
 
 
+def band_total(counts: jax.Array) -> np.ndarray:
+    """A program's ``(B, tp)`` per-band non-finite counts → ``(B,)`` on the host."""
+    return to_host(counts).sum(axis=1)
+
+
 def _full(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output: Output, chunk: int,
           inner_frames: int | None, query_chunk: int, context_type: ContextType = BandContext) -> Callable:
     """The whole decode on each band under ``shard_map``; latents padded and frames cropped around it."""
@@ -176,7 +182,7 @@ def _full(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, out
 
     def run(state, latents):
         frames, counts = sharded(state, pad_latents(latents, layout))
-        return crop_frames(frames, layout, output), counts.sum(axis=1)
+        return crop_frames(frames, layout, output), counts
     return run
 
 
@@ -191,7 +197,7 @@ def _step(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, first: bool, denormali
 
     def run(state, step_caches, latents):
         out, new_caches, counts = sharded(state, step_caches, pad_latents(latents, layout))
-        return crop_frames(out, layout, "uint8"), new_caches, counts.sum(axis=1)
+        return crop_frames(out, layout, "uint8"), new_caches, counts
     return run
 
 
@@ -211,7 +217,8 @@ def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: O
     Compiled ahead of time from abstract weights and latents, so ``mesh`` may hold abstract devices
     (a TPU topology compiled on a CPU host); the convolution path follows the mesh's platform.
     Cached in ``vae.programs``: ``compiled(replicated_state(vae, mesh), put_latents(x, mesh))`` returns
-    the frames and their ``(B,)`` non-finite count (``models.decode.nonfinite_count``),
+    the frames and their ``(B, tp)`` non-finite counts per band (``models.decode.nonfinite_count``;
+    ``band_total`` sums them on the host),
     or read ``memory_analysis()`` / ``as_text()`` without running it.
     """
     shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
@@ -337,4 +344,4 @@ def sharded_decode_stream(
     caches = None
     for (start, stop), step in programs.items():
         frames, caches, nonfinite = step(state, caches, put_latents(latents[:, :, start:stop], mesh))
-        yield DecodedStep(to_host(frames), to_host(nonfinite))
+        yield DecodedStep(to_host(frames), band_total(nonfinite))

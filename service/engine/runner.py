@@ -20,6 +20,7 @@ import sharding
 from models.encode import PosteriorOptions, posterior_options
 from models.programs import ProgramKey
 from models.shapes import Output
+from sharding.decode import band_total
 from sharding.introspect import program_memory
 from sharding.mesh import mesh_key
 from sharding.planner import program_total_bytes
@@ -77,7 +78,7 @@ class DeviceRunner:
         frames, nonfinite = program(sharding.replicated_state(self.vae, self.mesh),
                                     sharding.put_latents(padded, self.mesh))
         # all-gathered when the mesh spans processes
-        return Decoded(sharding.to_host(frames)[:n], sharding.to_host(nonfinite)[:n])
+        return Decoded(sharding.to_host(frames)[:n], band_total(nonfinite)[:n])
 
     def decode_stream(self, latents: np.ndarray) -> Iterator[Decoded]:
         """Yields ``Decoded`` uint8 chunks ``(B, f, sH, sW, 3)`` as each decode step finishes."""
