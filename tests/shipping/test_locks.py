@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 import pytest
-from packaging.markers import Marker, default_environment
+from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -21,9 +21,10 @@ from tests.helpers.image_helpers import REPO
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 FLAVOURS = ("cpu", "tpu", "cuda")  # cpu: the base dependencies; tpu, cuda: with the extra of that name
 # Where the images run: the Dockerfile's base is python:3.11-slim (x86-64 for TPU VMs and GPU hosts).
-IMAGE_ENVIRONMENT = {**default_environment(), "python_version": "3.11", "python_full_version": "3.11.2",
-                     "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-                     "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+IMAGE_ENVIRONMENT = {"python_version": "3.11", "python_full_version": "3.11.2", "implementation_name": "cpython",
+                     "implementation_version": "3.11.2", "platform_python_implementation": "CPython",
+                     "sys_platform": "linux", "os_name": "posix", "platform_system": "Linux",
+                     "platform_machine": "x86_64", "platform_release": "", "platform_version": ""}
 PROJECT_VIA = "vaeserve (pyproject.toml)"  # how uv names a requirement of the project itself
 
 
