@@ -9,6 +9,8 @@ ARG BASE=python:3.11-slim
 
 # The wheel is built in a stage of its own, so the build backend never reaches the image.
 FROM ${BASE} AS wheel
+# Build-time only (an ARG, not an ENV): pip runs as root here, and says so for every install.
+ARG PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY models ./models
@@ -19,6 +21,7 @@ RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 FROM ${BASE}
 # cpu: the base dependencies (plain jax); tpu / cuda: with the pyproject extras of the same name.
 ARG JAX_FLAVOUR=cpu
+ARG PIP_ROOT_USER_ACTION=ignore
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

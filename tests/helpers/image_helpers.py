@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 
+from tests.helpers.service_helpers import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 # This host's buildah: vfs storage (no overlay mounts in the sandbox) and chroot isolation (no
 # user namespaces for runc). An environment that sets them otherwise keeps its own.
@@ -172,11 +174,29 @@ class Container:
         config = self.image.config()
         return [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
 
+    def start_server(self, log_path: Path, **env: str) -> tuple[Running, str]:
+        """The image's own command on a free port, as ``docker run -e KEY=VALUE ... IMAGE`` starts
+        it; the running command and the server's URL."""
+        port = free_port()
+        self.configure(VAESERVE_PORT=str(port), **env)
+        return self.start(self.image_command(), log_path), f"http://127.0.0.1:{port}"
+
     def healthcheck(self, timeout: float = 30) -> subprocess.CompletedProcess:
         """Run the image's own HEALTHCHECK command in this container, as the engine does."""
         test = self.image.config()["Healthcheck"]["Test"]
         argv = ["/bin/sh", "-c", test[1]] if test[0] == "CMD-SHELL" else test[1:]
         return self.run(*argv, timeout=timeout)
+
+
+def new_volume(image: Image, folder: Path) -> tuple[str, int]:
+    """Make ``folder`` a new volume for the image's (only) VOLUME, owned as a new named volume is
+    (Docker copies the image's folder into it: its owner too); the mount point and the owner's uid."""
+    (mount,) = image.config()["Volumes"]
+    with container(image) as box:
+        uid, gid = (int(n) for n in box.run("stat", "-c", "%u:%g", mount).stdout.split(":"))
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chown(folder, uid, gid)
+    return mount, uid
 
 
 @contextlib.contextmanager

@@ -6,24 +6,17 @@ Slow (a build, several container starts): ``make test-images`` runs them, not ``
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers.image_helpers import REPO, Container, Image, buildah, container, wait_ready
-from tests.helpers.service_helpers import LATENT, free_port, latents
+from tests.helpers.image_helpers import REPO, Image, buildah, container, new_volume, wait_ready
+from tests.helpers.service_helpers import LATENT, latents
 
 pytestmark = pytest.mark.image
 
 WARMUP = '["16x2x4x4:uint8"]'  # the tiny model's LATENT, uint8 programs only (one compile)
-
-
-def serving(box: Container, port: int, **env: str) -> dict[str, str]:
-    """The settings of a server in ``box`` on ``port``, as ``docker run -e`` gives them."""
-    box.configure(VAESERVE_PORT=str(port), VAESERVE_MAX_BATCH="1", **env)
-    return {"url": f"http://127.0.0.1:{port}"}
 
 
 def test_runs_as_its_own_non_root_user(cpu_image: Image):
@@ -44,9 +37,9 @@ def test_remote_decode_gets_the_library_frames_health_check_and_sigterm(cpu_imag
     from diffusers.utils.remote_utils import remote_decode
 
     with container(cpu_image, volumes={str(tiny_model_dir): "/models/tiny:ro"}) as box:
-        url = serving(box, free_port(), VAESERVE_MODEL="/models/tiny", VAESERVE_WARMUP=WARMUP)["url"]
         assert box.healthcheck().returncode != 0  # nothing listens yet: the check can fail
-        running = box.start(box.image_command(), tmp_path / "serve.log")
+        running, url = box.start_server(tmp_path / "serve.log", VAESERVE_MODEL="/models/tiny", VAESERVE_WARMUP=WARMUP,
+                                        VAESERVE_MAX_BATCH="1")
         try:
             wait_ready(url, running)
             health = box.healthcheck()
@@ -85,20 +78,13 @@ def test_cache_volume_holds_what_a_warm_start_needs(cpu_image, tmp_path):
     the first start writes the compiled programs and the embedded weights as the image's user,
     the second finds everything there (it writes nothing new). Both times are printed; what they
     are is bench/container_startup.py's business."""
-    config = cpu_image.config()
-    mount = next(iter(config["Volumes"]))
     volume = tmp_path / "volume"
-    volume.mkdir()
-    with container(cpu_image) as box:  # a new named volume starts as a copy of the image's folder
-        owner = box.run("stat", "-c", "%u:%g", mount).stdout.strip()
-    uid, gid = (int(n) for n in owner.split(":"))
-    os.chown(volume, uid, gid)
-
+    mount, uid = new_volume(cpu_image, volume)
     seconds, contents = {}, {}
     for start in ("cold", "warm"):
         with container(cpu_image, volumes={str(volume): mount}) as box:
-            url = serving(box, free_port(), VAESERVE_WARMUP='["16x1x2x2:uint8"]')["url"]
-            running = box.start(box.image_command(), tmp_path / f"{start}.log")
+            running, url = box.start_server(tmp_path / f"{start}.log", VAESERVE_WARMUP='["16x1x2x2:uint8"]',
+                                            VAESERVE_MAX_BATCH="1")
             try:
                 seconds[start] = wait_ready(url, running)
             finally:
