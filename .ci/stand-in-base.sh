@@ -19,7 +19,7 @@ set -euo pipefail
 SUITE=bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # The bundle pip on this host uses: PIP_CERT, else pip's configured `cert`, else the system's.
-CA_BUNDLE=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
+CA_BUNDLE=${PIP_CERT:-$(python3 -m pip config list 2>/dev/null | sed -n "s/^global\.cert='\(.*\)'$/\1/p" | head -n 1)}
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 IN_IMAGE_BUNDLE=/etc/ssl/certs/build-host-ca-bundle.pem
 
