@@ -29,7 +29,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VAESERVE_HOST=0.0.0.0 \
     VAESERVE_PORT=8000 \
-    VAESERVE_COMPILE_CACHE=/var/cache/vaeserve/jax
+    VAESERVE_COMPILE_CACHE=/var/cache/vaeserve/jax \
+    VAESERVE_EMBEDDED_WEIGHTS_CACHE=/var/cache/vaeserve/embedded-weights
 
 # The locked dependencies first: their layer is reused until the lock changes.
 COPY locks /tmp/locks
@@ -45,12 +46,13 @@ RUN pip install --no-deps /tmp/dist/*.whl \
  && pip check \
  && rm -rf /tmp/dist \
  && useradd --create-home --uid 10001 vaeserve \
- && mkdir -p /var/cache/vaeserve/jax /models \
+ && mkdir -p /var/cache/vaeserve/jax /var/cache/vaeserve/embedded-weights /models \
  && chown -R vaeserve /var/cache/vaeserve
 
 USER vaeserve
 EXPOSE 8000
-# Mount a volume here so compiled decode programs survive restarts (docs/deployment.md).
+# Mount a volume here: compiled programs and the embedded model's drawn weights survive restarts
+# (docs/deployment.md).
 VOLUME ["/var/cache/vaeserve"]
 
 # /healthz is liveness only (the model may still be compiling: /readyz says when it is ready).

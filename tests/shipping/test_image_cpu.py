@@ -75,8 +75,9 @@ def _contents(volume: Path) -> dict[str, tuple[int, int, float]]:
 
 def test_cache_volume_holds_what_a_warm_start_needs(cpu_image, tmp_path):
     """The default model (the embedded Wan 2.1) with a warm-up shape, started twice on one volume:
-    the first start compiles and writes the programs as the image's user, the second finds every
-    program it needs there and writes nothing new.
+    the first start draws the model's random weights and compiles its programs, and writes both
+    there as the image's user; the second reads the weights, finds every program it needs there,
+    and writes nothing new.
     Both times are printed; what they are is bench/container_startup.py's business."""
     volume = tmp_path / "volume"
     mount, uid = new_volume(cpu_image, volume)
@@ -95,6 +96,10 @@ def test_cache_volume_holds_what_a_warm_start_needs(cpu_image, tmp_path):
 
     cold = contents["cold"]
     assert [name for name in cold if name.startswith("jax/")] and all(cold[name][0] == uid for name in cold)
+    weights = sorted(name for name in cold if name.startswith("embedded-weights/"))
+    assert weights == [f"embedded-weights/wan2.1-random-weights-seed0/{name}"
+                       for name in ("config.json", "diffusion_pytorch_model.safetensors")]
+    assert "random weights kept in" in logs["cold"] and "random weights read from" in logs["warm"]
     # JAX_LOG_COMPILES: JAX logs every compile, and every one it took from the persistent cache.
     compiles, hits = ({start: log.count(text) for start, log in logs.items()}
                       for text in ("Compiling jit(", "Persistent compilation cache hit"))
