@@ -35,7 +35,7 @@ from . import keys
 from .config import ConfigError, WanVAEConfig
 from .decoder import WanDecoder
 from .encoder import WanEncoder, check_encoder_config
-from .vae import WanVAE, init_vae, resolve_dtype
+from .vae import WanVAE, abstract_module, init_vae, resolve_dtype
 
 log = logging.getLogger("vaeserve.models")
 
@@ -138,8 +138,7 @@ def _folder_weights(folder: Path) -> list[Path]:
 # -- building the model ---------------------------------------------------------------------------
 def _parameters(module_type, config: WanVAEConfig, dtype) -> tuple[Any, dict[str, tuple]]:
     """``(graphdef, {diffusers name: (path, abstract variable)})`` of a module, without computing weights."""
-    abstract = nnx.eval_shape(lambda: module_type(config, rngs=nnx.Rngs(0), dtype=dtype))
-    graphdef, state = nnx.split(abstract)
+    graphdef, state = nnx.split(abstract_module(module_type, config, dtype))
     return graphdef, {keys.diffusers_key(path): (path, var) for path, var in nnx.to_flat_state(state)}
 
 

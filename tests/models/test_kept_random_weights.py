@@ -76,3 +76,25 @@ def test_a_folder_that_cannot_be_written_still_gives_the_weights(drawn, tmp_path
         vae = kept_random_vae(CONFIG, tmp_path / "a-file" / "kept", seed=SEED)
     assert "cannot keep random weights" in caplog.text
     assert same_weights(vae, drawn)
+
+
+@pytest.mark.parametrize("config", [CONFIG, models.WanVAEConfig.wan22()], ids=["tiny-2.1", "wan2.2"])
+def test_abstract_module_is_the_module_without_values(config):
+    """What loading and drawing build on: the module's graph, names, shapes and dtypes, as
+    ``nnx.eval_shape`` with a real ``nnx.Rngs`` gives them (the fixed key only skips its counter)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from models.decoder import WanDecoder
+    from models.encoder import WanEncoder
+    from models.vae import abstract_module
+
+    def layout(module):
+        graphdef, state = nnx.split(module)
+        return graphdef, [(path, var.shape, var.dtype) for path, var in nnx.to_flat_state(state)]
+
+    for module_type in (WanDecoder, WanEncoder):
+        for dtype in (jnp.float32, jnp.bfloat16):
+            ours = layout(abstract_module(module_type, config, dtype))
+            reference = layout(nnx.eval_shape(lambda: module_type(config, rngs=nnx.Rngs(0), dtype=dtype)))  # noqa: B023
+            assert ours == reference and len(ours[1]) > 10
