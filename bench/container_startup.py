@@ -28,7 +28,15 @@ from tqdm import tqdm  # noqa: E402
 
 from service.client import decode  # noqa: E402
 from service.settings import parse_latent_shape  # noqa: E402
-from tests.helpers.image_helpers import Image, build_image, container, new_volume, stand_in_base, wait_ready  # noqa: E402
+from tests.helpers.image_helpers import (  # noqa: E402
+    Image,
+    build_image,
+    container,
+    new_volume,
+    remove_image,
+    stand_in_base,
+    wait_ready,
+)
 
 
 def one_start(image: Image, volume: Path, mount: str, args: argparse.Namespace, log_path: Path) -> dict[str, float]:
@@ -83,6 +91,8 @@ def main() -> None:
             runs.append({start: one_start(image, volume, mount, args, work / f"{start}-{run}.log")
                          for start in ("cold", "warm")})
         size = image.size()
+        if not args.image:
+            remove_image(image.name)  # the build is the bench's own; vfs keeps its layers whole
 
     print(f"\n{image.name} ({size}), model {args.model or 'the image default'}, warm-up {args.warmup}:uint8, "
           f"{args.runs} runs")
