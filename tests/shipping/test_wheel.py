@@ -52,7 +52,7 @@ def missing_from(archive_names: list[str], expected: set[str], prefix: str = "")
 
 
 def module_names(paths: list[str]) -> list[str]:
-    """``service/routes/decode.py`` → ``service.routes.decode``; ``__main__`` modules are left out
+    """``service/http/routes/decode.py`` → ``service.http.routes.decode``; ``__main__`` modules are left out
     (importing one runs the program)."""
     names = []
     for path in sorted(paths):
@@ -89,22 +89,22 @@ def venv(dist, tmp_path_factory) -> Path:
 
 def test_sdist_and_wheel_hold_every_module(dist):
     expected = checkout_modules()
-    assert {"service/routes/decode.py", "service/cli.py", "models/loading.py"} <= expected
+    assert {"service/http/routes/decode.py", "service/cli/serve.py", "models/loading.py"} <= expected
     wheel_names = zipfile.ZipFile(dist["wheel"]).namelist()
     assert missing_from(wheel_names, expected) == []
     with tarfile.open(dist["sdist"]) as sdist:
         top = f"{dist['sdist'].name.removesuffix('.tar.gz')}/"
         assert missing_from(sdist.getnames(), expected, prefix=top) == []
     # The control: a wheel without a subpackage (as the package list once shipped) is caught.
-    without_routes = [name for name in wheel_names if not name.startswith("service/routes/")]
-    assert missing_from(without_routes, expected) == sorted(n for n in expected if n.startswith("service/routes/"))
+    without_routes = [name for name in wheel_names if not name.startswith("service/http/routes/")]
+    assert missing_from(without_routes, expected) == sorted(n for n in expected if n.startswith("service/http/routes/"))
     entry_points = next(n for n in wheel_names if n.endswith(".dist-info/entry_points.txt"))
     assert "vaeserve = service.cli:main" in zipfile.ZipFile(dist["wheel"]).read(entry_points).decode()
 
 
 def test_every_module_imports_from_the_installed_wheel(dist, venv, tmp_path):
     modules = module_names([n for n in zipfile.ZipFile(dist["wheel"]).namelist() if n.endswith(".py")])
-    assert "service.routes.decode" in modules and "service.cli" in modules
+    assert "service.http.routes.decode" in modules and "service.cli.serve" in modules
     script = ("import importlib, sys\n"
               "for name in sys.argv[1:]:\n"
               "    module = importlib.import_module(name)\n"
