@@ -11,7 +11,7 @@ ARGS   ?=
 # Test files are the unit of distribution (--dist loadfile), so module fixtures are built once.
 WORKERS ?= 2
 
-.PHONY: serve test lint docs install clean
+.PHONY: serve test lint docs install clean locks image test-images
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,4 +48,32 @@ test: lint docs
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache
+
+# ---- shipping: lock files, images and the tests that build and run them (docs/deployment.md) ----
+FLAVOUR     ?= cpu
+IMAGE       ?= vaeserve:$(FLAVOUR)
+# BASE: the Dockerfile's Python image (default python:3.11-slim); IMAGE_FLAGS: more builder flags.
+BASE        ?=
+IMAGE_FLAGS ?=
+
+# The locks the Dockerfile installs from: exact versions with hashes, for every platform. Versions
+# already locked are kept while pyproject.toml admits them; ARGS=--upgrade takes the newest.
+locks: $(VENV)/.installed-test
+	for flavour in cpu tpu cuda; do \
+	  extra=$$([ $$flavour = cpu ] || echo "--extra $$flavour"); \
+	  $(BIN)/uv pip compile pyproject.toml $$extra --universal --generate-hashes --quiet \
+	    --custom-compile-command "make locks" -o locks/$$flavour.txt $(ARGS) || exit 1; \
+	done
+
+# docker when a daemon answers, else buildah (STORAGE_DRIVER / BUILDAH_ISOLATION choose its
+# storage and isolation; `--format docker` keeps the HEALTHCHECK, which OCI images drop).
+image:
+	@if docker info >/dev/null 2>&1; then builder="docker build"; \
+	else builder="buildah bud --format docker"; fi; \
+	set -x; $$builder --build-arg JAX_FLAVOUR=$(FLAVOUR) $(if $(BASE),--build-arg BASE=$(BASE)) \
+	  $(IMAGE_FLAGS) -t $(IMAGE) .
+
+# Build and run the images (root and buildah; .ci/run installs them on a fresh machine).
+test-images: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -m image tests/shipping $(ARGS)

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ from . import keys
 from .config import ConfigError, WanVAEConfig
 from .decoder import WanDecoder
 from .encoder import WanEncoder, check_encoder_config
-from .vae import WanVAE, init_vae, resolve_dtype
+from .vae import WanVAE, abstract_module, init_vae, resolve_dtype
 
 log = logging.getLogger("vaeserve.models")
 
@@ -136,8 +138,7 @@ def _folder_weights(folder: Path) -> list[Path]:
 # -- building the model ---------------------------------------------------------------------------
 def _parameters(module_type, config: WanVAEConfig, dtype) -> tuple[Any, dict[str, tuple]]:
     """``(graphdef, {diffusers name: (path, abstract variable)})`` of a module, without computing weights."""
-    abstract = nnx.eval_shape(lambda: module_type(config, rngs=nnx.Rngs(0), dtype=dtype))
-    graphdef, state = nnx.split(abstract)
+    graphdef, state = nnx.split(abstract_module(module_type, config, dtype))
     return graphdef, {keys.diffusers_key(path): (path, var) for path, var in nnx.to_flat_state(state)}
 
 
@@ -199,24 +200,71 @@ def _model_name(path: str | Path | None) -> str | None:
     return path if isinstance(path, str) and path in MODEL_NAMES else None
 
 
-def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32") -> WanVAE:
-    """The model ``name`` (``MODEL_NAMES``): the real architecture with seeded random weights."""
+def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32", *,
+                 weights_cache: str | Path | None = None) -> WanVAE:
+    """The model ``name`` (``MODEL_NAMES``): the real architecture with seeded random weights.
+
+    ``weights_cache``: a folder where the drawn weights are kept (``<name>-random-weights-seed<seed>/``,
+    see ``kept_random_vae``), so that a later start reads them instead of drawing them again
+    (the real Wan 2.1's take about 10 s to draw on 2 cores).
+    """
     if name not in MODEL_NAMES:
         raise ValueError(f"no embedded model {name!r}; expected one of {sorted(MODEL_NAMES)}")
     version = name.removeprefix("wan")
     log.warning("using the embedded %s VAE with RANDOM weights (seed %d): it decodes noise, not video",
                 name, DEFAULT_SEED)
-    return init_vae(MODEL_NAMES[name](), seed=DEFAULT_SEED, dtype=dtype, metadata={
-        "name": name,
-        "source": f"embedded default (Wan {version} architecture, random weights, seed {DEFAULT_SEED})"})
+    config = MODEL_NAMES[name]()
+    metadata = {"name": name,
+                "source": f"embedded default (Wan {version} architecture, random weights, seed {DEFAULT_SEED})"}
+    if weights_cache is None:
+        return init_vae(config, seed=DEFAULT_SEED, dtype=dtype, metadata=metadata)
+    folder = Path(weights_cache) / f"{name}-random-weights-seed{DEFAULT_SEED}"
+    return kept_random_vae(config, folder, seed=DEFAULT_SEED, dtype=dtype, metadata=metadata)
 
 
-def load_vae(path: str | Path | None = None, dtype: str = "float32") -> WanVAE:
-    """Load a Wan 2.1 or 2.2 VAE (see the module docstring for the accepted ``path``s)."""
+def kept_random_vae(config: WanVAEConfig, folder: Path, *, seed: int, dtype: str = "float32",
+                    metadata: dict[str, Any] | None = None) -> WanVAE:
+    """``init_vae(config, seed=seed)``, its weights kept in ``folder`` (a diffusers folder, float32).
+
+    Read back when ``folder`` holds ``config``'s weights; else drawn and written there. The folder
+    appears complete or not at all (written beside it, then renamed), so processes sharing it never
+    read half a file. One that cannot be read or holds another config is drawn again; one that
+    cannot be written costs only the next start the drawing.
+    """
+    metadata = {**(metadata or {}), "random_weights": True}
+    if folder.is_dir():
+        try:
+            if WanVAEConfig.from_json(folder / "config.json") == config:
+                tensors = _read_safetensors([folder / WEIGHTS_NAME])
+                log.info("random weights read from %s", folder)
+                return build_vae(config, tensors, dtype=dtype, metadata=metadata)
+            log.warning("%s holds weights of another config: drawing them again", folder)
+        except Exception as error:  # whatever is wrong with a cache, drawing again repairs it
+            log.warning("random weights in %s unreadable (%s): drawing them again", folder, error)
+    drawn = init_vae(config, seed=seed, dtype="float32", metadata=metadata)
+    staging = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
+    try:
+        save_vae(drawn, staging)
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)  # fails if another process has just kept them: theirs are the same
+        log.info("random weights kept in %s", folder)
+    except OSError as error:
+        log.warning("cannot keep random weights in %s (%s)", folder, error)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if dtype == "float32":
+        return drawn
+    return build_vae(config, dict(iter_diffusers_tensors(drawn)), dtype=dtype, metadata=metadata)
+
+
+def load_vae(path: str | Path | None = None, dtype: str = "float32", *,
+             embedded_weights_cache: str | Path | None = None) -> WanVAE:
+    """Load a Wan 2.1 or 2.2 VAE (see the module docstring for the accepted ``path``s);
+    ``embedded_weights_cache``: where an embedded model keeps its drawn weights (``embedded_vae``)."""
     resolve_dtype(dtype)
     name = _model_name(path)
     if name is not None:
-        return embedded_vae(name, dtype)
+        return embedded_vae(name, dtype, weights_cache=embedded_weights_cache)
     path = Path(path)  # type: ignore[arg-type]
     if path.is_dir():
         folder = _diffusers_folder(path)

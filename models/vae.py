@@ -4,7 +4,7 @@ metadata, and its compiled programs."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -200,6 +200,22 @@ def _avals(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
+class _ShapeKeys:
+    """Stands in for ``nnx.Rngs`` where only shapes are wanted: the layers draw their initial
+    values from ``rngs.params()``, and under ``nnx.eval_shape`` one fixed key gives the same
+    shapes. Drawing from a real ``nnx.Rngs`` there updates its counter through a path that builds
+    an error message by walking the whole trace, at every draw: 1-5 s of a start-up for the real
+    model's two halves on 2 cores, none of it needed for shapes."""
+
+    def params(self) -> jax.Array:
+        return jax.random.key(0)
+
+
+def abstract_module(module_type, config: WanVAEConfig, dtype):
+    """``module_type(config)`` with shapes and dtypes but no values (``nnx.eval_shape``)."""
+    return nnx.eval_shape(lambda: module_type(config, rngs=cast(nnx.Rngs, _ShapeKeys()), dtype=dtype))
+
+
 def seeded_module(module_type, config: WanVAEConfig, rng: np.random.Generator, dtype):
     """``module_type(config)`` with random weights drawn on the host from ``rng``: kernels
     N(0, 1/fan-in) (fan-in: every axis but the last, the output), biases N(0, 0.02²), RMS gammas 1.
@@ -207,8 +223,7 @@ def seeded_module(module_type, config: WanVAEConfig, rng: np.random.Generator, d
     Drawn with NumPy, not ``jax.random``: that compiles one small program per distinct parameter
     shape, which takes tens of seconds for the real model (both halves) on a 2-core host.
     """
-    abstract = nnx.eval_shape(lambda: module_type(config, rngs=nnx.Rngs(0), dtype=dtype))
-    graphdef, state = nnx.split(abstract)
+    graphdef, state = nnx.split(abstract_module(module_type, config, dtype))
     leaves = []
     for path, var in nnx.to_flat_state(state):
         name, shape = str(path[-1]), var.shape
@@ -245,6 +260,6 @@ def abstract_vae(config: WanVAEConfig | None = None, *, dtype: str = "float32") 
     """A decoder with shapes and dtypes but no weights (``nnx.eval_shape``): enough to compile
     its programs and read their memory, at no cost of initialising the weights. It cannot decode."""
     config = config or WanVAEConfig()
-    model = nnx.eval_shape(lambda: WanDecoder(config, rngs=nnx.Rngs(0), dtype=resolve_dtype(dtype)))
+    model = abstract_module(WanDecoder, config, resolve_dtype(dtype))
     return WanVAE(config, model, dtype=dtype, metadata={"source": "abstract (shapes only, no weights)",
                                                         "abstract": True})

@@ -120,6 +120,10 @@ class Settings(BaseSettings):
         "e.g. 3x81x480x832", json_schema_extra=_in("model", "3xFxHxW"))
     compile_cache: str | None = Field(None, description="JAX persistent compilation cache directory",
                                       json_schema_extra=_in("model", "DIR"))
+    embedded_weights_cache: str | None = Field(
+        None, description="folder where an embedded model keeps the random weights it draws (a subfolder such as "
+        "wan2.1-random-weights-seed0), read back at the next start instead of drawn again; default: drawn at "
+        "every start", json_schema_extra=_in("model", "DIR"))
     shapes: list[LatentShape] | Literal["any", "warmed"] = Field(
         "any", description="latent shapes served (repeatable): any, warmed (the warm-up shapes and outputs only), "
         "or a list; others get 422. Unless any, encode serves only the encode-warmup frame shapes",

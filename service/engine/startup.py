@@ -48,7 +48,8 @@ def configure_jax(settings: Settings) -> None:
 def _load_vae(settings: Settings) -> Any:
     if settings.model is None:
         log.warning("no --model given: loading the embedded default (%s)", models.loading.DEFAULT_MODEL)
-    return models.load_vae(settings.model, dtype=settings.dtype)
+    return models.load_vae(settings.model, dtype=settings.dtype,
+                           embedded_weights_cache=settings.embedded_weights_cache)
 
 
 def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFactory | None = None) -> ModelState:
