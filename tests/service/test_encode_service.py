@@ -155,6 +155,16 @@ def test_sample_seed_and_normalize(server, tiny_vae):
     assert close(normalized, np.asarray(tiny_vae.encode(x, normalize=True)))
 
 
+def test_scaling_and_shift_factors_give_diffusers_scaled_latents(server, tiny_vae):
+    """``(z − shift_factor) · scaling_factor``, as diffusers' remote encode convention has it."""
+    x = frames(seed=6)
+    query = {"shape": ",".join(map(str, VIDEO)), "dtype": "float32"}
+    plain = np.asarray(tiny_vae.encode(x))
+    scaled = latents_of(post(server, x.tobytes(), **query, scaling_factor="0.5", shift_factor="0.25"))
+    assert close(scaled, (plain - 0.25) * 0.5)
+    assert np.abs(scaled - plain).max() > 0.1  # the factors did something
+
+
 def test_requests_with_different_options_share_one_device_batch(tiny_vae):
     """What the worker does with two queued encode jobs of one shape: one runner call, each
     request's rows with its own options, each equal to encoding that request alone."""

@@ -11,6 +11,7 @@ from service.codecs.stream import stream_message
 from service.codecs.video import read_mp4
 from service.engine.batches import batch_buckets, bucket_for, pad_batch
 from service.settings import Settings, parse_latent_shape
+from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.service_helpers import latents, make_test_model
 
 
@@ -66,7 +67,7 @@ def test_offline_decode_cli(tmp_path, tiny_model_dir, tiny_vae, capsys):
     frames = np.load(tmp_path / "f.npy", allow_pickle=False)
     direct = np.asarray(tiny_vae.decode(x, output="uint8"))
     assert frames.shape == direct.shape == (1, 9, 32, 32, 3)
-    assert np.abs(frames.astype(int) - direct).max() <= 1
+    assert_uint8_frames_match(frames, direct)
     assert main(["decode", str(tmp_path / "z.safetensors"), "-o", str(tmp_path / "v.mp4"),
                  "--model", str(tiny_model_dir)]) == 0
     video = read_mp4((tmp_path / "v.mp4").read_bytes())

@@ -18,6 +18,7 @@ from PIL import Image
 import models
 from models.decode import to_uint8
 from service.codecs.video import read_mp4
+from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.service_helpers import app_client, latents, thread_server
 
 PROBLEM = "application/problem+json"
@@ -92,7 +93,7 @@ def test_diffusers_remote_decode_mp4_and_pt(server, vae22):
 
     frames = remote_decode(endpoint=endpoint, tensor=torch.from_numpy(x), output_type="pt", return_type="pt",
                            partial_postprocess=True)
-    assert frames.dtype == torch.uint8 and np.abs(frames.numpy()[0].astype(int) - ref).max() <= 1
+    assert_uint8_frames_match(frames.numpy()[0], ref)
 
     floats = remote_decode(endpoint=endpoint, tensor=torch.from_numpy(x), output_type="pt", return_type="pt",
                            do_scaling=False)

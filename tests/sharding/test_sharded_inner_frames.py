@@ -11,7 +11,7 @@ import numpy as np
 
 import sharding
 from models.decode import to_uint8
-from tests.helpers.sharding_helpers import WIDTH, make_latents
+from tests.helpers.sharding_helpers import WIDTH, is_count_sum, make_latents
 
 TOLERANCE = 1e-5
 TP, SHAPE = 4, (1, 3, 5, WIDTH)  # latent height 5 over 4 bands: 2, 2, 1 and 0 real rows (padded)
@@ -31,6 +31,8 @@ def test_streamed_sharded_decode_matches_single_device(vae, reference):
     for collective in found:
         if collective["op"] == "all-gather":
             assert collective["shape"][1:3] == (8, WIDTH), collective  # K/V: 5 latent rows padded to 8
+        elif is_count_sum(collective):  # the (B,) non-finite count summed over the bands
+            continue
         elif collective not in halos:  # the output crop: whole rows of (B, 3, F, rows, W) float frames
             assert collective["op"] == "collective-permute" and collective["shape"][1:3] == (3, 9), collective
 
