@@ -86,7 +86,7 @@ def server(tiny_vae):
 
 def test_diffusers_remote_encode_with_a_tensor(server, tiny_vae):
     torch = pytest.importorskip("torch")
-    from diffusers.utils.remote_utils import remote_encode
+    remote_encode = pytest.importorskip("diffusers.utils.remote_utils").remote_encode
 
     x = frames(seed=1)
     out = remote_encode(endpoint=server.url + "/v1/encode", image=torch.from_numpy(x))
@@ -101,7 +101,7 @@ def test_diffusers_remote_encode_with_a_tensor(server, tiny_vae):
 
 def test_diffusers_remote_encode_with_a_pil_image(server, tiny_vae):
     pytest.importorskip("torch")
-    from diffusers.utils.remote_utils import remote_encode
+    remote_encode = pytest.importorskip("diffusers.utils.remote_utils").remote_encode
 
     rgb = pixels(seed=2)
     out = remote_encode(endpoint=server.url + "/v1/encode", image=Image.fromarray(rgb))  # a PNG, no Content-Type

@@ -134,7 +134,7 @@ def test_stream_chunks_concatenate_to_full_decode(server):
 
 def test_diffusers_remote_decode(server, tiny_vae):
     torch = pytest.importorskip("torch")
-    from diffusers.utils.remote_utils import remote_decode
+    remote_decode = pytest.importorskip("diffusers.utils.remote_utils").remote_decode
 
     x = latents(seed=7)
     endpoint = server.url + "/v1/decode"
