@@ -1,6 +1,7 @@
-# Entry points: `make serve`, `make test` (lint and docs, then pytest), `make lint` (ruff + mypy) and
-# `make docs` (mkdocs build --strict). Each creates .venv when missing and installs what it needs;
-# a stamp file keeps repeat runs fast until pyproject.toml changes.
+# Entry points: `make serve`, `make test` (lint and docs, then pytest), `make lint` (ruff + mypy),
+# `make docs` (mkdocs build --strict) and `make mutants` (the mutation check). Each creates .venv
+# when missing and installs what it needs; a stamp file keeps repeat runs fast until pyproject.toml
+# changes.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -11,7 +12,7 @@ ARGS   ?=
 # Test files are the unit of distribution (--dist loadfile), so module fixtures are built once.
 WORKERS ?= 2
 
-.PHONY: serve test lint docs install clean locks image test-images
+.PHONY: serve test lint docs mutants install clean locks image test-images
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +45,14 @@ lint: $(VENV)/.installed-test
 docs: $(VENV)/.installed-test
 	$(BIN)/mkdocs build --strict --quiet
 
+# The aot extra is installed here, so the TPU tests fail (rather than skip) without libtpu.
 test: lint docs
-	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(ARGS)
+	VAESERVE_TEST_REQUIRE_LIBTPU=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(ARGS)
+
+# The mutation check (docs/development.md): named bugs, each of which the tests named for it must
+# catch. ARGS: mutant names, or --list.
+mutants: $(VENV)/.installed-test
+	$(BIN)/python -m tests.mutants $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

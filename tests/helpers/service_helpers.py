@@ -51,6 +51,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def metric(url: str, name: str, **labels) -> float:
+    """One sample from ``url``/metrics (0 when the labelled series does not exist yet)."""
+    text = httpx.get(url + "/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        match = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
+        if match and match.group(1) == name:
+            got = ",".join(sorted((match.group(2) or "").split(","))) if match.group(2) else ""
+            if got == want:
+                return float(match.group(3))
+    return 0.0
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 120, interval: float = 0.02) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds, naming ``what`` was awaited.
+    Tests wait on observable state (a metric, a log line, a socket) this way instead of sleeping
+    for a time that is too short on a loaded machine and wasted on a quiet one."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(interval)
+
+
 @dataclass
 class Server:
     url: str
@@ -61,16 +85,7 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def metric(self, name: str, **labels) -> float:
-        """One sample from /metrics (0 when the labelled series does not exist yet)."""
-        text = httpx.get(self.url + "/metrics").text
-        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        for line in text.splitlines():
-            match = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
-            if match and match.group(1) == name:
-                got = ",".join(sorted((match.group(2) or "").split(","))) if match.group(2) else ""
-                if got == want:
-                    return float(match.group(3))
-        return 0.0
+        return metric(self.url, name, **labels)
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> int:
         if self.process.poll() is None:
@@ -187,7 +202,7 @@ class ThreadServer:
         return host, int(port)
 
     def metric(self, name: str, **labels) -> float:
-        return Server.metric(self, name, **labels)  # type: ignore[arg-type]
+        return metric(self.url, name, **labels)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,12 @@ from models.loading import WEIGHTS_NAME
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
+# float32 parity with diffusers (max abs). The promise, in docs/models.md, is 1e-4; the tests hold
+# to what the numerics give: measured 1.3e-7 – 6.7e-6 (the most: the real Wan 2.2 decoder), so
+# 2e-5 leaves 3x. Negative controls must break parity far beyond the promise.
+PARITY_TOL = 2e-5
+PARITY_PROMISE = 1e-4
+
 # name: (config overrides, seed, latent shapes (B, 16, T, H, W))
 CASES = {
     "tiny_r1": ({"base_dim": 8, "num_res_blocks": 1}, 1, [(1, 16, 1, 3, 5), (2, 16, 2, 5, 3)]),

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 
 import models
-from tests.helpers.wan_reference import WAN22_SMALL, perturbed_diffusers_vae
+from tests.helpers.wan_reference import PARITY_TOL, WAN22_SMALL, perturbed_diffusers_vae
 
 # A held-out Wan 2.2 config (not the fixtures'): two res blocks, time upsampling in stages 0 and 2.
 WAN22_HELD_OUT = {**WAN22_SMALL, "decoder_base_dim": 16, "num_res_blocks": 2, "temperal_downsample": [True, False, True]}
 
-PARITY_TOL = 1e-4
 
 torch = pytest.importorskip("torch", reason="live parity needs torch")
 diffusers = pytest.importorskip("diffusers", reason="live parity needs diffusers")

@@ -14,7 +14,7 @@ from models.conv import (
     upsample2x_conv2d_frames,
     upsample_nearest_2x,
 )
-from models.decode import to_uint8
+from models.decode import nonfinite_count, to_uint8
 from models.spatial import SingleDeviceContext, dot_product_attention
 
 RNG = np.random.default_rng(0)
@@ -23,6 +23,15 @@ RNG = np.random.default_rng(0)
 def test_to_uint8_rounds_and_clamps():
     x = jnp.asarray([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, 1 / 127.5 - 1])
     assert to_uint8(x).tolist() == [0, 0, 64, 128, 191, 255, 255, 1]
+
+
+def test_nonfinite_count_counts_nan_and_both_infinities_per_row():
+    x = np.zeros((3, 2, 4), np.float32)
+    x[0, 0, :3] = [np.nan, np.inf, -np.inf]
+    x[2, 1, 3] = np.nan
+    x[1] = np.finfo(np.float32).max  # finite, however large
+    count = nonfinite_count(jnp.asarray(x))
+    assert count.dtype == jnp.int32 and count.tolist() == [3, 0, 1]
 
 
 def test_interleave_time_puts_first_half_channels_first():

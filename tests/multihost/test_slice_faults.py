@@ -1,8 +1,8 @@
 """A slice that loses or disagrees with a process fails clearly, in bounded time; a stop request stops it cleanly.
 
 Each test starts its own pair of processes (``tests.helpers.slice_process SCENARIO``); every wait is bounded.
-The stated detection time is ``heartbeat + interval`` (then process 0 exits after its grace);
-the assertions allow 5 s more for a loaded machine.
+The stated detection time is ``heartbeat + interval`` (then process 0 exits after its grace): the
+product's promise, so it is asserted, with 10 s more for a loaded machine.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.helpers.slice_helpers import start_slice, stop_all, wait_until_ready
 from tests.helpers.slice_process import FAULT_HEARTBEAT_S, GRACE_S, INTERVAL_S
 
 START_TIMEOUT_S = 240
-EXIT_BOUND_S = FAULT_HEARTBEAT_S + INTERVAL_S + GRACE_S + 5
+EXIT_BOUND_S = FAULT_HEARTBEAT_S + INTERVAL_S + GRACE_S + 10
 
 
 @pytest.fixture
@@ -36,9 +36,7 @@ def run_slice(tmp_path):
 
 @pytest.mark.parametrize("scenario", ["idle", "busy"])
 def test_a_killed_follower_fails_process_0_within_the_stated_time(run_slice, scenario):
-    leader, follower = run_slice(scenario)
-    if scenario == "busy":
-        time.sleep(0.3)  # into the next call, among its all-gathers
+    leader, follower = run_slice(scenario)  # busy: process 0 is ready after its first call, then calls back to back
     killed = time.monotonic()
     follower.kill(signal.SIGKILL)
     code = leader.wait(EXIT_BOUND_S + 30)

@@ -4,7 +4,8 @@ One slice (``tests.helpers.slice_process parity``) runs every check of this modu
 processes (the halo between bands 1 and 2 crosses processes; uint8, float and streamed frames) and
 tp = 2 x dp = 2 (one replica per process; uint8 and float), a stream abandoned after one step, a
 call that fails on every process, and a negative control without halos. The references are
-decoded in the pytest process, on the same mesh shapes (``conftest.references``).
+decoded in the pytest process, on the same mesh shapes, and are themselves checked against the
+single-device decode and encode (``conftest.references``).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ embedding ASGI server gets from the lifespan."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import struct
 import threading
@@ -119,8 +120,20 @@ def test_finiteness_is_checked_after_scaling_and_denormalizing(client, params):
     assert "after scaling" in body["detail"]
 
 
-def test_finite_factors_still_decode(client):
-    assert post(client, latents(), scaling_factor="2.5", shift_factor="-0.1").status_code == 200
+def test_factors_unscale_the_latents_before_the_decode(client):
+    """``scaling_factor`` and ``shift_factor`` decode ``z / scaling_factor + shift_factor`` (diffusers'
+    remote convention): the same bytes as sending those latents plain."""
+    x = latents()
+    scaled = post(client, x, scaling_factor="2.5", shift_factor="-0.1")
+    assert scaled.status_code == 200, scaled.text
+    by_hand = post(client, x / np.float32(2.5) + np.float32(-0.1))
+    plain = post(client, x)
+    assert scaled.content == by_hand.content
+    assert np.mean(_frames(scaled) != _frames(plain)) > 0.5  # the factors did something
+
+
+def _frames(response) -> np.ndarray:
+    return np.load(io.BytesIO(response.content), allow_pickle=False)
 
 
 def test_a_decode_that_comes_out_non_finite_is_422_naming_the_scaling(client):

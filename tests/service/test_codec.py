@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from service.codecs.latents import check_finite, check_latent_dims, check_limits, parse_latents, unscale_latents
+from service.codecs.latents import (
+    check_finite,
+    check_latent_dims,
+    check_limits,
+    parse_latents,
+    scale_latents,
+    unscale_latents,
+)
 from service.codecs.tensors import WIRE_DTYPES, encode_npy, parse_npy, parse_safetensors, parse_shape
 from service.codecs.video import encode_mp4, encode_png, mp4_boxes, read_mp4
 from service.engine.limits import Limits
@@ -151,6 +158,20 @@ def test_query_shape_checks_dims_and_sizes():
     assert problem_of(latents_shape, ["1,16,0,4,4"]).received == [1, 16, 0, 4, 4]
     assert problem_of(latents_shape, ["2,4,4"]).slug == "invalid-ndim"
     assert problem_of(latents_shape, [",".join(["1"] * 100)]).received == "100 dimensions"
+
+
+def test_scaling_follows_diffusers_remote_convention():
+    """Decode input ``z / scaling_factor + shift_factor``; encode output ``(z − shift_factor) ·
+    scaling_factor``, its inverse. The numbers tell every confusion apart: ``*`` for ``/`` gives
+    1.25, ``-`` for ``+`` 3.75, shifting before scaling 4.5."""
+    z = np.array([2.0, -1.0], np.float32)
+    for got, want in [(unscale_latents(z, 0.5, 0.25), [4.25, -1.75]), (unscale_latents(z, 0.5, None), [4.0, -2.0]),
+                      (unscale_latents(z, None, 0.25), [2.25, -0.75]), (unscale_latents(z, None, None), [2.0, -1.0]),
+                      (scale_latents(np.array([4.25, -1.75], np.float32), 0.5, 0.25), [2.0, -1.0]),
+                      (scale_latents(z, 0.5, None), [1.0, -0.5]), (scale_latents(z, None, 0.25), [1.75, -1.25])]:
+        assert got.dtype == np.float32 and got.tolist() == want
+    x = latents()
+    assert np.abs(scale_latents(unscale_latents(x, 0.476986, 0.1), 0.476986, 0.1) - x).max() <= 1e-6
 
 
 def test_finiteness_is_checked_where_asked():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from service.engine.runner import Decoded, DeviceRunner
-from tests.helpers.service_helpers import latents, thread_server
+from tests.helpers.service_helpers import latents, thread_server, wait_until
 
 PROBLEM = "application/problem+json"
 
@@ -24,7 +24,12 @@ def request_head(content_length: int, *, path: str = "/v1/decode?shape=1,16,2,4,
             f"Content-Length: {content_length}\r\n\r\n").encode()
 
 
-def read_reply(sock: socket.socket, timeout: float = 10) -> tuple[str, dict, bytes, bool]:
+# The read and keep-alive timeouts below are the product's promise (a slow or idle client is cut
+# off); the tests allow this much more for a loaded machine, and assert no lower bound.
+SLACK_S = 10.0
+
+
+def read_reply(sock: socket.socket, timeout: float = 10 + SLACK_S) -> tuple[str, dict, bytes, bool]:
     """(status line, headers, body, closed) of one response; ``closed``: the server hung up after it."""
     sock.settimeout(timeout)
     data = b""
@@ -43,21 +48,24 @@ def read_reply(sock: socket.socket, timeout: float = 10) -> tuple[str, dict, byt
         body += part
     try:
         closed = sock.recv(1) == b""
-    except (TimeoutError, ConnectionResetError):
+    except ConnectionResetError:  # closed with bytes of ours unread: a reset is a close too
+        closed = True
+    except TimeoutError:
         closed = False
     return lines[0], headers, body, closed
 
 
 def assert_closed_within(sock: socket.socket, seconds: float) -> float:
+    """The server closes ``sock`` within its promised ``seconds`` (plus ``SLACK_S``)."""
     start = time.monotonic()
-    sock.settimeout(seconds + 5)
+    sock.settimeout(seconds + SLACK_S + 5)
     try:
         while sock.recv(65536):
             pass
     except ConnectionResetError:
         pass
     elapsed = time.monotonic() - start
-    assert elapsed < seconds + 2, elapsed
+    assert elapsed < seconds + SLACK_S, elapsed
     return elapsed
 
 
@@ -97,11 +105,9 @@ def test_client_leaving_mid_upload_is_499_and_one_line(tiny_vae, caplog):
         caplog.set_level(logging.INFO)
         with socket.create_connection(srv.address) as sock:
             sock.sendall(request_head(2048) + b"\0" * 100)
-            time.sleep(0.3)
-        deadline = time.monotonic() + 10
-        while srv.metric("vaeserve_requests_total", route="/v1/decode", status="499") != 1:
-            assert time.monotonic() < deadline, "499 not counted"
-            time.sleep(0.05)
+            wait_until(lambda: srv.metric("vaeserve_queue_depth") == 1, "the upload started")  # its slot is held
+        wait_until(lambda: srv.metric("vaeserve_requests_total", route="/v1/decode", status="499") == 1,
+                   "the 499 counted")
         assert srv.metric("vaeserve_requests_total", route="/v1/decode", status="500") == 0
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     gone = [r for r in caplog.records if r.name == "vaeserve" and "client left" in r.getMessage()]
@@ -111,9 +117,12 @@ def test_client_leaving_mid_upload_is_499_and_one_line(tiny_vae, caplog):
 # ---- slow and idle clients -------------------------------------------------------------------------
 
 
+READ_TIMEOUT_S = KEEPALIVE_S = 1
+
+
 @pytest.fixture(scope="module")
 def timed_server(tiny_vae):
-    with thread_server(tiny_vae, read_timeout_s=1.0, keepalive_timeout_s=1) as srv:
+    with thread_server(tiny_vae, read_timeout_s=READ_TIMEOUT_S, keepalive_timeout_s=KEEPALIVE_S) as srv:
         yield srv
 
 
@@ -122,7 +131,7 @@ def test_headers_that_never_finish_get_408_and_close(timed_server):
         sock.sendall(b"POST /v1/decode HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
         start = time.monotonic()
         status, headers, body, closed = read_reply(sock)
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < READ_TIMEOUT_S + SLACK_S
     assert status.startswith("HTTP/1.1 408") and headers["content-type"] == PROBLEM and closed
     assert json.loads(body)["type"].endswith("/request-timeout")
 
@@ -133,7 +142,7 @@ def test_body_that_never_finishes_gets_408_problem_and_close(timed_server):
         sock.sendall(request_head(2048) + b"\0" * 100)
         start = time.monotonic()
         status, headers, body, closed = read_reply(sock)
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < READ_TIMEOUT_S + SLACK_S
     assert status.startswith("HTTP/1.1 408") and headers["connection"] == "close" and closed
     problem = json.loads(body)
     assert problem["type"].endswith("/request-timeout") and problem["received"] == "100 bytes"
@@ -142,34 +151,34 @@ def test_body_that_never_finishes_gets_408_problem_and_close(timed_server):
 
 def test_silent_and_idle_connections_are_closed(timed_server):
     with socket.create_connection(timed_server.address) as silent:
-        assert_closed_within(silent, 1.0)  # opened, never sent a byte
+        assert_closed_within(silent, READ_TIMEOUT_S)  # opened, never sent a byte
     with socket.create_connection(timed_server.address) as idle:
         idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        status, _, _, _ = read_reply(idle, timeout=1.5)
-        assert status.startswith("HTTP/1.1 200")
-        assert_closed_within(idle, 1.0)  # keep-alive, then nothing
+        start = time.monotonic()
+        status, _, _, closed = read_reply(idle)  # the reply, then keep-alive until the server closes
+        assert status.startswith("HTTP/1.1 200") and closed
+        assert time.monotonic() - start < KEEPALIVE_S + SLACK_S
 
 
 def test_unread_body_after_an_early_answer_must_still_arrive_in_time(timed_server):
     # 415 from the headers: the server says Connection: close and does not wait for the body.
     with socket.create_connection(timed_server.address) as sock:
         sock.sendall(request_head(10_000).replace(b"tensor/binary", b"text/plain") + b"\0" * 10)
-        status, headers, _, _ = read_reply(sock, timeout=1.5)
-        assert status.startswith("HTTP/1.1 415") and headers["connection"] == "close"
-        assert_closed_within(sock, 1.0)
+        start = time.monotonic()
+        status, headers, _, closed = read_reply(sock)  # the reply, then the close
+        assert status.startswith("HTTP/1.1 415") and headers["connection"] == "close" and closed
+        assert time.monotonic() - start < READ_TIMEOUT_S + SLACK_S
 
 
 def test_connections_beyond_the_limit_get_503(tiny_vae):
     with thread_server(tiny_vae, max_connections=3) as srv:
         held = [socket.create_connection(srv.address) for _ in range(3)]
-        try:
-            time.sleep(0.2)
-            assert httpx.get(srv.url + "/healthz").status_code == 503
+        try:  # once uvicorn has accepted the three, a fourth is answered 503
+            wait_until(lambda: httpx.get(srv.url + "/healthz").status_code == 503, "503 past 3 connections")
         finally:
             for sock in held:
                 sock.close()
-        time.sleep(0.2)
-        assert httpx.get(srv.url + "/healthz").status_code == 200
+        wait_until(lambda: httpx.get(srv.url + "/healthz").status_code == 200, "200 once they closed")
 
 
 # ---- admission before the body --------------------------------------------------------------------
@@ -180,10 +189,10 @@ def test_full_queue_answers_429_before_reading_the_body(tiny_vae):
     with thread_server(tiny_vae, max_queue=1, read_timeout_s=30) as srv:
         with socket.create_connection(srv.address) as reading:
             reading.sendall(request_head(2048) + b"\0" * 100)  # holds the only slot while it uploads
-            time.sleep(0.3)
+            wait_until(lambda: srv.metric("vaeserve_queue_depth") == 1, "the upload holds the slot")
             with socket.create_connection(srv.address) as refused:
                 refused.sendall(request_head(2048))  # headers only: the answer must not wait for a body
-                status, headers, body, _ = read_reply(refused, timeout=5)
+                status, headers, body, _ = read_reply(refused)
             reading.sendall(b"\0" * 1948)
             ok, _, _, _ = read_reply(reading, timeout=120)  # its decode compiles first: slow on a loaded machine
     assert status.startswith("HTTP/1.1 429") and headers["retry-after"] == "1" and headers["connection"] == "close"
@@ -196,10 +205,11 @@ def test_bytes_being_read_are_capped(tiny_vae):
     with thread_server(tiny_vae, max_body_bytes=4096, max_reading_bytes=6000, read_timeout_s=30) as srv:
         with socket.create_connection(srv.address) as reading:
             reading.sendall(request_head(4096) + b"\0" * 100)  # 4096 bytes held for this upload
-            time.sleep(0.3)
+            # Its queue slot and its bytes are taken in one step of the event loop.
+            wait_until(lambda: srv.metric("vaeserve_queue_depth") == 1, "the upload holds its bytes")
             with socket.create_connection(srv.address) as refused:
                 refused.sendall(request_head(2048))
-                status, headers, body, _ = read_reply(refused, timeout=5)
+                status, headers, body, _ = read_reply(refused)
             reading.sendall(b"\0" * 3996)
             read_reply(reading)  # a 422 (wrong length), after which the budget is free again
         problem = json.loads(body)

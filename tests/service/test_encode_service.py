@@ -86,7 +86,7 @@ def server(tiny_vae):
 
 def test_diffusers_remote_encode_with_a_tensor(server, tiny_vae):
     torch = pytest.importorskip("torch")
-    from diffusers.utils.remote_utils import remote_encode
+    remote_encode = pytest.importorskip("diffusers.utils.remote_utils").remote_encode
 
     x = frames(seed=1)
     out = remote_encode(endpoint=server.url + "/v1/encode", image=torch.from_numpy(x))
@@ -101,7 +101,7 @@ def test_diffusers_remote_encode_with_a_tensor(server, tiny_vae):
 
 def test_diffusers_remote_encode_with_a_pil_image(server, tiny_vae):
     pytest.importorskip("torch")
-    from diffusers.utils.remote_utils import remote_encode
+    remote_encode = pytest.importorskip("diffusers.utils.remote_utils").remote_encode
 
     rgb = pixels(seed=2)
     out = remote_encode(endpoint=server.url + "/v1/encode", image=Image.fromarray(rgb))  # a PNG, no Content-Type
@@ -153,6 +153,16 @@ def test_sample_seed_and_normalize(server, tiny_vae):
     assert not close(sampled, np.asarray(tiny_vae.encode(x)))
     normalized = latents_of(post(server, x.tobytes(), **query, normalize="true"))
     assert close(normalized, np.asarray(tiny_vae.encode(x, normalize=True)))
+
+
+def test_scaling_and_shift_factors_give_diffusers_scaled_latents(server, tiny_vae):
+    """``(z − shift_factor) · scaling_factor``, as diffusers' remote encode convention has it."""
+    x = frames(seed=6)
+    query = {"shape": ",".join(map(str, VIDEO)), "dtype": "float32"}
+    plain = np.asarray(tiny_vae.encode(x))
+    scaled = latents_of(post(server, x.tobytes(), **query, scaling_factor="0.5", shift_factor="0.25"))
+    assert close(scaled, (plain - 0.25) * 0.5)
+    assert np.abs(scaled - plain).max() > 0.1  # the factors did something
 
 
 def test_requests_with_different_options_share_one_device_batch(tiny_vae):

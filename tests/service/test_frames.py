@@ -34,7 +34,7 @@ def image_bytes(rgb: np.ndarray, fmt: str = "PNG", mode: str | None = None) -> b
 
 def test_pixels_convert_exactly_as_diffusers_image_processor_does():
     torch = pytest.importorskip("torch")
-    from diffusers.image_processor import VaeImageProcessor
+    VaeImageProcessor = pytest.importorskip("diffusers.image_processor").VaeImageProcessor
 
     rgb = np.random.default_rng(0).integers(0, 256, (16, 24, 3), dtype=np.uint8)
     theirs = VaeImageProcessor().preprocess(Image.fromarray(rgb)).to(torch.float32).numpy()  # (1, 3, H, W)

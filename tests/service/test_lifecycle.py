@@ -16,7 +16,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers.service_helpers import REPO, WARM, free_port, latents, start_server
+from tests.helpers.frames import assert_uint8_frames_match
+from tests.helpers.service_helpers import REPO, WARM, free_port, latents, start_server, wait_until
 
 KEY = "s3cret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -84,30 +85,39 @@ def test_sharded_server_equals_direct_decode(server, tiny_vae):
     frames = np.load(io.BytesIO(r.content), allow_pickle=False)
     direct = np.asarray(tiny_vae.decode(x, output="uint8"))
     assert frames.shape == direct.shape == (1, 5, 32, 32, 3)  # the dp padding row was trimmed
-    assert np.abs(frames.astype(int) - direct).max() <= 1
+    assert_uint8_frames_match(frames, direct)
 
 
-def _send_then_leave(server, x: np.ndarray, leave_after: float) -> None:
-    host, port = server.url.removeprefix("http://").split(":")
+def _raw_request(x: np.ndarray) -> bytes:
     body = x.tobytes()
     head = (f"POST /v1/decode?shape={','.join(map(str, x.shape))}&dtype=float32&output_type=npy HTTP/1.1\r\n"
             f"Host: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: tensor/binary\r\n"
             f"Content-Length: {len(body)}\r\nX-Request-Id: leaver\r\n\r\n").encode()
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(head + body)
-        time.sleep(leave_after)
+    return head + body
+
+
+def _on_the_device(server) -> float:
+    """Jobs that have started on the device (the queue-time histogram is observed as a batch starts)."""
+    return server.metric("vaeserve_queue_seconds_count")
 
 
 def test_request_of_a_client_that_left_is_dropped(server):
     dropped0 = server.metric("vaeserve_dropped_total", reason="client-gone")
+    started0 = _on_the_device(server)
     # A cold shape keeps the device busy compiling for seconds; meanwhile a second client queues a
     # request of another cold shape and hangs up. That shape must never reach the device.
     busy = threading.Thread(target=decode_npy, args=(server, latents((1, 16, 3, 4, 4))))
     busy.start()
-    time.sleep(0.5)
-    _send_then_leave(server, latents((1, 16, 1, 4, 4)), leave_after=0.5)
+    wait_until(lambda: _on_the_device(server) > started0, "the first request started on the device")
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(_raw_request(latents((1, 16, 1, 4, 4))))
+        wait_until(lambda: server.metric("vaeserve_queue_depth") >= 1, "the second request queued")
+        assert busy.is_alive(), "the first request was answered before the second queued: nothing was tested"
+    # The client has left while its request waited: the worker drops it when it reaches it.
+    wait_until(lambda: server.metric("vaeserve_dropped_total", reason="client-gone") - dropped0 >= 1,
+               "the abandoned request dropped")
     busy.join(120)
-    time.sleep(0.3)
     assert server.metric("vaeserve_dropped_total", reason="client-gone") - dropped0 == 1
     compiled = httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]["compiled"]
     assert ["decode", [2, 16, 3, 4, 4], "uint8"] in compiled
@@ -115,10 +125,19 @@ def test_request_of_a_client_that_left_is_dropped(server):
     assert server.metric("vaeserve_requests_total", route="/v1/decode", status="499") >= 1
 
 
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(url + "/healthz", timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
 def test_sigterm_drains_in_flight_work_and_exits_0(server):
     # Cold shape again: the first request compiles for seconds, the others wait in the queue.
     x = latents((2, 16, 3, 8, 8), seed=21)
     results: list = [None] * 3
+    started0 = _on_the_device(server)
 
     def call(i: int) -> None:
         try:
@@ -127,16 +146,16 @@ def test_sigterm_drains_in_flight_work_and_exits_0(server):
             results[i] = exc
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
-    for t in threads:
+    threads[0].start()
+    wait_until(lambda: _on_the_device(server) > started0, "the first request started on the device")
+    for t in threads[1:]:
         t.start()
-    time.sleep(1.0)
-    assert server.metric("vaeserve_queue_depth") >= 1  # work is queued when the signal lands
+    wait_until(lambda: server.metric("vaeserve_queue_depth") >= 2, "two requests queued behind it")
+    assert results == [None] * 3, "a request was answered before the signal: the drain would be empty"
     server.process.send_signal(15)
-    time.sleep(0.5)
     # As the README says: the listening socket closes at once, so new connections are refused
     # while the work already received still finishes.
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(server.url + "/healthz", timeout=2)
+    wait_until(lambda: _refused(server.url), "new connections refused after SIGTERM")
     assert any(r is None for r in results), "the drain was over before the refusal was checked"
     for t in threads:
         t.join(120)

@@ -7,7 +7,6 @@ import asyncio
 import io
 import json
 import socket
-import time
 
 import httpx
 import numpy as np
@@ -17,6 +16,7 @@ import safetensors.numpy
 from service.client import DecodeError, decode, decode_stream
 from service.codecs.tensors import encode_npy
 from service.codecs.video import read_mp4
+from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.service_helpers import WARM, latents, start_server
 
 PROBLEM = "application/problem+json"
@@ -55,8 +55,7 @@ def test_npy_and_pt_equal_direct_decode(server, tiny_vae):
     frames = np.load(io.BytesIO(r.content), allow_pickle=False)
     assert frames.shape == (1, 5, 32, 32, 3) and frames.dtype == np.uint8
     # Same program family on one device; batch padding may move a value by one rounding step.
-    assert np.abs(frames.astype(int) - direct).max() <= 1
-    assert (frames != direct).mean() < 0.001
+    assert_uint8_frames_match(frames, direct)
     for name in ("X-Request-Id", "X-Queue-Time-S", "X-Device-Time-S"):
         assert name in r.headers
     assert float(r.headers["X-Device-Time-S"]) > 0
@@ -76,7 +75,7 @@ def test_denormalize_and_unbatched_input(server, tiny_vae):
     assert r.status_code == 200, r.text
     frames = np.load(io.BytesIO(r.content), allow_pickle=False)
     assert frames.shape == (5, 32, 32, 3)  # (C, T, H, W) in -> no batch dim out
-    assert np.abs(frames.astype(int) - ref).max() <= 1
+    assert_uint8_frames_match(frames, ref)
     plain = np.asarray(tiny_vae.decode(x, output="uint8"))[0]
     assert np.abs(frames.astype(int) - plain).mean() > 5  # negative control: the option did something
 
@@ -119,7 +118,7 @@ def test_png_frame(server, tiny_vae):
     assert r.status_code == 200 and r.headers["content-type"] == "image/png"
     image = np.asarray(Image.open(io.BytesIO(r.content)).convert("RGB"))
     ref = np.asarray(tiny_vae.decode(x, output="uint8"))[0, 3]
-    assert np.abs(image.astype(int) - ref).max() <= 1
+    assert_uint8_frames_match(image, ref)
 
 
 def test_stream_chunks_concatenate_to_full_decode(server):
@@ -135,7 +134,7 @@ def test_stream_chunks_concatenate_to_full_decode(server):
 
 def test_diffusers_remote_decode(server, tiny_vae):
     torch = pytest.importorskip("torch")
-    from diffusers.utils.remote_utils import remote_decode
+    remote_decode = pytest.importorskip("diffusers.utils.remote_utils").remote_decode
 
     x = latents(seed=7)
     endpoint = server.url + "/v1/decode"
@@ -147,7 +146,7 @@ def test_diffusers_remote_decode(server, tiny_vae):
     frames = remote_decode(endpoint=endpoint, tensor=torch.from_numpy(x), output_type="pt", return_type="pt",
                            partial_postprocess=True)
     assert frames.dtype == torch.uint8 and tuple(frames.shape) == (1, 5, 32, 32, 3)
-    assert np.abs(frames.numpy()[0].astype(int) - ref).max() <= 1
+    assert_uint8_frames_match(frames.numpy()[0], ref)
 
     floats = remote_decode(endpoint=endpoint, tensor=torch.from_numpy(x), output_type="pt", return_type="pt",
                            do_scaling=False)
@@ -173,8 +172,10 @@ def test_30_concurrent_requests_all_answered(server):
 
     responses = asyncio.run(fire())
     statuses = [r.status_code for r in responses]
-    assert len(statuses) == 30 and set(statuses) <= {200, 429}, statuses
-    assert statuses.count(200) >= 1 and statuses.count(429) >= 1, statuses
+    # Every request answered, none lost. How many overflow the 4-slot queue depends on how fast the
+    # burst arrives against the compile (none, on a machine that compiles faster than 30 requests
+    # arrive): the queue limit itself is shown deterministically in test_connections.py.
+    assert len(statuses) == 30 and set(statuses) <= {200, 429} and statuses.count(200) >= 1, statuses
     for r in responses:
         if r.status_code == 429:
             assert r.headers["Retry-After"] == "1" and r.headers["content-type"] == PROBLEM
@@ -292,23 +293,22 @@ def test_after_bad_inputs_a_good_request_works(server, tiny_vae):
     r = post(server, GOOD.tobytes(), **raw(GOOD, output_type="npy"))
     assert r.status_code == 200
     frames = np.load(io.BytesIO(r.content), allow_pickle=False)
-    assert np.abs(frames.astype(int) - np.asarray(tiny_vae.decode(GOOD, output="uint8"))).max() <= 1
+    assert_uint8_frames_match(frames, np.asarray(tiny_vae.decode(GOOD, output="uint8")))
 
 
 def test_413_from_headers_before_reading_the_body(server):
     # Announce a gigabyte and send none of it: the answer must come without waiting for the body.
     host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
         sock.sendall(b"POST /v1/decode?shape=1,16,2,4,4&dtype=float32 HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Type: application/octet-stream\r\nContent-Length: 1000000000\r\n\r\n")
-        start = time.monotonic()
         reply = b""
         while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
             part = sock.recv(65536)
             if not part:
                 break
             reply += part
-    assert time.monotonic() - start < 5
+    # No timing needed: a server that waited for the body would answer 408 after its read timeout.
     head, _, body = reply.decode("latin-1").partition("\r\n\r\n")
     assert head.startswith("HTTP/1.1 413"), reply
     assert "application/problem+json" in head
@@ -337,12 +337,22 @@ def test_loadtest_reports_what_it_sent(server, tmp_path, mode, capsys):
     from service.cli.loadtest import main
 
     out = tmp_path / "lt.json"
+    answered0 = {status: server.metric("vaeserve_requests_total", route="/v1/decode", status=status)
+                 for status in ("200", "429")}
     assert main(["--url", server.url, *mode, "--requests", "12", "--duration", "30", "--warmup", "1",
                  "--shape", "1x16x2x4x4", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     summary = result["summary"]
     assert summary["requests"] == len(result["samples"]) == 12
-    assert summary["by_status"] == {"200": 12}
+    # What it reports is what the server answered (the warm-up request aside). Open loop, 40 req/s
+    # may overflow the 4-slot queue when the host is slow: 429s are answers too, counted as such.
+    answered = {status: int(server.metric("vaeserve_requests_total", route="/v1/decode", status=status)
+                            - answered0[status]) - (status == "200")  # less the warm-up request
+                for status in ("200", "429")}
+    assert summary["by_status"] == {status: n for status, n in answered.items() if n}, answered
+    assert summary["ok"] == answered["200"] >= 1
+    if mode[0] == "--concurrency":  # 3 at a time never fill 4 slots
+        assert summary["by_status"] == {"200": 12}
     assert 0 < summary["latency_s"]["p50"] <= summary["latency_s"]["p95"] <= summary["latency_s"]["p99"]
     assert summary["frames_per_s"] == pytest.approx(5 * summary["requests_per_s"])
     assert summary["bytes_per_response"] == 5 * 32 * 32 * 3  # uint8 frames, pt + partial_postprocess

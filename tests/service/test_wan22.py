@@ -18,6 +18,7 @@ from PIL import Image
 import models
 from models.decode import to_uint8
 from service.codecs.video import read_mp4
+from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.service_helpers import app_client, latents, thread_server
 
 PROBLEM = "application/problem+json"
@@ -75,7 +76,7 @@ def test_errors_name_the_model_channels_and_scale(server):
 
 def test_diffusers_remote_decode_mp4_and_pt(server, vae22):
     torch = pytest.importorskip("torch")
-    from diffusers.utils.remote_utils import remote_decode
+    remote_decode = pytest.importorskip("diffusers.utils.remote_utils").remote_decode
 
     x = latents(LATENT, seed=5)
     endpoint = server.url + "/v1/decode"
@@ -92,7 +93,7 @@ def test_diffusers_remote_decode_mp4_and_pt(server, vae22):
 
     frames = remote_decode(endpoint=endpoint, tensor=torch.from_numpy(x), output_type="pt", return_type="pt",
                            partial_postprocess=True)
-    assert frames.dtype == torch.uint8 and np.abs(frames.numpy()[0].astype(int) - ref).max() <= 1
+    assert_uint8_frames_match(frames.numpy()[0], ref)
 
     floats = remote_decode(endpoint=endpoint, tensor=torch.from_numpy(x), output_type="pt", return_type="pt",
                            do_scaling=False)
@@ -120,7 +121,7 @@ def test_diffusers_remote_encode_tensor_and_image(server, vae22):
     """diffusers' client unchanged: a tensor (raw bytes, no Content-Type) and a PIL image (a PNG)
     give 48-channel latents at 1/16 of the size, equal to ``vae.encode`` of the same frames."""
     torch = pytest.importorskip("torch")
-    from diffusers.utils.remote_utils import remote_encode
+    remote_encode = pytest.importorskip("diffusers.utils.remote_utils").remote_encode
 
     endpoint = server.url + "/v1/encode"
     rgb = _pixels(*IMAGE, seed=3)
