@@ -80,8 +80,9 @@ def check_frames_content_type(content_type: str | None) -> str:
 
 
 def _unsupported(name: str, declared: str | None) -> Problem:
-    said = f"; the Content-Type says {declared}" if declared else ""
-    return Problem(415, "unsupported-media-type", f"the body is {name}{said}: encode reads PNG, JPEG, MP4/MOV "
+    """415 for a body that is ``name`` (what its bytes are), where ``declared`` was expected."""
+    instead = f", not {declared}" if declared else ""
+    return Problem(415, "unsupported-media-type", f"the body is {name}{instead}: encode reads PNG, JPEG, MP4/MOV "
                    "and frame tensors", expected=[*FRAME_CONTENT_TYPES, "(none: recognized by content)"], received=name)
 
 

@@ -30,8 +30,10 @@ DECODERS: dict[VideoCodec, tuple[str, ...]] = {"h264": ("h264",), "hevc": ("hevc
 CODEC_NAMES: dict[VideoCodec, str] = {"h264": "H.264/AVC", "hevc": "H.265/HEVC", "mpeg4": "MPEG-4 Part 2",
                                       "av1": "AV1", "vp9": "VP9"}
 ALL_CODECS: tuple[VideoCodec, ...] = get_args(VideoCodec)
-# A decoder may round the coded frame up to its block size (H.264: 16; HEVC, VP9, AV1: 8).
+# A decoder may round the coded frame up to its block size (H.264: 16; HEVC, VP9, AV1: 8), and
+# the MPEG-4 Part 2 decoder allocates a scratch image of up to 53,760 pixels whatever the frame.
 _CODED_MARGIN = 16
+_MIN_MAX_PIXELS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,9 @@ def _invalid(detail: str, received: object) -> Problem:
     return Problem(422, "invalid-video", detail, expected="an MP4 whose frames match its header", received=received)
 
 
-def _open(body: bytes, max_pixels: int | None = None) -> av.container.InputContainer:
-    options = {"max_pixels": str(max_pixels)} if max_pixels is not None else {}
+def _open(body: bytes) -> av.container.InputContainer:
     try:
-        return av.open(io.BytesIO(body), mode="r", format="mp4", options=options)
+        return av.open(io.BytesIO(body), mode="r", format="mp4")
     except Exception as exc:  # PyAV's FFmpegError family, and whatever a corrupt header triggers
         raise _invalid(f"not a readable MP4: {exc}", f"{len(body)} bytes") from None
 
@@ -76,12 +77,13 @@ def _check_depth(video_format: av.VideoFormat | None) -> None:
 
 def _count_packets(container: av.container.InputContainer, stream: av.VideoStream, cap: int) -> int:
     """Frames of a stream whose header does not count them (fragmented MP4), from its packets —
-    demuxed, not decoded — stopping past ``cap``."""
+    demuxed, not decoded; 422 past ``cap``, without reading further."""
     count = 0
     for packet in container.demux(stream):
         count += packet.size > 0  # the demuxer ends with an empty flush packet
         if count > cap:
-            break
+            raise Problem(422, "too-many-frames", f"the video has more than {cap} frames, the limit",
+                          expected=f"frames <= {cap}", received=f"more than {cap}")
     return count
 
 
@@ -93,15 +95,17 @@ def mp4_header(body: bytes, codecs: tuple[VideoCodec, ...], max_frames: int) -> 
             raise _invalid("the MP4 has no video stream", "no video stream")
         stream = container.streams.video[0]
         context = stream.codec_context
+        if context is None:  # FFmpeg knows no decoder for what the sample description names
+            raise Problem(415, "unsupported-video-codec", "the MP4's video codec is unknown (or its header damaged)",
+                          expected=[CODEC_NAMES[codec] for codec in codecs], received="an unknown codec")
         codec = _codec(context.name, codecs)
         _check_depth(context.format)
         frames = stream.frames or _count_packets(container, stream, max_frames)
         return VideoHeader(frames=frames, height=context.height, width=context.width, codec=codec)
 
 
-def _frame_problem(index: int, header: VideoHeader, what: str, received: object) -> Problem:
-    return _invalid(f"frame {index} {what}: the MP4 declares {header.frames} frames of "
-                    f"{header.width}x{header.height}", received)
+def _declared(header: VideoHeader) -> str:
+    return f"the MP4 declares {header.frames} frames of {header.width}x{header.height}"
 
 
 def decode_mp4(body: bytes, header: VideoHeader, put: Callable[[int, np.ndarray], None],
@@ -110,17 +114,20 @@ def decode_mp4(body: bytes, header: VideoHeader, put: Callable[[int, np.ndarray]
     ``(H, W, 3)`` uint8 pixels. 422 at the first frame off the header (past its count, another
     size, more than 8 bits) or when fewer frames arrive (a truncated stream); 504 past
     ``deadline`` (``time.monotonic()``)."""
-    max_pixels = (header.height + _CODED_MARGIN) * (header.width + _CODED_MARGIN)
     index = 0
-    with _open(body, max_pixels) as container:
+    with _open(body) as container:
         stream = container.streams.video[0]
+        # The decoder refuses a coded frame larger than this before allocating for it.
+        max_pixels = max((header.height + _CODED_MARGIN) * (header.width + _CODED_MARGIN), _MIN_MAX_PIXELS)
+        stream.codec_context.options = {"max_pixels": str(max_pixels)}
         try:
             for frame in container.decode(stream):
                 if index >= header.frames:
-                    raise _frame_problem(index, header, "is past the count", f"more than {header.frames} frames")
+                    raise _invalid(f"frame {index} is past the count: {_declared(header)}",
+                                   f"more than {header.frames} frames")
                 if (frame.width, frame.height) != (header.width, header.height):
-                    raise _frame_problem(index, header, f"is {frame.width}x{frame.height} (the frame size changes)",
-                                         f"{frame.width}x{frame.height}")
+                    raise _invalid(f"frame {index} is {frame.width}x{frame.height} (the frame size changes): "
+                                   f"{_declared(header)}", f"{frame.width}x{frame.height}")
                 _check_depth(frame.format)
                 if deadline is not None and time.monotonic() > deadline:
                     raise Problem(504, "deadline-exceeded", f"the deadline passed while decoding frame {index} of "
@@ -131,7 +138,9 @@ def decode_mp4(body: bytes, header: VideoHeader, put: Callable[[int, np.ndarray]
         except Problem:
             raise
         except Exception as exc:  # FFmpeg's errors for damaged data, or a frame over max_pixels
-            raise _frame_problem(index, header, f"does not decode ({exc}): damaged data, or a frame larger than "
-                                 "declared", f"{len(body)} bytes") from None
+            raise _invalid(f"the video does not decode after {index} of {header.frames} frames ({exc}): truncated "
+                           f"or damaged data, or a frame larger than declared; {_declared(header)}",
+                           f"{index} of {header.frames} frames decoded") from None
     if index < header.frames:
-        raise _frame_problem(index, header, "is missing (a truncated or damaged stream)", f"{index} frames")
+        raise _invalid(f"the video ends after {index} of {header.frames} frames (a truncated or damaged stream): "
+                       f"{_declared(header)}", f"{index} of {header.frames} frames decoded")

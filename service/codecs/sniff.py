@@ -64,7 +64,7 @@ def _safetensors(body: bytes) -> bool:
 _PREFIXES: tuple[tuple[bytes, str], ...] = (
     (b"GIF87a", "a GIF image"), (b"GIF89a", "a GIF image"), (b"II*\0", "a TIFF image"), (b"MM\0*", "a TIFF image"),
     (b"\x1a\x45\xdf\xa3", "a Matroska/WebM video"), (b"OggS", "an Ogg file"), (b"FLV\x01", "an FLV video"),
-    (b"\0\0\x01\xba", "an MPEG program stream"),
+    (b"\0\0\x01\xba", "an MPEG program stream"), (b"\0\0\x01\0", "an ICO icon"),
     (b"\0\0\0\x01", "an H.264/H.265 elementary stream (no container)"),
     (b"\0\0\x01", "an H.264/H.265 elementary stream (no container)"),
     (b"8BPS", "a Photoshop image"), (b"qoif", "a QOI image"), (b"DDS ", "a DDS image"), (b"\x01\xda", "an SGI image"),
