@@ -225,13 +225,6 @@ class Settings(BaseSettings):
             return [parse_frame_shape(v) for v in value]
         return value
 
-    @field_validator("video_codecs", mode="before")
-    @classmethod
-    def _split_codecs(cls, value: Any) -> Any:
-        if isinstance(value, str) and not value.lstrip().startswith("["):  # "h264,hevc"
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        return value
-
     @field_validator("shapes", mode="before")
     @classmethod
     def _parse_shapes(cls, value: Any) -> Any:

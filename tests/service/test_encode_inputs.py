@@ -37,7 +37,7 @@ from service.engine.limits import Limits
 from service.http.admission import MemoryBudget
 from service.http.problems import ClientGone
 from service.problem import Problem
-from service.settings import DEFAULT_VIDEO_CODECS
+from service.settings import DEFAULT_VIDEO_CODECS, Settings
 from tests.helpers.service_helpers import TINY, app_client, thread_server
 
 CONFIG = models.WanVAEConfig(base_dim=TINY["base_dim"], num_res_blocks=TINY["num_res_blocks"])
@@ -379,6 +379,16 @@ def test_the_budget_serves_waiters_in_turn_and_gives_up_at_the_deadline():
         assert budget.used == 0 and reported[-1] == 0
 
     asyncio.run(scenario())
+
+
+def test_the_budget_must_hold_one_video_at_the_limits():
+    at_the_limits = 129 * 1280 * 1280 * 3 * 4
+    assert Settings(max_decoded_bytes=at_the_limits).max_decoded_bytes == at_the_limits
+    with pytest.raises(ValueError, match="must hold the largest encode input, 2536243200 bytes"):
+        Settings(max_decoded_bytes=at_the_limits - 1)
+    assert Settings(max_decoded_bytes=at_the_limits - 1, max_frames=125).max_frames == 125
+    with pytest.raises(ValueError, match="literal_error"):
+        Settings(video_codecs=["mjpeg"])
 
 
 @pytest.fixture(scope="module")
