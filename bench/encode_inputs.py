@@ -6,7 +6,8 @@ and time, side by side in one run.
 
 1. The 10 KB MP4 of 128 black 1280x1280 frames (libx264 ultrafast, crf 51) sent to a real
    server (``vaeserve serve``, the tiny model, default limits): time to the 422 and the server's
-   RSS growth; then ``--concurrent`` of them at once.
+   RSS growth; then ``--bursts`` rounds of ``--concurrent`` of them at once, with the server's
+   RSS after each round (the first round's threads take their malloc arenas; then it is flat).
 2. For contrast, what refusing it from its header saves: decoding its frames (PyAV), the way
    they were decoded before a frame count was checked, in a child process.
 3. A valid MP4 at the default limits (129 frames of 1280x1280, H.264, real content: the shared
@@ -200,6 +201,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrent", type=int, default=24)
+    parser.add_argument("--bursts", type=int, default=8, help="rounds of --concurrent bombs")
     parser.add_argument("--png", type=Path, help="write the RSS traces here")
     args = parser.parse_args()
 
@@ -225,20 +227,22 @@ def main() -> None:
             times, growths, traces["one bomb (server)"] = repeat(args.runs, one)
             rows.append(f"{'one bomb -> 422 (server)':38s} {summary(times, unit='s')} {summary(growths, MB, 'MB')}")
 
+            before = rss(server.pid)
+            after_each: list[int] = []
+
             def many() -> tuple[float, RssTrace]:
                 with RssTrace(server.pid) as trace, ThreadPoolExecutor(args.concurrent) as pool:
                     start = time.monotonic()
                     answers = list(pool.map(lambda _: post_bomb(url, the_bomb), range(args.concurrent)))
                     seconds = time.monotonic() - start
                 assert all(answer[:2] == (422, "invalid-frame-count") for answer in answers), answers
+                after_each.append(rss(server.pid) - before)
                 return seconds, trace
 
-            before = rss(server.pid)
-            times, growths, traces[f"{args.concurrent} bombs at once (server)"] = repeat(args.runs, many)
-            after = rss(server.pid)
+            times, growths, traces[f"{args.concurrent} bombs at once (server)"] = repeat(args.bursts, many)
             rows.append(f"{f'{args.concurrent} bombs at once (server)':38s} {summary(times, unit='s')} "
-                        f"{summary(growths, MB, 'MB')}  runs: {', '.join(f'{g / MB:+.1f}' for g in growths)} MB; "
-                        f"RSS after the last - before the first: {(after - before) / MB:+.1f} MB")
+                        f"{summary(growths, MB, 'MB')}  server RSS after each burst: "
+                        f"{', '.join(f'{g / MB:+.0f}' for g in after_each)} MB")
         finally:
             server.terminate()
             server.wait(60)

@@ -102,7 +102,7 @@ def body_format(media_type: str, body: bytes, has_shape: bool) -> BodyFormat:
     sniffed = sniff(body)
     if sniffed.kind is not None:
         return _READ_FROM_BYTES[sniffed.kind]  # type: ignore[return-value]
-    if not sniffed.name.startswith("unrecognized"):
+    if sniffed.known:
         raise _unsupported(sniffed.name, None)
     return "raw"  # raw without a shape: 422 missing-shape names the formats
 

@@ -25,10 +25,12 @@ _BMP_HEADER_SIZES = {12, 40, 52, 56, 64, 108, 124}
 @dataclass(frozen=True)
 class Sniffed:
     """``kind``: the parser that reads the body, or ``None`` for a format the service does not
-    read; ``name``: what it is, for details ("a PNG image", "unrecognized bytes 00 01 ...")."""
+    read; ``name``: what it is, for details ("a PNG image", "unrecognized bytes 00 01 ...");
+    ``known``: whether any format claims the bytes."""
 
     kind: Readable | None
     name: str
+    known: bool = True
 
 
 def _isobmff(body: bytes) -> Sniffed | None:
@@ -101,9 +103,4 @@ def sniff(body: bytes) -> Sniffed:
         return Sniffed(None, "a PNM image (PBM/PGM/PPM/PAM)")
     if _safetensors(body):
         return Sniffed("safetensors", "a safetensors file")
-    return Sniffed(None, unrecognized(body))
-
-
-def unrecognized(body: bytes) -> str:
-    """``"unrecognized bytes (4 bytes: 00 01 02 03)"``: the start of a body no format claims."""
-    return f"unrecognized bytes ({len(body)} bytes: {body[:8].hex(' ') or 'empty'})"
+    return Sniffed(None, f"unrecognized bytes ({len(body)} bytes: {body[:8].hex(' ') or 'empty'})", known=False)
