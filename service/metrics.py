@@ -40,6 +40,9 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge("vaeserve_queue_depth", "Requests waiting for the device", registry=r)
+        self.decoded_bytes = Gauge(
+            "vaeserve_decoded_bytes", "Host bytes held by the decoded inputs of encodes in flight (max_decoded_bytes)",
+            registry=r)
         self.frames_decoded = Counter("vaeserve_frames_decoded", "Output frames decoded (excluding padding)",
                                       registry=r)
         self.frames_encoded = Counter("vaeserve_frames_encoded", "Input frames encoded (excluding padding)",

@@ -20,6 +20,10 @@ FrameShape = tuple[int, int, int, int]  # (3, F, H, W) of one video to encode, w
 # the float tensor (pt) and the step programs of stream=true. Every one by default.
 WarmupOutput = Literal["uint8", "float", "stream"]
 WARMUP_OUTPUTS: tuple[WarmupOutput, ...] = ("uint8", "float", "stream")
+# Video codecs an encode may send in an MP4/MOV (FFmpeg's names); each one enabled is a decoder
+# that runs on clients' bytes, so only the common ones are on by default.
+VideoCodec = Literal["h264", "hevc", "mpeg4", "av1", "vp9"]
+DEFAULT_VIDEO_CODECS: tuple[VideoCodec, ...] = ("h264", "hevc", "mpeg4")
 
 _SHAPE_RE = re.compile(r"^\s*([0-9]+)\s*[x,]\s*([0-9]+)\s*[x,]\s*([0-9]+)\s*[x,]\s*([0-9]+)\s*$")
 
@@ -195,6 +199,13 @@ class Settings(BaseSettings):
     max_height: int = Field(1280, ge=8, description="output height in pixels, s·H (s: the model's spatial scale)",
                             json_schema_extra=_in("limits", "PIXELS"))
     max_width: int = Field(1280, ge=8, description="output width in pixels, s·W", json_schema_extra=_in("limits", "PIXELS"))
+    max_decoded_bytes: int = Field(
+        8 * 2**30, ge=1, description="host memory for the decoded inputs (float32 frames) of every encode in flight; "
+        "past it a request waits up to its deadline, then 503", json_schema_extra=_in("limits", "BYTES"))
+    video_codecs: list[VideoCodec] = Field(
+        default_factory=lambda: list(DEFAULT_VIDEO_CODECS),
+        description="codecs read from MP4/MOV encode bodies (repeatable): h264, hevc, mpeg4 (MPEG-4 Part 2), av1, "
+        "vp9; others get 415", json_schema_extra=_in("limits", "CODEC"))
 
     # --- output defaults ------------------------------------------------------------------
     default_fps: int = Field(16, ge=1, le=240, description="frame rate of MP4 answers without fps=",
@@ -254,14 +265,24 @@ class Settings(BaseSettings):
                              f"({self.max_body_bytes})")
         return self
 
+    @model_validator(mode="after")
+    def _video_fits_decoded_budget(self) -> Settings:
+        # A video at the frame and size limits (float32 RGB), or a body of max_body_bytes in float16
+        # (float32 doubles it), could otherwise never be admitted.
+        largest = max(self.max_frames * self.max_height * self.max_width * 3 * 4, 2 * self.max_body_bytes)
+        if self.max_decoded_bytes < largest:
+            raise ValueError(f"max_decoded_bytes ({self.max_decoded_bytes}) must hold the largest encode input, "
+                             f"{largest} bytes (max_frames x max_height x max_width x 3 float32, or twice "
+                             "max_body_bytes)")
+        return self
+
 
 def _default_text(name: str) -> str:
-    field = Settings.model_fields[name]
-    if field.default_factory is not None:
+    default = Settings.model_fields[name].get_default(call_default_factory=True)
+    if default is None or default == []:
         return "none"
-    default = field.default
-    if default is None:
-        return "none"
+    if isinstance(default, list):
+        return ", ".join(f"`{value}`" for value in default)
     return f"`{default}`"
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..codecs.frames import BodyFormat, read_frames
+from ..codecs.frames import BodyFormat, plan_body
 from ..codecs.latents import check_latent_dims, serialize_latents
+from ..codecs.mp4 import ALL_CODECS
 from ..codecs.tensors import encode_npy, parse_npy, parse_safetensors
 from ..codecs.video import encode_mp4
 from ..engine.batches import pad_batch
@@ -43,7 +44,7 @@ def _decode_parser(sub) -> None:
 
 def _encode_parser(sub) -> None:
     p = sub.add_parser("encode", help="encode an image, video or frames file offline on the local devices")
-    p.add_argument("input", help=".mp4, .png, .jpg/.jpeg (pixels -> [-1, 1]), or .npy/.safetensors frames "
+    p.add_argument("input", help=".mp4/.mov, .png, .jpg/.jpeg (pixels -> [-1, 1]), or .npy/.safetensors frames "
                    "(B,3,F,H,W) or (B,3,H,W) in [-1, 1]")
     p.add_argument("-o", "--output", required=True,
                    help=".safetensors (tensor 'latents') or .npy: float32 (B,z,T,H/s,W/s), "
@@ -124,16 +125,17 @@ def decode(args: argparse.Namespace) -> int:
     return 0
 
 
-_FRAME_SUFFIXES: dict[str, BodyFormat] = {".mp4": "mp4", ".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".npy": "npy",
-                   ".safetensors": "safetensors"}
+_FRAME_SUFFIXES: dict[str, BodyFormat] = {".mp4": "mp4", ".mov": "mp4", ".png": "png", ".jpg": "jpeg",
+                                          ".jpeg": "jpeg", ".npy": "npy", ".safetensors": "safetensors"}
 
 
 def _load_frames(path: Path, config) -> np.ndarray:
-    """A file → checked frames ``(B, 3, F, H, W)`` float32 (no size limits offline)."""
+    """A file → checked frames ``(B, 3, F, H, W)`` float32 (offline: the user's own files, so no size
+    limits and every video codec the server can read)."""
     kind = _FRAME_SUFFIXES.get(path.suffix.lower())
     if kind is None:
         raise SystemExit(f"unsupported input {path.name}: use {', '.join(_FRAME_SUFFIXES)}")
-    return read_frames(path.read_bytes(), kind, None, None, config, Limits.unlimited())
+    return plan_body(path.read_bytes(), kind, None, None, config, Limits.unlimited(), codecs=ALL_CODECS).read()
 
 
 def encode(args: argparse.Namespace) -> int:

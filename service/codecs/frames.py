@@ -5,25 +5,34 @@ checked against the model (``F = 1 + 4k``; ``H``, ``W`` multiples of its spatial
 Wan 2.1, 16 for Wan 2.2) and the configured limits before any device work; what does not fit is
 a 422 problem with the nearest valid values.
 
-Body formats (:func:`body_format`):
+Reading a body takes two steps, so that nothing large exists before it is known to fit:
+:func:`plan_frames` reads only headers (the PNG/JPEG header, the MP4's sample table, the tensor's
+shape) and refuses what the limits, the model's shape rules or the promised formats refuse; the
+:class:`FramesPlan` it returns says how many bytes the frames will take (the HTTP layer budgets
+them) and :meth:`FramesPlan.read` then decodes into one array allocated for them.
 
-* PNG or JPEG: one image, one frame ``(1, 3, 1, H, W)``; pixels ``x`` become ``2 · (x / 255) − 1``
-  in float32, exactly as diffusers' ``VaeImageProcessor`` does (decoded with Pillow, like the PIL
-  images a pipeline holds). Palette, grey and RGBA images are converted to RGB (alpha dropped).
-* MP4: every frame of the first video stream (PyAV), converted like images: ``(1, 3, F, H, W)``.
+Body formats (:func:`body_format`; the bytes must be what the Content-Type says, 415 otherwise):
+
+* PNG or JPEG (``images``): one image, one frame ``(1, 3, 1, H, W)``; pixels ``x`` become
+  ``2 · (x / 255) − 1`` in float32, exactly as diffusers' ``VaeImageProcessor`` does (decoded with
+  Pillow, like the PIL images a pipeline holds). Palette, grey and RGBA images are converted to
+  RGB (alpha dropped); 16-bit images are refused.
+* MP4 or QuickTime MOV (``mp4``): every frame of the first video stream, in one of the promised
+  codecs, converted like images: ``(1, 3, F, H, W)``.
 * Tensors: raw little-endian bytes (``shape`` and ``dtype`` in the query), ``.npy`` or
   safetensors, ``(B, 3, F, H, W)`` or ``(B, 3, H, W)`` (one frame each), float32/float16/bfloat16.
 
 A body without a Content-Type (diffusers' ``remote_encode`` sends none), or with a generic one, is
-a raw tensor when ``shape`` is given, else it is recognized by its first bytes.
+a raw tensor when ``shape`` is given, else it is recognized by its first bytes (``sniff``).
 """
 
 from __future__ import annotations
 
-import io
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
-import av
 import numpy as np
 
 from models.config import WanVAEConfig
@@ -31,6 +40,10 @@ from models.shapes import FramesError, check_frames_shape
 
 from ..engine.limits import Limits
 from ..problem import Problem
+from ..settings import VideoCodec
+from .images import image_header, read_image
+from .mp4 import ALL_CODECS, decode_mp4, mp4_header
+from .sniff import sniff
 from .tensors import (
     NPY_CONTENT_TYPE,
     SAFETENSORS_CONTENT_TYPE,
@@ -44,13 +57,14 @@ from .tensors import (
 
 BodyFormat = Literal["png", "jpeg", "mp4", "raw", "npy", "safetensors"]
 IMAGE_CONTENT_TYPES = {"image/png": "png", "image/jpeg": "jpeg"}
-MP4_CONTENT_TYPE = "video/mp4"
+VIDEO_CONTENT_TYPES = ("video/mp4", "video/quicktime")
 # Content types that say nothing about the body: it is sniffed (or raw, when shape is given).
 GENERIC_CONTENT_TYPES = ("", "application/octet-stream", "binary/octet-stream", "application/x-www-form-urlencoded")
-FRAME_CONTENT_TYPES = (*IMAGE_CONTENT_TYPES, MP4_CONTENT_TYPE, *TENSOR_CONTENT_TYPES)
-# Pillow modes that convert to RGB without losing meaning (16-bit and float images would clip).
-IMAGE_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr")
+FRAME_CONTENT_TYPES = (*IMAGE_CONTENT_TYPES, *VIDEO_CONTENT_TYPES, *TENSOR_CONTENT_TYPES)
 FRAME_LAYOUTS = ["(B, 3, F, H, W)", "(B, 3, H, W)"]
+# What a media format's bytes must sniff as, and how a detail names it.
+_SNIFFED_AS = {"png": ("png", "a PNG image"), "jpeg": ("jpeg", "a JPEG image"), "mp4": ("isobmff", "an MP4/MOV video")}
+_READ_FROM_BYTES = {"png": "png", "jpeg": "jpeg", "isobmff": "mp4", "npy": "npy", "safetensors": "safetensors"}
 
 _SLUGS = {"ndim": "invalid-ndim", "channels": "invalid-channels", "sizes": "invalid-shape",
           "frames": "invalid-frame-count", "height": "invalid-height", "width": "invalid-width"}
@@ -65,24 +79,19 @@ def check_frames_content_type(content_type: str | None) -> str:
     return given
 
 
-def sniff(body: bytes) -> BodyFormat | None:
-    """The format its first bytes give away, if any."""
-    if body.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "png"
-    if body.startswith(b"\xff\xd8\xff"):
-        return "jpeg"
-    if body[4:8] == b"ftyp":
-        return "mp4"
-    if body.startswith(b"\x93NUMPY"):
-        return "npy"
-    return None
+def _unsupported(name: str, declared: str | None) -> Problem:
+    """415 for a body that is ``name`` (what its bytes are), where ``declared`` was expected."""
+    instead = f", not {declared}" if declared else ""
+    return Problem(415, "unsupported-media-type", f"the body is {name}{instead}: encode reads PNG, JPEG, MP4/MOV "
+                   "and frame tensors", expected=[*FRAME_CONTENT_TYPES, "(none: recognized by content)"], received=name)
 
 
 def body_format(media_type: str, body: bytes, has_shape: bool) -> BodyFormat:
-    """Which parser reads this body: its Content-Type, or for generic ones ``shape`` or its bytes."""
+    """Which parser reads this body: its Content-Type, or for generic ones ``shape`` or its bytes
+    (415 for bytes of a format the service does not read)."""
     if media_type in IMAGE_CONTENT_TYPES:
         return IMAGE_CONTENT_TYPES[media_type]  # type: ignore[return-value]
-    if media_type == MP4_CONTENT_TYPE:
+    if media_type in VIDEO_CONTENT_TYPES:
         return "mp4"
     if media_type == NPY_CONTENT_TYPE:
         return "npy"
@@ -90,65 +99,55 @@ def body_format(media_type: str, body: bytes, has_shape: bool) -> BodyFormat:
         return "safetensors"
     if media_type == "tensor/binary" or has_shape:  # octet-stream or generic, described by the query
         return "raw"
-    return sniff(body) or "raw"  # raw without a shape: 422 missing-shape names the formats
+    sniffed = sniff(body)
+    if sniffed.kind is not None:
+        return _READ_FROM_BYTES[sniffed.kind]  # type: ignore[return-value]
+    if sniffed.known:
+        raise _unsupported(sniffed.name, None)
+    return "raw"  # raw without a shape: 422 missing-shape names the formats
 
 
-def to_unit_range(pixels: np.ndarray) -> np.ndarray:
-    """uint8 pixels → float32 ``2 · (x / 255) − 1`` (diffusers' ``VaeImageProcessor`` arithmetic)."""
-    return 2.0 * (pixels.astype(np.float32) / np.float32(255.0)) - 1.0
+def _check_bytes_are(body: bytes, body_type: BodyFormat) -> None:
+    """415 unless a PNG, JPEG or MP4 body's first bytes are that format, naming what they are."""
+    kind, name = _SNIFFED_AS[body_type]
+    sniffed = sniff(body)
+    if sniffed.kind != kind:
+        raise _unsupported(sniffed.name, name)
 
 
-def _check_pixels(height: int, width: int, frames: int, limits: Limits) -> None:
-    """The configured limits, from a header, before pixels are decoded (no decompression bombs)."""
-    for name, value, limit, slug in (("frames", frames, limits.max_frames, "too-many-frames"),
-                                     ("height", height, limits.max_height, "too-large-height"),
-                                     ("width", width, limits.max_width, "too-large-width")):
+def to_unit_range(pixels: np.ndarray, out: np.ndarray) -> None:
+    """uint8 ``(H, W, 3)`` pixels → float32 ``(3, H, W)`` ``out``, ``2 · (x / 255) − 1``: diffusers'
+    ``VaeImageProcessor`` arithmetic, step by step in float32 (the same roundings), in place."""
+    np.divide(pixels.transpose(2, 0, 1), np.float32(255.0), out=out, dtype=np.float32)
+    out *= np.float32(2.0)
+    out -= np.float32(1.0)
+
+
+def check_shape(shape: tuple[int, ...], config: WanVAEConfig, limits: Limits) -> None:
+    """The model's shape rules (422 with the nearest valid frame count or size), then the
+    configured limits, for frames ``(B, 3, F, H, W)`` — from a header, before anything is decoded."""
+    try:
+        check_frames_shape(shape, config)
+    except FramesError as error:
+        raise Problem(422, _SLUGS.get(error.what, "invalid-shape"), str(error), expected=error.expected,
+                      received=error.received) from None
+    if shape[0] > limits.max_batch:
+        raise Problem(422, "too-large-batch", f"batch {shape[0]} is over the limit {limits.max_batch}",
+                      expected=f"batch <= {limits.max_batch}", received=shape[0])
+    for name, value, limit, slug in (("frames", shape[2], limits.max_frames, "too-many-frames"),
+                                     ("height", shape[3], limits.max_height, "too-large-height"),
+                                     ("width", shape[4], limits.max_width, "too-large-width")):
         if value > limit:
             raise Problem(422, slug, f"{name} {value} is over the limit {limit}", expected=f"{name} <= {limit}",
                           received=value)
 
 
-def parse_image(body: bytes, limits: Limits) -> np.ndarray:
-    """PNG/JPEG bytes → ``(1, 3, 1, H, W)`` float32 in [-1, 1] (the first frame of an animation)."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(body)) as image:
-            width, height = image.size
-            _check_pixels(height, width, 1, limits)
-            if image.mode not in IMAGE_MODES:
-                raise Problem(422, "invalid-image-mode", f"image mode {image.mode} does not convert to 8-bit RGB",
-                              expected=list(IMAGE_MODES), received=image.mode)
-            pixels = np.asarray(image.convert("RGB"))
-    except Problem:
-        raise
-    except Exception as exc:  # Pillow raises many types for truncated or corrupt files
-        raise Problem(422, "invalid-image", f"not a readable PNG/JPEG: {exc}", expected="PNG or JPEG",
-                      received=f"{len(body)} bytes") from None
-    return to_unit_range(pixels).transpose(2, 0, 1)[None, :, None]
-
-
-def parse_mp4(body: bytes, limits: Limits) -> np.ndarray:
-    """MP4 bytes → ``(1, 3, F, H, W)`` float32 in [-1, 1]: every frame of the first video stream."""
-    frames: list[np.ndarray] = []
-    try:
-        with av.open(io.BytesIO(body), mode="r") as container:
-            if not container.streams.video:
-                raise Problem(422, "invalid-video", "the file has no video stream", expected="an MP4 with video",
-                              received="no video stream")
-            stream = container.streams.video[0]
-            _check_pixels(stream.codec_context.height, stream.codec_context.width, 1, limits)
-            for frame in container.decode(stream):
-                _check_pixels(frame.height, frame.width, len(frames) + 1, limits)
-                frames.append(frame.to_ndarray(format="rgb24"))
-    except Problem:
-        raise
-    except Exception as exc:  # PyAV's FFmpegError family, and anything a corrupt container triggers
-        raise Problem(422, "invalid-video", f"not a readable MP4: {exc}", expected="MP4 (H.264 or any FFmpeg codec)",
-                      received=f"{len(body)} bytes") from None
-    if not frames:
-        raise Problem(422, "invalid-video", "the video has no frames", expected="at least 1 frame", received=0)
-    return to_unit_range(np.stack(frames)).transpose(3, 0, 1, 2)[None]
+def check_finite(frames: np.ndarray) -> None:
+    finite = np.isfinite(frames)
+    if not finite.all():
+        bad = int(frames.size - np.count_nonzero(finite))
+        raise Problem(422, "non-finite", f"frames contain {bad} NaN/Inf values", expected="finite values",
+                      received=f"{bad} non-finite of {frames.size}")
 
 
 def check_frame_dims(shape: tuple[int, ...]) -> None:
@@ -156,8 +155,52 @@ def check_frame_dims(shape: tuple[int, ...]) -> None:
     check_dims(shape, what="frames", layouts=FRAME_LAYOUTS, example="1,3,81,480,832")
 
 
-def parse_tensor(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | None, dtype: str | None) -> np.ndarray:
-    """A raw, ``.npy`` or safetensors frames tensor → float32 ``(B, 3, F, H, W)``."""
+@dataclass(frozen=True)
+class FramesPlan:
+    """A body whose headers passed every check: the frames ``shape`` ``(B, 3, F, H, W)`` it becomes,
+    and how to decode them (``fill(out, deadline)`` writes every value of ``out``)."""
+
+    shape: tuple[int, int, int, int, int]
+    fill: Callable[[np.ndarray, float | None], None]
+    checks_finite: bool  # tensors can hold NaN/Inf; decoded pixels cannot
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes of the float32 frames: what :meth:`read` allocates and the request holds."""
+        return math.prod(self.shape) * 4
+
+    def read(self, deadline: float | None = None) -> np.ndarray:
+        """The frames, float32 ``(B, 3, F, H, W)`` in one array allocated here; 422 for a body whose
+        data does not match its header, 504 past ``deadline`` (``time.monotonic()``)."""
+        out = np.empty(self.shape, np.float32)
+        self.fill(out, deadline)
+        if self.checks_finite:
+            check_finite(out)
+        return out
+
+
+def _image_plan(body: bytes, kind: Literal["png", "jpeg"], config: WanVAEConfig, limits: Limits) -> FramesPlan:
+    header = image_header(body, kind, lambda height, width: check_shape((1, 3, 1, height, width), config, limits))
+
+    def fill(out: np.ndarray, deadline: float | None) -> None:
+        to_unit_range(read_image(body, kind), out[0, :, 0])
+
+    return FramesPlan((1, 3, 1, header.height, header.width), fill, checks_finite=False)
+
+
+def _mp4_plan(body: bytes, config: WanVAEConfig, limits: Limits, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
+    header = mp4_header(body, codecs, limits.max_frames)
+    shape = (1, 3, header.frames, header.height, header.width)
+    check_shape(shape, config, limits)
+
+    def fill(out: np.ndarray, deadline: float | None) -> None:
+        decode_mp4(body, header, lambda index, rgb: to_unit_range(rgb, out[0, :, index]), deadline)
+
+    return FramesPlan(shape, fill, checks_finite=False)
+
+
+def _tensor_plan(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | None, dtype: str | None,
+                 config: WanVAEConfig, limits: Limits) -> FramesPlan:
     if body_type == "npy":
         array = parse_npy(body, check=check_frame_dims)
     elif body_type == "safetensors":
@@ -168,43 +211,37 @@ def parse_tensor(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | No
                           "send an image, an MP4, .npy or safetensors", expected="shape=B,3,F,H,W&dtype=float32",
                           received=None)
         array = parse_raw(body, shape, dtype, check=check_frame_dims)
-    array = np.asarray(array, np.float32)
-    return array[:, :, None] if array.ndim == 4 else array
+    view = array[:, :, None] if array.ndim == 4 else array  # a view of the body: nothing copied yet
+    check_shape(view.shape, config, limits)
+
+    def fill(out: np.ndarray, deadline: float | None) -> None:
+        out[...] = view  # float16/bfloat16/big-endian → float32, exactly
+
+    return FramesPlan(view.shape, fill, checks_finite=True)
 
 
-def check_frames(frames: np.ndarray, config: WanVAEConfig, limits: Limits) -> None:
-    """The model's shape rules (422 with the nearest valid frame count or size), the configured
-    limits, and finite values."""
-    try:
-        check_frames_shape(frames.shape, config)
-    except FramesError as error:
-        raise Problem(422, _SLUGS.get(error.what, "invalid-shape"), str(error), expected=error.expected,
-                      received=error.received) from None
-    if frames.shape[0] > limits.max_batch:
-        raise Problem(422, "too-large-batch", f"batch {frames.shape[0]} is over the limit {limits.max_batch}",
-                      expected=f"batch <= {limits.max_batch}", received=frames.shape[0])
-    _check_pixels(frames.shape[3], frames.shape[4], frames.shape[2], limits)
-    finite = np.isfinite(frames)
-    if not finite.all():
-        bad = int(frames.size - np.count_nonzero(finite))
-        raise Problem(422, "non-finite", f"frames contain {bad} NaN/Inf values", expected="finite values",
-                      received=f"{bad} non-finite of {frames.size}")
+def plan_body(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | None, dtype: str | None,
+              config: WanVAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
+    """The checks of a body whose format is known (a Content-Type, or a file's suffix offline),
+    from its headers alone; nothing of the size of the frames is allocated."""
+    if body_type in _SNIFFED_AS:
+        _check_bytes_are(body, body_type)
+    if body_type in ("png", "jpeg"):
+        return _image_plan(body, body_type, config, limits)
+    if body_type == "mp4":
+        return _mp4_plan(body, config, limits, codecs)
+    return _tensor_plan(body, body_type, shape, dtype, config, limits)
+
+
+def plan_frames(body: bytes, media_type: str, shape: tuple[int, ...] | None, dtype: str | None,
+                config: WanVAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
+    """An encode body's :class:`FramesPlan`, from its Content-Type (or bytes) and headers."""
+    return plan_body(body, body_format(media_type, body, shape is not None), shape, dtype, config, limits,
+                     codecs=codecs)
 
 
 def parse_frames(body: bytes, media_type: str, shape: tuple[int, ...] | None, dtype: str | None,
-                 config: WanVAEConfig, limits: Limits) -> np.ndarray:
-    """Body → checked float32 frames ``(B, 3, F, H, W)`` in [-1, 1]; raises Problem on bad input."""
-    return read_frames(body, body_format(media_type, body, shape is not None), shape, dtype, config, limits)
-
-
-def read_frames(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | None, dtype: str | None,
-                config: WanVAEConfig, limits: Limits) -> np.ndarray:
-    """``parse_frames`` for a body whose format is known (a file's suffix says it offline)."""
-    if body_type in ("png", "jpeg"):
-        frames = parse_image(body, limits)
-    elif body_type == "mp4":
-        frames = parse_mp4(body, limits)
-    else:
-        frames = parse_tensor(body, body_type, shape, dtype)
-    check_frames(frames, config, limits)
-    return np.ascontiguousarray(frames, np.float32)
+                 config: WanVAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...] = ALL_CODECS) -> np.ndarray:
+    """Body → checked float32 frames ``(B, 3, F, H, W)`` in [-1, 1] in one go (no budget in between:
+    tests and tools); every codec is read unless ``codecs`` says otherwise."""
+    return plan_frames(body, media_type, shape, dtype, config, limits, codecs=codecs).read()

@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from ..problem import Problem
+from .sniff import NPY_MAGIC, sniff
 
 RAW_CONTENT_TYPES = ("application/octet-stream", "tensor/binary")
 NPY_CONTENT_TYPE = "application/x-npy"
@@ -38,7 +39,6 @@ ShapeCheck = Callable[[tuple[int, ...]], None]  # raises Problem for a shape the
 def media_type(content_type: str | None) -> str:
     """``"Application/X-NPY; charset=x"`` -> ``"application/x-npy"``."""
     return (content_type or "").split(";")[0].strip().lower()
-
 
 
 def check_dims(shape: tuple[int, ...], *, what: str, layouts: list[str], example: str) -> None:
@@ -105,20 +105,36 @@ _NPY_DTYPES = {np.dtype("<f4"): "float32", np.dtype("<f2"): "float16", np.dtype(
                np.dtype(">f2"): "float16"}
 
 
+def _npy_problem(body: bytes, detail: str) -> Problem:
+    return Problem(422, "invalid-npy", detail, expected="a .npy file (version 1-3, starting with \\x93NUMPY)",
+                   received=f"{len(body)} bytes")
+
+
 def parse_npy(body: bytes, *, check: ShapeCheck) -> np.ndarray:
-    """``.npy`` bytes. ``allow_pickle=False``: object arrays would run code from the client."""
+    """``.npy`` bytes, read from their header before anything is allocated: ``check`` sees the
+    shape first, the data is then a view of ``body``. No pickles: object arrays are refused."""
+    if not body.startswith(NPY_MAGIC):
+        raise _npy_problem(body, f"the body is not a .npy file: it is {sniff(body).name}")
+    stream = io.BytesIO(body)
     try:
-        array = np.load(io.BytesIO(body), allow_pickle=False)
-    except Exception as exc:  # numpy raises several types for a malformed header
-        raise Problem(422, "invalid-npy", f"not a readable .npy body: {exc}", expected="numpy .npy v1-3",
-                      received=f"{len(body)} bytes") from None
-    if not isinstance(array, np.ndarray):
-        raise Problem(422, "invalid-npy", "expected one array", expected=".npy", received=type(array).__name__)
-    if array.dtype not in _NPY_DTYPES:
-        raise Problem(422, "invalid-dtype", f"unsupported dtype {array.dtype}", expected=["float32", "float16"],
-                      received=str(array.dtype))
-    check(array.shape)
-    return array
+        major, _ = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read_header(stream)
+    except Exception as exc:  # numpy raises ValueError and others for a malformed header
+        raise _npy_problem(body, f"the .npy header does not parse: {exc}") from None
+    if dtype.hasobject:
+        raise _npy_problem(body, "the .npy holds Python objects (pickled data), which are never loaded")
+    if dtype not in _NPY_DTYPES:
+        raise Problem(422, "invalid-dtype", f"unsupported dtype {dtype}", expected=["float32", "float16"],
+                      received=str(dtype))
+    check(shape)
+    data = memoryview(body)[stream.tell():]
+    expected = math.prod(shape) * dtype.itemsize
+    if len(data) != expected:
+        raise Problem(422, "body-length-mismatch", f"the .npy data has {len(data)} bytes; its header's shape "
+                      f"{list(shape)} x {dtype} needs {expected}", expected=expected, received=len(data))
+    array = np.frombuffer(data, dtype=dtype)
+    return array.reshape(shape[::-1]).transpose() if fortran_order else array.reshape(shape)
 
 
 def _safetensors_problem(body: bytes, detail: str) -> Problem:

@@ -251,7 +251,8 @@ class Worker:
         """The one device call of a batch, by operation: host arrays in, the host array out and its
         per-row non-finite count (encodes: none counted)."""
         assert self._runner is not None
-        inputs = np.concatenate([job.inputs for job in batch], axis=0)
+        # A batch of one runs on its own inputs: a copy would double the host memory of a large encode.
+        inputs = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
         head = batch[0]
         if head.operation == "decode":
             return self._runner.decode(inputs, output=head.output)

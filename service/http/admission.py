@@ -1,14 +1,17 @@
-"""Reading request bodies without letting clients hold memory or time: a byte budget shared by
-every body being read, a deadline on each read, and a client that leaves mid-upload reported as
-such (499) rather than as a server error.
+"""Admitting request bodies without letting clients hold memory or time: a byte budget shared by
+every body being read, a deadline on each read, a client that leaves mid-upload reported as such
+(499) rather than as a server error; and a budget for what bodies become once decoded (an
+encode's frames), which a request waits for, in turn, up to its deadline.
 
-Everything here runs on the event loop (one thread), so the budget needs no lock.
+Everything here runs on the event loop (one thread), so the budgets need no lock.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import collections
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from starlette.requests import ClientDisconnect, Request
@@ -82,3 +85,91 @@ async def read_body(request: Request, *, max_bytes: int, budget: ByteBudget, tim
         yield body
     finally:
         budget.give(held)
+
+
+async def client_left(request: Request) -> None:
+    """Returns when the client disconnects. Once the body is read, the next ASGI message can
+    only be ``http.disconnect``."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class MemoryBudget:
+    """At most ``limit`` bytes of decoded inputs held at once by the requests in flight, from the
+    moment their headers say how large they will be until their answer is sent.
+
+    A request that does not fit waits; waiters are served first come, first served, so a large
+    request is not passed over forever by small ones. ``in_use`` reports the bytes held."""
+
+    def __init__(self, limit: int, in_use: Callable[[int], None] = lambda used: None):
+        self.limit = limit
+        self.used = 0
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._report = in_use
+
+    def _grant(self) -> None:
+        while self._waiting:
+            size, granted = self._waiting[0]
+            if granted.done():  # cancelled: the request gave up waiting
+                self._waiting.popleft()
+                continue
+            if self.used + size > self.limit:
+                break
+            self._waiting.popleft()
+            self.used += size
+            granted.set_result(None)
+        self._report(self.used)
+
+    def release(self, size: int) -> None:
+        self.used -= size
+        self._grant()
+
+    async def acquire(self, size: int, *, deadline: float, retry_after_s: int, request: Request) -> None:
+        """Hold ``size`` bytes: at once when they fit and nobody waits, else in turn. 503 (with
+        ``Retry-After``) if the turn has not come by ``deadline`` (``time.monotonic()``),
+        :class:`ClientGone` if the client leaves while it waits."""
+        if size > self.limit:
+            raise Problem(422, "too-large-decoded", f"the decoded input needs {size} bytes, more than the "
+                          f"{self.limit} this server holds for all requests", expected=f"<= {self.limit} bytes",
+                          received=size)
+        if not self._waiting and self.used + size <= self.limit:
+            self.used += size
+            self._report(self.used)
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((size, granted))
+        watcher = asyncio.ensure_future(client_left(request))
+        try:
+            await asyncio.wait({granted, watcher}, timeout=max(0.0, deadline - time.monotonic()),
+                               return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled from outside: hand back what may have been granted
+            self._give_up(granted, size)
+            raise
+        finally:
+            watcher.cancel()
+        if granted.done():
+            return
+        self._give_up(granted, size)
+        if watcher.done() and not watcher.cancelled():
+            raise ClientGone("client left while its request waited for decoding memory")
+        raise Problem(503, "busy-decoding", f"{self.used} of {self.limit} bytes for decoded inputs are in use; "
+                      f"this request's {size} bytes did not fit before its deadline",
+                      expected=f"{size} bytes free of {self.limit}", received=f"{self.limit - self.used} bytes free",
+                      headers={"Retry-After": str(retry_after_s)})
+
+    def _give_up(self, granted: asyncio.Future[None], size: int) -> None:
+        if granted.done() and not granted.cancelled():
+            self.release(size)
+        else:
+            granted.cancel()
+            self._grant()  # the waiters behind this one may fit now
+
+    @asynccontextmanager
+    async def hold(self, size: int, *, deadline: float, retry_after_s: int, request: Request) -> AsyncIterator[None]:
+        await self.acquire(size, deadline=deadline, retry_after_s=retry_after_s, request=request)
+        try:
+            yield
+        finally:
+            self.release(size)

@@ -25,7 +25,7 @@ from ..metrics import Metrics
 from ..settings import Settings
 from ..slice.boot import FOLLOWER_STOP_MARGIN_S, slice_joiner
 from ..slice.control import SliceHooks
-from .admission import ByteBudget
+from .admission import ByteBudget, MemoryBudget
 from .middleware import RequestContext
 from .problems import install_error_handlers
 from .routes import decode, encode, operations
@@ -74,7 +74,9 @@ def create_app(settings: Settings | None = None, *, vae: Any = None, runner_fact
     """Build the app. ``vae`` (a ``models`` VAE) skips loading ``settings.model``;
     ``runner_factory(vae, mesh, max_batch=, dp=)`` replaces ``service.engine.runner.DeviceRunner``."""
     settings = settings or Settings()
-    state = ServiceState(settings=settings, metrics=Metrics(), reading=ByteBudget(settings.max_reading_bytes))
+    metrics = Metrics()
+    state = ServiceState(settings=settings, metrics=metrics, reading=ByteBudget(settings.max_reading_bytes),
+                         decoded=MemoryBudget(settings.max_decoded_bytes, metrics.decoded_bytes.set))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

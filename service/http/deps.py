@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from typing import Annotated
 
@@ -22,17 +23,21 @@ def get_state(request: Request) -> ServiceState:
 
 StateDep = Annotated[ServiceState, Depends(get_state)]
 
-_OWS = " \t"  # HTTP's optional whitespace; nothing else around a token is forgiven
+# RFC 9110's optional whitespace (OWS): spaces and horizontal tabs, nothing else (not NBSP, not NEL).
+_OWS = " \t"
+_CREDENTIALS = re.compile(r"([^ \t]*)[ \t]*(.*)", re.S)  # scheme, OWS, token: matches every string
 
 
 def require_api_key(state: StateDep, authorization: Annotated[str | None, Header()] = None) -> None:
-    """``Authorization: Bearer KEY`` when an API key is configured: the scheme is case-insensitive,
-    the token is compared exactly (constant time) once the spaces after ``Bearer`` are skipped."""
+    """``Authorization: Bearer KEY`` when an API key is configured: the scheme is case-insensitive;
+    OWS around the value and between scheme and token is skipped (RFC 9110 asks for spaces there,
+    a tab is taken too: it cannot change which token is compared); the token is compared exactly,
+    in constant time."""
     key = state.settings.api_key
     if key is None:
         return
-    scheme, _, token = (authorization or "").strip(_OWS).partition(" ")
-    given = token.lstrip(_OWS).encode("latin-1")  # Starlette decodes header bytes as latin-1
+    scheme, token = _CREDENTIALS.fullmatch((authorization or "").strip(_OWS)).groups()  # type: ignore[union-attr]
+    given = token.encode("latin-1")  # Starlette decodes header bytes as latin-1
     if scheme.lower() != "bearer" or not secrets.compare_digest(given, key.get_secret_value().encode()):
         raise Problem(401, "unauthorized", "missing or wrong bearer token",
                       expected="Authorization: Bearer <key>",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codecs.frames import parse_frames
+from ..codecs.frames import FramesPlan, plan_frames
 from ..codecs.latents import check_finite, parse_latents, unscale_latents
 from ..engine.errors import ShapeNotServed
 from ..engine.model import ModelState
 from ..metrics import Metrics
 from ..problem import Problem
+from ..settings import VideoCodec
 from .schemas import DecodeParams, EncodeParams
 
 
@@ -43,14 +44,15 @@ def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: Mod
     return np.ascontiguousarray(values, np.float32), batched
 
 
-def encode_inputs(body: bytes, media_type: str, params: EncodeParams, model: ModelState,
-                  metrics: Metrics) -> np.ndarray:
-    """Body → frames ``(B, 3, F, H, W)`` float32 in [-1, 1]: parsed (image, MP4 or tensor), checked
-    against the model's shape rules and the limits, finite, and served (``--shapes``)."""
-    video = parse_frames(body, media_type, params.shape, params.dtype, model.vae.config, model.limits)
+def encode_plan(body: bytes, media_type: str, params: EncodeParams, model: ModelState, metrics: Metrics,
+                codecs: tuple[VideoCodec, ...]) -> FramesPlan:
+    """Body → the plan of its frames ``(B, 3, F, H, W)``, from its headers alone: its format (the
+    bytes must be what the Content-Type says; videos in one of ``codecs``), the model's shape
+    rules, the limits, and the shapes served (``--shapes``). Nothing is decoded yet."""
+    plan = plan_frames(body, media_type, params.shape, params.dtype, model.vae.config, model.limits, codecs=codecs)
     try:
-        model.check_encode_served(video.shape[1:])
+        model.check_encode_served(plan.shape[1:])
     except ShapeNotServed:
         metrics.refused_shapes.inc()
         raise
-    return video
+    return plan

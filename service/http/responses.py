@@ -20,22 +20,15 @@ from ..engine.errors import EngineError, NonFiniteOutput
 from ..engine.jobs import STREAM_END, Job, JobResult
 from ..metrics import Metrics
 from ..problem import Problem
+from .admission import client_left
 from .problems import ClientGone, engine_problem
 from .schemas import DecodeParams, EncodeParams
-
-
-async def _wait_disconnect(request: Request) -> None:
-    # The body is already read, so the next ASGI message can only be http.disconnect.
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 async def wait_for(request: Request, job: Job, awaitable: asyncio.Future):
     """Result of ``awaitable``, or 504 at the job's deadline, or ClientGone if the client left.
     Either way out, the job is marked cancelled so the worker does not spend device time on it."""
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watcher = asyncio.ensure_future(client_left(request))
     try:
         done, _ = await asyncio.wait(
             {awaitable, watcher}, timeout=max(0.0, job.deadline - time.monotonic()),

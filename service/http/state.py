@@ -16,7 +16,7 @@ from ..engine.model import ModelState
 from ..engine.worker import Worker
 from ..metrics import Metrics
 from ..settings import Settings
-from .admission import ByteBudget
+from .admission import ByteBudget, MemoryBudget
 
 log = logging.getLogger("vaeserve")
 
@@ -27,7 +27,8 @@ Phase = Literal["loading", "ready", "draining", "failed"]
 class ServiceState:
     settings: Settings
     metrics: Metrics
-    reading: ByteBudget
+    reading: ByteBudget  # request bodies being read
+    decoded: MemoryBudget  # what encode bodies become once decoded (float32 frames)
     worker: Worker | None = None  # set by the lifespan
     phase: Phase = "loading"
     model: ModelState | None = None

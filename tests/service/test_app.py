@@ -162,13 +162,14 @@ def test_a_decode_that_comes_out_non_finite_is_422_naming_the_scaling(client):
 # ---- auth -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [f"Bearer {KEY}", f"bearer {KEY}", f"Bearer   {KEY}", f"BEARER {KEY} "])
+@pytest.mark.parametrize("value", [f"Bearer {KEY}", f"bearer {KEY}", f"Bearer   {KEY}", f"BEARER {KEY} ", f"Bearer\t{KEY}",
+                                   f"\tBearer \t {KEY}\t"])
 def test_bearer_token_accepted(client, value):
     assert client.get("/v1/models", headers={"Authorization": value}).status_code == 200
 
 
 @pytest.mark.parametrize("value", [f"Bearer {KEY}\xa0", f"Bearer \x85{KEY}", f"Bearer {KEY}x", f"Bearer {KEY[:-1]}",
-                                   KEY, f"Basic {KEY}", "Bearer"])
+                                   KEY, f"Basic {KEY}", "Bearer", f"Bearer{KEY}", f"Bearer\v{KEY}"])
 def test_bearer_token_compared_exactly(client, value):
     # str.strip() used to forgive Unicode spaces (NBSP, NEL) around the token.
     r = client.get("/v1/models", headers={"Authorization": value.encode("latin-1")})

@@ -205,7 +205,7 @@ def test_python_client(server, tiny_vae):
       "non-finite", "finite values"),
      (frames((1, 3, 13, 16, 24)).tobytes(), {"shape": "1,3,13,16,24", "dtype": "float32"}, None, 422,
       "too-many-frames", "frames <= 9"),
-     (b"\x89PNG\r\n\x1a\n" + b"\0" * 64, {}, "image/png", 422, "invalid-image", "PNG or JPEG"),
+     (b"\x89PNG\r\n\x1a\n" + b"\0" * 64, {}, "image/png", 422, "invalid-image", "a readable PNG image"),
      (b"\0" * 64, {}, "application/octet-stream", 422, "missing-shape", "shape=B,3,F,H,W&dtype=float32"),
      (b"\0" * 64, {}, "text/plain", 415, "unsupported-media-type", None)],
     ids=["frames-4", "height-20", "channels-4", "short-body", "nan", "frames-over-limit", "corrupt-png",

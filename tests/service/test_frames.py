@@ -1,5 +1,6 @@
-"""Encode bodies without a server (``service.frames``): format recognition, the pixel conversion
-against diffusers' own image processor, shape rules with the nearest valid values, limits."""
+"""Encode bodies without a server (``service.codecs.frames``): format recognition, the pixel
+conversion against diffusers' own image processor, shape rules with the nearest valid values,
+limits. (Hostile and odd bodies: test_encode_inputs.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from PIL import Image
 
 import models
-from service.codecs.frames import body_format, check_frames, check_frames_content_type, parse_image, parse_tensor
+from service.codecs.frames import body_format, check_frames_content_type, check_shape, parse_frames
 from service.codecs.latents import scale_latents, serialize_latents
 from service.engine.limits import Limits
 from service.problem import Problem
@@ -23,6 +24,14 @@ def problem_of(fn, *args) -> Problem:
     with pytest.raises(Problem) as info:
         fn(*args)
     return info.value
+
+
+def parse_image(body: bytes, limits: Limits) -> np.ndarray:
+    return parse_frames(body, "", None, None, CONFIG, limits)
+
+
+def parse_tensor(body: bytes, shape: tuple[int, ...] | None, dtype: str | None) -> np.ndarray:
+    return parse_frames(body, "tensor/binary", shape, dtype, CONFIG, LIMITS)
 
 
 def image_bytes(rgb: np.ndarray, fmt: str = "PNG", mode: str | None = None) -> bytes:
@@ -70,7 +79,7 @@ def test_palette_grey_and_rgba_images_become_rgb_and_16_bit_is_refused():
     deep = Image.fromarray(rgb[..., 0].astype(np.uint16) * 257)
     buffer = io.BytesIO()
     deep.save(buffer, format="PNG")
-    assert problem_of(parse_image, buffer.getvalue(), LIMITS).slug == "invalid-image-mode"
+    assert problem_of(parse_image, buffer.getvalue(), LIMITS).slug == "unsupported-bit-depth"
 
 
 def test_sizes_are_checked_from_the_header_before_pixels_are_decoded():
@@ -86,17 +95,17 @@ def test_sizes_are_checked_from_the_header_before_pixels_are_decoded():
      ((1, 1, 1, 16, 16), "invalid-channels", 3)],
 )
 def test_shape_rules_name_the_nearest_valid_values(shape, slug, expected):
-    problem = problem_of(check_frames, np.zeros(shape, np.float32), CONFIG, LIMITS)
+    problem = problem_of(check_shape, shape, CONFIG, LIMITS)
     assert (problem.slug, problem.expected) == (slug, expected)
 
 
 def test_tensor_bodies_four_and_five_dims_and_dtypes():
     x = np.random.default_rng(2).uniform(-1, 1, (2, 3, 8, 8)).astype(np.float32)
-    raw = parse_tensor(x.astype(np.float16).tobytes(), "raw", x.shape, "float16")
+    raw = parse_tensor(x.astype(np.float16).tobytes(), x.shape, "float16")
     assert raw.shape == (2, 3, 1, 8, 8) and raw.dtype == np.float32
     assert np.array_equal(raw[:, :, 0], x.astype(np.float16).astype(np.float32))
-    assert problem_of(parse_tensor, b"", "raw", (1, 3, 8), "float32").slug == "invalid-ndim"
-    assert problem_of(parse_tensor, b"", "raw", None, None).slug == "missing-shape"
+    assert problem_of(parse_tensor, b"", (1, 3, 8), "float32").slug == "invalid-ndim"
+    assert problem_of(parse_tensor, b"", None, None).slug == "missing-shape"
 
 
 def test_latents_out_scaling_and_formats():

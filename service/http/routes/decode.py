@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import anyio
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -44,4 +45,5 @@ async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsM
 
     return await serve_job(
         request, state, make_job=make_job, answer=answer,
-        parse=lambda body, model: decode_inputs(body, media_type, params, model, state.metrics))
+        parse=lambda body, model, holds, arrived: anyio.to_thread.run_sync(
+            decode_inputs, body, media_type, params, model, state.metrics))
