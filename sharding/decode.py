@@ -168,8 +168,9 @@ def band_counts(local: Callable) -> Callable:
 
 
 def band_total(counts: jax.Array) -> np.ndarray:
-    """A program's ``(B, tp)`` per-band non-finite counts → ``(B,)`` on the host."""
-    return to_host(counts).sum(axis=1)
+    """A program's ``(B, tp)`` per-band int32 non-finite counts → ``(B,)`` int64 on the host (the
+    bands' sum may pass what one band's int32 holds)."""
+    return to_host(counts).sum(axis=1, dtype=np.int64)
 
 
 def _full(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output: Output, chunk: int,
