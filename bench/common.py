@@ -34,14 +34,18 @@ def bench_config(name: str) -> models.WanVAEConfig:
     return models.WanVAEConfig() if name == "real" else models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 
 
-def diffusers_reference(config: models.WanVAEConfig, folder: str | Path) -> Any:
-    """diffusers' ``AutoencoderKLWan`` for ``config`` with seeded random weights, saved to ``folder``
-    (so that ``models.load_vae(folder)`` holds the same weights)."""
+def diffusers_reference(config: models.VAEConfig, folder: str | Path) -> Any:
+    """diffusers' model of ``config``'s family (``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo``,
+    ``AutoencoderKLHunyuanVideo15``) with seeded random weights, saved to ``folder`` (so that
+    ``models.load_vae(folder)`` holds the same weights). HunyuanVideo's is set to decode whole clips
+    (``use_framewise_decoding=False``): the model, not diffusers' default tiling of long clips."""
+    import diffusers
     import torch
-    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
     torch.manual_seed(0)
-    reference = AutoencoderKLWan(**{k: v for k, v in config.to_dict().items() if k != "_class_name"}).eval()
+    model_class = getattr(diffusers, config.class_name)
+    reference = model_class(**{k: v for k, v in config.to_dict().items() if k != "_class_name"}).eval()
+    reference.use_framewise_decoding = reference.use_framewise_encoding = False
     reference.save_pretrained(folder)
     return reference
 

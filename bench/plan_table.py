@@ -1,18 +1,22 @@
 #!/usr/bin/env python
-"""Per-chip memory of the Wan 2.1 decode on TPU v5e-8, v6e-8 and v5p-8 (libtpu's compiler) or on
-8-GPU H100 and H200 hosts (XLA's CUDA compiler), compiled on this host: no TPU, no GPU.
+"""Per-chip memory of the Wan 2.1 and HunyuanVideo 1.0 / 1.5 decodes on TPU v5e-8, v6e-8 and v5p-8
+(libtpu's compiler) or on 8-GPU H100 and H200 hosts (XLA's CUDA compiler), compiled on this host:
+no TPU, no GPU.
 
-Each row compiles the sharded decode (uint8 output, batch 1) for one (video, slice, dtype, tp) on
-the slice's abstract devices — the program `vaeserve plan` compiles — and appends one JSON line to
-``--results``. Rows already there are skipped, so an interrupted run resumes where it stopped, and
-two processes can share the work (disjoint ``--slices`` or ``--only``; each skips what the other
-has finished).
-``--render`` prints the README table and writes the memory-vs-tp PNG.
+Each row compiles the sharded decode (uint8 output, batch 1) for one (model, video, slice, dtype,
+tp) on the slice's abstract devices — the program `vaeserve plan` compiles — and appends one JSON
+line to ``--results``. Rows already there are skipped, so an interrupted run resumes where it
+stopped, and two processes can share the work (disjoint ``--slices``, ``--models`` or ``--only``;
+each skips what the other has finished). A program the TPU compiler refuses for memory is a row
+too (it does not fit), with the bytes the compiler says it needs.
+``--render`` prints the docs' tables and writes the memory-vs-tp PNG.
 
     nice -n 19 python bench/plan_table.py                 # every TPU row (hours on 2 cores), resumable
-    nice -n 10 python bench/plan_table.py --only 1280x720x81:v5e-8:bfloat16:1   # chosen rows only
+    nice -n 10 python bench/plan_table.py --only 1280x720x81:v5e-8:bfloat16:1   # chosen rows only (Wan 2.1)
+    nice -n 19 python bench/plan_table.py --only hunyuan1.0:1280x720x129:v6e-8:bfloat16:8   # MODEL:VIDEO:…
+    nice -n 19 python bench/plan_table.py --models hunyuan1.5 --descending   # tp = 8, 4, … down to the last fit
     nice -n 19 python bench/plan_table.py --first-fit --slices v6e-8   # per (video, dtype): tp up to the first fit
-    python bench/plan_table.py --render                   # the README table + docs/tpu-plan/memory.png
+    python bench/plan_table.py --render                   # the docs' tables + docs/tpu-plan/memory.png
     python bench/plan_table.py --platform gpu             # every GPU row (needs the `cuda` extra; seconds each)
     python bench/plan_table.py --platform gpu --render    # docs/gpu-plan/memory.png
 
@@ -35,6 +39,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the devices 
 
 VIDEOS = ("1280x720x81", "832x480x81", "1920x1080x81", "1280x720x121")
 DTYPES = ("bfloat16", "float32")
+DEFAULT_MODEL = "wan2.1"  # rows written before the table had other models name none
+# Each model's videos, slices and dtypes (the slices' tps are the table's). HunyuanVideo: the
+# videos its pipelines make (129 frames for 1.0, 121 for 1.5 at 720p), on the two slices that
+# serve decodes cheaply, bfloat16 first.
+MODELS = {
+    "wan2.1": (VIDEOS, None, DTYPES),
+    "hunyuan1.0": (("1280x720x129",), ("v5e-8", "v6e-8"), DTYPES),
+    "hunyuan1.5": (("1280x720x121",), ("v5e-8", "v6e-8"), DTYPES),
+}
+MODEL_TITLES = {"wan2.1": "Wan 2.1", "hunyuan1.0": "HunyuanVideo", "hunyuan1.5": "HunyuanVideo 1.5"}
 
 
 class Table(NamedTuple):
@@ -56,26 +70,34 @@ SLICE_STYLES = (("o", "-"), ("s", "--"), ("^", ":"))  # marker and line of each 
 SLICES = {name: tps for table in TABLES.values() for name, tps in table.slices.items()}
 
 
-def groups(platform: str) -> list[tuple[str, str, str, tuple[int, ...]]]:
-    """``(dtype, video, slice, tps)`` of one platform's table, in the table's order."""
-    return [(dtype, video, name, tps) for dtype in DTYPES for video in VIDEOS
-            for name, tps in TABLES[platform].slices.items()]
+def groups(platform: str, model: str = DEFAULT_MODEL) -> list[tuple[str, str, str, tuple[int, ...]]]:
+    """``(dtype, video, slice, tps)`` of one model's rows of a platform's table, in the table's order."""
+    videos, slices, dtypes = MODELS[model]
+    return [(dtype, video, name, tps) for dtype in dtypes for video in videos
+            for name, tps in TABLES[platform].slices.items() if slices is None or name in slices]
 
 
-def rows(platform: str) -> list[dict]:
-    """Every row of one platform's table."""
-    return [{"video": video, "slice": name, "dtype": dtype, "tp": tp}
-            for dtype, video, name, tps in groups(platform) for tp in tps]
+def rows(platform: str, models: tuple[str, ...] = tuple(MODELS)) -> list[dict]:
+    """Every row of one platform's table (of ``models``)."""
+    found = []
+    for model in models:
+        for dtype, video, name, tps in groups(platform, model):
+            found += [{**({"model": model} if model != DEFAULT_MODEL else {}), "video": video, "slice": name,
+                       "dtype": dtype, "tp": tp} for tp in tps]
+    return found
 
 
 def key(row: dict) -> tuple:
-    return row["video"], row["slice"], row["dtype"], row["tp"]
+    return row.get("model", DEFAULT_MODEL), row["video"], row["slice"], row["dtype"], row["tp"]
 
 
 def parse_row(text: str) -> tuple:
-    """``"1280x720x81:v5e-8:bfloat16:1"`` → the row's key."""
-    video, name, dtype, tp = text.split(":")
-    return video, name, dtype, int(tp)
+    """``"1280x720x81:v5e-8:bfloat16:1"`` (Wan 2.1) or ``"hunyuan1.0:1280x720x129:v6e-8:bfloat16:8"``
+    → the row's key."""
+    parts = text.split(":")
+    model = parts.pop(0) if len(parts) == 5 else DEFAULT_MODEL
+    video, name, dtype, tp = parts
+    return model, video, name, dtype, int(tp)
 
 
 def done(path: Path) -> dict[tuple, dict]:
@@ -86,9 +108,15 @@ def done(path: Path) -> dict[tuple, dict]:
 
 
 def fits_below(results: dict[tuple, dict], row: dict) -> bool:
-    """Whether a smaller tp of the same video, slice and dtype already fits."""
-    return any(results.get((row["video"], row["slice"], row["dtype"], tp), {}).get("fits")
-               for tp in SLICES[row["slice"]] if tp < row["tp"])
+    """Whether a smaller tp of the same model, video, slice and dtype already fits."""
+    return any(results.get((*key(row)[:4], tp), {}).get("fits") for tp in SLICES[row["slice"]] if tp < row["tp"])
+
+
+def fails_above(results: dict[tuple, dict], row: dict) -> bool:
+    """Whether a larger tp of the same model, video, slice and dtype does not fit (then a smaller
+    one will not either: the per-chip bytes fall with tp)."""
+    return any(key(row)[:4] + (tp,) in results and not results[(*key(row)[:4], tp)].get("fits")
+               for tp in SLICES[row["slice"]] if tp > row["tp"])
 
 
 def run(args: argparse.Namespace) -> None:
@@ -100,20 +128,23 @@ def run(args: argparse.Namespace) -> None:
     from sharding.planner import latent_shape_for_video, parse_dims, plan_mesh
 
     finished = done(args.results)
-    todo = [r for r in rows(args.platform) if key(r) not in finished and (not args.only or key(r) in args.only)
-            and (not args.slices or r["slice"] in args.slices)]
-    if args.first_fit:  # the smallest tp that fits answers "what do I need"; larger tps only fit better
-        todo.sort(key=lambda r: (DTYPES.index(r["dtype"]), VIDEOS.index(r["video"]), r["slice"], r["tp"]))
+    todo = [r for r in rows(args.platform, tuple(args.models or MODELS)) if key(r) not in finished
+            and (not args.only or key(r) in args.only) and (not args.slices or r["slice"] in args.slices)]
+    if args.first_fit or args.descending:
+        # The smallest tp that fits answers "what do I need": ascending stops at the first fit;
+        # descending (where small tps surely do not fit) at the first that does not.
+        todo.sort(key=lambda r: (DTYPES.index(r["dtype"]), *key(r)[:3], -r["tp"] if args.descending else r["tp"]))
     if args.limit:
         todo = todo[: args.limit]
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    config = models.WanVAEConfig()
     print(f"{len(finished)} rows done, {len(todo)} to compile → {args.results}", file=sys.stderr)
     for row in (bar := tqdm(todo, unit="compile")):
         latest = done(args.results)  # another process (``--only``, another ``--slices``) may have finished it
-        if key(row) in latest or (args.first_fit and fits_below(latest, row)):
+        if key(row) in latest or (args.first_fit and fits_below(latest, row)) or (
+                args.descending and fails_above(latest, row)):
             continue
         bar.set_postfix_str(" ".join(map(str, key(row))))
+        config = models.MODEL_NAMES[key(row)[0]]()
         vae = models.abstract_vae(config, dtype=row["dtype"])  # a fresh program cache: one program at a time
         devices = topology_devices(row["slice"])
         latents = latent_shape_for_video(config, *parse_dims(row["video"], 3, "video"))
@@ -122,8 +153,13 @@ def run(args: argparse.Namespace) -> None:
         try:
             chip = chip_facts(devices[0].device_kind)
             plan = plan_mesh(vae, (1, *latents), mesh, chip, hbm_bytes=chip.hbm_bytes, output="uint8")
-            if plan.refused:
-                raise RuntimeError(plan.refused)
+            if plan.refused:  # the compiler's own verdict: it does not fit, and needs at least this much
+                result = {**row, "error": plan.refused[:300], "required_bytes": plan.total_bytes,
+                          "usable_bytes": plan.usable_bytes, "fits": False, "compile_s": plan.compile_s,
+                          "compile_cpu_s": round(time.process_time() - cpu, 1)}
+                with args.results.open("a") as f:
+                    f.write(json.dumps(result) + "\n")
+                continue
             result = {**row, **{k: getattr(plan, k) for k in (
                 "split", "argument_bytes", "output_bytes", "temp_bytes", "code_bytes", "total_bytes", "hbm_bytes",
                 "usable_bytes", "fits", "flops", "bytes_accessed", "compile_s", "bound_s")},
@@ -135,50 +171,66 @@ def run(args: argparse.Namespace) -> None:
             f.write(json.dumps(result) + "\n")
 
 
-def coverage(platform: str, results: dict[tuple, dict]) -> str:
+def coverage(platform: str, results: dict[tuple, dict], model: str = DEFAULT_MODEL) -> str:
     """One line: rows compiled per slice, and for how many (video, slice, dtype) the smallest tp
-    that fits is known (a fitting tp with every smaller one compiled, or every tp compiled)."""
-    every = rows(platform)
+    that fits is known (a fitting tp with every smaller one compiled, or every tp compiled, or — a
+    larger tp known not to fit — every larger one that fits)."""
+    every = rows(platform, (model,))
     per_slice = ", ".join(f"{name} {sum(key(r) in results for r in every if r['slice'] == name)}/"
-                          f"{sum(r['slice'] == name for r in every)}" for name in TABLES[platform].slices)
-    answered = 0
-    for dtype, video, name, tps in groups(platform):
-        for tp in sorted(tps):
-            r = results.get((video, name, dtype, tp))
-            if r is None:
-                break
-            if r.get("fits") or tp == max(tps):
-                answered += 1
-                break
+                          f"{sum(r['slice'] == name for r in every)}" for name in TABLES[platform].slices
+                          if any(r["slice"] == name for r in every))
+    answered = sum(smallest_fit(results, model, video, name, dtype, tps) is not None
+                   for dtype, video, name, tps in groups(platform, model))
     return (f"{sum(key(r) in results for r in every)} of {len(every)} rows compiled ({per_slice}); "
-            f"the smallest tp that fits is known for {answered} of {len(groups(platform))} (video, slice, dtype)")
+            f"the smallest tp that fits is known for {answered} of {len(groups(platform, model))} "
+            "(video, slice, dtype)")
+
+
+def smallest_fit(results: dict[tuple, dict], model: str, video: str, name: str, dtype: str,
+                 tps: tuple[int, ...]) -> int | str | None:
+    """The smallest tp that fits, ``"none"`` when none up to the largest does, or None when the rows
+    compiled so far do not tell."""
+    verdicts = {tp: results[(model, video, name, dtype, tp)].get("fits", False)
+                for tp in tps if (model, video, name, dtype, tp) in results}
+    fitting = [tp for tp, fits in verdicts.items() if fits]
+    if fitting and all(tp in verdicts for tp in tps if tp < min(fitting)):
+        return min(fitting)
+    if max(tps) in verdicts and not verdicts[max(tps)]:
+        return "none"
+    return None
+
+
+def _cell(r: dict | None, tp: int, tps: tuple[int, ...]) -> str:
+    if tp not in tps:
+        return "—"
+    if r is None:
+        return "not run"
+    if "RESOURCE_EXHAUSTED" in r.get("error", ""):  # the TPU compiler's own verdict, in seconds
+        return f"✗ refused: ≥ {r['required_bytes'] / 1e9:.1f} GB" if "required_bytes" in r else "✗ refused: > HBM"
+    if "error" in r:
+        return "compile failed"
+    return f"{r['total_bytes'] / 1e9:.1f} GB {'✓' if r['fits'] else '✗'}"
 
 
 def render(args: argparse.Namespace) -> None:
     results = done(args.results)
-    print(coverage(args.platform, results) + "\n")
-    print("| video | slice | dtype | tp=1 | tp=2 | tp=4 | tp=8 | compile s, wall/CPU, per row compiled (tp = 1 … 8) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for dtype, video, name, tps in groups(args.platform):
-        cells, times = [], []
-        for tp in (1, 2, 4, 8):
-            r = results.get((video, name, dtype, tp))
-            if tp not in tps:
-                cells.append("—")
-            elif r is None:
-                cells.append("not run")
-            elif "RESOURCE_EXHAUSTED" in r.get("error", ""):
-                cells.append("✗ refused: > HBM")  # the TPU compiler's own verdict, in seconds
-            elif "error" in r:
-                cells.append("compile failed")
-            else:
-                cells.append(f"{r['total_bytes'] / 1e9:.1f} GB {'✓' if r['fits'] else '✗'}")
-            if r is not None:
-                times.append(f"{r['compile_s']:.0f}/{r['compile_cpu_s']:.0f}" if "compile_cpu_s" in r
-                             else f"{r['compile_s']:.0f}/—")
-        if any(c not in ("—", "not run") for c in cells):
-            print(f"| {video.replace('x', '×', 1).replace('x', ' × ')} | {name} | {dtype} | "
-                  f"{' | '.join(cells)} | {' · '.join(times)} |")
+    for model in args.models or MODELS:
+        if not any(key(r) in results for r in rows(args.platform, (model,))):
+            continue
+        print(f"{MODEL_TITLES[model]}: {coverage(args.platform, results, model)}\n")
+        print("| video | slice | dtype | tp=1 | tp=2 | tp=4 | tp=8 | smallest tp that fits "
+              "| compile s, wall/CPU, per row compiled (tp = 1 … 8) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for dtype, video, name, tps in groups(args.platform, model):
+            found = [results.get((model, video, name, dtype, tp)) for tp in (1, 2, 4, 8)]
+            cells = [_cell(r, tp, tps) for r, tp in zip(found, (1, 2, 4, 8), strict=True)]
+            times = [f"{r['compile_s']:.0f}/{r['compile_cpu_s']:.0f}" if "compile_cpu_s" in r else f"{r['compile_s']:.0f}/—"
+                     for r in found if r is not None]
+            fit = smallest_fit(results, model, video, name, dtype, tps)
+            if any(c not in ("—", "not run") for c in cells):
+                print(f"| {video.replace('x', '×', 1).replace('x', ' × ')} | {name} | {dtype} | "
+                      f"{' | '.join(cells)} | {'?' if fit is None else fit} | {' · '.join(times)} |")
+        print()
     plot(results, TABLES[args.platform])
 
 
@@ -196,8 +248,8 @@ def plot(results: dict[tuple, dict], table: Table) -> None:
         for color, video in enumerate(VIDEOS):  # one colour per video, one marker and line per slice
             for index, (name, tps) in enumerate(table.slices.items()):
                 marker, line = SLICE_STYLES[index % len(SLICE_STYLES)]
-                points = [(tp, results[(video, name, dtype, tp)]["total_bytes"] / 1e9) for tp in tps
-                          if "total_bytes" in results.get((video, name, dtype, tp), {})]
+                points = [(tp, results[(DEFAULT_MODEL, video, name, dtype, tp)]["total_bytes"] / 1e9) for tp in tps
+                          if "total_bytes" in results.get((DEFAULT_MODEL, video, name, dtype, tp), {})]
                 if points:
                     ax.plot(*zip(*sorted(points), strict=True), color=f"C{color}", marker=marker, linestyle=line,
                             label=f"{video} {name}")
@@ -229,8 +281,14 @@ def main(argv=None) -> None:
                         "docs/tpu-plan/results.jsonl or docs/gpu-plan/results.jsonl")
     parser.add_argument("--render", action="store_true", help="print the table and write the PNG; compile nothing")
     parser.add_argument("--limit", type=int, help="compile at most this many rows now")
-    parser.add_argument("--only", type=parse_row, action="append", metavar="VIDEO:SLICE:DTYPE:TP",
-                        help="compile only this row (repeatable), e.g. 1280x720x81:v5e-8:bfloat16:1")
+    parser.add_argument("--only", type=parse_row, action="append", metavar="[MODEL:]VIDEO:SLICE:DTYPE:TP",
+                        help="compile only this row (repeatable), e.g. 1280x720x81:v5e-8:bfloat16:1 (Wan 2.1) or "
+                             "hunyuan1.0:1280x720x129:v6e-8:bfloat16:8")
+    parser.add_argument("--models", type=lambda text: text.split(","), metavar="wan2.1,hunyuan1.0",
+                        help=f"compile (or render) only rows of these models (of {', '.join(MODELS)})")
+    parser.add_argument("--descending", action="store_true",
+                        help="per model, video, slice and dtype, compile tp = 8, 4, … only down to the first that "
+                             "does not fit (for models whose small tps surely do not)")
     parser.add_argument("--slices", type=lambda text: text.split(","), metavar="v5e-8,v6e-8",
                         help=f"compile only rows of these slices (of {', '.join(SLICES)})")
     parser.add_argument("--first-fit", action="store_true",

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the TPU device is compile-only
 
 
-def per_tap_causal_conv(past, x_padded, kernel, bias, *, native, block_bytes=None):
+def per_tap_causal_conv(past, x_padded, kernel, bias, *, native, start="zero", block_bytes=None):
     """The experiment: one frame after its past as a 2-D conv per time tap, summed in float32."""
     import jax.numpy as jnp
     from jax import lax
@@ -38,8 +38,9 @@ def per_tap_causal_conv(past, x_padded, kernel, bias, *, native, block_bytes=Non
     from models.conv import CPU_BLOCK_BYTES, causal_conv3x3x3
     from models.spatial import matmul_precision
 
-    if not native or x_padded.shape[1] != 1:
-        return causal_conv3x3x3(past, x_padded, kernel, bias, native=native, block_bytes=block_bytes or CPU_BLOCK_BYTES)
+    if not native or x_padded.shape[1] != 1 or past is None:
+        return causal_conv3x3x3(past, x_padded, kernel, bias, native=native, start=start,
+                                block_bytes=block_bytes or CPU_BLOCK_BYTES)
     frames = (past[:, 0], past[:, 1], x_padded[:, 0])
     y = sum(lax.conv_general_dilated(frame, kernel[i], (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                      precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)

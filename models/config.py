@@ -1,11 +1,17 @@
-"""Wan VAE configuration (2.1 and 2.2), read from (and written to) a diffusers ``config.json``."""
+"""VAE configurations, read from (and written to) a diffusers ``config.json``: Wan 2.1 / 2.2
+(``AutoencoderKLWan``), HunyuanVideo (``AutoencoderKLHunyuanVideo``) and HunyuanVideo 1.5
+(``AutoencoderKLHunyuanVideo15``). No JAX here: the HTTP layer reads configs too.
+
+Every family answers the same questions (``VAEConfig``): latent channels, spatial and temporal
+scale, the output frame count, the latents' normalisation, and whether decoding is causal in time.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 # Wan 2.1's published per-channel latent statistics (diffusers' AutoencoderKLWan defaults).
 WAN21_LATENTS_MEAN = (
@@ -48,6 +54,52 @@ class ConfigError(ValueError):
     """A config.json that this implementation cannot (or will not) decode faithfully."""
 
 
+class VAEConfig(Protocol):
+    """What the rest of vaeserve reads from a model's config, the same for every family.
+
+    Attributes:
+      family: ``"wan"``, ``"hunyuan1.0"`` or ``"hunyuan1.5"`` (which modules implement it).
+      z_dim: latent channels.
+      spatial_scale: output pixels per latent row/column.
+      temporal_scale: output frames per latent frame after the first.
+      frame_channels: channels of the frames the encoder takes (3: RGB).
+      latents_mean, latents_std: per-channel normalisation: a pipeline's latents ``z`` decode as
+        ``z · latents_std + latents_mean`` (Wan: its published statistics; HunyuanVideo: mean 0,
+        std ``1 / scaling_factor``), and encode back with the inverse.
+      causal: decoding latent frames ``0..t`` gives exactly the first frames of the whole decode,
+        so a decode can stream step by step (Wan, HunyuanVideo 1.5); HunyuanVideo 1.0's GroupNorm
+        statistics span the whole clip, so it cannot.
+    """
+
+    family: ClassVar[str]
+    class_name: ClassVar[str]
+
+    @property
+    def z_dim(self) -> int: ...
+
+    @property
+    def spatial_scale(self) -> int: ...
+
+    @property
+    def temporal_scale(self) -> int: ...
+
+    @property
+    def frame_channels(self) -> int: ...
+
+    @property
+    def latents_mean(self) -> tuple[float, ...]: ...
+
+    @property
+    def latents_std(self) -> tuple[float, ...]: ...
+
+    @property
+    def causal(self) -> bool: ...
+
+    def num_output_frames(self, latent_frames: int) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class WanVAEConfig:
     """Every ``AutoencoderKLWan`` config key. Defaults are the real Wan 2.1 VAE; ``WanVAEConfig.wan22()``
@@ -57,6 +109,10 @@ class WanVAEConfig:
     the width); True → Wan 2.2 (residual up blocks with a parameter-free DupUp3D shortcut). With
     ``patch_size`` p the decoder ends in ``3·p²`` channels, unpatchified to RGB at p x the size.
     """
+
+    family: ClassVar[str] = "wan"
+    class_name: ClassVar[str] = "AutoencoderKLWan"
+    causal: ClassVar[bool] = True  # causal convs and per-pixel norms: it streams exactly
 
     base_dim: int = 96
     decoder_base_dim: int | None = None
@@ -117,6 +173,11 @@ class WanVAEConfig:
     @property
     def temporal_scale(self) -> int:
         return 2 ** sum(self.temperal_upsample[: len(self.dim_mult) - 1])
+
+    @property
+    def frame_channels(self) -> int:
+        """RGB: Wan 2.2's encoder patchifies the 3 channels into ``in_channels = 12`` itself."""
+        return self.in_channels // self.patch**2
 
     def num_output_frames(self, latent_frames: int) -> int:
         return 1 + self.temporal_scale * (latent_frames - 1)
@@ -179,14 +240,7 @@ class WanVAEConfig:
     # -- (de)serialisation ---------------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> WanVAEConfig:
-        class_name = raw.get("_class_name", "AutoencoderKLWan")
-        if class_name != "AutoencoderKLWan":
-            raise ConfigError(f"config _class_name is {class_name!r}; expected 'AutoencoderKLWan'")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known - _BOOKKEEPING_KEYS - _DROPPED_KEYS)
-        if unknown:
-            raise ConfigError(f"unknown AutoencoderKLWan config keys: {unknown}; known keys: {sorted(known)}")
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        return _from_dict(cls, raw, dropped=_DROPPED_KEYS)
 
     @classmethod
     def from_json(cls, path: str | Path) -> WanVAEConfig:
@@ -194,8 +248,313 @@ class WanVAEConfig:
             return cls.from_dict(json.load(f))
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"_class_name": "AutoencoderKLWan"}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
+        return _to_dict(self)
+
+
+def _from_dict(cls, raw: dict[str, Any], *, dropped: frozenset[str] | set[str] = frozenset()):
+    """``cls(**raw)`` for a diffusers config of ``cls.class_name`` (the default when the key is
+    absent); an unknown key or another class is a ``ConfigError`` that names the known ones."""
+    class_name = raw.get("_class_name", cls.class_name)
+    if class_name != cls.class_name:
+        raise ConfigError(f"config _class_name is {class_name!r}; expected {cls.class_name!r}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known - _BOOKKEEPING_KEYS - set(dropped))
+    if unknown:
+        raise ConfigError(f"unknown {cls.class_name} config keys: {unknown}; known keys: {sorted(known)}")
+    return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def _to_dict(config) -> dict[str, Any]:
+    """A diffusers ``config.json`` body: ``_class_name`` and every field (tuples as lists)."""
+    out: dict[str, Any] = {"_class_name": config.class_name}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+# -- HunyuanVideo ---------------------------------------------------------------------------------
+HUNYUAN_BLOCKS = ("HunyuanVideoDownBlock3D", "HunyuanVideoUpBlock3D")
+
+
+def _log2(value: int) -> int | None:
+    """``log2(value)`` for a power of two ≥ 1, else None."""
+    return value.bit_length() - 1 if value >= 1 and value & (value - 1) == 0 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class HunyuanVideoConfig:
+    """Every ``AutoencoderKLHunyuanVideo`` config key; the defaults are the real HunyuanVideo VAE.
+
+    GroupNorm(``norm_num_groups``) everywhere, over (C/G, T, H, W): its statistics span the whole
+    clip, so the model decodes a clip at once (``causal`` is False).
+    """
+
+    family: ClassVar[str] = "hunyuan1.0"
+    class_name: ClassVar[str] = "AutoencoderKLHunyuanVideo"
+    causal: ClassVar[bool] = False
+
+    in_channels: int = 3
+    out_channels: int = 3
+    latent_channels: int = 16
+    down_block_types: tuple[str, ...] = (HUNYUAN_BLOCKS[0],) * 4
+    up_block_types: tuple[str, ...] = (HUNYUAN_BLOCKS[1],) * 4
+    block_out_channels: tuple[int, ...] = (128, 256, 512, 512)
+    layers_per_block: int = 2
+    act_fn: str = "silu"
+    norm_num_groups: int = 32
+    scaling_factor: float = 0.476986
+    spatial_compression_ratio: int = 8
+    temporal_compression_ratio: int = 4
+    mid_block_add_attention: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("down_block_types", "up_block_types", "block_out_channels"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        self.validate()
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def z_dim(self) -> int:
+        return self.latent_channels
+
+    @property
+    def frame_channels(self) -> int:
+        return self.in_channels
+
+    @property
+    def latents_mean(self) -> tuple[float, ...]:
+        return (0.0,) * self.latent_channels
+
+    @property
+    def latents_std(self) -> tuple[float, ...]:
+        return (1.0 / self.scaling_factor,) * self.latent_channels
+
+    def up_factors(self) -> tuple[tuple[bool, bool], ...]:
+        """``(doubles time, doubles space)`` of each up block's upsampler (diffusers' rule for a
+        temporal ratio of 4: space in the first log2(spatial) blocks, time in the two before the last)."""
+        blocks = len(self.block_out_channels)
+        spatial, temporal = _log2(self.spatial_compression_ratio) or 0, _log2(self.temporal_compression_ratio) or 0
+        return tuple((blocks - 1 - temporal <= i < blocks - 1, i < spatial) for i in range(blocks))
+
+    def down_factors(self) -> tuple[tuple[bool, bool], ...]:
+        """``(halves time, halves space)`` of each down block's downsampler (the same rule)."""
+        return self.up_factors()
+
+    @property
+    def spatial_scale(self) -> int:
+        return 2 ** sum(s for _, s in self.up_factors())
+
+    @property
+    def temporal_scale(self) -> int:
+        return 2 ** sum(t for t, _ in self.up_factors())
+
+    def num_output_frames(self, latent_frames: int) -> int:
+        return 1 + self.temporal_scale * (latent_frames - 1)
+
+    # -- checks --------------------------------------------------------------------------------
+    def validate(self) -> None:
+        problems = []
+        blocks = len(self.block_out_channels)
+        if blocks < 2:
+            problems.append(f"block_out_channels={list(self.block_out_channels)}; expected at least 2 blocks")
+        for name, kind in (("down_block_types", HUNYUAN_BLOCKS[0]), ("up_block_types", HUNYUAN_BLOCKS[1])):
+            types = getattr(self, name)
+            if len(types) != blocks or set(types) != {kind}:
+                problems.append(f"{name}={list(types)}; expected {blocks} x {kind!r}")
+        if self.act_fn not in ("silu", "swish"):
+            problems.append(f"act_fn={self.act_fn!r}; expected 'silu'")
+        if self.temporal_compression_ratio != 4:
+            problems.append(f"temporal_compression_ratio={self.temporal_compression_ratio}; the decoder supports 4")
+        spatial = _log2(self.spatial_compression_ratio)
+        if spatial is None or spatial > blocks:
+            problems.append(f"spatial_compression_ratio={self.spatial_compression_ratio}; expected 2^k, k ≤ {blocks}")
+        if self.norm_num_groups < 1 or any(c % self.norm_num_groups for c in self.block_out_channels):
+            problems.append(f"norm_num_groups={self.norm_num_groups} must divide every block_out_channels "
+                            f"{list(self.block_out_channels)}")
+        if self.layers_per_block < 1:
+            problems.append(f"layers_per_block={self.layers_per_block}; expected ≥ 1")
+        if self.in_channels != 3 or self.out_channels != 3:
+            problems.append(f"in/out_channels={self.in_channels}/{self.out_channels}; expected 3 (RGB)")
+        if not self.scaling_factor > 0:
+            problems.append(f"scaling_factor={self.scaling_factor}; expected > 0")
+        if problems:
+            raise ConfigError(f"unsupported {self.class_name} config: " + "; ".join(problems))
+
+    # -- (de)serialisation ---------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> HunyuanVideoConfig:
+        return _from_dict(cls, raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class HunyuanVideo15Config:
+    """Every ``AutoencoderKLHunyuanVideo15`` config key; the defaults are the real HunyuanVideo 1.5 VAE.
+
+    Per-pixel RMS norms and causal convs, up/down-sampling by channel ↔ (time, row, column)
+    rearrangement (DC-AE style), and a frame-causal mid-block attention: causal in time, so it
+    streams, keeping the mid-block's keys and values of earlier latent frames.
+    """
+
+    family: ClassVar[str] = "hunyuan1.5"
+    class_name: ClassVar[str] = "AutoencoderKLHunyuanVideo15"
+    causal: ClassVar[bool] = True
+
+    in_channels: int = 3
+    out_channels: int = 3
+    latent_channels: int = 32
+    block_out_channels: tuple[int, ...] = (128, 256, 512, 1024, 1024)
+    layers_per_block: int = 2
+    spatial_compression_ratio: int = 16
+    temporal_compression_ratio: int = 4
+    downsample_match_channel: bool = True
+    upsample_match_channel: bool = True
+    scaling_factor: float = 1.03682
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "block_out_channels", tuple(self.block_out_channels))
+        self.validate()
+
+    # -- derived -------------------------------------------------------------------------------
+    z_dim = HunyuanVideoConfig.z_dim
+    frame_channels = HunyuanVideoConfig.frame_channels
+    latents_mean = HunyuanVideoConfig.latents_mean
+    latents_std = HunyuanVideoConfig.latents_std
+    num_output_frames = HunyuanVideoConfig.num_output_frames
+
+    @property
+    def decoder_channels(self) -> tuple[int, ...]:
+        """The decoder's widths, block by block: ``block_out_channels`` reversed."""
+        return tuple(reversed(self.block_out_channels))
+
+    def up_blocks(self) -> tuple[tuple[int, int, int | None, bool], ...]:
+        """``(in, out, upsampler out or None, doubles time)`` per up block (diffusers' rule:
+        space in the first log2(spatial) blocks, time in the first log2(temporal))."""
+        spatial, temporal = _log2(self.spatial_compression_ratio) or 0, _log2(self.temporal_compression_ratio) or 0
+        dims, cin = self.decoder_channels, self.decoder_channels[0]
+        blocks: list[tuple[int, int, int | None, bool]] = []
+        for i, cout in enumerate(dims):
+            if i < spatial or i < temporal:
+                up = dims[i + 1] if self.upsample_match_channel and i + 1 < len(dims) else cout
+                blocks.append((cin, cout, up, i < temporal))
+                cin = up
+            else:
+                blocks.append((cin, cout, None, False))
+                cin = cout
+        return tuple(blocks)
+
+    def down_blocks(self) -> tuple[tuple[int, int, int | None, bool], ...]:
+        """``(in, out, downsampler out or None, halves time)`` per down block (diffusers' rule:
+        space in the first log2(spatial) blocks, time from block log2(spatial / temporal) on)."""
+        spatial = _log2(self.spatial_compression_ratio) or 0
+        first_temporal = _log2(self.spatial_compression_ratio // max(1, self.temporal_compression_ratio)) or 0
+        dims, cin = self.block_out_channels, self.block_out_channels[0]
+        blocks: list[tuple[int, int, int | None, bool]] = []
+        for i, cout in enumerate(dims):
+            if i < spatial:
+                down = dims[i + 1] if self.downsample_match_channel and i + 1 < len(dims) else cout
+                blocks.append((cin, cout, down, i >= first_temporal))
+                cin = down
+            else:
+                blocks.append((cin, cout, None, False))
+                cin = cout
+        return tuple(blocks)
+
+    @property
+    def spatial_scale(self) -> int:
+        return self.spatial_compression_ratio
+
+    @property
+    def temporal_scale(self) -> int:
+        return self.temporal_compression_ratio
+
+    # -- checks --------------------------------------------------------------------------------
+    def validate(self) -> None:
+        problems = []
+        dims = self.block_out_channels
+        spatial, temporal = _log2(self.spatial_compression_ratio), _log2(self.temporal_compression_ratio)
+        if spatial is None or temporal is None or not 1 <= temporal <= spatial < len(dims):
+            problems.append(f"spatial/temporal_compression_ratio={self.spatial_compression_ratio}/"
+                            f"{self.temporal_compression_ratio}; expected powers of 2 with "
+                            f"temporal ≤ spatial < 2^{len(dims)}")
+        if self.layers_per_block < 1:
+            problems.append(f"layers_per_block={self.layers_per_block}; expected ≥ 1")
+        if self.in_channels != 3 or self.out_channels != 3:
+            problems.append(f"in/out_channels={self.in_channels}/{self.out_channels}; expected 3 (RGB)")
+        if dims[-1] % self.latent_channels:
+            problems.append(f"block_out_channels[-1]={dims[-1]} must be a multiple of latent_channels "
+                            f"({self.latent_channels}): the decoder's input shortcut repeats each channel")
+        if not problems:
+            for i, (_, cout, up, temporal) in enumerate(self.up_blocks()):
+                problems += _upsample_problem(i, cout, up, temporal)
+        if not self.scaling_factor > 0:
+            problems.append(f"scaling_factor={self.scaling_factor}; expected > 0")
+        if problems:
+            raise ConfigError(f"unsupported {self.class_name} config: " + "; ".join(problems))
+
+    def encoder_problems(self) -> list[str]:
+        """Why this config's encoder cannot run (empty when it can): its shortcuts average whole
+        groups of channels, which must divide (diffusers fails otherwise). The decoder may still run."""
+        problems = []
+        if self.block_out_channels[-1] % (2 * self.latent_channels):
+            problems.append(f"block_out_channels[-1]={self.block_out_channels[-1]} must be a multiple of "
+                            f"2 x latent_channels ({2 * self.latent_channels}): the encoder's output shortcut "
+                            "averages channel groups")
+        for i, (_, cout, down, temporal) in enumerate(self.down_blocks()):
+            problems += _downsample_problem(i, cout, down, temporal)
+        return problems
+
+    # -- (de)serialisation ---------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> HunyuanVideo15Config:
+        return _from_dict(cls, raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+
+def _upsample_problem(block: int, cin: int, cout: int | None, temporal: bool) -> list[str]:
+    """HunyuanVideo 1.5's upsampler packs ``f`` = 8 (time and space) or 4 (space) sub-positions in
+    channels: its conv makes ``f·cout`` of them, its shortcut repeats each of the ``cin`` input
+    channels ``f·cout / cin`` times (half as often on the first frame, which gets 4 sub-positions)."""
+    if cout is None:
+        return []
+    factor = 8 if temporal else 4
+    repeats, remainder = divmod(factor * cout, cin)
+    if remainder or (temporal and (cin % 4 or repeats % 2)):
+        return [f"up block {block}: {cin} channels do not repeat into {cout} x {factor} sub-positions"]
+    return []
+
+
+def _downsample_problem(block: int, cin: int, cout: int | None, temporal: bool) -> list[str]:
+    """The encoder's inverse: its conv makes ``cout / f`` channels, its shortcut averages groups of
+    ``f·cin / cout`` of the ``f·cin`` packed input channels (half the group on the first frame)."""
+    if cout is None:
+        return []
+    factor = 8 if temporal else 4
+    group, remainder = divmod(factor * cin, cout)
+    if remainder or cout % factor or (temporal and group % 2):
+        return [f"down block {block}: {cin} channels do not average into {cout} / {factor} sub-positions"]
+    return []
+
+
+# -- every family -----------------------------------------------------------------------------------
+CONFIG_CLASSES: dict[str, Any] = {cls.class_name: cls for cls in (WanVAEConfig, HunyuanVideoConfig,
+                                                                   HunyuanVideo15Config)}
+
+
+def config_from_dict(raw: dict[str, Any]) -> VAEConfig:
+    """The config of a diffusers ``config.json`` body, by its ``_class_name`` (Wan when absent)."""
+    class_name = raw.get("_class_name", WanVAEConfig.class_name)
+    if class_name not in CONFIG_CLASSES:
+        raise ConfigError(f"config _class_name is {class_name!r}; expected one of {sorted(CONFIG_CLASSES)}")
+    return CONFIG_CLASSES[class_name].from_dict(raw)
+
+
+def read_config(path: str | Path) -> VAEConfig:
+    """``config_from_dict`` of a ``config.json`` file."""
+    with open(path, encoding="utf-8") as f:
+        return config_from_dict(json.load(f))

@@ -159,6 +159,24 @@ def _upsample_tap_matmul_conv(x_padded: jax.Array, kernel: jax.Array) -> jax.Arr
     return _phases_to_pixels(phases)
 
 
+def _phase_kernel(kernel: jax.Array) -> jax.Array:
+    """A 3x3 kernel ``(3, 3, C, O)`` of the upsampled frame as the 3x3 kernel ``(3, 3, C, 4·O)`` of
+    the low-resolution one: output channels ordered (row phase, column phase, O), zeros in the taps
+    a phase does not read."""
+    c, o = kernel.shape[2:]
+    full = jnp.zeros((3, 3, c, 2, 2, o), jnp.float32)
+    for r, cc, a, bb, weight in _phase_terms(kernel.astype(jnp.float32)):
+        full = full.at[r + 1, cc + 1, :, a, bb].set(weight)
+    return full.reshape(3, 3, c, 4 * o).astype(kernel.dtype)
+
+
+def _phase_channels_to_pixels(y: jax.Array) -> jax.Array:
+    """``(N, h, w, 4·O)`` (channels ordered as ``_phase_kernel``'s) → ``(N, 2h, 2w, O)``."""
+    n, h, w, o4 = y.shape
+    y = y.reshape(n, h, w, 2, 2, o4 // 4)
+    return _phases_to_pixels({(a, bb): y[:, :, :, a, bb] for a in (0, 1) for bb in (0, 1)})
+
+
 def upsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
                              block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
     """``conv3x3(zero_pad(upsample_nearest_2x(x)))`` computed from the padded low-resolution frames.
@@ -169,16 +187,11 @@ def upsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.A
     b, t, hp, wp, c = x_padded.shape
     o = kernel.shape[-1]
     if native:
-        # Native conv over the low-resolution input with 4·O outputs (zeros in the taps a phase
-        # does not read), then depth-to-space.
-        full = jnp.zeros((3, 3, c, 2, 2, o), jnp.float32)
-        for r, cc, a, bb, weight in _phase_terms(kernel.astype(jnp.float32)):
-            full = full.at[r + 1, cc + 1, :, a, bb].set(weight)
-        y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), full.reshape(3, 3, c, 4 * o).astype(kernel.dtype),
+        # Native conv over the low-resolution input with 4·O outputs, then depth-to-space.
+        y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), _phase_kernel(kernel),
                                      (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                      precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
-        y = y.reshape(b * t, hp - 2, wp - 2, 2, 2, o)
-        y = _phases_to_pixels({(a, bb): y[:, :, :, a, bb] for a in (0, 1) for bb in (0, 1)})
+        y = _phase_channels_to_pixels(y.reshape(b * t, hp - 2, wp - 2, 4 * o))
         return (y + bias).astype(x_padded.dtype).reshape(b, t, 2 * (hp - 2), 2 * (wp - 2), o)
 
     def conv(block):
@@ -190,9 +203,44 @@ def upsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.A
                        bytes_per_frame_row=b * wp * (16 * o + 5 * c) * 4, block_bytes=block_bytes)
 
 
-def causal_conv3x3x3(past: jax.Array, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                     block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
-    """Causal 3x3x3 conv: frames ``(B, T, H+2, W+2, C)`` after their past ``(B, 2, H+2, W+2, C)``.
+_DIMENSIONS_3D = ("NDHWC", "DHWIO", "NDHWC")
+
+
+def _native_causal(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, *, start: str,
+                   strides: tuple[int, int, int] = (1, 1, 1)) -> jax.Array:
+    """The native 3-D conv (float32 sums, no bias) of ``past ++ x_padded`` — or, at the clip's start
+    (``past`` None), of ``x_padded`` padded in time by two zero frames *inside* the conv (no copy of
+    the clip is made), plus, for ``start="replicate"``, the first frame times the time taps that
+    read the padding (which holds copies of it)."""
+    precision = matmul_precision(x_padded.dtype)
+    if past is not None:
+        return lax.conv_general_dilated(jnp.concatenate([past, x_padded], axis=1), kernel, strides, "VALID",
+                                        dimension_numbers=_DIMENSIONS_3D, precision=precision,
+                                        preferred_element_type=jnp.float32)
+    y = lax.conv_general_dilated(x_padded, kernel, strides, ((CACHE_FRAMES, 0), (0, 0), (0, 0)),
+                                 dimension_numbers=_DIMENSIONS_3D, precision=precision,
+                                 preferred_element_type=jnp.float32)
+    if start == "replicate":
+        for frame in range(min(CACHE_FRAMES, y.shape[1])):
+            taps = [i for i in range(kernel.shape[0]) if strides[0] * frame + i < CACHE_FRAMES]
+            if taps:
+                summed = kernel[taps[0]] if len(taps) == 1 else kernel[taps[0]] + kernel[taps[1]]
+                extra = lax.conv_general_dilated(x_padded[:, :1], summed[None], (1, *strides[1:]), "VALID",
+                                                 dimension_numbers=_DIMENSIONS_3D, precision=precision,
+                                                 preferred_element_type=jnp.float32)
+                y = y.at[:, frame].add(extra[:, 0])
+    return y
+
+
+def _sequence(past: jax.Array | None, x_padded: jax.Array, start: str) -> jax.Array:
+    """``past ++ x_padded`` (the clip's start: zeros or copies of its first frame before it)."""
+    return jnp.concatenate([initial_past(x_padded, start) if past is None else past, x_padded], axis=1)
+
+
+def causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
+                     start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
+    """Causal 3x3x3 conv: frames ``(B, T, H+2, W+2, C)`` after their past ``(B, 2, H+2, W+2, C)``
+    (None at the clip's start: two zero frames, or with ``start="replicate"`` two copies of the first).
 
     Returns ``(B, T, H, W, O)`` for a kernel ``(3, 3, 3, C, O)``. On CPU the three time taps are
     folded into channels (one nine-tap matmul over 3C channels) block by block; accelerators run
@@ -200,11 +248,9 @@ def causal_conv3x3x3(past: jax.Array, x_padded: jax.Array, kernel: jax.Array, bi
     """
     b, t, hp, wp, c = x_padded.shape
     kt, kh, kw, _, o = kernel.shape
-    seq = jnp.concatenate([past, x_padded], axis=1)
     if native:
-        y = lax.conv_general_dilated(seq, kernel, (1, 1, 1), "VALID", dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
-                                     precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
-        return (y + bias).astype(x_padded.dtype)
+        return (_native_causal(past, x_padded, kernel, start=start) + bias).astype(x_padded.dtype)
+    seq = _sequence(past, x_padded, start)
     folded = kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c, o)
 
     def conv(block):
@@ -216,6 +262,64 @@ def causal_conv3x3x3(past: jax.Array, x_padded: jax.Array, kernel: jax.Array, bi
 
     return conv_blocks(conv, seq, window=kt, out_channels=o,
                        bytes_per_frame_row=b * wp * (9 * o + (kt + 1) * c) * 4, block_bytes=block_bytes)
+
+
+def upsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array,
+                                *, start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES,
+                                native: bool) -> jax.Array:
+    """``causal_conv3x3x3`` of the nearest-2x spatially upsampled frames, from the padded
+    low-resolution ones (HunyuanVideo's upsampler): ``past (B, 2, h+2, w+2, C)`` or None (the
+    clip's start, as in ``causal_conv3x3x3``), ``x_padded (B, T, h+2, w+2, C)``, kernel
+    ``(3, 3, 3, C, O)`` → ``(B, T, 2h, 2w, O)``.
+
+    Each time tap is ``upsample2x_conv2d_frames``' phase trick: the 4x larger upsampled input never
+    exists. Accelerators run one native 3-D conv with ``4·O`` outputs; on CPU the time taps are
+    folded into channels block by block, as in ``causal_conv3x3x3``.
+    """
+    b, t, hp, wp, c = x_padded.shape
+    kt, o = kernel.shape[0], kernel.shape[-1]
+    if native:
+        phases = jnp.stack([_phase_kernel(kernel[i]) for i in range(kt)])  # (3, 3, 3, C, 4·O)
+        y = _native_causal(past, x_padded, phases, start=start)
+        y = _phase_channels_to_pixels(y.reshape(b * t, hp - 2, wp - 2, 4 * o))
+        return (y + bias).astype(x_padded.dtype).reshape(b, t, 2 * (hp - 2), 2 * (wp - 2), o)
+    seq = _sequence(past, x_padded, start)
+    folded = kernel.transpose(1, 2, 0, 3, 4).reshape(3, 3, kt * c, o)
+
+    def conv(block):
+        bb, span, rp, _, _ = block.shape
+        g = span - kt + 1
+        stacked = jnp.concatenate([block[:, i : i + g] for i in range(kt)], axis=-1)
+        y = _upsample_tap_matmul_conv(stacked.reshape(bb * g, rp, wp, kt * c), folded)
+        return (y + bias).astype(x_padded.dtype).reshape(bb, g, 2 * (rp - 2), 2 * (wp - 2), o)
+
+    return conv_blocks(conv, seq, window=kt, out_channels=o, scale=2,
+                       bytes_per_frame_row=b * wp * (16 * o + (kt + 4) * c) * 4, block_bytes=block_bytes)
+
+
+def downsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array,
+                                  *, time_stride: int, start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES,
+                                  native: bool) -> jax.Array:
+    """Causal 3x3x3 conv with stride ``(time_stride, 2, 2)`` over frames padded by one row/column on
+    every side (HunyuanVideo's downsampler): ``past (B, 2, H+2, W+2, C)`` or None (the clip's start),
+    ``x_padded (B, T, H+2, W+2, C)`` (``H``, ``W`` even) → ``(B, T', H/2, W/2, O)``,
+    ``T' = (T − 1) // time_stride + 1``.
+
+    Output row ``i`` reads padded rows ``2i .. 2i+2``: the frame's last padded row is never read, so
+    this is ``downsample2x_conv2d_frames`` (which pads after only) on the frames without it, with
+    the time taps folded into channels on CPU.
+    """
+    kt, o = kernel.shape[0], kernel.shape[-1]
+    if native:
+        y = _native_causal(None if past is None else past[:, :, :-1, :-1], x_padded[:, :, :-1, :-1], kernel,
+                           start=start, strides=(time_stride, 2, 2))
+        return (y + bias).astype(x_padded.dtype)
+    seq = _sequence(past, x_padded, start)[:, :, :-1, :-1]
+    frames = (seq.shape[1] - kt) // time_stride + 1
+    taps = [seq[:, i : i + time_stride * (frames - 1) + 1 : time_stride] for i in range(kt)]
+    folded = kernel.transpose(1, 2, 0, 3, 4).reshape(3, 3, kt * kernel.shape[3], o)
+    return downsample2x_conv2d_frames(jnp.concatenate(taps, axis=-1), folded, bias, block_bytes=block_bytes,
+                                      native=False)
 
 
 def next_cache(past: jax.Array, x: jax.Array) -> jax.Array:
@@ -251,11 +355,18 @@ def interleave_time(x: jax.Array) -> jax.Array:
     return jnp.moveaxis(x, 4, 2).reshape(b, 2 * t, h, w, c2 // 2)
 
 
+def initial_past(x: jax.Array, start: str) -> jax.Array:
+    """The two frames before a clip ``x (B, T, ...)``: zeros (``start="zero"``: Wan's empty cache) or
+    two copies of its first frame (``"replicate"``: a causal conv that pads time with
+    ``mode="replicate"``, as HunyuanVideo's do)."""
+    if start == "replicate":
+        return jnp.broadcast_to(x[:, :1], (x.shape[0], CACHE_FRAMES, *x.shape[2:]))
+    return jnp.zeros((x.shape[0], CACHE_FRAMES, *x.shape[2:]), x.dtype)
+
+
 def past_or_zeros(cache: jax.Array | None, x: jax.Array) -> jax.Array:
     """The cached two past frames of ``x (B, T, ...)``, or zeros for latent frame 0."""
-    if cache is None:
-        return jnp.zeros((x.shape[0], CACHE_FRAMES, *x.shape[2:]), x.dtype)
-    return cache
+    return initial_past(x, "zero") if cache is None else cache
 
 
 # -- encoder: stride-2 downsampling ---------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""Decode programs: frame 0 outside, the remaining latent frames in a ``lax.scan``.
+"""Decode programs: frame 0 outside, the remaining latent frames in a ``lax.scan`` — or, for a
+model that is not causal in time (HunyuanVideo 1.0), the whole clip in one call.
 
-These are pure functions of a merged ``WanDecoder`` and a spatial context, so the single-device
-path (``WanVAE.decode``) and the sharded path (``sharding``) run the very same code.
-Layouts: ``(B, z, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` inside.
+These are pure functions of a merged decoder (any family's: ``models.families``) and a spatial
+context, so the single-device path (``VAE.decode``) and the sharded path (``sharding``) run the
+very same code. Layouts: ``(B, z, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` inside.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from .config import WanVAEConfig
-from .decoder import DecoderCache, WanDecoder
+from .config import VAEConfig
+from .decoder import DecoderCache
+from .families import DecoderModule, family_of
 from .shapes import Output
 from .spatial import SpatialContext
 
@@ -55,14 +57,14 @@ def finish_frames(frames: jax.Array, output: Output) -> jax.Array:
     return jnp.clip(frames.astype(jnp.float32), -1.0, 1.0)
 
 
-def denormalize_latents(z: jax.Array, config: WanVAEConfig) -> jax.Array:
+def denormalize_latents(z: jax.Array, config: VAEConfig) -> jax.Array:
     """``z · latents_std + latents_mean`` per channel; ``z`` is channels-last."""
     mean = jnp.asarray(config.latents_mean, jnp.float32)
     std = jnp.asarray(config.latents_std, jnp.float32)
     return (z.astype(jnp.float32) * std + mean).astype(z.dtype)
 
 
-def prepare_latents(latents: jax.Array, config: WanVAEConfig, dtype, *, denormalize: bool) -> jax.Array:
+def prepare_latents(latents: jax.Array, config: VAEConfig, dtype, *, denormalize: bool) -> jax.Array:
     """``(B, z, T, H, W)`` → channels-last ``(B, T, H, W, z)`` in the model dtype."""
     z = jnp.moveaxis(jnp.asarray(latents, jnp.float32), 1, -1)
     if denormalize:
@@ -79,36 +81,53 @@ def _time_axis(output: Output) -> int:
     return 2 if output == "float" else 1
 
 
-def decode_step(model: WanDecoder, caches: DecoderCache | None, z: jax.Array, ctx: SpatialContext, *,
-                output: Output, inner_frames: int | None = None) -> tuple[jax.Array, DecoderCache, jax.Array]:
+def decode_step(model: DecoderModule, caches: DecoderCache | None, z: jax.Array, ctx: SpatialContext, *,
+                output: Output, inner_frames: int | None = None,
+                clip_frames: int | None = None) -> tuple[jax.Array, DecoderCache, jax.Array]:
     """One decode step: latents ``(B, c, H, W, z)`` and the previous step's caches (None for latent
     frame 0, then ``c`` must be 1) → (frames in the output layout, the new caches, the ``(B,)``
     non-finite count of its frames). ``inner_frames``: frames per inner step after each temporal
-    upsampler (``models.decoder.Decoder3d``)."""
+    upsampler (``models.decoder.Decoder3d``); ``clip_frames``: the clip's latent frames (the first
+    step of a model that ``needs_clip_frames``). A model that is not ``causal`` takes the whole clip
+    in one step."""
     with jax.named_scope("decode_step"):
-        frames, caches = model(z, caches, ctx, inner_frames=inner_frames)
+        frames, caches = model(z, caches, ctx, inner_frames=inner_frames, clip_frames=clip_frames)
         return _layout(finish_frames(frames, output), output), caches, nonfinite_count(frames)
 
 
 def decode_frames(
-    model: WanDecoder,
+    model: DecoderModule,
     z: jax.Array,
     ctx: SpatialContext,
     *,
     chunk: int = 1,
     output: Output = "float",
     inner_frames: int | None = None,
+    framewise: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Decode channels-last latents ``(B, T, H, W, z)``.
 
-    Returns the frames, float32 ``(B, 3, F, sH, sW)`` (``output="float"``) or uint8 ``(B, F, sH, sW, 3)``,
-    ``F = 1 + 4(T-1)``, ``s = 8`` for Wan 2.1 and 16 for Wan 2.2, and their ``(B,)`` non-finite count. Every step writes its frames into
-    one preallocated output buffer carried through the scan, so peak memory is the output plus one
-    step's activations and caches, whatever ``T`` is. Inside a step, the stages after each temporal
-    upsampler run ``inner_frames`` frames at a time (None: automatic; see ``Decoder3d``).
+    Returns the frames, float32 ``(B, 3, F, sH, sW)`` (``output="float"``) or uint8 ``(B, F, sH, sW,
+    3)``, ``F = 1 + 4(T-1)``, ``s`` the spatial scale (8 or 16), and their ``(B,)`` non-finite count.
+    For a causal model every step writes its
+    frames into one preallocated output buffer carried through the scan, so peak memory is the
+    output plus one step's activations and caches, whatever ``T`` is (plus, for HunyuanVideo 1.5,
+    the mid-block's keys and values of every latent frame). Inside a step, the stages after each
+    temporal upsampler run ``inner_frames`` frames at a time (None: automatic; see ``Decoder3d``).
+    A model that is not causal (HunyuanVideo 1.0) decodes the whole clip in one step: its memory
+    grows with ``T``; with ``framewise``, it decodes as diffusers does by default instead
+    (``HunyuanVideoDecoder.decode_framewise``: tiles of the clip, blended).
     """
     num_latent = z.shape[1]
-    first, caches, bad = decode_step(model, None, z[:, :1], ctx, output=output)  # one frame: no inner loop
+    if framewise:
+        with jax.named_scope("decode_framewise"):
+            frames = model.decode_framewise(z, ctx)  # type: ignore[attr-defined]  # checked by check_framewise
+            return _layout(finish_frames(frames, output), output), nonfinite_count(frames)
+    if not model.causal:
+        frames, _, bad = decode_step(model, None, z, ctx, output=output)
+        return frames, bad
+    # One frame: no inner loop.
+    first, caches, bad = decode_step(model, None, z[:, :1], ctx, output=output, clip_frames=num_latent)
     axis = _time_axis(output)
     per_latent = model.temporal_scale  # frames per later latent frame; frame 0 yields one
     shape = list(first.shape)
@@ -141,27 +160,41 @@ Program = Callable[..., tuple[jax.Array, jax.Array]]
 StepProgram = Callable[..., tuple[jax.Array, DecoderCache, jax.Array]]
 
 
-def full_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
-                 denormalize: bool, output: Output, chunk: int, inner_frames: int | None = None) -> Program:
+def check_framewise(config: VAEConfig, framewise: bool) -> dict[str, bool]:
+    """``framewise`` as a program-key option (absent when False); refused for a model without a
+    framewise decode (only HunyuanVideo 1.0's diffusers default tiles clips in time)."""
+    if not framewise:
+        return {}
+    if not hasattr(family_of(config).decoder, "decode_framewise"):
+        raise ValueError(f"framewise decoding is diffusers' default for HunyuanVideo 1.0 only; the {config.family} "
+                         "VAE decodes a clip exactly as it is")
+    return {"framewise": True}
+
+
+def full_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
+                 denormalize: bool, output: Output, chunk: int, inner_frames: int | None = None,
+                 framewise: bool = False) -> Program:
     """``(state, latents NCTHW) → (frames, (B,) non-finite count)``: the whole decode on one device
     (or one band: the single-device and the sharded decode differ only in ``make_context``)."""
 
     def run(state, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
         z = prepare_latents(latents, config, dtype, denormalize=denormalize)
         return decode_frames(nnx.merge(graphdef, state), z, make_context(), chunk=chunk, output=output,
-                             inner_frames=inner_frames)
+                             inner_frames=inner_frames, framewise=framewise)
 
     return run
 
 
-def step_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
-                 denormalize: bool, output: Output, inner_frames: int | None = None) -> StepProgram:
+def step_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
+                 denormalize: bool, output: Output, inner_frames: int | None = None,
+                 clip_frames: int | None = None) -> StepProgram:
     """``(state, caches, latents NCTHW) → (frames, caches, (B,) non-finite count)``: one streaming
-    decode step, with ``caches=None`` for latent frame 0."""
+    decode step, with ``caches=None`` for latent frame 0 (``clip_frames``: the stream's latent
+    frames, for a model that ``needs_clip_frames``)."""
 
     def run(state, caches: DecoderCache | None, latents: jax.Array) -> tuple[jax.Array, DecoderCache, jax.Array]:
         z = prepare_latents(latents, config, dtype, denormalize=denormalize)
         return decode_step(nnx.merge(graphdef, state), caches, z, make_context(), output=output,
-                           inner_frames=inner_frames)
+                           inner_frames=inner_frames, clip_frames=clip_frames if caches is None else None)
 
     return run

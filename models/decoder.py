@@ -263,6 +263,9 @@ class WanDecoder(nnx.Module):
     ``inner_frames``: frames per inner step after each temporal upsampler (``Decoder3d``).
     """
 
+    causal = True  # latent frame 0, then later chunks with the caches (models.families)
+    needs_clip_frames = False
+
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
         self.temporal_scale = config.temporal_scale  # frames per latent frame after frame 0 (static)
         self.patch = config.patch  # static: 2 for Wan 2.2's 2x2 patches, else 1
@@ -271,7 +274,8 @@ class WanDecoder(nnx.Module):
 
     @scoped
     def __call__(self, z: jax.Array, caches: DecoderCache | None, ctx: SpatialContext, *,
-                 inner_frames: int | None = None) -> tuple[jax.Array, DecoderCache]:
+                 inner_frames: int | None = None, clip_frames: int | None = None) -> tuple[jax.Array, DecoderCache]:
+        del clip_frames  # its caches hold two frames whatever the clip's length
         first_chunk = caches is None  # latent frame 0: the reference's first_chunk=True
         if first_chunk and z.shape[1] != 1:
             raise ValueError(f"the first decode step takes exactly 1 latent frame; got {z.shape[1]}")

@@ -1,7 +1,9 @@
-"""Encode programs: frame 0 outside, later chunks of 4 frames in a ``lax.scan``; the posterior after.
+"""Encode programs: frame 0 outside, later chunks of 4 frames in a ``lax.scan`` (or, for a model
+that is not causal in time, HunyuanVideo 1.0, the whole clip at once); the posterior after.
 
-Pure functions of a merged ``WanEncoder`` and a spatial context, so the single-device path
-(``WanVAE.encode``) and the sharded path (``sharding.encode``) run the very same code. The encoder
+Pure functions of a merged encoder (any family's: ``models.families``) and a spatial context, so
+the single-device path (``VAE.encode``) and the sharded path (``sharding.encode``) run the very
+same code. The encoder
 part (``encode_moments``) is what runs per band; the posterior (mean or sample, normalization)
 is per latent pixel and runs on the whole latent array after it, so a sample's noise does not
 depend on how the frame was split.
@@ -22,8 +24,9 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from .config import WanVAEConfig
-from .encoder import FRAMES_PER_CHUNK, EncoderCache, WanEncoder
+from .config import VAEConfig
+from .encoder import FRAMES_PER_CHUNK, EncoderCache
+from .families import EncoderModule
 from .spatial import SpatialContext
 
 DEFAULT_ENCODE_CHUNK = 1  # 4-frame groups per encode step: 1 is the reference's chunking and the least memory
@@ -31,7 +34,7 @@ LOGVAR_RANGE = (-30.0, 20.0)  # diffusers' DiagonalGaussianDistribution clamps t
 SEED_RANGE = 2**32  # jax.random.PRNGKey keeps 32 bits of a seed without x64
 
 
-def latent_frames(frames: int, config: WanVAEConfig) -> int:
+def latent_frames(frames: int, config: VAEConfig) -> int:
     """Latent frames for ``frames = 1 + 4k`` input frames: ``1 + k`` for Wan 2.1."""
     return 1 + (frames - 1) // FRAMES_PER_CHUNK * (FRAMES_PER_CHUNK // config.temporal_scale)
 
@@ -44,23 +47,28 @@ def resolve_encode_chunk(chunk: int | None) -> int:
     return chunk
 
 
-def encode_step(model: WanEncoder, caches: EncoderCache | None, frames: jax.Array, ctx: SpatialContext,
-                dtype) -> tuple[jax.Array, EncoderCache]:
-    """Frames ``(B, 3, f, H, W)`` NCTHW (``f = 1`` with ``caches=None``) → moments
+def encode_step(model: EncoderModule, caches: EncoderCache | None, frames: jax.Array, ctx: SpatialContext,
+                dtype, clip_frames: int | None = None) -> tuple[jax.Array, EncoderCache]:
+    """Frames ``(B, 3, f, H, W)`` NCTHW (``f = 1`` with ``caches=None``, for a causal model) → moments
     ``(B, t, H/s, W/s, 2z)`` and the new caches. Only this chunk is moved channels-last."""
     with jax.named_scope("encode_step"):
-        return model(jnp.moveaxis(frames, 1, -1).astype(dtype), caches, ctx)
+        return model(jnp.moveaxis(frames, 1, -1).astype(dtype), caches, ctx, clip_frames=clip_frames)
 
 
-def encode_moments(model: WanEncoder, frames: jax.Array, ctx: SpatialContext, *, dtype,
+def encode_moments(model: EncoderModule, frames: jax.Array, ctx: SpatialContext, *, dtype,
                    chunk: int = DEFAULT_ENCODE_CHUNK) -> jax.Array:
     """The posterior moments of frames ``(B, 3, F, H, W)``, ``F = 1 + 4k``: ``(B, T, H/s, W/s, 2z)``.
 
     Frame 0 runs alone, then ``4 · chunk`` frames per ``lax.scan`` step (a shorter last step if
     ``k`` is not a multiple of ``chunk``), each step slicing its frames out of the input, so the
-    working memory is one step's activations and the fixed-shape caches, whatever ``F`` is.
+    working memory is one step's activations and the fixed-shape caches, whatever ``F`` is. A model
+    that is not causal (HunyuanVideo 1.0) encodes all frames in one step.
     """
-    first, caches = encode_step(model, None, frames[:, :, :1], ctx, dtype)
+    if not model.causal:
+        moments, _ = encode_step(model, None, frames, ctx, dtype)
+        return moments
+    clip_frames = 1 + (frames.shape[2] - 1) // model.temporal_scale
+    first, caches = encode_step(model, None, frames[:, :, :1], ctx, dtype, clip_frames=clip_frames)
     step_frames = FRAMES_PER_CHUNK * chunk
     num_steps, remainder = divmod(frames.shape[2] - 1, step_frames)
     pieces = [first]
@@ -78,7 +86,7 @@ def encode_moments(model: WanEncoder, frames: jax.Array, ctx: SpatialContext, *,
     return jnp.concatenate(pieces, axis=1)
 
 
-def normalize_latents(z: jax.Array, config: WanVAEConfig) -> jax.Array:
+def normalize_latents(z: jax.Array, config: VAEConfig) -> jax.Array:
     """``(z − latents_mean) / latents_std`` per channel of NCTHW latents (the inverse of
     ``denormalize_latents``; what pipelines apply after encoding)."""
     shape = (len(config.latents_mean), 1, 1, 1)
@@ -147,7 +155,7 @@ def posterior_options(batch: int, *, sample: bool = False, seed: int | None = No
                             np.full(batch, sample, np.bool_), np.full(batch, normalize, np.bool_))
 
 
-def latents_from_moments(moments: jax.Array, options: PosteriorOptions, config: WanVAEConfig) -> jax.Array:
+def latents_from_moments(moments: jax.Array, options: PosteriorOptions, config: VAEConfig) -> jax.Array:
     """Moments ``(B, T, h, w, 2z)`` → float32 NCTHW latents ``(B, z, T, h, w)``.
 
     Per row: the posterior mean (diffusers' ``latent_dist.mode()``, what pipelines use), or where
@@ -180,7 +188,7 @@ def moments_program(graphdef, dtype, make_context: Callable[[], SpatialContext],
     return run
 
 
-def encode_program(graphdef, config: WanVAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
+def encode_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
                    chunk: int) -> EncodeProgram:
     """``(state, frames NCTHW, options) → latents (B, z, T, H/s, W/s)``: the whole single-device
     encode (``options`` a ``PosteriorOptions`` of the batch)."""

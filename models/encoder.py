@@ -182,15 +182,20 @@ class WanEncoder(nnx.Module):
     caches for every later chunk of 4 frames.
     """
 
+    causal = True  # frame 0, then chunks of 4 frames with the caches (models.families)
+    needs_clip_frames = False
+
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
         check_encoder_config(config)
+        self.temporal_scale = config.temporal_scale
         self.patch = config.patch  # static: 2 for Wan 2.2's 2x2 patches, else 1
         self.encoder = Encoder3d(config, rngs=rngs, dtype=dtype)
         self.quant_conv = PointwiseConv(2 * config.z_dim, 2 * config.z_dim, rngs=rngs, dtype=dtype)
 
     @scoped
-    def __call__(self, x: jax.Array, caches: EncoderCache | None,
-                 ctx: SpatialContext) -> tuple[jax.Array, EncoderCache]:
+    def __call__(self, x: jax.Array, caches: EncoderCache | None, ctx: SpatialContext, *,
+                 clip_frames: int | None = None) -> tuple[jax.Array, EncoderCache]:
+        del clip_frames  # its caches hold a fixed number of frames
         if caches is None and x.shape[1] != 1:
             raise ValueError(f"the first encode step takes exactly 1 frame; got {x.shape[1]}")
         with jax.named_scope("patchify"):

@@ -1,12 +1,16 @@
 """Nominal decoder and encoder FLOPs (multiply-add = 2), the work the reference implementation does.
 
-Counted layer by layer from the config, per latent frame, so the same figure serves every
-implementation (ours skips the zero taps of frame 0; that saving is not counted as work).
+Counted layer by layer from the config (Wan per latent frame; HunyuanVideo over the whole clip), so
+the same figure serves every implementation (ours skips the zero taps of frame 0 and never builds
+the upsampled input of HunyuanVideo's upsampler; those savings are not counted as work).
+Attention counts the full ``L x L`` scores the reference computes, masked or not.
 """
 
 from __future__ import annotations
 
-from .config import WanVAEConfig
+from typing import Any
+
+from .config import HunyuanVideo15Config, HunyuanVideoConfig, VAEConfig, WanVAEConfig
 
 
 def _step_flops(config: WanVAEConfig, h: int, w: int, first: bool) -> float:
@@ -43,10 +47,81 @@ def _step_flops(config: WanVAEConfig, h: int, w: int, first: bool) -> float:
     return total
 
 
-def decode_flops(config: WanVAEConfig, shape: tuple[int, ...]) -> float:
+def decode_flops(config: VAEConfig, shape: tuple[int, ...]) -> float:
     """FLOPs of decoding latents ``(B, z, T, H, W)``."""
     b, _, t, h, w = shape
+    if isinstance(config, HunyuanVideoConfig):
+        return b * _hunyuan_decode_flops(config, t, h, w)
+    if isinstance(config, HunyuanVideo15Config):
+        return b * _hunyuan15_decode_flops(config, t, h, w)
+    assert isinstance(config, WanVAEConfig)
     return b * (_step_flops(config, h, w, True) + (t - 1) * _step_flops(config, h, w, False))
+
+
+class _Clip:
+    """FLOP counting over a whole clip of ``frames`` frames of ``h x w``, as its sizes change."""
+
+    def __init__(self, frames: int, h: int, w: int):
+        self.frames, self.h, self.w, self.total = frames, h, w, 0.0
+
+    @property
+    def pixels(self) -> int:
+        return self.frames * self.h * self.w
+
+    def conv(self, cin: int, cout: int, taps: int = 27) -> None:
+        self.total += 2.0 * taps * cin * cout * self.pixels
+
+    def resnet(self, cin: int, cout: int) -> None:
+        self.conv(cin, cout)
+        self.conv(cout, cout)
+        if cin != cout:
+            self.conv(cin, cout, taps=1)
+
+    def attention(self, dim: int) -> None:
+        tokens = self.pixels
+        self.total += 2.0 * tokens * (4 * dim * dim + 2 * tokens * dim)
+
+    def upsample(self, temporal: bool, spatial: bool) -> None:
+        self.frames = 1 + 2 * (self.frames - 1) if temporal else self.frames
+        self.h, self.w = (2 * self.h, 2 * self.w) if spatial else (self.h, self.w)
+
+
+def _hunyuan_decode_flops(config: HunyuanVideoConfig, t: int, h: int, w: int) -> float:
+    clip = _Clip(t, h, w)
+    dims = tuple(reversed(config.block_out_channels))
+    clip.conv(config.latent_channels, config.latent_channels, taps=1)  # post_quant_conv
+    clip.conv(config.latent_channels, dims[0])
+    clip.resnet(dims[0], dims[0])
+    clip.resnet(dims[0], dims[0])
+    if config.mid_block_add_attention:
+        clip.attention(dims[0])
+    for cin, cout, (temporal, spatial) in zip((dims[0], *dims[:-1]), dims, config.up_factors(), strict=True):
+        for _ in range(config.layers_per_block + 1):
+            clip.resnet(cin, cout)
+            cin = cout
+        if temporal or spatial:
+            clip.upsample(temporal, spatial)
+            clip.conv(cout, cout)  # the conv of the upsampled clip
+    clip.conv(dims[-1], config.out_channels)
+    return clip.total
+
+
+def _hunyuan15_decode_flops(config: HunyuanVideo15Config, t: int, h: int, w: int) -> float:
+    clip = _Clip(t, h, w)
+    dims: Any = config.decoder_channels
+    clip.conv(config.latent_channels, dims[0])
+    clip.resnet(dims[0], dims[0])
+    clip.resnet(dims[0], dims[0])
+    clip.attention(dims[0])
+    for cin, cout, up, temporal in config.up_blocks():
+        for _ in range(config.layers_per_block + 1):
+            clip.resnet(cin, cout)
+            cin = cout
+        if up is not None:
+            clip.conv(cout, up * (8 if temporal else 4))  # at the coarse scale, then unpacked
+            clip.upsample(temporal, True)
+    clip.conv(dims[-1], config.out_channels)
+    return clip.total
 
 
 def _encode_step_flops(config: WanVAEConfig, h: int, w: int, frames: int, first: bool) -> float:
@@ -79,9 +154,11 @@ def _encode_step_flops(config: WanVAEConfig, h: int, w: int, frames: int, first:
     return total
 
 
-def encode_flops(config: WanVAEConfig, shape: tuple[int, ...]) -> float:
+def encode_flops(config: VAEConfig, shape: tuple[int, ...]) -> float:
     """FLOPs of encoding frames ``(B, 3, F, H, W)``, ``F = 1 + 4k``: frame 0, then k steps of 4.
     Wan 2.2's encoder runs on the 2x2-patchified frames (its AvgDown3D shortcuts only average)."""
+    if not isinstance(config, WanVAEConfig):
+        raise NotImplementedError(f"encoder FLOPs are counted for Wan configs only; received {config.family}")
     b, _, f, h, w = shape
     h, w = h // config.patch, w // config.patch
     return b * (_encode_step_flops(config, h, w, 1, True) + (f - 1) // 4 * _encode_step_flops(config, h, w, 4, False))

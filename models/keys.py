@@ -1,13 +1,23 @@
-"""Weight names and layouts: our nnx parameters ↔ diffusers ``AutoencoderKLWan`` ↔ original Wan.
+"""Weight names and layouts: our nnx parameters ↔ diffusers ↔ the original releases.
 
-Our parameter paths mirror diffusers' module names, so a diffusers key is the path joined by dots,
-with three renames (``kernel`` → ``weight``; an upsampler's ``resample_kernel``/``resample_bias`` →
-``resample.1.weight``/``.bias``; ``time_kernel``/``time_bias`` → ``time_conv.weight``/``.bias``).
+Our parameter paths mirror diffusers' module names (``AutoencoderKLWan``,
+``AutoencoderKLHunyuanVideo``, ``AutoencoderKLHunyuanVideo15``), so a diffusers key is the path
+joined by dots, with three renames (``kernel`` → ``weight``; an upsampler's
+``resample_kernel``/``resample_bias`` → ``resample.1.weight``/``.bias``;
+``time_kernel``/``time_bias`` → ``time_conv.weight``/``.bias``).
 
-Layouts (PyTorch → ours, channels-last):
-  Conv3d 3x3x3  (O, I, 3, 3, 3) → (3, 3, 3, I, O)     Conv2d 3x3 (O, I, 3, 3) → (3, 3, I, O)
-  Conv3d 1x1x1  (O, I, 1, 1, 1) → (I, O)              Conv2d 1x1 (O, I, 1, 1) → (I, O)
-  time conv     (2C, C, 3, 1, 1) → (3, C, 2C)          RMS gamma  (C, 1, 1[, 1]) → (C,)
+Each parameter declares its PyTorch layout where it is made (``nnx.Param(..., torch_layout=...)``,
+``TORCH_LAYOUTS``): the same path can hold different layouts in different families (Wan's
+attention ``norm.gamma`` is ``(C, 1, 1)``, HunyuanVideo 1.5's ``(C, 1, 1, 1)``). PyTorch → ours,
+channels-last:
+  conv3d       Conv3d 3x3x3   (O, I, 3, 3, 3) → (3, 3, 3, I, O)
+  conv2d       Conv2d 3x3     (O, I, 3, 3)    → (3, 3, I, O)
+  timeconv     Conv3d 3x1x1   (O, I, 3, 1, 1) → (3, I, O)
+  pointwise3d  Conv3d 1x1x1   (O, I, 1, 1, 1) → (I, O)
+  pointwise2d  Conv2d 1x1     (O, I, 1, 1)    → (I, O)
+  linear       Linear         (O, I)          → (I, O)
+  vector       bias, GroupNorm weight (C,)   → (C,)
+  gamma2d / gamma3d  RMS gamma (C, 1, 1) / (C, 1, 1, 1) → (C,)
 
 Original Wan release (``Wan2.1_VAE.pth``) → diffusers, decoder side, with R = num_res_blocks:
   conv2.*                          → post_quant_conv.*        (conv1.* → quant_conv.*)
@@ -43,6 +53,8 @@ _RESIDUAL = {"residual.0.gamma": "norm1.gamma", "residual.2": "conv1", "residual
 _RESIDUAL_BACK = {v: k for k, v in _RESIDUAL.items()}
 _PARAM_RENAMES = {"kernel": "weight", "resample_kernel": "resample.1.weight", "resample_bias": "resample.1.bias",
                   "time_kernel": "time_conv.weight", "time_bias": "time_conv.bias"}
+TORCH_LAYOUTS = ("conv3d", "conv2d", "timeconv", "pointwise3d", "pointwise2d", "linear", "vector", "gamma2d",
+                 "gamma3d")
 
 
 # -- ours ↔ diffusers ----------------------------------------------------------------------------
@@ -51,69 +63,55 @@ def diffusers_key(path: tuple) -> str:
     return ".".join([*modules, _PARAM_RENAMES.get(leaf, leaf)])
 
 
-def _kind(path: tuple) -> str:
-    names = [str(p) for p in path]
-    leaf, owner = names[-1], names[-2]
-    if leaf == "gamma":
-        return "gamma2d" if owner == "norm" else "gamma3d"
-    if leaf in ("bias", "resample_bias", "time_bias"):
-        return "bias"
-    if leaf == "resample_kernel":
-        return "conv2d"
-    if leaf == "time_kernel":
-        return "timeconv"
-    if owner in ("to_qkv", "proj"):
-        return "pointwise2d"
-    if owner in ("post_quant_conv", "quant_conv", "conv_shortcut"):
-        return "pointwise3d"
-    return "conv3d"
+def layout(var) -> str:
+    """The PyTorch layout a parameter declared (``torch_layout=`` on its ``nnx.Param``)."""
+    found = getattr(var, "torch_layout", None)
+    if found not in TORCH_LAYOUTS:
+        raise ValueError(f"parameter of shape {tuple(var.shape)} declares no known torch_layout: {found!r}")
+    return found
 
 
-def torch_shape(path: tuple, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The diffusers tensor shape for our parameter ``path`` of shape ``shape``."""
-    kind = _kind(path)
-    if kind == "gamma2d":
-        return (shape[0], 1, 1)
-    if kind == "gamma3d":
-        return (shape[0], 1, 1, 1)
-    if kind == "bias":
-        return tuple(shape)
+def torch_shape(var) -> tuple[int, ...]:
+    """The diffusers tensor shape of our parameter ``var`` (a variable: its shape and layout)."""
+    kind, shape = layout(var), tuple(var.shape)
+    if kind in ("gamma2d", "gamma3d"):
+        return (shape[0],) + (1,) * (2 if kind == "gamma2d" else 3)
+    if kind == "vector":
+        return shape
     if kind == "conv2d":
         return (shape[3], shape[2], shape[0], shape[1])
     if kind == "timeconv":
         return (shape[2], shape[1], shape[0], 1, 1)
-    if kind == "pointwise2d":
-        return (shape[1], shape[0], 1, 1)
-    if kind == "pointwise3d":
-        return (shape[1], shape[0], 1, 1, 1)
+    if kind in ("pointwise3d", "pointwise2d", "linear"):
+        return (shape[1], shape[0]) + (1,) * {"pointwise3d": 3, "pointwise2d": 2, "linear": 0}[kind]
     return (shape[4], shape[3], shape[0], shape[1], shape[2])
 
 
-def from_torch(path: tuple, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """A diffusers tensor (already checked to be ``torch_shape(path, shape)``) in our layout."""
-    kind = _kind(path)
-    if kind in ("gamma2d", "gamma3d", "bias"):
-        return array.reshape(shape)
+def from_torch(var, array: np.ndarray) -> np.ndarray:
+    """A diffusers tensor (already checked to be ``torch_shape(var)``) in our layout."""
+    kind = layout(var)
+    if kind in ("gamma2d", "gamma3d", "vector"):
+        return array.reshape(var.shape)
     if kind == "conv2d":
         return array.transpose(2, 3, 1, 0)
     if kind == "timeconv":
         return array[:, :, :, 0, 0].transpose(2, 1, 0)
-    if kind in ("pointwise2d", "pointwise3d"):
+    if kind in ("pointwise3d", "pointwise2d", "linear"):
         return array.reshape(array.shape[:2]).T
     return array.transpose(2, 3, 4, 1, 0)
 
 
-def to_torch(path: tuple, array: np.ndarray) -> np.ndarray:
-    """Our parameter in the diffusers layout (inverse of ``from_torch``)."""
-    kind = _kind(path)
-    target = torch_shape(path, array.shape)
-    if kind in ("gamma2d", "gamma3d", "bias"):
+def to_torch(var, array: np.ndarray) -> np.ndarray:
+    """Our parameter ``var``'s value ``array`` in the diffusers layout (inverse of ``from_torch``)."""
+    kind = layout(var)
+    target = torch_shape(var)
+    if kind in ("gamma2d", "gamma3d", "vector"):
         return array.reshape(target)
     if kind == "conv2d":
         return array.transpose(3, 2, 0, 1)
     if kind == "timeconv":
         return array.transpose(2, 1, 0).reshape(target)
-    if kind in ("pointwise2d", "pointwise3d"):
+    if kind in ("pointwise3d", "pointwise2d", "linear"):
         return array.T.reshape(target)
     return array.transpose(4, 3, 0, 1, 2)
 
@@ -217,3 +215,49 @@ def _residual_to_original(side: str, rest: str, num_res_blocks: int) -> str | No
     if layer is None:
         return f"{side}.{stage}.{block}.{stage}.{resampler_index}.{tail}"
     return f"{side}.{stage}.{block}.{stage}.{layer}.{_rename_residual(tail, _RESIDUAL_BACK)}"
+
+
+# -- original HunyuanVideo ↔ diffusers -------------------------------------------------------------
+# HunyuanVideo 1.0's original VAE (``hunyuan-video-t2v-720p/vae/pytorch_model.pt``) already uses
+# diffusers' names (diffusers' conversion script renames nothing), sometimes under a ``vae.`` prefix.
+# HunyuanVideo 1.5's (``vae/diffusion_pytorch_model.safetensors`` of tencent/HunyuanVideo-1.5) names
+# its blocks like the original latent-diffusion VAE:
+#   {encoder,decoder}.{down,up}.{i}.block.{j}.*   → {…}.{down,up}_blocks.{i}.resnets.{j}.*
+#   {encoder,decoder}.{down,up}.{i}.{down,up}sample.* → {…}.{down,up}_blocks.{i}.{down,up}samplers.0.*
+#   {…}.mid.block_{1,2}.*                         → {…}.mid_block.resnets.{0,1}.*
+#   {…}.mid.attn_1.{q,k,v}.*                      → {…}.mid_block.attentions.0.to_{q,k,v}.*
+#   {…}.mid.attn_1.{norm,proj_out}.*              → {…}.mid_block.attentions.0.{norm,proj_out}.*
+_HUNYUAN15_RENAMES = (
+    (r"^(encoder|decoder)\.(down|up)\.(\d+)\.block\.(\d+)\.", r"\1.\2_blocks.\3.resnets.\4."),
+    (r"^(encoder|decoder)\.(down|up)\.(\d+)\.(down|up)sample\.", r"\1.\2_blocks.\3.\4samplers.0."),
+    (r"^(encoder|decoder)\.mid\.block_1\.", r"\1.mid_block.resnets.0."),
+    (r"^(encoder|decoder)\.mid\.block_2\.", r"\1.mid_block.resnets.1."),
+    (r"^(encoder|decoder)\.mid\.attn_1\.([qkv])\.", r"\1.mid_block.attentions.0.to_\2."),
+    (r"^(encoder|decoder)\.mid\.attn_1\.", r"\1.mid_block.attentions.0."),
+)
+_HUNYUAN15_BACK = (
+    (r"^(encoder|decoder)\.(down|up)_blocks\.(\d+)\.resnets\.(\d+)\.", r"\1.\2.\3.block.\4."),
+    (r"^(encoder|decoder)\.(down|up)_blocks\.(\d+)\.(down|up)samplers\.0\.", r"\1.\2.\3.\4sample."),
+    (r"^(encoder|decoder)\.mid_block\.resnets\.0\.", r"\1.mid.block_1."),
+    (r"^(encoder|decoder)\.mid_block\.resnets\.1\.", r"\1.mid.block_2."),
+    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.to_([qkv])\.", r"\1.mid.attn_1.\2."),
+    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.", r"\1.mid.attn_1."),
+)
+
+
+def _first_rename(key: str, table: tuple[tuple[str, str], ...]) -> str:
+    for pattern, replacement in table:
+        renamed, count = re.subn(pattern, replacement, key)
+        if count:
+            return renamed
+    return key
+
+
+def hunyuan15_original_to_diffusers(key: str) -> str:
+    """Rename one key of the original HunyuanVideo 1.5 VAE to its diffusers name."""
+    return _first_rename(key, _HUNYUAN15_RENAMES)
+
+
+def hunyuan15_diffusers_to_original(key: str) -> str:
+    """Inverse of ``hunyuan15_original_to_diffusers`` (to write original-format test checkpoints)."""
+    return _first_rename(key, _HUNYUAN15_BACK)

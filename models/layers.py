@@ -27,6 +27,7 @@ from .conv import (
     causal_conv3x3x3,
     conv2d_frames,
     downsample2x_conv2d_frames,
+    initial_past,
     interleave_time,
     next_cache,
     past_or_zeros,
@@ -34,7 +35,7 @@ from .conv import (
     time_downsample,
     upsample2x_conv2d_frames,
 )
-from .spatial import SpatialContext, matmul_precision
+from .spatial import Edge, SpatialContext, check_edge, matmul_precision
 
 # Causal caches. A conv cache holds the last two spatially padded input frames
 # ``(B, 2, H+2, W+2, C)``; a time-conv cache the last two unpadded frames ``(B, 2, H, W, C)``.
@@ -58,8 +59,10 @@ def scoped(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _kernel(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, dtype) -> nnx.Param:
-    return nnx.Param(_scaled_normal(rngs.params(), shape, jnp.dtype(dtype), math.sqrt(fan_in)))
+def _kernel(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, dtype, torch_layout: str) -> nnx.Param:
+    """A kernel N(0, 1/fan_in); ``torch_layout`` names its PyTorch layout (``models.keys``)."""
+    return nnx.Param(_scaled_normal(rngs.params(), shape, jnp.dtype(dtype), math.sqrt(fan_in)),
+                     torch_layout=torch_layout)
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "dtype"))
@@ -70,14 +73,16 @@ def _scaled_normal(key: jax.Array, shape: tuple[int, ...], dtype, divisor: float
 
 
 def _bias(rngs: nnx.Rngs, size: int, dtype) -> nnx.Param:
-    return nnx.Param((0.02 * jax.random.normal(rngs.params(), (size,), jnp.float32)).astype(dtype))
+    return nnx.Param((0.02 * jax.random.normal(rngs.params(), (size,), jnp.float32)).astype(dtype),
+                     torch_layout="vector")
 
 
 class PointwiseConv(nnx.Module):
-    """1x1(x1) conv: ``(..., C)`` → ``(..., O)``. Kernel ``(C, O)``."""
+    """1x1(x1) conv or linear layer: ``(..., C)`` → ``(..., O)``. Kernel ``(C, O)``; ``torch_layout``:
+    the reference's ``"pointwise3d"`` (Conv3d 1x1x1), ``"pointwise2d"`` (Conv2d 1x1) or ``"linear"``."""
 
-    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        self.kernel = _kernel(rngs, (cin, cout), cin, dtype)
+    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32, torch_layout: str = "pointwise3d"):
+        self.kernel = _kernel(rngs, (cin, cout), cin, dtype, torch_layout)
         self.bias = _bias(rngs, cout, dtype)
 
     @scoped
@@ -88,23 +93,38 @@ class PointwiseConv(nnx.Module):
 
 
 class CausalConv3d(nnx.Module):
-    """Causal 3x3x3 conv. Kernel ``(3, 3, 3, C, O)`` (time, height, width, in, out)."""
+    """Causal 3x3x3 conv. Kernel ``(3, 3, 3, C, O)`` (time, height, width, in, out).
 
-    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        self.kernel = _kernel(rngs, (3, 3, 3, cin, cout), 27 * cin, dtype)
+    ``edge``: how the frame and the clip's start are padded: ``"zero"`` (Wan: zeros around the
+    frame, two zero frames before the clip) or ``"replicate"`` (HunyuanVideo: the edge rows and
+    columns repeated, two copies of the first frame before the clip).
+    """
+
+    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32, edge: Edge = "zero"):
+        self.edge = check_edge(edge)
+        self.kernel = _kernel(rngs, (3, 3, 3, cin, cout), 27 * cin, dtype, "conv3d")
         self.bias = _bias(rngs, cout, dtype)
 
     @scoped
     def __call__(self, x: jax.Array, cache: ConvCache | None, ctx: SpatialContext) -> tuple[jax.Array, ConvCache]:
         """``x (B, T, H, W, C)``, ``cache (B, 2, H+2, W+2, C)`` or None → ``(B, T, H, W, O)``, new cache."""
-        x_padded = ctx.pad_hw(x)
-        past = past_or_zeros(cache, x_padded)
+        x_padded = ctx.pad_hw(x, edge=self.edge)
         if cache is None and x.shape[1] == 1:
-            # First frame, all-zero past: only the last time tap sees data (2/3 fewer FLOPs).
-            y = conv2d_frames(x_padded, self.kernel[2], self.bias[...], native=ctx.native_conv)
+            # The clip's first frame alone: its past is zeros (only the last time tap sees data) or
+            # copies of itself (the time taps sum): one 2-D conv, 2/3 fewer FLOPs.
+            kernel = self.kernel[2] if self.edge == "zero" else first_frame_kernel(self.kernel[...])
+            y = conv2d_frames(x_padded, kernel, self.bias[...], native=ctx.native_conv)
         else:
-            y = causal_conv3x3x3(past, x_padded, self.kernel[...], self.bias[...], native=ctx.native_conv)
+            y = causal_conv3x3x3(cache, x_padded, self.kernel[...], self.bias[...], start=self.edge,
+                                 native=ctx.native_conv)
+        past = initial_past(x_padded, self.edge) if cache is None else cache
         return y, next_cache(past, x_padded)
+
+
+def first_frame_kernel(kernel: jax.Array) -> jax.Array:
+    """The 2-D kernel a replicate-padded causal conv applies to a clip's first frame: its past is two
+    copies of it, so the three time taps add up (summed in float32, rounded once)."""
+    return kernel.astype(jnp.float32).sum(axis=0).astype(kernel.dtype)
 
 
 class RMSNorm(nnx.Module):
@@ -113,25 +133,39 @@ class RMSNorm(nnx.Module):
     No statistics cross pixels, so it needs nothing from a neighbouring band. ``(..., C)`` → same.
     """
 
-    def __init__(self, dim: int, *, dtype=jnp.float32):
-        self.gamma = nnx.Param(jnp.ones((dim,), dtype))
+    def __init__(self, dim: int, *, dtype=jnp.float32, torch_layout: str = "gamma3d"):
+        self.gamma = nnx.Param(jnp.ones((dim,), dtype), torch_layout=torch_layout)
 
     @scoped
     def __call__(self, x: jax.Array) -> jax.Array:
         return rms_norm(x, self.gamma[...])
 
 
+class ReplicateConv3d(nnx.Module):
+    """diffusers' ``HunyuanVideo(15)CausalConv3d``: a causal 3x3x3 conv with replicate padding, held
+    under ``.conv`` as the reference holds its ``nn.Conv3d`` (the weights are ``<name>.conv.weight``).
+    Called like ``CausalConv3d``."""
+
+    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.conv = CausalConv3d(cin, cout, rngs=rngs, dtype=dtype, edge="replicate")
+
+    def __call__(self, x: jax.Array, cache: ConvCache | None, ctx: SpatialContext) -> tuple[jax.Array, ConvCache]:
+        return self.conv(x, cache, ctx)
+
+
 class ResidualBlock(nnx.Module):
     """RMSNorm → SiLU → conv → RMSNorm → SiLU → conv, plus a (1x1x1 when widths differ) shortcut.
 
-    ``(B, T, H, W, C)`` → ``(B, T, H, W, O)``; caches: one per causal conv.
+    ``(B, T, H, W, C)`` → ``(B, T, H, W, O)``; caches: one per causal conv. ``conv``: the causal
+    conv type, ``CausalConv3d`` (Wan) or ``ReplicateConv3d`` (HunyuanVideo 1.5).
     """
 
-    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32,
+                 conv: type[CausalConv3d] | type[ReplicateConv3d] = CausalConv3d):
         self.norm1 = RMSNorm(cin, dtype=dtype)
-        self.conv1 = CausalConv3d(cin, cout, rngs=rngs, dtype=dtype)
+        self.conv1 = conv(cin, cout, rngs=rngs, dtype=dtype)
         self.norm2 = RMSNorm(cout, dtype=dtype)
-        self.conv2 = CausalConv3d(cout, cout, rngs=rngs, dtype=dtype)
+        self.conv2 = conv(cout, cout, rngs=rngs, dtype=dtype)
         self.conv_shortcut = PointwiseConv(cin, cout, rngs=rngs, dtype=dtype) if cin != cout else None
 
     @scoped
@@ -157,9 +191,9 @@ class AttentionBlock(nnx.Module):
     """
 
     def __init__(self, dim: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
-        self.norm = RMSNorm(dim, dtype=dtype)
-        self.to_qkv = PointwiseConv(dim, 3 * dim, rngs=rngs, dtype=dtype)
-        self.proj = PointwiseConv(dim, dim, rngs=rngs, dtype=dtype)
+        self.norm = RMSNorm(dim, dtype=dtype, torch_layout="gamma2d")
+        self.to_qkv = PointwiseConv(dim, 3 * dim, rngs=rngs, dtype=dtype, torch_layout="pointwise2d")
+        self.proj = PointwiseConv(dim, dim, rngs=rngs, dtype=dtype, torch_layout="pointwise2d")
 
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
@@ -200,10 +234,10 @@ class Resample(nnx.Module):
     def __init__(self, dim: int, mode: str, *, rngs: nnx.Rngs, dtype=jnp.float32, cout: int | None = None):
         cout = dim // 2 if cout is None else cout
         self.mode = mode
-        self.resample_kernel = _kernel(rngs, (3, 3, dim, cout), 9 * dim, dtype)
+        self.resample_kernel = _kernel(rngs, (3, 3, dim, cout), 9 * dim, dtype, "conv2d")
         self.resample_bias = _bias(rngs, cout, dtype)
         if mode == "upsample3d":
-            self.time_kernel = _kernel(rngs, (3, dim, 2 * dim), 3 * dim, dtype)
+            self.time_kernel = _kernel(rngs, (3, dim, 2 * dim), 3 * dim, dtype, "timeconv")
             self.time_bias = _bias(rngs, 2 * dim, dtype)
 
     def _time_conv(self, x: jax.Array, cache: ConvCache) -> tuple[jax.Array, ConvCache]:
@@ -253,10 +287,10 @@ class Downsample(nnx.Module):
         if mode not in ("downsample2d", "downsample3d"):
             raise ValueError(f"mode must be 'downsample2d' or 'downsample3d'; received {mode!r}")
         self.mode = mode
-        self.resample_kernel = _kernel(rngs, (3, 3, dim, dim), 9 * dim, dtype)
+        self.resample_kernel = _kernel(rngs, (3, 3, dim, dim), 9 * dim, dtype, "conv2d")
         self.resample_bias = _bias(rngs, dim, dtype)
         if mode == "downsample3d":
-            self.time_kernel = _kernel(rngs, (3, dim, dim), 3 * dim, dtype)
+            self.time_kernel = _kernel(rngs, (3, dim, dim), 3 * dim, dtype, "timeconv")
             self.time_bias = _bias(rngs, dim, dtype)
 
     @scoped

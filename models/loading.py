@@ -1,19 +1,26 @@
-"""Load a Wan 2.1 or 2.2 VAE from diffusers folders, safetensors files or the original ``.pth``.
+"""Load a VAE — Wan 2.1 / 2.2, HunyuanVideo 1.0 / 1.5 — from diffusers folders, safetensors files or
+the original releases' checkpoints.
 
-The decoder's tensors must all be there. The encoder's (``encoder.*``, ``quant_conv.*``) are
-loaded when the checkpoint has any of them (and must then all be there); a decode-only
-checkpoint loads for decoding, and ``encode`` then says that it has no encoder.
+The family comes from the config's ``_class_name`` (``models.config.config_from_dict``), or, for a
+checkpoint file without a diffusers config beside it, from its tensor names. The decoder's
+tensors must all be there. The encoder's (``encoder.*``, ``quant_conv.*``) are loaded when the
+checkpoint has any of them (and must then all be there); a decode-only checkpoint loads for
+decoding, and ``encode`` then says that it has no encoder.
 
 Accepted ``path``s:
   * a diffusers folder: ``config.json`` + ``diffusion_pytorch_model.safetensors`` (or the sharded
     ``diffusion_pytorch_model.safetensors.index.json`` form);
   * a pipeline folder (``model_index.json`` + ``vae/``), or any folder with a ``vae/`` subfolder;
-  * the original Wan release file ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth`` (needs torch; read with
-    ``weights_only=True``) or a ``.safetensors`` file in either naming; a ``config.json`` beside it
-    is used when present, else the real config of the release its key names belong to;
-  * an embedded model name, ``"wan2.1"`` (also ``None``) or ``"wan2.2"``: the real architecture
-    with deterministic seeded random weights. It decodes noise and says so (logs,
-    ``vae.metadata["random_weights"]``). A folder with such a name loads as ``"./wan2.2"``.
+  * a checkpoint file: ``.safetensors`` or a PyTorch file (``.pth``/``.pt``/``.ckpt``: needs torch,
+    read with ``weights_only=True``) in diffusers' naming or an original release's: Wan's
+    ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth``, HunyuanVideo's ``vae/pytorch_model.pt`` (diffusers'
+    names, maybe under ``vae.``), HunyuanVideo 1.5's ``vae/diffusion_pytorch_model.safetensors``
+    (``decoder.up.{i}.block.{j}`` names). A diffusers ``config.json`` beside it is used when present,
+    else the real config of the family (and release) its names belong to;
+  * an embedded model name (``MODEL_NAMES``): ``"wan2.1"`` (also ``None``), ``"wan2.2"``,
+    ``"hunyuan1.0"``, ``"hunyuan1.5"``: the real architecture with deterministic seeded random
+    weights. It decodes noise and says so (logs, ``vae.metadata["random_weights"]``). A folder
+    with such a name loads as ``"./wan2.2"``.
 """
 
 from __future__ import annotations
@@ -32,17 +39,29 @@ import numpy as np
 from flax import nnx
 
 from . import keys
-from .config import ConfigError, WanVAEConfig
-from .decoder import WanDecoder
-from .encoder import WanEncoder, check_encoder_config
-from .vae import WanVAE, abstract_module, init_vae, resolve_dtype
+from .config import (
+    CONFIG_CLASSES,
+    ConfigError,
+    HunyuanVideo15Config,
+    HunyuanVideoConfig,
+    VAEConfig,
+    WanVAEConfig,
+    config_from_dict,
+    read_config,
+)
+from .families import family_of
+from .vae import VAE, abstract_module, init_vae, resolve_dtype
 
 log = logging.getLogger("vaeserve.models")
 
 DEFAULT_SEED = 0
 # Architectures by name: their configs need no checkpoint (planning compiles from shapes alone), and
 # ``load_vae(name)`` builds them with seeded random weights (the embedded models).
-MODEL_NAMES: dict[str, Callable[[], WanVAEConfig]] = {"wan2.1": WanVAEConfig, "wan2.2": WanVAEConfig.wan22}
+MODEL_NAMES: dict[str, Callable[[], VAEConfig]] = {"wan2.1": WanVAEConfig, "wan2.2": WanVAEConfig.wan22,
+                                                   "hunyuan1.0": HunyuanVideoConfig, "hunyuan1.5": HunyuanVideo15Config}
+# What each embedded name is, in words (logs and metadata).
+MODEL_TITLES = {"wan2.1": "Wan 2.1", "wan2.2": "Wan 2.2", "hunyuan1.0": "HunyuanVideo",
+                "hunyuan1.5": "HunyuanVideo 1.5"}
 DEFAULT_MODEL = "wan2.1"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
@@ -92,7 +111,7 @@ def _torch_state(path: Path) -> dict[str, Any]:
             "with `vaeserve convert IN OUT_DIR` on a machine that has it"
         ) from e
     state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    for wrapper in ("state_dict", "model"):
+    for wrapper in ("state_dict", "model", "module"):
         if isinstance(state, dict) and wrapper in state and isinstance(state[wrapper], dict):
             state = state[wrapper]
     return state
@@ -108,14 +127,56 @@ def _torch_to_numpy(tensor) -> np.ndarray:
 
 
 def _is_original_naming(names) -> bool:
+    """Original Wan release names (``decoder.middle.*``, ``decoder.upsamples.*``, ``conv2.*``)."""
     return any(n.startswith(("decoder.middle.", "decoder.upsamples.", "conv2.")) for n in names)
 
 
+def _is_original_hunyuan15_naming(names) -> bool:
+    """Original HunyuanVideo 1.5 names (``decoder.mid.block_1.*``, ``decoder.up.0.block.0.*``)."""
+    return any(n.startswith(("decoder.mid.", "decoder.up.", "encoder.down.", "encoder.mid.")) for n in names)
+
+
 def original_release_config(names) -> WanVAEConfig:
-    """The real config of the original release whose key names these are: Wan 2.2's blocks nest
+    """The real config of the original Wan release whose key names these are: Wan 2.2's blocks nest
     their layers (``decoder.upsamples.0.upsamples.0.*``), Wan 2.1's are flat."""
     nested = re.compile(r"decoder\.upsamples\.\d+\.upsamples\.")
     return WanVAEConfig.wan22() if any(nested.match(n) for n in names) else WanVAEConfig()
+
+
+def _without_vae_prefix(names) -> bool:
+    """HunyuanVideo's original checkpoint may hold its VAE under ``vae.`` (its loader keeps those)."""
+    return any(n.startswith("vae.") for n in names)
+
+
+def config_for_names(names) -> VAEConfig:
+    """The real config of the family (and release) whose tensor names these are, for a checkpoint
+    without a diffusers ``config.json``: an original release's names, else diffusers' names of
+    HunyuanVideo (GroupNorm ``conv_norm_out``), HunyuanVideo 1.5 (``norm_out.gamma`` and wrapped
+    ``conv_in.conv``) or, by default, Wan."""
+    names = list(names)
+    if _is_original_naming(names):
+        return original_release_config(names)
+    if _is_original_hunyuan15_naming(names):
+        return HunyuanVideo15Config()
+    names = [n.removeprefix("vae.") for n in names]
+    if "decoder.conv_norm_out.weight" in names:
+        return HunyuanVideoConfig()
+    if "decoder.conv_in.conv.weight" in names:
+        return HunyuanVideo15Config()
+    return WanVAEConfig()
+
+
+def to_diffusers_names(tensors: dict[str, Any], config: VAEConfig) -> dict[str, Any]:
+    """Checkpoint tensors under diffusers' names: original Wan and HunyuanVideo 1.5 names renamed,
+    HunyuanVideo's ``vae.`` prefix dropped (with whatever else its checkpoint holds); diffusers'
+    names unchanged."""
+    if _is_original_naming(tensors) and isinstance(config, WanVAEConfig):
+        return {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
+    if _is_original_hunyuan15_naming(tensors):
+        return {keys.hunyuan15_original_to_diffusers(n): t for n, t in tensors.items()}
+    if _without_vae_prefix(tensors):
+        return {n.removeprefix("vae."): t for n, t in tensors.items() if n.startswith("vae.")}
+    return tensors
 
 
 def _diffusers_folder(path: Path) -> Path:
@@ -136,7 +197,7 @@ def _folder_weights(folder: Path) -> list[Path]:
 
 
 # -- building the model ---------------------------------------------------------------------------
-def _parameters(module_type, config: WanVAEConfig, dtype) -> tuple[Any, dict[str, tuple]]:
+def _parameters(module_type, config: VAEConfig, dtype) -> tuple[Any, dict[str, tuple]]:
     """``(graphdef, {diffusers name: (path, abstract variable)})`` of a module, without computing weights."""
     graphdef, state = nnx.split(abstract_module(module_type, config, dtype))
     return graphdef, {keys.diffusers_key(path): (path, var) for path, var in nnx.to_flat_state(state)}
@@ -144,9 +205,9 @@ def _parameters(module_type, config: WanVAEConfig, dtype) -> tuple[Any, dict[str
 
 def _misshaped(expected: dict[str, tuple], tensors: dict[str, Any]) -> list[str]:
     problems = []
-    for name, (path, var) in expected.items():
+    for name, (_, var) in expected.items():
         if name in tensors:
-            want = keys.torch_shape(path, var.shape)
+            want = keys.torch_shape(var)
             got = tuple(np.shape(tensors[name]))
             if got != want:
                 problems.append(f"{name}: expected {want}, received {got}")
@@ -156,29 +217,31 @@ def _misshaped(expected: dict[str, tuple], tensors: dict[str, Any]) -> list[str]
 def _assemble(graphdef, expected: dict[str, tuple], tensors: dict[str, Any], target) -> Any:
     leaves = []
     for name, (path, var) in expected.items():
-        array = keys.from_torch(path, np.asarray(tensors[name]), var.shape)
+        array = keys.from_torch(var, np.asarray(tensors[name]))
         leaves.append((path, var.replace(jnp.asarray(array, target))))
     return nnx.merge(graphdef, nnx.from_flat_state(leaves))
 
 
-def build_vae(config: WanVAEConfig, tensors: dict[str, Any], *, dtype: str, metadata: dict[str, Any]) -> WanVAE:
-    """Assemble a ``WanVAE`` from diffusers-named tensors; every key problem is reported at once.
+def build_vae(config: VAEConfig, tensors: dict[str, Any], *, dtype: str, metadata: dict[str, Any]) -> VAE:
+    """Assemble a ``VAE`` of the config's family from diffusers-named tensors; every key problem is
+    reported at once.
 
     The encoder is built when any ``encoder.*``/``quant_conv.*`` tensor is present, else left out
     (also, with a warning, when this implementation cannot run the config's encoder).
     """
     target = resolve_dtype(dtype)
-    graphdef, expected = _parameters(WanDecoder, config, target)
+    family = family_of(config)
+    graphdef, expected = _parameters(family.decoder, config, target)
     with_encoder = any(n.startswith(ENCODER_PREFIXES) for n in tensors)
     if with_encoder:
         try:
-            check_encoder_config(config)
+            family.check_encoder(config)
         except ConfigError as e:
             log.warning("encoder weights skipped: %s", e)
             metadata = {**metadata, "no_encoder_reason": str(e)}
             tensors = {n: t for n, t in tensors.items() if not n.startswith(ENCODER_PREFIXES)}
             with_encoder = False
-    encoder_graphdef, encoder_expected = _parameters(WanEncoder, config, target) if with_encoder else (None, {})
+    encoder_graphdef, encoder_expected = _parameters(family.encoder, config, target) if with_encoder else (None, {})
     known = set(expected) | set(encoder_expected)
     missing = sorted(known - set(tensors))
     unexpected = sorted(set(tensors) - known)
@@ -189,7 +252,7 @@ def build_vae(config: WanVAEConfig, tensors: dict[str, Any], *, dtype: str, meta
     encoder = _assemble(encoder_graphdef, encoder_expected, tensors, target) if with_encoder else None
     if not with_encoder:
         log.info("%s has no encoder weights: it loads for decoding only", metadata.get("source", "the checkpoint"))
-    return WanVAE(config, model, dtype=dtype, metadata=metadata, encoder=encoder)
+    return VAE(config, model, dtype=dtype, metadata=metadata, encoder=encoder)
 
 
 def _model_name(path: str | Path | None) -> str | None:
@@ -201,7 +264,7 @@ def _model_name(path: str | Path | None) -> str | None:
 
 
 def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32", *,
-                 weights_cache: str | Path | None = None) -> WanVAE:
+                 weights_cache: str | Path | None = None) -> VAE:
     """The model ``name`` (``MODEL_NAMES``): the real architecture with seeded random weights.
 
     ``weights_cache``: a folder where the drawn weights are kept (``<name>-random-weights-seed<seed>/``,
@@ -210,20 +273,19 @@ def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32", *,
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"no embedded model {name!r}; expected one of {sorted(MODEL_NAMES)}")
-    version = name.removeprefix("wan")
     log.warning("using the embedded %s VAE with RANDOM weights (seed %d): it decodes noise, not video",
                 name, DEFAULT_SEED)
     config = MODEL_NAMES[name]()
     metadata = {"name": name,
-                "source": f"embedded default (Wan {version} architecture, random weights, seed {DEFAULT_SEED})"}
+                "source": f"embedded default ({MODEL_TITLES[name]} architecture, random weights, seed {DEFAULT_SEED})"}
     if weights_cache is None:
         return init_vae(config, seed=DEFAULT_SEED, dtype=dtype, metadata=metadata)
     folder = Path(weights_cache) / f"{name}-random-weights-seed{DEFAULT_SEED}"
     return kept_random_vae(config, folder, seed=DEFAULT_SEED, dtype=dtype, metadata=metadata)
 
 
-def kept_random_vae(config: WanVAEConfig, folder: Path, *, seed: int, dtype: str = "float32",
-                    metadata: dict[str, Any] | None = None) -> WanVAE:
+def kept_random_vae(config: VAEConfig, folder: Path, *, seed: int, dtype: str = "float32",
+                    metadata: dict[str, Any] | None = None) -> VAE:
     """``init_vae(config, seed=seed)``, its weights kept in ``folder`` (a diffusers folder, float32).
 
     Read back when ``folder`` holds ``config``'s weights; else drawn and written there. The folder
@@ -234,7 +296,7 @@ def kept_random_vae(config: WanVAEConfig, folder: Path, *, seed: int, dtype: str
     metadata = {**(metadata or {}), "random_weights": True}
     if folder.is_dir():
         try:
-            if WanVAEConfig.from_json(folder / "config.json") == config:
+            if read_config(folder / "config.json") == config:
                 tensors = _read_safetensors([folder / WEIGHTS_NAME])
                 log.info("random weights read from %s", folder)
                 return build_vae(config, tensors, dtype=dtype, metadata=metadata)
@@ -257,9 +319,23 @@ def kept_random_vae(config: WanVAEConfig, folder: Path, *, seed: int, dtype: str
     return build_vae(config, dict(iter_diffusers_tensors(drawn)), dtype=dtype, metadata=metadata)
 
 
+def _checkpoint_config(config_file: Path, names) -> VAEConfig:
+    """The config of a checkpoint: the diffusers ``config.json`` beside it (or of its folder) when
+    there is one of a known family, else the config its tensor names belong to. An original
+    release's own config.json (HunyuanVideo 1.5's is not diffusers') is then passed over."""
+    if config_file.is_file():
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+        original = _is_original_naming(names) or _is_original_hunyuan15_naming(names)
+        if raw.get("_class_name", WanVAEConfig.class_name) in CONFIG_CLASSES or not original:
+            return config_from_dict(raw)
+        log.warning("%s is no diffusers VAE config (_class_name %r): using the release its tensor names belong to",
+                    config_file, raw.get("_class_name"))
+    return config_for_names(names)
+
+
 def load_vae(path: str | Path | None = None, dtype: str = "float32", *,
-             embedded_weights_cache: str | Path | None = None) -> WanVAE:
-    """Load a Wan 2.1 or 2.2 VAE (see the module docstring for the accepted ``path``s);
+             embedded_weights_cache: str | Path | None = None) -> VAE:
+    """Load a VAE of any family (see the module docstring for the accepted ``path``s);
     ``embedded_weights_cache``: where an embedded model keeps its drawn weights (``embedded_vae``)."""
     resolve_dtype(dtype)
     name = _model_name(path)
@@ -268,24 +344,20 @@ def load_vae(path: str | Path | None = None, dtype: str = "float32", *,
     path = Path(path)  # type: ignore[arg-type]
     if path.is_dir():
         folder = _diffusers_folder(path)
-        config = WanVAEConfig.from_json(folder / "config.json")
         tensors = _read_safetensors(_folder_weights(folder))
+        config_file = folder / "config.json"
     elif path.is_file():
-        tensors = _read_pth(path) if path.suffix in (".pth", ".pt", ".ckpt") else _read_safetensors([path])
+        tensors = _read_pth(path) if path.suffix in PYTORCH_SUFFIXES else _read_safetensors([path])
         config_file = path.parent / "config.json"
-        if config_file.is_file():
-            config = WanVAEConfig.from_json(config_file)
-        else:
-            config = original_release_config(tensors) if _is_original_naming(tensors) else WanVAEConfig()
-        if _is_original_naming(tensors):
-            tensors = {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
     else:
         raise FileNotFoundError(f"no model at {path}")
-    log.info("loading Wan VAE from %s (%s)", path, dtype)
-    return build_vae(config, tensors, dtype=dtype, metadata={"source": str(path), "random_weights": False})
+    config = _checkpoint_config(config_file, tensors)
+    log.info("loading %s VAE from %s (%s)", config.family, path, dtype)
+    return build_vae(config, to_diffusers_names(tensors, config), dtype=dtype,
+                     metadata={"source": str(path), "random_weights": False})
 
 
-def load_config(path: str | Path | None = None) -> WanVAEConfig:
+def load_config(path: str | Path | None = None) -> VAEConfig:
     """The config ``load_vae(path)`` would build, read without loading any tensor.
 
     ``path`` is anything ``load_vae`` accepts, or a model name in ``MODEL_NAMES``.
@@ -295,19 +367,19 @@ def load_config(path: str | Path | None = None) -> WanVAEConfig:
         return MODEL_NAMES[name]()
     path = Path(path)  # type: ignore[arg-type]
     if path.is_dir():
-        return WanVAEConfig.from_json(_diffusers_folder(path) / "config.json")
+        folder = _diffusers_folder(path)
+        return _checkpoint_config(folder / "config.json", _folder_names(folder))
     if path.is_file():
-        config_file = path.parent / "config.json"
-        if config_file.is_file():
-            return WanVAEConfig.from_json(config_file)
-        names = _checkpoint_names(path)
-        return original_release_config(names) if _is_original_naming(names) else WanVAEConfig()
+        return _checkpoint_config(path.parent / "config.json", _checkpoint_names(path))
     raise FileNotFoundError(f"no model at {path} (nor a model name: {sorted(MODEL_NAMES)})")
+
+
+PYTORCH_SUFFIXES = (".pth", ".pt", ".ckpt")
 
 
 def _checkpoint_names(path: Path) -> list[str]:
     """The tensor names of one checkpoint file, without reading its tensors (a ``.pth`` is mapped)."""
-    if path.suffix in (".pth", ".pt", ".ckpt"):
+    if path.suffix in PYTORCH_SUFFIXES:
         return list(_torch_state(path))
     from safetensors import safe_open
 
@@ -315,8 +387,12 @@ def _checkpoint_names(path: Path) -> list[str]:
         return list(f.keys())
 
 
+def _folder_names(folder: Path) -> list[str]:
+    return [name for file in _folder_weights(folder) for name in _checkpoint_names(file)]
+
+
 # -- writing ------------------------------------------------------------------------------------
-def _write_folder(out_dir: Path, config: WanVAEConfig, tensors: dict[str, Any]) -> Path:
+def _write_folder(out_dir: Path, config: VAEConfig, tensors: dict[str, Any]) -> Path:
     from safetensors.numpy import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -325,30 +401,40 @@ def _write_folder(out_dir: Path, config: WanVAEConfig, tensors: dict[str, Any]) 
     return out_dir
 
 
-def iter_diffusers_tensors(vae: WanVAE) -> Iterator[tuple[str, np.ndarray]]:
+def iter_diffusers_tensors(vae: VAE) -> Iterator[tuple[str, np.ndarray]]:
     """Every weight (decoder, then encoder if any) in diffusers' names and layouts, float32."""
     for state in (vae.state, vae.encoder_state):
         for path, var in nnx.to_flat_state(state) if state is not None else ():
-            yield keys.diffusers_key(path), keys.to_torch(path, np.asarray(var[...], np.float32))
+            yield keys.diffusers_key(path), keys.to_torch(var, np.asarray(var[...], np.float32))
 
 
-def save_vae(vae: WanVAE, out_dir: str | Path) -> Path:
+def save_vae(vae: VAE, out_dir: str | Path) -> Path:
     """Write a diffusers-format folder (float32 safetensors + config.json): decoder and, if the
     model has one, encoder."""
     return _write_folder(Path(out_dir), vae.config, dict(iter_diffusers_tensors(vae)))
 
 
-def convert_wan_pth(in_path: str | Path, out_dir: str | Path, *, config: WanVAEConfig | None = None) -> Path:
-    """Turn the original ``Wan2.1_VAE.pth`` or ``Wan2.2_VAE.pth`` into a diffusers folder that
-    loads without torch (``config``: default, the real config of the release the keys belong to).
+def convert_checkpoint(in_path: str | Path, out_dir: str | Path, *, config: VAEConfig | None = None) -> Path:
+    """Turn an original release's checkpoint — Wan's ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth``,
+    HunyuanVideo's ``vae/pytorch_model.pt``, HunyuanVideo 1.5's ``vae/diffusion_pytorch_model.safetensors``
+    — into a diffusers folder that loads without torch (``config``: default, the real config of
+    the release the names belong to).
 
     Every tensor (encoder included) is renamed to diffusers' names and kept in its dtype, so the
-    folder also loads in diffusers' ``AutoencoderKLWan.from_pretrained``.
+    folder also loads in diffusers' ``from_pretrained``.
     """
-    tensors = _read_pth(Path(in_path))
-    if not _is_original_naming(tensors):
-        raise ValueError(f"{in_path} does not look like an original Wan VAE state dict (no decoder.middle.* keys)")
-    config = config or original_release_config(tensors)
-    renamed = {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
+    in_path = Path(in_path)
+    tensors = _read_pth(in_path) if in_path.suffix in PYTORCH_SUFFIXES else _read_safetensors([in_path])
+    names = list(tensors)
+    if not (_is_original_naming(names) or _is_original_hunyuan15_naming(names) or _without_vae_prefix(names)
+            or in_path.suffix in PYTORCH_SUFFIXES):
+        raise ValueError(f"{in_path} does not look like an original release's VAE state dict (no Wan "
+                         "decoder.middle.*, HunyuanVideo 1.5 decoder.mid.* or vae.* keys; nor a PyTorch file)")
+    config = config or config_for_names(names)
+    renamed = to_diffusers_names(tensors, config)
     build_vae(config, renamed, dtype="float32", metadata={"source": str(in_path)})  # fail before writing
     return _write_folder(Path(out_dir), config, renamed)
+
+
+# The command line's name for it, from when Wan's .pth was the only original release it read.
+convert_wan_pth = convert_checkpoint

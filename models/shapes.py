@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .config import WanVAEConfig
+from .config import VAEConfig
 
 # What a decode returns: float32 NCTHW frames in [-1, 1], or uint8 NTHWC frames.
 Output = Literal["float", "uint8"]
@@ -46,7 +46,7 @@ class NoEncoderError(RuntimeError):
     """Encode asked of a model whose checkpoint holds no encoder weights."""
 
 
-def check_latents_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
+def check_latents_shape(shape: tuple[int, ...], config: VAEConfig) -> None:
     if len(shape) != 5:
         raise LatentsError("latents must be (B, C, T, H, W)", expected="5 dimensions", received=len(shape))
     if shape[1] != config.z_dim:
@@ -62,18 +62,17 @@ def nearest_valid(value: int, step: int, offset: int = 0) -> list[int]:
     return [v for v in (lower, lower + step) if v >= (offset or step)]
 
 
-def check_frames_shape(shape: tuple[int, ...], config: WanVAEConfig) -> None:
+def check_frames_shape(shape: tuple[int, ...], config: VAEConfig) -> None:
     """Frames ``(B, 3, F, H, W)`` with ``F = 1 + 4k`` and ``H``, ``W`` multiples of the spatial scale
-    (8 for Wan 2.1, 16 for Wan 2.2).
+    (8 for Wan 2.1 and HunyuanVideo, 16 for Wan 2.2 and HunyuanVideo 1.5).
 
     diffusers silently drops frames beyond ``1 + 4k`` and crops sizes; we refuse them and name the
     nearest valid values in ``expected``.
     """
     if len(shape) != 5:
         raise FramesError("frames must be (B, C, F, H, W)", expected="5 dimensions", received=len(shape), what="ndim")
-    rgb = config.in_channels // config.patch**2  # Wan 2.2's encoder takes 12 = 3 x 2x2 patchified channels
-    if shape[1] != rgb:
-        raise FramesError("frame channels", expected=rgb, received=shape[1], what="channels")
+    if shape[1] != config.frame_channels:
+        raise FramesError("frame channels", expected=config.frame_channels, received=shape[1], what="channels")
     if min(shape) < 1:
         raise FramesError("every frame dimension must be ≥ 1", expected="B, F, H, W ≥ 1", received=shape,
                           what="sizes")

@@ -1,5 +1,5 @@
-"""``WanVAE``: a loaded decoder (and encoder, when the checkpoint has one), its config and
-metadata, and its compiled programs."""
+"""``VAE``: a loaded decoder (and encoder, when the checkpoint has one) of any family (Wan 2.1 / 2.2,
+HunyuanVideo 1.0 / 1.5), its config and metadata, and its compiled programs."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .config import ConfigError, WanVAEConfig
+from .config import ConfigError, VAEConfig, WanVAEConfig
 from .conv import native_conv_for
-from .decode import full_program, resolve_chunk, step_program, stream_steps
-from .decoder import WanDecoder, check_inner_frames, inner_frames_option
+from .decode import check_framewise, full_program, resolve_chunk, step_program, stream_steps
+from .decoder import check_inner_frames, inner_frames_option
 from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
-from .encoder import WanEncoder, check_encoder_config
+from .families import family_of
 from .programs import ProgramCache, program_key
 from .shapes import (
     NoEncoderError,
@@ -36,19 +36,19 @@ def resolve_dtype(dtype: str):
     return DTYPES[dtype]
 
 
-class WanVAE:
-    """A Wan 2.1 or 2.2 VAE ready to decode, and to encode when its checkpoint holds an encoder.
+class VAE:
+    """A video VAE ready to decode, and to encode when its checkpoint holds an encoder.
 
-    ``decode`` takes latents ``(B, z, T, H, W)`` (``z = config.z_dim``: 16 for Wan 2.1, 48 for
-    Wan 2.2), ``encode`` frames ``(B, 3, F, H, W)`` (diffusers layouts). Every program is compiled
-    ahead of time once per (shape, options, target) and kept in ``programs``, the model's one
-    program cache (the sharded programs use it too). The decoder's weights are
-    ``graphdef``/``state``, the encoder's ``encoder_graphdef``/``encoder_state`` (None for a
-    decode-only checkpoint).
+    ``decode`` takes latents ``(B, z, T, H, W)`` (``z = config.z_dim``: 16 for Wan 2.1 and
+    HunyuanVideo, 48 for Wan 2.2, 32 for HunyuanVideo 1.5), ``encode`` frames ``(B, 3, F, H, W)``
+    (diffusers layouts). Every program is compiled ahead of time once per (shape, options, target)
+    and kept in ``programs``, the model's one program cache (the sharded programs use it too). The
+    decoder's weights are ``graphdef``/``state``, the encoder's ``encoder_graphdef``/``encoder_state``
+    (None for a decode-only checkpoint); the modules are the config's family's (``models.families``).
     """
 
-    def __init__(self, config: WanVAEConfig, model: WanDecoder, *, dtype: str, metadata: dict[str, Any],
-                 encoder: WanEncoder | None = None):
+    def __init__(self, config: VAEConfig, model: nnx.Module, *, dtype: str, metadata: dict[str, Any],
+                 encoder: nnx.Module | None = None):
         self.config = config
         self.dtype = dtype
         self.metadata = dict(metadata)
@@ -66,6 +66,12 @@ class WanVAE:
     @property
     def has_encoder(self) -> bool:
         return self.encoder_state is not None
+
+    def clip_frames_option(self, latent_frames: int) -> dict[str, int]:
+        """``{"clip_frames": T}`` for a model whose stream steps depend on the clip's length (the first
+        step sizes a cache by it: HunyuanVideo 1.5's mid-block keys and values), else ``{}``: a
+        program-key option, and the step program's argument."""
+        return {"clip_frames": latent_frames} if family_of(self.config).decoder.needs_clip_frames else {}
 
     # -- the weights, placed and abstract -------------------------------------------------------
     def placed_state(self, sharding: jax.sharding.Sharding):
@@ -103,31 +109,35 @@ class WanVAE:
         return SingleDeviceContext(native_conv=native_conv_for(jax.devices()[0].platform))
 
     def compile(self, shape: tuple[int, ...], *, denormalize: bool = False, output: Output = "float",
-                chunk: int | None = None, inner_frames: int | None = None) -> jax.stages.Compiled:
+                chunk: int | None = None, inner_frames: int | None = None,
+                framewise: bool = False) -> jax.stages.Compiled:
         """The compiled single-device decode of NCTHW latents of ``shape`` (cached in ``programs``;
         ``memory_analysis()`` and ``as_text()`` answer without running it)."""
         shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
         inner_frames = check_inner_frames(inner_frames)
         check_latents_shape(shape, self.config)
+        tiling = check_framewise(self.config, framewise)
         key = program_key("decode", shape, output, denormalize=denormalize, chunk=chunk,
-                          **inner_frames_option(inner_frames))
+                          **inner_frames_option(inner_frames), **tiling)
 
         def lower():
             run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
-                               denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames)
+                               denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
+                               framewise=framewise)
             return jax.jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32))
 
         return self.programs.get(key, lower)
 
-    def _compile_step(self, shape: tuple[int, ...], caches, *, denormalize: bool,
-                      inner_frames: int | None) -> jax.stages.Compiled:
-        """The stream step for latents of ``shape`` after ``caches`` (abstract; None for frame 0)."""
+    def _compile_step(self, shape: tuple[int, ...], caches, *, denormalize: bool, inner_frames: int | None,
+                      clip: dict[str, int]) -> jax.stages.Compiled:
+        """The stream step for latents of ``shape`` after ``caches`` (abstract; None for frame 0);
+        ``clip``: ``clip_frames_option`` of the stream."""
         key = program_key("stream-step", shape, "first" if caches is None else "next", denormalize=denormalize,
-                          **inner_frames_option(inner_frames))
+                          **inner_frames_option(inner_frames), **clip)
 
         def lower():
             run = step_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
-                               denormalize=denormalize, output="uint8", inner_frames=inner_frames)
+                               denormalize=denormalize, output="uint8", inner_frames=inner_frames, **clip)
             return jax.jit(run).lower(self.state_avals(), caches, jax.ShapeDtypeStruct(shape, jnp.float32))
 
         return self.programs.get(key, lower)
@@ -152,7 +162,7 @@ class WanVAE:
     def encode(self, frames, *, sample: bool = False, seed: int | None = None, normalize: bool = False,
                chunk: int | None = None) -> jax.Array:
         """Encode frames ``(B, 3, F, H, W)`` in [-1, 1], ``F = 1 + 4k``, ``H`` and ``W`` multiples of
-        ``s = config.spatial_scale`` (8 for Wan 2.1, 16 for Wan 2.2).
+        ``s = config.spatial_scale`` (8 for Wan 2.1 and HunyuanVideo, 16 for Wan 2.2 and HunyuanVideo 1.5).
 
         Returns float32 latents ``(B, z, 1 + k, H/s, W/s)`` (``z`` 16 or 48): the posterior mean (what
         pipelines use), or with ``sample`` a draw ``mean + std · noise``, row ``b``'s noise
@@ -166,34 +176,54 @@ class WanVAE:
         return program(self.encoder_state, jnp.asarray(frames, jnp.float32), options)
 
     def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None,
-               inner_frames: int | None = None):
+               inner_frames: int | None = None, framewise: bool = False):
         """Decode ``(B, z, T, H, W)`` latents.
 
         Returns float32 ``(B, 3, 1+4(T-1), sH, sW)`` in ``[-1, 1]`` (``output="float"``) or uint8 frames
         ``(B, 1+4(T-1), sH, sW, 3)`` converted on device (``output="uint8"``: a quarter of the bytes);
-        ``s = config.spatial_scale`` (8 for Wan 2.1, 16 for Wan 2.2).
+        ``s = config.spatial_scale`` (8 for Wan 2.1 and HunyuanVideo, 16 for Wan 2.2 and HunyuanVideo 1.5).
         ``chunk`` latent frames are decoded per scan step (default 1: the least memory). Inside a step,
         the stages after each temporal upsampler run ``inner_frames`` frames at a time (None:
         automatic, one frame once a full-resolution frame holds ≥ 4 MB; ``4 · chunk``: whole steps).
+        HunyuanVideo 1.0 decodes the whole clip at once (its statistics span it); ``framewise``
+        decodes it as diffusers does by default instead (overlapping tiles of 16 frames, blended: an
+        approximation of the model, for comparing with a pipeline's frames).
         """
         program = self.compile(np.shape(latents), denormalize=denormalize, output=output, chunk=chunk,
-                               inner_frames=inner_frames)
+                               inner_frames=inner_frames, framewise=framewise)
         frames, _ = program(self.state, jnp.asarray(latents, jnp.float32))
         return frames
 
     def decode_stream(self, latents, *, denormalize: bool = False, chunk: int | None = None,
                       inner_frames: int | None = None) -> Iterator[np.ndarray]:
-        """Yield uint8 frames ``(B, f, sH, sW, 3)`` on the host as each decode step finishes."""
+        """Yield uint8 frames ``(B, f, sH, sW, 3)`` on the host as each decode step finishes.
+
+        A model that is not causal in time (HunyuanVideo 1.0: its statistics span the clip) decodes
+        the whole clip first, then yields it in the same pieces (frame 0, then ``temporal_scale ·
+        chunk`` frames at a time)."""
         chunk, inner_frames = resolve_chunk(chunk), check_inner_frames(inner_frames)
         latents = np.asarray(latents, np.float32)
         check_latents_shape(latents.shape, self.config)
+        if not self.config.causal:
+            yield from split_stream(np.asarray(self.decode(latents, denormalize=denormalize, output="uint8")),
+                                    latents.shape[2], chunk, self.config.temporal_scale)
+            return
+        clip = self.clip_frames_option(latents.shape[2])
         caches = None
         for start, stop in stream_steps(latents.shape[2], chunk):
             z = latents[:, :, start:stop]
             step = self._compile_step(z.shape, None if caches is None else _avals(caches), denormalize=denormalize,
-                                      inner_frames=inner_frames)
+                                      inner_frames=inner_frames, clip=clip)
             frames, caches, _ = step(self.state, caches, z)
             yield np.asarray(frames)
+
+
+def split_stream(frames: np.ndarray, latent_frames: int, chunk: int, temporal_scale: int) -> Iterator[np.ndarray]:
+    """Decoded uint8 frames ``(B, F, H, W, 3)`` in the pieces a causal stream yields: frame 0, then
+    ``temporal_scale`` frames per latent frame of each ``stream_steps`` step."""
+    for start, stop in stream_steps(latent_frames, chunk):
+        first = 0 if start == 0 else 1 + temporal_scale * (start - 1)
+        yield frames[:, first : 1 + temporal_scale * (stop - 1)]
 
 
 def _avals(tree):
@@ -211,14 +241,15 @@ class _ShapeKeys:
         return jax.random.key(0)
 
 
-def abstract_module(module_type, config: WanVAEConfig, dtype):
+def abstract_module(module_type, config: VAEConfig, dtype):
     """``module_type(config)`` with shapes and dtypes but no values (``nnx.eval_shape``)."""
     return nnx.eval_shape(lambda: module_type(config, rngs=cast(nnx.Rngs, _ShapeKeys()), dtype=dtype))
 
 
-def seeded_module(module_type, config: WanVAEConfig, rng: np.random.Generator, dtype):
+def seeded_module(module_type, config: VAEConfig, rng: np.random.Generator, dtype):
     """``module_type(config)`` with random weights drawn on the host from ``rng``: kernels
-    N(0, 1/fan-in) (fan-in: every axis but the last, the output), biases N(0, 0.02²), RMS gammas 1.
+    N(0, 1/fan-in) (fan-in: every axis but the last, the output), biases N(0, 0.02²), RMS gammas and
+    GroupNorm weights 1.
 
     Drawn with NumPy, not ``jax.random``: that compiles one small program per distinct parameter
     shape, which takes tens of seconds for the real model (both halves) on a 2-core host.
@@ -227,7 +258,7 @@ def seeded_module(module_type, config: WanVAEConfig, rng: np.random.Generator, d
     leaves = []
     for path, var in nnx.to_flat_state(state):
         name, shape = str(path[-1]), var.shape
-        if name == "gamma":
+        if name == "gamma" or (name == "weight" and len(shape) == 1):  # RMS gammas, GroupNorm weights
             value = np.ones(shape, np.float32)
         elif name.endswith("bias"):
             value = 0.02 * rng.standard_normal(shape, np.float32)
@@ -237,29 +268,35 @@ def seeded_module(module_type, config: WanVAEConfig, rng: np.random.Generator, d
     return nnx.merge(graphdef, nnx.from_flat_state(leaves))
 
 
-def init_vae(config: WanVAEConfig | None = None, *, seed: int = 0, dtype: str = "float32",
-             metadata: dict[str, Any] | None = None, encoder: bool = True) -> WanVAE:
+def init_vae(config: VAEConfig | None = None, *, seed: int = 0, dtype: str = "float32",
+             metadata: dict[str, Any] | None = None, encoder: bool = True) -> VAE:
     """A VAE with deterministic seeded random weights (it decodes noise: for tests and demos);
     ``encoder=False`` leaves out the encoder, as a decode-only checkpoint does (so does a config
     whose encoder is not implemented, saying why in ``metadata["no_encoder_reason"]``)."""
     config = config or WanVAEConfig()
+    family = family_of(config)
     rng = np.random.default_rng(seed)
-    model = seeded_module(WanDecoder, config, rng, resolve_dtype(dtype))
+    model = seeded_module(family.decoder, config, rng, resolve_dtype(dtype))
     meta = {"source": f"random weights (seed {seed})", "random_weights": True}
     if encoder:
         try:
-            check_encoder_config(config)
+            family.check_encoder(config)
         except ConfigError as e:  # a decoder this implementation runs, an encoder it does not (yet)
             encoder, meta["no_encoder_reason"] = False, str(e)
-    encoder_model = seeded_module(WanEncoder, config, rng, resolve_dtype(dtype)) if encoder else None
+    encoder_model = seeded_module(family.encoder, config, rng, resolve_dtype(dtype)) if encoder else None
     meta.update(metadata or {})
-    return WanVAE(config, model, dtype=dtype, metadata=meta, encoder=encoder_model)
+    return VAE(config, model, dtype=dtype, metadata=meta, encoder=encoder_model)
 
 
-def abstract_vae(config: WanVAEConfig | None = None, *, dtype: str = "float32") -> WanVAE:
+def abstract_vae(config: VAEConfig | None = None, *, dtype: str = "float32") -> VAE:
     """A decoder with shapes and dtypes but no weights (``nnx.eval_shape``): enough to compile
     its programs and read their memory, at no cost of initialising the weights. It cannot decode."""
     config = config or WanVAEConfig()
-    model = abstract_module(WanDecoder, config, resolve_dtype(dtype))
-    return WanVAE(config, model, dtype=dtype, metadata={"source": "abstract (shapes only, no weights)",
-                                                        "abstract": True})
+    decoder = family_of(config).decoder
+    model = abstract_module(decoder, config, resolve_dtype(dtype))
+    return VAE(config, model, dtype=dtype, metadata={"source": "abstract (shapes only, no weights)",
+                                                     "abstract": True})
+
+
+# The service still names the class by its first family; it goes once the service uses ``VAE``.
+WanVAE = VAE

@@ -9,6 +9,13 @@ contexts in place of ``BandContext``.
   band edge).
 * ``CyclicHaloContext``: the halo permutation wraps around (``(i + 1) % tp``), so the first band's
   top edge receives the last band's bottom row (wrong at the image's top and bottom edges only).
+
+HunyuanVideo's three things that cross bands each have their own:
+
+* ``BandStatisticsContext``: GroupNorm with each band's own statistics (no sum over the bands).
+* ``ZeroEdgeContext``: zeros at the image's edges where the model repeats its edge rows.
+* ``NoFrameMaskContext``: the mid-block attention without the frame-causal mask (every token sees
+  every frame's).
 """
 
 from __future__ import annotations
@@ -20,8 +27,16 @@ from jax.sharding import Mesh
 from models.decode import resolve_chunk
 from models.encode import posterior_options, resolve_encode_chunk
 from models.shapes import Output, check_output
-from models.spatial import zero_pad_hw, zero_pad_hw_after
-from models.vae import WanVAE
+from models.spatial import (
+    Edge,
+    check_edge,
+    dot_product_attention,
+    group_moments,
+    replicate_pad_hw,
+    zero_pad_hw,
+    zero_pad_hw_after,
+)
+from models.vae import VAE
 
 from .bands import Split
 from .decode import ContextType, _full, _latents_aval, _state_aval, decode_layout, put_latents, replicated_state
@@ -30,10 +45,10 @@ from .halo import BandContext
 
 
 class NoHaloContext(BandContext):
-    """Each band zero-padded on its own: no rows cross devices."""
+    """Each band padded on its own (zeros, or its own edge rows): no rows cross devices."""
 
-    def pad_hw(self, x: jax.Array) -> jax.Array:
-        return zero_pad_hw(self.mask_padding(x))
+    def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
+        return replicate_pad_hw(x) if check_edge(edge) == "replicate" else zero_pad_hw(self.mask_padding(x))
 
     def pad_hw_after(self, x: jax.Array) -> jax.Array:
         return zero_pad_hw_after(self.mask_padding(x))
@@ -48,13 +63,41 @@ class CyclicHaloContext(BandContext):
         return down, [(dst, src) for src, dst in down]
 
 
-CONTROLS: dict[str, ContextType] = {"none": NoHaloContext, "cyclic": CyclicHaloContext}
+class BandStatisticsContext(BandContext):
+    """GroupNorm normalizes each band by its own statistics, as a split that forgot the sum would."""
+
+    def group_moments(self, x: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
+        return group_moments(x, groups, count=x[0].size // groups)
 
 
-def decode_with(control: str, vae: WanVAE, latents, mesh: Mesh, *, output: Output = "float",
+class ZeroEdgeContext(BandContext):
+    """Zeros at the image's edges even where the model asks for its edge rows repeated."""
+
+    def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
+        return super().pad_hw(x)
+
+
+class NoFrameMaskContext(BandContext):
+    """The clip's attention without the frame-causal mask: every token sees every frame."""
+
+    def attend_frames(self, q: jax.Array, k: jax.Array, v: jax.Array, *, first_query_frame) -> jax.Array:
+        del first_query_frame
+        k, v = self._gather_frames(k), self._gather_frames(v)
+        b, tq, h, w, c = q.shape
+        out = dot_product_attention(q.reshape(b, -1, c), k.reshape(b, -1, c), v.reshape(b, -1, c),
+                                    key_valid=self.frame_key_valid(k.shape), query_chunk=self.query_chunk)
+        return out.reshape(q.shape)
+
+
+CONTROLS: dict[str, ContextType] = {"none": NoHaloContext, "cyclic": CyclicHaloContext,
+                                    "band-statistics": BandStatisticsContext, "zero-edge": ZeroEdgeContext,
+                                    "no-frame-mask": NoFrameMaskContext}
+
+
+def decode_with(control: str, vae: VAE, latents, mesh: Mesh, *, output: Output = "float",
                 split: Split | None = None, query_chunk: int = 4096) -> jax.Array:
-    """``sharded_decode(vae, latents, mesh, output=, split=)`` with the control ``"none"`` or
-    ``"cyclic"`` in place of the halo exchange (compiled for this call, not cached)."""
+    """``sharded_decode(vae, latents, mesh, output=, split=)`` with the control ``control`` (a key of
+    ``CONTROLS``) in place of the band context (compiled for this call, not cached)."""
     shape, output = tuple(np.shape(latents)), check_output(output)
     layout = decode_layout(vae, shape, mesh, split)
     run = _full(vae, mesh, layout, denormalize=False, output=output, chunk=resolve_chunk(None), inner_frames=None,
@@ -64,10 +107,10 @@ def decode_with(control: str, vae: WanVAE, latents, mesh: Mesh, *, output: Outpu
     return frames
 
 
-def encode_with(control: str, vae: WanVAE, frames, mesh: Mesh, *, split: Split | None = None,
+def encode_with(control: str, vae: VAE, frames, mesh: Mesh, *, split: Split | None = None,
                 query_chunk: int = 4096) -> jax.Array:
-    """``sharded_encode(vae, frames, mesh, split=)`` (posterior mean) with the control ``"none"``
-    or ``"cyclic"`` in place of the halo exchange (compiled for this call, not cached)."""
+    """``sharded_encode(vae, frames, mesh, split=)`` (posterior mean) with the control ``control`` (a
+    key of ``CONTROLS``) in place of the band context (compiled for this call, not cached)."""
     shape = tuple(np.shape(frames))
     layout = encode_layout(vae, shape, mesh, split)
     run = _encoder(vae, mesh, layout, chunk=resolve_encode_chunk(None), query_chunk=query_chunk,

@@ -1,10 +1,11 @@
 """The sharded decode: ``models.decode`` programs under ``jax.shard_map`` over the ``(dp, tp)`` mesh.
 
-Layouts match ``WanVAE``: latents ``(B, C, T, H, W)`` NCTHW in (``C``: the model's latent channels);
+Layouts match ``VAE``: latents ``(B, C, T, H, W)`` NCTHW in (``C``: the model's latent channels);
 float32 ``(B, 3, F, sH, sW)`` or uint8 ``(B, F, sH, sW, 3)`` out, ``F = 1 + 4(T-1)``, ``s`` the
 model's spatial scale. Inside the mesh, the batch is split over
 ``dp`` and the split axis (height or width, see ``layout.choose_split``) over ``tp``; causal caches
-stay on the device of their band, and time is never split.
+stay on the device of their band, and time is never split. A model that is not causal in time
+(HunyuanVideo 1.0) decodes the whole clip on each band, its statistics summed over the bands.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from models.conv import native_conv_for
-from models.decode import full_program, resolve_chunk, step_program, stream_steps
+from models.decode import check_framewise, full_program, resolve_chunk, step_program, stream_steps
 from models.decoder import check_inner_frames, inner_frames_option
 from models.programs import program_key
 from models.shapes import Output, check_latents_shape, check_output
-from models.vae import DTYPES, WanVAE
+from models.vae import DTYPES, VAE, split_stream
 
 from .bands import BandLayout, Split, SplitError, band_layout
 from .halo import BandContext
@@ -83,7 +84,7 @@ def _check_mesh(mesh: Mesh, batch: int) -> None:
         raise SplitError(f"batch {batch} does not split over dp={dp}: send a multiple of {dp} latents")
 
 
-def decode_layout(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, split: Split | None) -> BandLayout:
+def decode_layout(vae: VAE, shape: tuple[int, ...], mesh: Mesh, split: Split | None) -> BandLayout:
     """Validate ``shape`` (NCTHW) against the model and mesh, and layout its bands."""
     check_latents_shape(tuple(shape), vae.config)
     _check_mesh(mesh, shape[0])
@@ -122,7 +123,7 @@ def latents_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(DP_AXIS))
 
 
-def replicated_state(vae: WanVAE, mesh: Mesh):
+def replicated_state(vae: VAE, mesh: Mesh):
     """The model weights on every device of ``mesh`` (placed once per mesh, kept by the model)."""
     return vae.placed_state(NamedSharding(mesh, P()))
 
@@ -173,12 +174,13 @@ def band_total(counts: jax.Array) -> np.ndarray:
     return to_host(counts).sum(axis=1, dtype=np.int64)
 
 
-def _full(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output: Output, chunk: int,
-          inner_frames: int | None, query_chunk: int, context_type: ContextType = BandContext) -> Callable:
+def _full(vae: VAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output: Output, chunk: int,
+          inner_frames: int | None, query_chunk: int, context_type: ContextType = BandContext,
+          framewise: bool = False) -> Callable:
     """The whole decode on each band under ``shard_map``; latents padded and frames cropped around it."""
     context = _band_context(mesh, layout, query_chunk, context_type)
-    local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], context,
-                         denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames)
+    local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], context, denormalize=denormalize,
+                         output=output, chunk=chunk, inner_frames=inner_frames, framewise=framewise)
     sharded = _shard(mesh, band_counts(local), (P(), latents_spec(layout)), (frames_spec(layout, output), COUNTS_SPEC))
 
     def run(state, latents):
@@ -187,11 +189,12 @@ def _full(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, out
     return run
 
 
-def _step(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, first: bool, denormalize: bool, inner_frames: int | None,
-          query_chunk: int) -> Callable:
-    """One stream step on each band; its caches (None for latent frame 0) stay on their bands."""
+def _step(vae: VAE, mesh: Mesh, layout: BandLayout, *, first: bool, denormalize: bool, inner_frames: int | None,
+          query_chunk: int, clip: dict[str, int]) -> Callable:
+    """One stream step on each band; its caches (None for latent frame 0) stay on their bands.
+    ``clip``: ``vae.clip_frames_option`` of the stream."""
     local = step_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, layout, query_chunk),
-                         denormalize=denormalize, output="uint8", inner_frames=inner_frames)
+                         denormalize=denormalize, output="uint8", inner_frames=inner_frames, **clip)
     caches = cache_spec(layout)
     sharded = _shard(mesh, band_counts(local), (P(), None if first else caches, latents_spec(layout)),
                      (frames_spec(layout, "uint8"), caches, COUNTS_SPEC))
@@ -206,13 +209,14 @@ def _latents_aval(shape: tuple[int, ...], mesh: Mesh) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), jnp.float32, sharding=latents_sharding(mesh))
 
 
-def _state_aval(vae: WanVAE, mesh: Mesh):
+def _state_aval(vae: VAE, mesh: Mesh):
     return vae.state_avals(NamedSharding(mesh, P()))
 
 
-def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "float",
+def compile_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "float",
                    denormalize: bool = False, split: Split | None = None, chunk: int | None = None,
-                   inner_frames: int | None = None, query_chunk: int = 4096) -> jax.stages.Compiled:
+                   inner_frames: int | None = None, query_chunk: int = 4096,
+                   framewise: bool = False) -> jax.stages.Compiled:
     """The compiled sharded decode of NCTHW latents of ``shape`` on ``mesh`` (see ``sharded_decode``).
 
     Compiled ahead of time from abstract weights and latents, so ``mesh`` may hold abstract devices
@@ -225,12 +229,13 @@ def compile_decode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, output: O
     shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
     inner_frames = check_inner_frames(inner_frames)
     layout = decode_layout(vae, shape, mesh, split)
+    tiling = check_framewise(vae.config, framewise)
     key = program_key("decode", shape, output, mesh=mesh_key(mesh), layout=layout, denormalize=denormalize, chunk=chunk,
-                      query_chunk=query_chunk, **inner_frames_option(inner_frames))
+                      query_chunk=query_chunk, **inner_frames_option(inner_frames), **tiling)
 
     def lower():
         run = _full(vae, mesh, layout, denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
-                    query_chunk=query_chunk)
+                    query_chunk=query_chunk, framewise=framewise)
         return jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh))
 
     return vae.programs.get(key, lower)
@@ -241,12 +246,13 @@ def _lower(run: Callable, *avals: Any) -> jax.stages.Lowered:
     return jax.jit(run).lower(*avals)
 
 
-def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool, split: Split | None,
+def _stream_programs(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool, split: Split | None,
                      chunk: int, inner_frames: int | None, query_chunk: int) -> dict[tuple[int, int], jax.stages.Compiled]:
     """``{(start, stop): compiled step}`` for every step of a stream of latents ``shape``; steps of
     equal length after the first share one program."""
     layout = decode_layout(vae, shape, mesh, split)
     inner_frames = check_inner_frames(inner_frames)
+    clip = vae.clip_frames_option(shape[2])
     state = _state_aval(vae, mesh)
     cache_sharding = NamedSharding(mesh, cache_spec(layout))
     programs: dict[tuple[int, int], jax.stages.Compiled] = {}
@@ -255,10 +261,10 @@ def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denorma
         z = _latents_aval((*shape[:2], stop - start, *shape[3:]), mesh)
         first = caches is None
         run = _step(vae, mesh, layout, first=first, denormalize=denormalize, inner_frames=inner_frames,
-                    query_chunk=query_chunk)
+                    query_chunk=query_chunk, clip=clip)
         key = program_key("stream-step", z.shape, "first" if first else "next", mesh=mesh_key(mesh), layout=layout,
                           denormalize=denormalize, query_chunk=query_chunk,
-                          **inner_frames_option(inner_frames))
+                          **inner_frames_option(inner_frames), **clip)
         programs[start, stop] = vae.programs.get(key, functools.partial(_lower, run, state, caches, z))
         if first:
             _, out, _ = jax.eval_shape(run, state, None, z)
@@ -266,11 +272,15 @@ def _stream_programs(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denorma
     return programs
 
 
-def compile_decode_stream(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool = False,
+def compile_decode_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool = False,
                           split: Split | None = None, chunk: int | None = None, inner_frames: int | None = None,
                           query_chunk: int = 4096) -> tuple[jax.stages.Compiled, ...]:
     """Every compiled program a ``sharded_decode_stream`` of latents ``shape`` runs (first step, later
-    steps, a shorter last step), compiled now and cached in ``vae.programs``."""
+    steps, a shorter last step), compiled now and cached in ``vae.programs`` (for a model that is not
+    causal in time: its whole uint8 decode)."""
+    if not vae.config.causal:
+        return (compile_decode(vae, shape, mesh, output="uint8", denormalize=denormalize, split=split,
+                               query_chunk=query_chunk),)
     programs = _stream_programs(vae, tuple(shape), mesh, denormalize=denormalize, split=split,
                                 chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk)
     return tuple(dict.fromkeys(programs.values()))
@@ -278,7 +288,7 @@ def compile_decode_stream(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, de
 
 # -- public API -------------------------------------------------------------------------------------
 def sharded_decode(
-    vae: WanVAE,
+    vae: VAE,
     latents,
     mesh: Mesh,
     *,
@@ -288,6 +298,7 @@ def sharded_decode(
     chunk: int | None = None,
     inner_frames: int | None = None,
     query_chunk: int = 4096,
+    framewise: bool = False,
 ) -> jax.Array:
     """Decode ``(B, C, T, H, W)`` latents on ``mesh``; the same frames as ``vae.decode``.
 
@@ -304,11 +315,13 @@ def sharded_decode(
         automatic, one frame at a time once a band's full-resolution frame holds ≥ 4 MB; see
         ``models.decoder.Decoder3d``). The frames are the same computation whatever it is.
       query_chunk: attention queries per score block on each device.
+      framewise: HunyuanVideo 1.0 only: diffusers' default tiled decode instead of the whole clip
+        (see ``VAE.decode``).
     Returns:
       A ``jax.Array`` sharded over the mesh (batch over dp, the split axis over tp).
     """
     run = compile_decode(vae, np.shape(latents), mesh, output=output, denormalize=denormalize, split=split,
-                         chunk=chunk, inner_frames=inner_frames, query_chunk=query_chunk)
+                         chunk=chunk, inner_frames=inner_frames, query_chunk=query_chunk, framewise=framewise)
     frames, _ = run(replicated_state(vae, mesh), put_latents(latents, mesh))
     return frames
 
@@ -322,7 +335,7 @@ class DecodedStep(NamedTuple):
 
 
 def sharded_decode_stream(
-    vae: WanVAE,
+    vae: VAE,
     latents,
     mesh: Mesh,
     *,
@@ -336,9 +349,21 @@ def sharded_decode_stream(
 
     Step 0 decodes latent frame 0 (``f = 1``); every later step ``chunk`` latent frames
     (``f = 4 · chunk``, fewer at the end). The caches between steps stay sharded on the mesh.
-    Concatenated along axis 1, the steps' frames equal ``sharded_decode(..., output="uint8")``.
+    Concatenated along axis 1, the steps' frames equal ``sharded_decode(..., output="uint8")``. A
+    model that is not causal in time (HunyuanVideo 1.0: its statistics span the clip) decodes the
+    whole clip first and yields it in the same pieces, the whole clip's non-finite count with the
+    first (nothing is sent before the whole clip is known to be finite).
     """
     latents = np.asarray(latents, np.float32)
+    if not vae.config.causal:
+        run = compile_decode(vae, latents.shape, mesh, output="uint8", denormalize=denormalize, split=split,
+                             query_chunk=query_chunk)
+        frames, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh))
+        frames, nonfinite = to_host(frames), band_total(counts)
+        for index, piece in enumerate(split_stream(frames, latents.shape[2], resolve_chunk(chunk),
+                                                   vae.config.temporal_scale)):
+            yield DecodedStep(piece, nonfinite if index == 0 else np.zeros_like(nonfinite))
+        return
     programs = _stream_programs(vae, latents.shape, mesh, denormalize=denormalize, split=split,
                                 chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk)
     state = replicated_state(vae, mesh)

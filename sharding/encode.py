@@ -1,6 +1,6 @@
 """The sharded encode: ``models.encode`` programs under ``jax.shard_map`` over the ``(dp, tp)`` mesh.
 
-Layouts match ``WanVAE.encode``: frames ``(B, 3, F, H, W)`` NCTHW in; float32 latents
+Layouts match ``VAE.encode``: frames ``(B, 3, F, H, W)`` NCTHW in; float32 latents
 ``(B, z, T, H/s, W/s)`` out (``s = config.spatial_scale``: 8 for Wan 2.1, 16 for Wan 2.2). The
 band layout is made in *latent* rows (``band_layout(H/s, W/s, tp)``), so every band holds ``s·band``
 frame rows: Wan 2.1's three downsamplers see ``8·band``, ``4·band`` and ``2·band`` rows; Wan 2.2's
@@ -31,7 +31,7 @@ from models.encode import (
 )
 from models.programs import program_key
 from models.shapes import check_frames_shape
-from models.vae import DTYPES, WanVAE
+from models.vae import DTYPES, VAE
 
 from .bands import BandLayout, Split, band_layout
 from .decode import ContextType, _band_context, _check_mesh, _shard, _spec
@@ -49,7 +49,7 @@ def moments_spec(layout: BandLayout) -> P:
     return _spec(5, 0, 2 if layout.split == "height" else 3)
 
 
-def encode_layout(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, split: Split | None) -> BandLayout:
+def encode_layout(vae: VAE, shape: tuple[int, ...], mesh: Mesh, split: Split | None) -> BandLayout:
     """Validate frames ``shape`` (NCTHW) against the model and mesh; layout bands in latent rows."""
     vae.require_encoder()
     check_frames_shape(tuple(shape), vae.config)
@@ -90,7 +90,7 @@ def crop_moments(moments: jax.Array, layout: BandLayout) -> jax.Array:
     return jax.lax.slice_in_dim(moments, 0, layout.size, axis=moments_spec(layout).index(TP_AXIS))
 
 
-def _encoder(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, chunk: int, query_chunk: int,
+def _encoder(vae: VAE, mesh: Mesh, layout: BandLayout, *, chunk: int, query_chunk: int,
              context_type: ContextType = BandContext):
     """The encode on each band under ``shard_map``, then the posterior on the cropped latents:
     ``run(state, padded frames, options)``."""
@@ -103,7 +103,7 @@ def _encoder(vae: WanVAE, mesh: Mesh, layout: BandLayout, *, chunk: int, query_c
     return run
 
 
-def encode_avals(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, layout: BandLayout):
+def encode_avals(vae: VAE, shape: tuple[int, ...], mesh: Mesh, layout: BandLayout):
     """Abstract ``(state, padded frames, options)`` of the encode of frames ``shape`` on ``mesh``."""
     replicated = NamedSharding(mesh, P())
     frames = jax.ShapeDtypeStruct(padded_frames_shape(shape, layout, vae.config.spatial_scale), jnp.float32,
@@ -111,7 +111,7 @@ def encode_avals(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, layout: BandLa
     return vae.encoder_state_avals(replicated), frames, PosteriorOptions.avals(shape[0], replicated)
 
 
-def compile_encode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split | None = None,
+def compile_encode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split | None = None,
                    chunk: int | None = None, query_chunk: int = 4096) -> jax.stages.Compiled:
     """The compiled sharded encode of NCTHW frames of ``shape`` on ``mesh`` (see ``sharded_encode``).
 
@@ -131,13 +131,13 @@ def compile_encode(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, *, split: Sp
     return vae.programs.get(key, lower)
 
 
-def replicated_encoder_state(vae: WanVAE, mesh: Mesh):
+def replicated_encoder_state(vae: VAE, mesh: Mesh):
     """The encoder weights on every device of ``mesh`` (placed once per mesh, kept by the model)."""
     return vae.placed_encoder_state(NamedSharding(mesh, P()))
 
 
 def sharded_encode(
-    vae: WanVAE,
+    vae: VAE,
     frames,
     mesh: Mesh,
     *,
@@ -157,7 +157,7 @@ def sharded_encode(
         spatial scale ``s`` (8 for Wan 2.1, 16 for Wan 2.2);
         ``B`` a multiple of the mesh's ``dp``.
       mesh: a ``(dp, tp)`` mesh from ``make_mesh``.
-      sample, seed, normalize, chunk: as in ``WanVAE.encode`` (the same seed gives the same noise).
+      sample, seed, normalize, chunk: as in ``VAE.encode`` (the same seed gives the same noise).
       options: per-row posterior options instead of ``sample``/``seed``/``normalize`` (a server
         batching several requests passes each request's rows; see ``PosteriorOptions``).
       split: ``"height"``, ``"width"`` or None (the latent axis that needs less padding).

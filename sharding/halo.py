@@ -2,22 +2,41 @@
 
 Each device holds one band of every frame (``BandLayout``). Before every 3x3 conv, ``pad_hw``
 fetches one row from each neighbour with a non-cyclic ``lax.ppermute`` (the image edges receive
-zeros, exactly like zero padding) and zero-pads the other spatial axis. The mid-block attention
-keeps its queries local and all-gathers K and V along ``tp`` (they are latent-resolution).
+zeros, exactly like zero padding) and pads the other spatial axis. The mid-block attention keeps
+its queries local and all-gathers K and V along ``tp`` (they are latent-resolution).
+
+HunyuanVideo adds two things that cross bands. Its convs pad with the edge row (``edge=
+"replicate"``): interior band edges still take their neighbours' rows, and the outermost real
+rows of the image are repeated — with an uneven split the last real row may sit inside a band or
+at the end of the one before the padded bands, and it is that row, never a padded one, that the
+bottom edge repeats. Its GroupNorm statistics span the whole frame: each band sums its own rows
+and ``band_sum`` adds the sums over ``tp`` (mean first, then centred squares: two sums).
 
 Uneven splits: rows that exist only because the split axis was padded up to a multiple of ``tp``
-are set to zero at every conv input (before their edge rows are sent anywhere) and masked out of
-the attention keys, so the decode stays exact; their outputs are cropped away by the caller.
+are set to zero (or, with replicate edges, to the last real row) at every conv input (before their
+edge rows are sent anywhere), left out of the statistics and masked out of the attention keys, so
+the decode stays exact; their outputs are cropped away by the caller.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from models.spatial import dot_product_attention, zero_pad_hw, zero_pad_hw_after
+from models.spatial import (
+    Edge,
+    attend_frames_local,
+    check_edge,
+    dot_product_attention,
+    group_moments,
+    replicate_pad_hw,
+    zero_pad_hw,
+    zero_pad_hw_after,
+)
 
 from .bands import BandLayout, halo_permutations
 from .mesh import TP_AXIS
@@ -27,12 +46,18 @@ def _positive(axis: int, ndim: int) -> int:
     return axis % ndim
 
 
-def _pad_other_axis(x: jax.Array, split_axis: int, width: tuple[int, int] = (1, 1)) -> jax.Array:
-    """Zero-pad the spatial axis that is *not* split by ``width`` (before, after)."""
+def _pad_other_axis(x: jax.Array, split_axis: int, width: tuple[int, int] = (1, 1), edge: Edge = "zero") -> jax.Array:
+    """Pad the spatial axis that is *not* split by ``width`` (before, after): zeros or edge values."""
     other = x.ndim - 2 if split_axis == x.ndim - 3 else x.ndim - 3
     widths = [(0, 0)] * x.ndim
     widths[other] = width
-    return jnp.pad(x, widths)
+    return jnp.pad(x, widths, mode="edge") if edge == "replicate" else jnp.pad(x, widths)
+
+
+def band_sum(partial_sums: jax.Array, axis_name: str) -> jax.Array:
+    """The sum over every band of each band's partial sums: the one reduction across bands (the
+    GroupNorm statistics of the whole frame)."""
+    return lax.psum(partial_sums, axis_name)
 
 
 class BandContext:
@@ -70,17 +95,49 @@ class BandContext:
         valid = self._valid_local(x.shape[axis]).reshape(shape)
         return jnp.where(valid, x, jnp.zeros((), x.dtype))
 
-    def pad_hw(self, x: jax.Array) -> jax.Array:
-        """``(..., h, w, C)`` band → ``(..., h+2, w+2, C)`` with the neighbours' edge rows as halo."""
+    def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
+        """``(..., h, w, C)`` band → ``(..., h+2, w+2, C)`` with the neighbours' edge rows as halo;
+        at the image's edges zeros, or the image's own edge rows (``edge="replicate"``)."""
+        if check_edge(edge) == "replicate":
+            return self._replicate_pad(x)
         x = self.mask_padding(x)
         if self.layout.tp == 1:
             return zero_pad_hw(x)
         axis = _positive(self.layout.axis, x.ndim)
+        return _pad_other_axis(self._with_halos(x, axis), axis)
+
+    def _with_halos(self, x: jax.Array, axis: int) -> jax.Array:
+        """The band with its neighbours' edge rows above and below (zeros where no neighbour is)."""
         n = x.shape[axis]
         down, up = self.permutations()
         top = lax.ppermute(lax.slice_in_dim(x, n - 1, n, axis=axis), self.axis_name, down)
         bottom = lax.ppermute(lax.slice_in_dim(x, 0, 1, axis=axis), self.axis_name, up)
-        return _pad_other_axis(jnp.concatenate([top, x, bottom], axis=axis), axis)
+        return jnp.concatenate([top, x, bottom], axis=axis)
+
+    def _replicate_pad(self, x: jax.Array) -> jax.Array:
+        """``pad_hw`` with replicate edges: halos between bands, the image's first and last *real*
+        rows repeated at its edges (``clamp_to_image``), edge columns on the other axis."""
+        if self.layout.tp == 1:
+            return replicate_pad_hw(x)
+        axis = _positive(self.layout.axis, x.ndim)
+        return _pad_other_axis(self.clamp_to_image(self._with_halos(x, axis), axis), axis, edge="replicate")
+
+    def clamp_to_image(self, banded: jax.Array, axis: int) -> jax.Array:
+        """``banded``: this band with one halo row on each side along ``axis``. Every row outside the
+        image's real rows ``[0, R)`` becomes the nearest real row: row −1 (above the first band)
+        row 0, rows ≥ R (the halo below the last band, padded rows) row R − 1 — which is in
+        ``banded`` whenever this band has real rows or starts right after them (the only bands whose
+        rows reach the image)."""
+        n = banded.shape[axis] - 2
+        real = self.layout.size * self.layout.scale(n)
+        start = lax.axis_index(self.axis_name) * n - 1  # the global row of banded's row 0
+        rows = start + jnp.arange(n + 2)
+        shape = [1] * banded.ndim
+        shape[axis] = n + 2
+        rows = rows.reshape(shape)
+        first = lax.slice_in_dim(banded, 1, 2, axis=axis)
+        last = lax.dynamic_slice_in_dim(banded, jnp.clip(real - 1 - start, 0, n + 1), 1, axis=axis)
+        return jnp.where(rows < 0, first, jnp.where(rows >= real, last, banded))
 
     def pad_hw_after(self, x: jax.Array) -> jax.Array:
         """``(..., h, w, C)`` band → ``(..., h+1, w+1, C)``: the next band's first row below it.
@@ -97,6 +154,44 @@ class BandContext:
         _, up = self.permutations()
         below = lax.ppermute(lax.slice_in_dim(x, 0, 1, axis=axis), self.axis_name, up)
         return _pad_other_axis(jnp.concatenate([x, below], axis=axis), axis, (0, 1))
+
+    def group_moments(self, x: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
+        """The GroupNorm statistics of the whole frame from a band ``(B, T, h, w, C)``: each band's
+        sums over its real rows, added over the bands (``band_sum``)."""
+        axis = _positive(self.layout.axis, x.ndim)
+        n = x.shape[axis]
+        real_rows = self.layout.size * self.layout.scale(n)
+        other = x.shape[5 - axis]  # the axis that is not split: W (axis 2 split) or H (axis 3)
+        count = x.shape[1] * real_rows * other * (x.shape[-1] // groups)
+        valid = None
+        if self.layout.pad:
+            shape = [1] * x.ndim
+            shape[axis] = n
+            valid = self._valid_local(n).reshape(shape)
+        total = functools.partial(band_sum, axis_name=self.axis_name) if self.layout.tp > 1 else None
+        return group_moments(x, groups, count=count, valid=valid, total=total)
+
+    def attend_frames(self, q: jax.Array, k: jax.Array, v: jax.Array, *, first_query_frame) -> jax.Array:
+        """Local queries ``(B, Tq, h, w, C)`` against the keys/values of every band's frames."""
+        k, v = self._gather_frames(k), self._gather_frames(v)
+        return attend_frames_local(q, k, v, first_query_frame=first_query_frame, query_chunk=self.query_chunk,
+                                   key_valid=self.frame_key_valid(k.shape))
+
+    def _gather_frames(self, x: jax.Array) -> jax.Array:
+        """``(B, T, h, w, C)`` bands → the whole frames ``(B, T, H, W, C)`` on every band."""
+        if self.layout.tp == 1:
+            return x
+        return lax.all_gather(x, self.axis_name, axis=2 if self.layout.split == "height" else 3, tiled=True)
+
+    def frame_key_valid(self, shape: tuple[int, ...]) -> jax.Array | None:
+        """``(T·H·W,)`` bool over gathered frames ``shape`` ``(B, T, H, W, C)``: the tokens that exist
+        (None when no row is padded)."""
+        if not self.layout.pad:
+            return None
+        axis = 2 if self.layout.split == "height" else 3
+        rows = self.layout.valid(self.layout.scale(shape[axis] // self.layout.tp))
+        grid = rows[:, None] if axis == 2 else rows[None, :]
+        return jnp.asarray(np.tile(np.broadcast_to(grid, shape[2:4]).reshape(-1), shape[1]))
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         """Local queries ``(N, h, w, C)`` against the keys/values of the whole frame → ``(N, h, w, C)``."""
@@ -131,7 +226,7 @@ class HaloRecorder:
         self.layout = layout
         self.slabs: list[tuple[tuple[int, ...], np.dtype]] = []
 
-    def pad_hw(self, x: jax.Array) -> jax.Array:
+    def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
         shape = list(x.shape)
         shape[_positive(self.layout.axis, x.ndim)] = 1
         self.slabs.append((tuple(shape), np.dtype(x.dtype)))
@@ -142,6 +237,13 @@ class HaloRecorder:
 
     def attend(self, q, k, v):
         return q  # shapes only
+
+    def attend_frames(self, q, k, v, *, first_query_frame):
+        return q  # shapes only
+
+    def group_moments(self, x: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
+        zeros = jnp.zeros((x.shape[0], groups), jnp.float32)  # shapes only: statistics are no halo
+        return zeros, zeros
 
     def slab_bytes(self) -> int:
         """Bytes of the slabs one device sends in one direction over the traced step."""

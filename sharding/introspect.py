@@ -6,6 +6,7 @@ Used by the tests (memory is shown structurally, not measured) and by ``bench/sc
 from __future__ import annotations
 
 import re
+from typing import cast
 
 import jax
 import numpy as np
@@ -13,7 +14,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from models.decode import decode_step, resolve_chunk
-from models.vae import DTYPES, WanVAE
+from models.families import DecoderModule
+from models.vae import DTYPES, VAE
 
 from .bands import Split, band_layout
 from .decode import compile_decode
@@ -35,12 +37,12 @@ def program_memory(compiled: jax.stages.Compiled) -> dict[str, int]:
     }
 
 
-def memory_stats(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> dict[str, int]:
+def memory_stats(vae: VAE, shape: tuple[int, ...], mesh: Mesh, **options) -> dict[str, int]:
     """``program_memory`` of the per-device program of ``compile_decode(vae, shape, mesh, **options)``."""
     return program_memory(compile_decode(vae, shape, mesh, **options))
 
 
-def hlo_text(vae: WanVAE, shape: tuple[int, ...], mesh: Mesh, **options) -> str:
+def hlo_text(vae: VAE, shape: tuple[int, ...], mesh: Mesh, **options) -> str:
     """The optimized, SPMD-partitioned HLO of the per-device program of ``compile_decode``."""
     return compile_decode(vae, shape, mesh, **options).as_text() or ""
 
@@ -110,16 +112,17 @@ def conv_ops(hlo: str) -> dict[str, int]:
     return {"convolution": native, "tap_matmul": tap}
 
 
-def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, split: Split | None = None,
+def halo_bytes(vae: VAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, split: Split | None = None,
                chunk: int | None = None) -> dict[str, int]:
     """Halo traffic of one decode step, from tracing the band program (no mesh, no compile).
 
     Returns bytes for step 0 (``"first"``, latent frame 0) and a later step (``"next"``, ``chunk``
     latent frames): ``"*_per_device"`` is the most one device sends (a one-row slab to each of its
     at most two neighbours per 3x3 conv), ``"*_total"`` what the whole mesh sends (``2 (tp-1)``
-    slabs per conv, times ``dp``). ``tp = 1`` exchanges nothing.
+    slabs per conv, times ``dp``). ``tp = 1`` exchanges nothing. A model that is not causal in time
+    decodes the whole clip in its one step: ``"first"`` is the whole decode, ``"next"`` 0.
     """
-    batch, _, _, height, width = shape
+    batch, _, frames_in_clip, height, width = shape
     layout = band_layout(height, width, tp, split)
     chunk = resolve_chunk(chunk)
     dtype = DTYPES[vae.dtype]
@@ -131,15 +134,18 @@ def halo_bytes(vae: WanVAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, spl
     whole_step = vae.config.temporal_scale * chunk
 
     def step(state, caches, z):
-        return decode_step(nnx.merge(vae.graphdef, state), caches, z, recorder, output="uint8",
-                           inner_frames=whole_step)
+        model = cast(DecoderModule, nnx.merge(vae.graphdef, state))
+        return decode_step(model, caches, z, recorder, output="uint8", inner_frames=whole_step,
+                           clip_frames=frames_in_clip if caches is None else None)
 
+    causal = vae.config.causal
     slabs = {}
     caches = None
-    for name, frames in (("first", 1), ("next", chunk)):
+    for name, frames in (("first", 1 if causal else frames_in_clip), ("next", chunk if causal else 0)):
         recorder = HaloRecorder(layout)
-        z = jax.ShapeDtypeStruct((batch // dp, frames, *band_hw, z_dim), dtype)
-        _, caches, _ = jax.eval_shape(step, vae.state, caches, z)
+        if frames:
+            z = jax.ShapeDtypeStruct((batch // dp, frames, *band_hw, z_dim), dtype)
+            _, caches, _ = jax.eval_shape(step, vae.state, caches, z)
         slabs[name] = recorder.slab_bytes()
     result = {}
     for name, slab in slabs.items():

@@ -26,10 +26,10 @@ from typing import Any
 import jax
 from tqdm import tqdm
 
-from models.config import WanVAEConfig
+from models.config import VAEConfig
 from models.flops import decode_flops
 from models.shapes import Output, check_output
-from models.vae import WanVAE
+from models.vae import VAE
 
 from .bands import band_layout
 from .chips import ChipFacts, chip_facts, devices_per_chip
@@ -61,7 +61,7 @@ def _nearest(value: int, step: int, offset: int = 0) -> tuple[int, int]:
     return below, below + step
 
 
-def latent_shape_for_video(config: WanVAEConfig, width: int, height: int, frames: int) -> tuple[int, int, int, int]:
+def latent_shape_for_video(config: VAEConfig, width: int, height: int, frames: int) -> tuple[int, int, int, int]:
     """Latents ``(C, T, H, W)`` that decode to ``frames`` frames of ``width x height``.
 
     The decoder yields ``1 + temporal_scale·(T − 1)`` frames of ``spatial_scale`` times the latent
@@ -81,7 +81,7 @@ def latent_shape_for_video(config: WanVAEConfig, width: int, height: int, frames
     return config.z_dim, 1 + (frames - 1) // temporal, height // spatial, width // spatial
 
 
-def video_for_latents(config: WanVAEConfig, shape: Sequence[int]) -> tuple[int, int, int]:
+def video_for_latents(config: VAEConfig, shape: Sequence[int]) -> tuple[int, int, int]:
     """``(width, height, frames)`` decoded from latents ``(C, T, H, W)``."""
     _, t, h, w = shape
     return w * config.spatial_scale, h * config.spatial_scale, config.num_output_frames(t)
@@ -133,7 +133,7 @@ def _cost(compiled: jax.stages.Compiled) -> dict[str, float]:
     return dict(cost or {})
 
 
-def device_flops(config: WanVAEConfig, shape: tuple[int, ...], tp: int, dp: int, split: str, band: int) -> float:
+def device_flops(config: VAEConfig, shape: tuple[int, ...], tp: int, dp: int, split: str, band: int) -> float:
     """Model FLOPs of one device's share: its ``B/dp`` latents and a band of ``band`` rows (columns)
     of the frame padded to ``tp·band`` (padded rows are computed too; attention splits by queries)."""
     b, c, t, h, w = shape
@@ -141,7 +141,7 @@ def device_flops(config: WanVAEConfig, shape: tuple[int, ...], tp: int, dp: int,
     return decode_flops(config, padded) / tp
 
 
-def plan_mesh(vae: WanVAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: ChipFacts, *,
+def plan_mesh(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: ChipFacts, *,
               hbm_bytes: int, output: Output = "uint8", headroom: float | None = None,
               inner_frames: int | None = None) -> MeshPlan:
     """Compile the decode of NCTHW latents ``shape`` on ``mesh`` and report one device's needs
@@ -265,7 +265,7 @@ def recommend(meshes: Sequence[MeshPlan], devices: int) -> dict[str, Any]:
                       f"hold dp={dp} replicas"}
 
 
-def plan_decode(vae: WanVAE, latents: Sequence[int], devices: Sequence[jax.Device], *, topology: str,
+def plan_decode(vae: VAE, latents: Sequence[int], devices: Sequence[jax.Device], *, topology: str,
                 tps: Sequence[int] = (1, 2, 4, 8), dp: int = 1, batch: int = 1, output: Output = "uint8",
                 headroom: float | None = None, inner_frames: int | None = None, progress: bool = False) -> Plan:
     """Plan the decode of latents ``(C, T, H, W)``, ``batch`` per dp replica, on ``devices``.

@@ -92,7 +92,7 @@ def _seeded_weights(module_type, config: models.WanVAEConfig, rng: np.random.Gen
     weights = {}
     for path, var in nnx.to_flat_state(nnx.state(abstract)):
         name = keys.diffusers_key(path)
-        shape = keys.torch_shape(path, var.shape)
+        shape = keys.torch_shape(var)
         if name.endswith("gamma"):
             value = 1.0 + 0.3 * rng.standard_normal(shape)
         elif name.endswith("bias"):
@@ -112,8 +112,8 @@ def encoder_only_vae(config: models.WanVAEConfig, weights: dict[str, np.ndarray]
     leaves = []
     for path, var in nnx.to_flat_state(state):
         array = weights.pop(keys.diffusers_key(path))
-        assert array.shape == keys.torch_shape(path, var.shape), (path, array.shape)
-        leaves.append((path, var.replace(jnp.asarray(keys.from_torch(path, array, var.shape)))))
+        assert array.shape == keys.torch_shape(var), (path, array.shape)
+        leaves.append((path, var.replace(jnp.asarray(keys.from_torch(var, array)))))
     assert not weights, sorted(weights)  # every tensor found a parameter
     decoder = nnx.eval_shape(lambda: WanDecoder(config, rngs=nnx.Rngs(0)))
     return models.WanVAE(config, decoder, dtype="float32", encoder=nnx.merge(graphdef, nnx.from_flat_state(leaves)),

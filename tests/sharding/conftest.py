@@ -32,3 +32,23 @@ def reference(vae):
         return np.asarray(vae.decode(make_latents(*shape), output=output, denormalize=denormalize))
 
     return decode
+
+
+@pytest.fixture(scope="session")
+def hunyuan():
+    """Small HunyuanVideo 1.0 and 1.5 models (``tests/helpers/hunyuan_reference``), seeded weights."""
+    from tests.helpers.hunyuan_reference import HY10_SHARD, HY15_SHARD
+
+    return {"hy10": models.init_vae(HY10_SHARD, seed=0), "hy15": models.init_vae(HY15_SHARD, seed=0)}
+
+
+@pytest.fixture(scope="session")
+def hunyuan_reference(hunyuan):
+    """``hunyuan_reference(name, (B, T, H, W), output=...)``: the single-device decode of
+    ``make_latents(B, T, H, W, channels=16)`` as numpy (cached)."""
+
+    @functools.cache
+    def decode(name, shape, output="float"):
+        return np.asarray(hunyuan[name].decode(make_latents(*shape, channels=16), output=output))
+
+    return decode

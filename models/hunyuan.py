@@ -1,0 +1,371 @@
+"""The HunyuanVideo (1.0) VAE in Flax nnx, channels-last inside (diffusers' ``AutoencoderKLHunyuanVideo``).
+
+Causal 3x3x3 convs that pad with ``mode="replicate"`` (the frame's edge rows/columns, and copies of
+the first frame before the clip), GroupNorm(32) whose statistics span (C/32, T, H, W) — the whole
+clip and the whole frame — and a mid-block attention over every latent token of the clip with a
+frame-causal mask. Because every norm sees the whole clip, the model is a function of the whole
+clip: it decodes (and encodes) all frames at once, ``causal = False``. The spatial context
+supplies what crosses a band of the frame: halos, the GroupNorm statistics of the whole frame
+(``SpatialContext.group_moments``) and the keys/values of every band (``attend_frames``).
+
+Names mirror diffusers (each causal conv holds its kernel under ``.conv``), so loading is a rename
+(``models.keys``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from .config import HunyuanVideoConfig
+from .conv import downsample2x_causal_conv3x3x3, upsample2x_causal_conv3x3x3
+from .layers import PointwiseConv, ReplicateConv3d, scoped
+from .spatial import SpatialContext
+
+GROUP_NORM_EPS = 1e-6  # diffusers builds every HunyuanVideo GroupNorm with eps=1e-6
+# diffusers' framewise decode of clips longer than one tile (``use_framewise_decoding``, on by
+# default): tiles of ``tile_sample_min_num_frames`` frames (16: 4 latent frames, plus one of
+# overlap) every ``tile_sample_stride_num_frames`` (12), blended over the 4 frames they share.
+# These are diffusers' defaults, kept so that the option reproduces what a pipeline shows.
+FRAMEWISE_TILE_FRAMES = 16
+FRAMEWISE_STRIDE_FRAMES = 12
+
+
+def group_normalize(x: jax.Array, mean: jax.Array, var: jax.Array, weight: jax.Array, bias: jax.Array, *,
+                    eps: float) -> jax.Array:
+    """``(x − mean) / sqrt(var + eps) · weight + bias`` per group, in float32: ``x (B, T, H, W, C)``,
+    ``mean``/``var`` ``(B, G)``, ``weight``/``bias`` ``(C,)`` → ``x``'s shape and dtype."""
+    b, t, h, w, c = x.shape
+    groups = mean.shape[1]
+    x32 = x.astype(jnp.float32).reshape(b, t, h, w, groups, c // groups)
+    y = (x32 - mean[:, None, None, None, :, None]) * lax.rsqrt(var + eps)[:, None, None, None, :, None]
+    return (y.reshape(x.shape) * weight.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
+
+
+class GroupNorm(nnx.Module):
+    """``nn.GroupNorm(groups, dim, eps=1e-6)`` over a clip ``(B, T, H, W, C)``: the statistics of each
+    group span (C/groups, T, H, W), asked of the spatial context (on a band: the whole frame's)."""
+
+    def __init__(self, dim: int, groups: int, *, dtype=jnp.float32):
+        self.groups = groups
+        self.weight = nnx.Param(jnp.ones((dim,), dtype), torch_layout="vector")
+        self.bias = nnx.Param(jnp.zeros((dim,), dtype), torch_layout="vector")
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        mean, var = ctx.group_moments(x, self.groups)
+        return group_normalize(x, mean, var, self.weight[...], self.bias[...], eps=GROUP_NORM_EPS)
+
+
+class PointwiseHolder(nnx.Module):
+    """A 1x1x1 conv held under ``.conv`` (a resnet's ``conv_shortcut.conv.weight``)."""
+
+    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.conv = PointwiseConv(cin, cout, rngs=rngs, dtype=dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.conv(x)
+
+
+def whole_clip_conv(conv: ReplicateConv3d, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+    """A replicate-padded causal conv over a whole clip (its past: copies of the first frame)."""
+    y, _ = conv(x, None, ctx)
+    return y
+
+
+class ResnetBlock(nnx.Module):
+    """GroupNorm → SiLU → conv → GroupNorm → SiLU → conv, plus a 1x1x1 shortcut when widths differ.
+    ``(B, T, H, W, C)`` → ``(B, T, H, W, O)``, the whole clip."""
+
+    def __init__(self, cin: int, cout: int, groups: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.norm1 = GroupNorm(cin, groups, dtype=dtype)
+        self.conv1 = ReplicateConv3d(cin, cout, rngs=rngs, dtype=dtype)
+        self.norm2 = GroupNorm(cout, groups, dtype=dtype)
+        self.conv2 = ReplicateConv3d(cout, cout, rngs=rngs, dtype=dtype)
+        self.conv_shortcut = PointwiseHolder(cin, cout, rngs=rngs, dtype=dtype) if cin != cout else None
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        shortcut = x if self.conv_shortcut is None else self.conv_shortcut(x)
+        with jax.named_scope("conv1"):
+            h = whole_clip_conv(self.conv1, jax.nn.silu(self.norm1(x, ctx)), ctx)
+        with jax.named_scope("conv2"):
+            h = whole_clip_conv(self.conv2, jax.nn.silu(self.norm2(h, ctx)), ctx)
+        return h + shortcut
+
+
+class Attention(nnx.Module):
+    """diffusers' ``Attention`` as HunyuanVideo's mid block builds it: GroupNorm, one head of width
+    C, linear q/k/v/out with biases, residual; every token of the clip attends to the tokens of its
+    own and earlier frames. ``(B, T, H, W, C)`` → same."""
+
+    def __init__(self, dim: int, groups: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.group_norm = GroupNorm(dim, groups, dtype=dtype)
+        self.to_q = PointwiseConv(dim, dim, rngs=rngs, dtype=dtype, torch_layout="linear")
+        self.to_k = PointwiseConv(dim, dim, rngs=rngs, dtype=dtype, torch_layout="linear")
+        self.to_v = PointwiseConv(dim, dim, rngs=rngs, dtype=dtype, torch_layout="linear")
+        self.to_out = nnx.List([PointwiseConv(dim, dim, rngs=rngs, dtype=dtype, torch_layout="linear")])
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        h = self.group_norm(x, ctx)
+        attended = ctx.attend_frames(self.to_q(h), self.to_k(h), self.to_v(h), first_query_frame=0)
+        return x + self.to_out[0](attended)
+
+
+class MidBlock(nnx.Module):
+    """Resnet → (attention) → resnet, at latent resolution. ``(B, T, H, W, C)`` → same."""
+
+    def __init__(self, dim: int, groups: int, *, attention: bool, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.resnets = nnx.List([ResnetBlock(dim, dim, groups, rngs=rngs, dtype=dtype) for _ in range(2)])
+        self.attentions = nnx.List([Attention(dim, groups, rngs=rngs, dtype=dtype)] if attention else [])
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        x = self.resnets[0](x, ctx)
+        for attention in self.attentions:
+            x = attention(x, ctx)
+        return self.resnets[1](x, ctx)
+
+
+def upsample_time(x: jax.Array) -> jax.Array:
+    """Nearest 2x in time after the first frame: ``[x0, x1, x1, x2, x2, …]`` (``(B, T, …)`` →
+    ``(B, 2T − 1, …)``), as diffusers' upsampler interpolates all but the first frame."""
+    return jnp.concatenate([x[:, :1], jnp.repeat(x[:, 1:], 2, axis=1)], axis=1)
+
+
+class Upsample(nnx.Module):
+    """``HunyuanVideoUpsampleCausal3D``: nearest upsampling (2x in time after the first frame when
+    ``temporal``, 2x in space when ``spatial``), then a replicate-padded causal 3x3x3 conv.
+
+    The spatial upsampling is folded into the conv (``upsample2x_causal_conv3x3x3``): the padded
+    low-resolution band is exactly what the upsampled band's padding holds."""
+
+    def __init__(self, dim: int, *, temporal: bool, spatial: bool, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.temporal, self.spatial = temporal, spatial
+        self.conv = ReplicateConv3d(dim, dim, rngs=rngs, dtype=dtype)
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        if self.temporal:
+            x = upsample_time(x)
+        if not self.spatial:
+            return whole_clip_conv(self.conv, x, ctx)
+        padded = ctx.pad_hw(x, edge="replicate")
+        conv = self.conv.conv
+        return upsample2x_causal_conv3x3x3(None, padded, conv.kernel[...], conv.bias[...], start="replicate",
+                                           native=ctx.native_conv)
+
+
+class UpBlock(nnx.Module):
+    """``layers_per_block + 1`` resnets, then (unless the last) an upsampler."""
+
+    def __init__(self, cin: int, cout: int, layers: int, groups: int, factors: tuple[bool, bool], *,
+                 rngs: nnx.Rngs, dtype=jnp.float32):
+        dims = [cin] + [cout] * layers
+        self.resnets = nnx.List([ResnetBlock(a, b, groups, rngs=rngs, dtype=dtype)
+                                 for a, b in zip(dims[:-1], dims[1:], strict=True)])
+        temporal, spatial = factors
+        self.upsamplers = nnx.List([Upsample(cout, temporal=temporal, spatial=spatial, rngs=rngs, dtype=dtype)]
+                                   if temporal or spatial else [])
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        for resnet in self.resnets:
+            x = resnet(x, ctx)
+        for upsampler in self.upsamplers:
+            x = upsampler(x, ctx)
+        return x
+
+
+class Decoder3d(nnx.Module):
+    """conv_in → mid block → up blocks → GroupNorm → SiLU → conv_out, over the whole clip:
+    ``(B, T, H, W, z)`` → ``(B, 1 + 4(T − 1), 8H, 8W, 3)`` for the real config."""
+
+    def __init__(self, config: HunyuanVideoConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        dims, groups = tuple(reversed(config.block_out_channels)), config.norm_num_groups
+        self.conv_in = ReplicateConv3d(config.latent_channels, dims[0], rngs=rngs, dtype=dtype)
+        self.mid_block = MidBlock(dims[0], groups, attention=config.mid_block_add_attention, rngs=rngs, dtype=dtype)
+        ins = (dims[0], *dims[:-1])
+        self.up_blocks = nnx.List([UpBlock(cin, cout, config.layers_per_block + 1, groups, factors, rngs=rngs,
+                                           dtype=dtype)
+                                   for cin, cout, factors in zip(ins, dims, config.up_factors(), strict=True)])
+        self.conv_norm_out = GroupNorm(dims[-1], groups, dtype=dtype)
+        self.conv_out = ReplicateConv3d(dims[-1], config.out_channels, rngs=rngs, dtype=dtype)
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        with jax.named_scope("conv_in"):
+            x = whole_clip_conv(self.conv_in, x, ctx)
+        x = self.mid_block(x, ctx)
+        for i, block in enumerate(self.up_blocks):
+            with jax.named_scope(f"up_blocks.{i}"):
+                x = block(x, ctx)
+        with jax.named_scope("conv_out"):
+            return whole_clip_conv(self.conv_out, jax.nn.silu(self.conv_norm_out(x, ctx)), ctx)
+
+
+class HunyuanVideoDecoder(nnx.Module):
+    """``post_quant_conv`` + decoder: latents ``(B, T, H, W, z)`` → frames ``(B, 1 + 4(T − 1), 8H, 8W,
+    3)``, the whole clip in one call (``caches`` must be None; none are returned)."""
+
+    causal = False  # every GroupNorm spans the clip: no exact frame-by-frame decode
+    needs_clip_frames = False
+
+    def __init__(self, config: HunyuanVideoConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.temporal_scale = config.temporal_scale
+        self.post_quant_conv = PointwiseConv(config.latent_channels, config.latent_channels, rngs=rngs, dtype=dtype)
+        self.decoder = Decoder3d(config, rngs=rngs, dtype=dtype)
+
+    @scoped
+    def __call__(self, z: jax.Array, caches: None, ctx: SpatialContext, *, inner_frames: int | None = None,
+                 clip_frames: int | None = None) -> tuple[jax.Array, None]:
+        del inner_frames, clip_frames  # the whole clip runs at once
+        if caches is not None:
+            raise ValueError("HunyuanVideo decodes a whole clip at once; it takes no caches")
+        with jax.named_scope("post_quant_conv"):
+            z = self.post_quant_conv(z)
+        with jax.named_scope("decoder"):
+            return self.decoder(z, ctx), None
+
+    @scoped
+    def decode_framewise(self, z: jax.Array, ctx: SpatialContext) -> jax.Array:
+        """diffusers' default decode (``use_framewise_decoding``): the clip in overlapping tiles of
+        5 latent frames, each decoded as a clip of its own, blended (``blend_tiles``). Not the model
+        (each tile's GroupNorm sees only the tile): an option for comparing with a pipeline's frames.
+        ``(B, T, H, W, z)`` → float32 ``(B, 1 + 4(T − 1), 8H, 8W, 3)``. Tiles of equal length run
+        in one ``lax.map`` (one tile's activations alive at a time)."""
+        tiles = framewise_tiles(z.shape[1], self.temporal_scale)
+        full = [start for start, stop in tiles if stop - start == tiles[0][1] - tiles[0][0]]
+
+        def decode(tile: jax.Array) -> jax.Array:
+            frames, _ = self(tile, None, ctx)
+            return frames.astype(jnp.float32)
+
+        stacked = jnp.stack([lax.dynamic_slice_in_dim(z, start, tiles[0][1], axis=1) for start in full])
+        decoded = list(lax.map(decode, stacked)) if len(full) > 1 else [decode(stacked[0])]
+        decoded += [decode(z[:, start:stop]) for start, stop in tiles[len(full):]]
+        return blend_tiles(decoded, 1 + self.temporal_scale * (z.shape[1] - 1))
+
+
+def framewise_tiles(latent_frames: int, temporal_scale: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` latent frames of each tile of diffusers' framewise decode (one tile, the
+    whole clip, when it is no longer than a tile)."""
+    tile, stride = FRAMEWISE_TILE_FRAMES // temporal_scale, FRAMEWISE_STRIDE_FRAMES // temporal_scale
+    if latent_frames <= tile:
+        return [(0, latent_frames)]
+    return [(start, min(start + tile + 1, latent_frames)) for start in range(0, latent_frames, stride)]
+
+
+def blend_tiles(tiles: list[jax.Array], output_frames: int) -> jax.Array:
+    """diffusers' ``_temporal_tiled_decode`` after the tiles are decoded: each tile after the first
+    drops its first frame, its first frames fade in from the previous tile's last ones (over
+    ``blend = tile − stride`` frames: weight ``x / blend`` on frame ``x``, the previous tile — as
+    blended — the rest), then each tile keeps ``stride`` frames (the first ``stride + 1``). Tiles
+    ``(B, F_i, H, W, C)`` float32 → ``(B, output_frames, H, W, C)``."""
+    blend, stride = FRAMEWISE_TILE_FRAMES - FRAMEWISE_STRIDE_FRAMES, FRAMEWISE_STRIDE_FRAMES
+    kept, previous = [tiles[0][:, : stride + 1]], tiles[0]
+    for tile in tiles[1:]:
+        tile = tile[:, 1:]
+        extent = min(previous.shape[1], tile.shape[1], blend)
+        if extent:
+            weights = (jnp.arange(extent, dtype=jnp.float32) / extent).reshape(1, extent, 1, 1, 1)
+            head = previous[:, previous.shape[1] - extent :] * (1 - weights) + tile[:, :extent] * weights
+            tile = jnp.concatenate([head, tile[:, extent:]], axis=1)
+        kept.append(tile[:, :stride])
+        previous = tile
+    return jnp.concatenate(kept, axis=1)[:, :output_frames]
+
+
+# -- encoder ----------------------------------------------------------------------------------------
+class Downsample(nnx.Module):
+    """``HunyuanVideoDownsampleCausal3D``: a replicate-padded causal 3x3x3 conv with stride
+    (2 when ``temporal`` else 1, 2 when ``spatial`` else 1, same)."""
+
+    def __init__(self, dim: int, *, temporal: bool, spatial: bool, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.temporal, self.spatial = temporal, spatial
+        self.conv = ReplicateConv3d(dim, dim, rngs=rngs, dtype=dtype)
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        time_stride = 2 if self.temporal else 1
+        if not self.spatial:  # output frame j of a stride-2 conv is frame 2j of the stride-1 one
+            return whole_clip_conv(self.conv, x, ctx)[:, ::time_stride]
+        padded = ctx.pad_hw(x, edge="replicate")
+        conv = self.conv.conv
+        return downsample2x_causal_conv3x3x3(None, padded, conv.kernel[...], conv.bias[...], time_stride=time_stride,
+                                             start="replicate", native=ctx.native_conv)
+
+
+class DownBlock(nnx.Module):
+    """``layers_per_block`` resnets, then (unless the last) a downsampler."""
+
+    def __init__(self, cin: int, cout: int, layers: int, groups: int, factors: tuple[bool, bool], *,
+                 rngs: nnx.Rngs, dtype=jnp.float32):
+        dims = [cin] + [cout] * layers
+        self.resnets = nnx.List([ResnetBlock(a, b, groups, rngs=rngs, dtype=dtype)
+                                 for a, b in zip(dims[:-1], dims[1:], strict=True)])
+        temporal, spatial = factors
+        self.downsamplers = nnx.List([Downsample(cout, temporal=temporal, spatial=spatial, rngs=rngs, dtype=dtype)]
+                                     if temporal or spatial else [])
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        for resnet in self.resnets:
+            x = resnet(x, ctx)
+        for downsampler in self.downsamplers:
+            x = downsampler(x, ctx)
+        return x
+
+
+class Encoder3d(nnx.Module):
+    """conv_in → down blocks → mid block → GroupNorm → SiLU → conv_out, over the whole clip:
+    ``(B, 1 + 4k, H, W, 3)`` → ``(B, 1 + k, H/8, W/8, 2z)`` for the real config."""
+
+    def __init__(self, config: HunyuanVideoConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        dims, groups = config.block_out_channels, config.norm_num_groups
+        self.conv_in = ReplicateConv3d(config.in_channels, dims[0], rngs=rngs, dtype=dtype)
+        ins = (dims[0], *dims[:-1])
+        self.down_blocks = nnx.List([DownBlock(cin, cout, config.layers_per_block, groups, factors, rngs=rngs,
+                                               dtype=dtype)
+                                     for cin, cout, factors in zip(ins, dims, config.down_factors(), strict=True)])
+        self.mid_block = MidBlock(dims[-1], groups, attention=config.mid_block_add_attention, rngs=rngs, dtype=dtype)
+        self.conv_norm_out = GroupNorm(dims[-1], groups, dtype=dtype)
+        self.conv_out = ReplicateConv3d(dims[-1], 2 * config.latent_channels, rngs=rngs, dtype=dtype)
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        with jax.named_scope("conv_in"):
+            x = whole_clip_conv(self.conv_in, x, ctx)
+        for i, block in enumerate(self.down_blocks):
+            with jax.named_scope(f"down_blocks.{i}"):
+                x = block(x, ctx)
+        x = self.mid_block(x, ctx)
+        with jax.named_scope("conv_out"):
+            return whole_clip_conv(self.conv_out, jax.nn.silu(self.conv_norm_out(x, ctx)), ctx)
+
+
+class HunyuanVideoEncoder(nnx.Module):
+    """Encoder + ``quant_conv``: frames ``(B, 1 + 4k, H, W, 3)`` in [-1, 1] → posterior moments
+    ``(B, 1 + k, H/8, W/8, 2z)`` (mean, then log-variance), the whole clip in one call."""
+
+    causal = False
+    needs_clip_frames = False
+
+    def __init__(self, config: HunyuanVideoConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.temporal_scale = config.temporal_scale
+        self.encoder = Encoder3d(config, rngs=rngs, dtype=dtype)
+        self.quant_conv = PointwiseConv(2 * config.latent_channels, 2 * config.latent_channels, rngs=rngs, dtype=dtype)
+
+    @scoped
+    def __call__(self, x: jax.Array, caches: None, ctx: SpatialContext, *,
+                 clip_frames: int | None = None) -> tuple[jax.Array, None]:
+        del clip_frames
+        if caches is not None:
+            raise ValueError("HunyuanVideo encodes a whole clip at once; it takes no caches")
+        with jax.named_scope("encoder"):
+            x = self.encoder(x, ctx)
+        with jax.named_scope("quant_conv"):
+            return self.quant_conv(x), None
