@@ -26,10 +26,10 @@ from .shapes import OUTPUTS, FramesError, LatentsError, NoEncoderError, Output, 
 _LAZY = {
     "denormalize_latents": "decode", "to_uint8": "decode",
     "latent_frames": "encode", "normalize_latents": "encode",
-    "MODEL_NAMES": "loading", "WeightsError": "loading", "convert_checkpoint": "loading",
-    "convert_wan_pth": "loading", "load_config": "loading", "load_vae": "loading", "save_vae": "loading",
+    "MODEL_NAMES": "loading", "WeightsError": "loading", "convert_checkpoint": "loading", "load_config": "loading",
+    "load_vae": "loading", "save_vae": "loading",
     "ProgramCache": "programs", "ProgramKey": "programs", "program_key": "programs",
-    "VAE": "vae", "WanVAE": "vae", "abstract_vae": "vae", "init_vae": "vae",
+    "VAE": "vae", "abstract_vae": "vae", "init_vae": "vae",
 }
 
 if TYPE_CHECKING:
@@ -39,13 +39,12 @@ if TYPE_CHECKING:
         MODEL_NAMES,
         WeightsError,
         convert_checkpoint,
-        convert_wan_pth,
         load_config,
         load_vae,
         save_vae,
     )
     from .programs import ProgramCache, ProgramKey, program_key
-    from .vae import VAE, WanVAE, abstract_vae, init_vae
+    from .vae import VAE, abstract_vae, init_vae
 
 
 def __getattr__(name: str) -> Any:
@@ -75,13 +74,11 @@ __all__ = [
     "ShapeError",
     "VAE",
     "VAEConfig",
-    "WanVAE",
     "WanVAEConfig",
     "WeightsError",
     "abstract_vae",
     "config_from_dict",
     "convert_checkpoint",
-    "convert_wan_pth",
     "denormalize_latents",
     "init_vae",
     "latent_frames",

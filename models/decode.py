@@ -124,7 +124,7 @@ def decode_frames(
             frames = model.decode_framewise(z, ctx)  # type: ignore[attr-defined]  # checked by check_framewise
             return _layout(finish_frames(frames, output), output), nonfinite_count(frames)
     if not model.causal:
-        frames, _, bad = decode_step(model, None, z, ctx, output=output)
+        frames, _, bad = decode_step(model, None, z, ctx, output=output, inner_frames=inner_frames)
         return frames, bad
     # One frame: no inner loop.
     first, caches, bad = decode_step(model, None, z[:, :1], ctx, output=output, clip_frames=num_latent)

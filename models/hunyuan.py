@@ -8,6 +8,12 @@ clip: it decodes (and encodes) all frames at once, ``causal = False``. The spati
 supplies what crosses a band of the frame: halos, the GroupNorm statistics of the whole frame
 (``SpatialContext.group_moments``) and the keys/values of every band (``attend_frames``).
 
+Memory: a whole clip at full resolution is large (720p x 129 frames of 128 channels: 30 GB in
+bfloat16), so every "GroupNorm → SiLU → conv" runs block by block in time once the clip's
+statistics are known (``normalized_conv``): only one block of the normalized clip exists at a time,
+beside the conv's input and output. ``inner_frames`` sets the frames per block (None: blocks of
+about ``CLIP_BLOCK_BYTES``); the result is the same computation, reordered.
+
 Names mirror diffusers (each causal conv holds its kernel under ``.conv``), so loading is a rename
 (``models.keys``).
 """
@@ -20,7 +26,8 @@ from flax import nnx
 from jax import lax
 
 from .config import HunyuanVideoConfig
-from .conv import downsample2x_causal_conv3x3x3, upsample2x_causal_conv3x3x3
+from .conv import downsample2x_causal_conv3x3x3, initial_past, next_cache, upsample2x_causal_conv3x3x3
+from .decoder import scan_frame_groups
 from .layers import PointwiseConv, ReplicateConv3d, scoped
 from .spatial import SpatialContext
 
@@ -31,6 +38,19 @@ GROUP_NORM_EPS = 1e-6  # diffusers builds every HunyuanVideo GroupNorm with eps=
 # These are diffusers' defaults, kept so that the option reproduces what a pipeline shows.
 FRAMEWISE_TILE_FRAMES = 16
 FRAMEWISE_STRIDE_FRAMES = 12
+# Frames of a whole clip's conv input taken per block (``normalized_conv``) when ``inner_frames`` is
+# None: as many as hold about this many bytes (one 720p frame of 256 channels in a band of tp = 8
+# holds 59 MB in bfloat16: blocks of 4 frames). Small clips run in one block.
+CLIP_BLOCK_BYTES = 256 * 2**20
+
+
+def block_frames(x: jax.Array, inner_frames: int | None) -> int:
+    """Frames per block of a whole-clip conv over ``x (B, T, H, W, C)``: ``inner_frames`` if given,
+    else as many as fit ``CLIP_BLOCK_BYTES`` (at least one)."""
+    if inner_frames is not None:
+        return inner_frames
+    frame_bytes = x[:, 0].size * jnp.dtype(x.dtype).itemsize
+    return max(1, CLIP_BLOCK_BYTES // frame_bytes)
 
 
 def group_normalize(x: jax.Array, mean: jax.Array, var: jax.Array, weight: jax.Array, bias: jax.Array, *,
@@ -55,7 +75,10 @@ class GroupNorm(nnx.Module):
 
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
-        mean, var = ctx.group_moments(x, self.groups)
+        return self.apply(x, *ctx.group_moments(x, self.groups))
+
+    def apply(self, x: jax.Array, mean: jax.Array, var: jax.Array) -> jax.Array:
+        """Normalize ``x`` (the clip, or some of its frames) by the clip's ``mean``/``var`` ``(B, G)``."""
         return group_normalize(x, mean, var, self.weight[...], self.bias[...], eps=GROUP_NORM_EPS)
 
 
@@ -75,6 +98,23 @@ def whole_clip_conv(conv: ReplicateConv3d, x: jax.Array, ctx: SpatialContext) ->
     return y
 
 
+def normalized_conv(norm: GroupNorm, conv: ReplicateConv3d, x: jax.Array, ctx: SpatialContext, *,
+                    inner_frames: int | None) -> jax.Array:
+    """``conv(silu(norm(x)))`` over a whole clip ``x (B, T, H, W, C)``, block by block in time: the
+    clip's statistics first (they span it), then each block of frames normalized, activated and
+    convolved after the previous block's last two (padded) frames, as a stream's caches carry them.
+    The sums are the same; only one block of the normalized clip is alive at a time."""
+    mean, var = ctx.group_moments(x, norm.groups)
+
+    def activated(frames: jax.Array) -> jax.Array:
+        return jax.nn.silu(norm.apply(frames, mean, var))
+
+    past = initial_past(ctx.pad_hw(activated(x[:, :1]), edge="replicate"), "replicate")
+    y, _ = scan_frame_groups(lambda frames, cache: conv(activated(frames), cache, ctx), x, past,
+                             block_frames(x, inner_frames))
+    return y
+
+
 class ResnetBlock(nnx.Module):
     """GroupNorm → SiLU → conv → GroupNorm → SiLU → conv, plus a 1x1x1 shortcut when widths differ.
     ``(B, T, H, W, C)`` → ``(B, T, H, W, O)``, the whole clip."""
@@ -87,12 +127,12 @@ class ResnetBlock(nnx.Module):
         self.conv_shortcut = PointwiseHolder(cin, cout, rngs=rngs, dtype=dtype) if cin != cout else None
 
     @scoped
-    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+    def __call__(self, x: jax.Array, ctx: SpatialContext, *, inner_frames: int | None = None) -> jax.Array:
         shortcut = x if self.conv_shortcut is None else self.conv_shortcut(x)
         with jax.named_scope("conv1"):
-            h = whole_clip_conv(self.conv1, jax.nn.silu(self.norm1(x, ctx)), ctx)
+            h = normalized_conv(self.norm1, self.conv1, x, ctx, inner_frames=inner_frames)
         with jax.named_scope("conv2"):
-            h = whole_clip_conv(self.conv2, jax.nn.silu(self.norm2(h, ctx)), ctx)
+            h = normalized_conv(self.norm2, self.conv2, h, ctx, inner_frames=inner_frames)
         return h + shortcut
 
 
@@ -123,11 +163,11 @@ class MidBlock(nnx.Module):
         self.attentions = nnx.List([Attention(dim, groups, rngs=rngs, dtype=dtype)] if attention else [])
 
     @scoped
-    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
-        x = self.resnets[0](x, ctx)
+    def __call__(self, x: jax.Array, ctx: SpatialContext, *, inner_frames: int | None = None) -> jax.Array:
+        x = self.resnets[0](x, ctx, inner_frames=inner_frames)
         for attention in self.attentions:
             x = attention(x, ctx)
-        return self.resnets[1](x, ctx)
+        return self.resnets[1](x, ctx, inner_frames=inner_frames)
 
 
 def upsample_time(x: jax.Array) -> jax.Array:
@@ -148,15 +188,22 @@ class Upsample(nnx.Module):
         self.conv = ReplicateConv3d(dim, dim, rngs=rngs, dtype=dtype)
 
     @scoped
-    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+    def __call__(self, x: jax.Array, ctx: SpatialContext, *, inner_frames: int | None = None) -> jax.Array:
         if self.temporal:
             x = upsample_time(x)
         if not self.spatial:
             return whole_clip_conv(self.conv, x, ctx)
-        padded = ctx.pad_hw(x, edge="replicate")
         conv = self.conv.conv
-        return upsample2x_causal_conv3x3x3(None, padded, conv.kernel[...], conv.bias[...], start="replicate",
-                                           native=ctx.native_conv)
+
+        def upsampled(frames: jax.Array, past: jax.Array) -> tuple[jax.Array, jax.Array]:
+            padded = ctx.pad_hw(frames, edge="replicate")
+            return (upsample2x_causal_conv3x3x3(past, padded, conv.kernel[...], conv.bias[...], native=ctx.native_conv),
+                    next_cache(past, padded))
+
+        # Block by block in time, as normalized_conv: one block's 4x larger output at a time.
+        past = initial_past(ctx.pad_hw(x[:, :1], edge="replicate"), "replicate")
+        y, _ = scan_frame_groups(upsampled, x, past, block_frames(x, inner_frames))
+        return y
 
 
 class UpBlock(nnx.Module):
@@ -172,11 +219,11 @@ class UpBlock(nnx.Module):
                                    if temporal or spatial else [])
 
     @scoped
-    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+    def __call__(self, x: jax.Array, ctx: SpatialContext, *, inner_frames: int | None = None) -> jax.Array:
         for resnet in self.resnets:
-            x = resnet(x, ctx)
+            x = resnet(x, ctx, inner_frames=inner_frames)
         for upsampler in self.upsamplers:
-            x = upsampler(x, ctx)
+            x = upsampler(x, ctx, inner_frames=inner_frames)
         return x
 
 
@@ -196,15 +243,15 @@ class Decoder3d(nnx.Module):
         self.conv_out = ReplicateConv3d(dims[-1], config.out_channels, rngs=rngs, dtype=dtype)
 
     @scoped
-    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+    def __call__(self, x: jax.Array, ctx: SpatialContext, *, inner_frames: int | None = None) -> jax.Array:
         with jax.named_scope("conv_in"):
             x = whole_clip_conv(self.conv_in, x, ctx)
-        x = self.mid_block(x, ctx)
+        x = self.mid_block(x, ctx, inner_frames=inner_frames)
         for i, block in enumerate(self.up_blocks):
             with jax.named_scope(f"up_blocks.{i}"):
-                x = block(x, ctx)
+                x = block(x, ctx, inner_frames=inner_frames)
         with jax.named_scope("conv_out"):
-            return whole_clip_conv(self.conv_out, jax.nn.silu(self.conv_norm_out(x, ctx)), ctx)
+            return normalized_conv(self.conv_norm_out, self.conv_out, x, ctx, inner_frames=inner_frames)
 
 
 class HunyuanVideoDecoder(nnx.Module):
@@ -222,13 +269,15 @@ class HunyuanVideoDecoder(nnx.Module):
     @scoped
     def __call__(self, z: jax.Array, caches: None, ctx: SpatialContext, *, inner_frames: int | None = None,
                  clip_frames: int | None = None) -> tuple[jax.Array, None]:
-        del inner_frames, clip_frames  # the whole clip runs at once
+        """``inner_frames``: frames per block of the whole-clip convs (None: automatic; see the
+        module docstring)."""
+        del clip_frames  # the whole clip runs at once
         if caches is not None:
             raise ValueError("HunyuanVideo decodes a whole clip at once; it takes no caches")
         with jax.named_scope("post_quant_conv"):
             z = self.post_quant_conv(z)
         with jax.named_scope("decoder"):
-            return self.decoder(z, ctx), None
+            return self.decoder(z, ctx, inner_frames=inner_frames), None
 
     @scoped
     def decode_framewise(self, z: jax.Array, ctx: SpatialContext) -> jax.Array:
@@ -314,7 +363,7 @@ class DownBlock(nnx.Module):
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
         for resnet in self.resnets:
-            x = resnet(x, ctx)
+            x = resnet(x, ctx, inner_frames=None)
         for downsampler in self.downsamplers:
             x = downsampler(x, ctx)
         return x
@@ -344,7 +393,7 @@ class Encoder3d(nnx.Module):
                 x = block(x, ctx)
         x = self.mid_block(x, ctx)
         with jax.named_scope("conv_out"):
-            return whole_clip_conv(self.conv_out, jax.nn.silu(self.conv_norm_out(x, ctx)), ctx)
+            return normalized_conv(self.conv_norm_out, self.conv_out, x, ctx, inner_frames=None)
 
 
 class HunyuanVideoEncoder(nnx.Module):

@@ -434,7 +434,3 @@ def convert_checkpoint(in_path: str | Path, out_dir: str | Path, *, config: VAEC
     renamed = to_diffusers_names(tensors, config)
     build_vae(config, renamed, dtype="float32", metadata={"source": str(in_path)})  # fail before writing
     return _write_folder(Path(out_dir), config, renamed)
-
-
-# The command line's name for it, from when Wan's .pth was the only original release it read.
-convert_wan_pth = convert_checkpoint

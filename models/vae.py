@@ -297,6 +297,3 @@ def abstract_vae(config: VAEConfig | None = None, *, dtype: str = "float32") -> 
     return VAE(config, model, dtype=dtype, metadata={"source": "abstract (shapes only, no weights)",
                                                      "abstract": True})
 
-
-# The service still names the class by its first family; it goes once the service uses ``VAE``.
-WanVAE = VAE

@@ -102,8 +102,10 @@ class Settings(BaseSettings):
 
     # --- model and mesh -------------------------------------------------------------------
     model: str | None = Field(
-        None, description="diffusers-format VAE folder (or a pipeline folder with vae/), a .safetensors file, an "
-        "original Wan2.x_VAE.pth, or an embedded model with random weights: wan2.1 (the default), wan2.2",
+        None, description="diffusers-format VAE folder (or a pipeline folder with vae/) of Wan 2.1/2.2 or "
+        "HunyuanVideo 1.0/1.5, a .safetensors file, an original release's checkpoint (Wan2.x_VAE.pth, "
+        "HunyuanVideo's vae/pytorch_model.pt), or an embedded model with random weights: wan2.1 (the default), "
+        "wan2.2, hunyuan1.0, hunyuan1.5",
         json_schema_extra=_in("model", "PATH|NAME"))
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="weights and activations (float32 matches the PyTorch reference)",

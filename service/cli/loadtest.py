@@ -53,11 +53,11 @@ class Plan:
 async def model_frames(client: httpx.AsyncClient, url: str, headers: dict, latent_frames: int) -> int:
     """Output frames per video, from the config the server reports: the frame formula lives in
     the model config only (a Wan 2.2 or test model need not make 4 frames per latent frame)."""
-    from models.config import WanVAEConfig
+    from models.config import config_from_dict
 
     response = await client.get(url.split("/v1/decode")[0].rstrip("/") + "/v1/models", headers=headers)
     response.raise_for_status()
-    config = WanVAEConfig.from_dict(response.json()["data"][0]["config"])
+    config = config_from_dict(response.json()["data"][0]["config"])
     return config.num_output_frames(latent_frames)
 
 

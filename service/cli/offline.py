@@ -30,7 +30,8 @@ def add_parsers(sub) -> None:
 
 def _decode_parser(sub) -> None:
     p = sub.add_parser("decode", help="decode a latents file offline on the local devices")
-    p.add_argument("input", help=".npy or .safetensors latents (B,C,T,H,W) or (C,T,H,W); C = 16 (Wan 2.1), 48 (2.2)")
+    p.add_argument("input", help=".npy or .safetensors latents (B,C,T,H,W) or (C,T,H,W); C = 16 (Wan 2.1, "
+                   "HunyuanVideo), 48 (Wan 2.2), 32 (HunyuanVideo 1.5)")
     p.add_argument("-o", "--output", required=True, help=".mp4 (first video) or .npy (uint8 frames)")
     p.add_argument("--model")
     p.add_argument("--tp", type=int, default=1)
@@ -48,7 +49,7 @@ def _encode_parser(sub) -> None:
                    "(B,3,F,H,W) or (B,3,H,W) in [-1, 1]")
     p.add_argument("-o", "--output", required=True,
                    help=".safetensors (tensor 'latents') or .npy: float32 (B,z,T,H/s,W/s), "
-                        "z, s = 16, 8 (Wan 2.1) or 48, 16 (Wan 2.2)")
+                        "z, s = 16, 8 (Wan 2.1, HunyuanVideo), 48, 16 (Wan 2.2) or 32, 16 (HunyuanVideo 1.5)")
     p.add_argument("--model")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--dp", type=int, default=1)
@@ -60,11 +61,13 @@ def _encode_parser(sub) -> None:
 
 
 def _convert_parser(sub) -> None:
-    p = sub.add_parser("convert", help="original Wan2.1_VAE.pth / Wan2.2_VAE.pth -> diffusers-format folder")
+    p = sub.add_parser("convert", help="an original release's VAE checkpoint (Wan2.1_VAE.pth, Wan2.2_VAE.pth, "
+                       "HunyuanVideo's vae/pytorch_model.pt, HunyuanVideo 1.5's vae/diffusion_pytorch_model.safetensors)"
+                       " -> diffusers-format folder")
     p.add_argument("input")
     p.add_argument("out_dir")
-    p.add_argument("--config", help="diffusers config.json of the checkpoint (default: the real Wan 2.1 or 2.2 "
-                   "config, whichever release the key names belong to)")
+    p.add_argument("--config", help="diffusers config.json of the checkpoint (default: the real config of the release "
+                   "the key names belong to)")
 
 
 def _load_latents(path: Path) -> np.ndarray:
@@ -180,7 +183,7 @@ def encode(args: argparse.Namespace) -> int:
 def convert(args: argparse.Namespace) -> int:
     import models
 
-    config = models.WanVAEConfig.from_json(args.config) if args.config else None
-    out = models.convert_wan_pth(args.input, args.out_dir, config=config)
+    config = models.read_config(args.config) if args.config else None
+    out = models.convert_checkpoint(args.input, args.out_dir, config=config)
     print(f"wrote {out}")
     return 0

@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
     shape.add_argument("--video", metavar="WxHxF", help="decoded video, e.g. 1280x720x81 (F = 1 + 4k)")
     shape.add_argument("--shape", metavar="CxTxHxW", help="latents, e.g. 16x21x90x160")
     p.add_argument("--model", default="wan2.1",
-                   help="wan2.1 (default), wan2.2, or a model path as `serve --model` takes; only its config is read")
+                   help="wan2.1 (default), wan2.2, hunyuan1.0, hunyuan1.5, or a model path as `serve --model` takes; "
+                        "only its config is read")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--tp", default="1,2,4,8", help="candidate tp sizes, comma-separated (default 1,2,4,8)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of each candidate mesh")

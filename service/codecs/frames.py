@@ -35,7 +35,7 @@ from typing import Literal
 
 import numpy as np
 
-from models.config import WanVAEConfig
+from models.config import VAEConfig
 from models.shapes import FramesError, check_frames_shape
 
 from ..engine.limits import Limits
@@ -123,7 +123,7 @@ def to_unit_range(pixels: np.ndarray, out: np.ndarray) -> None:
     out -= np.float32(1.0)
 
 
-def check_shape(shape: tuple[int, ...], config: WanVAEConfig, limits: Limits) -> None:
+def check_shape(shape: tuple[int, ...], config: VAEConfig, limits: Limits) -> None:
     """The model's shape rules (422 with the nearest valid frame count or size), then the
     configured limits, for frames ``(B, 3, F, H, W)`` — from a header, before anything is decoded."""
     try:
@@ -179,7 +179,7 @@ class FramesPlan:
         return out
 
 
-def _image_plan(body: bytes, kind: Literal["png", "jpeg"], config: WanVAEConfig, limits: Limits) -> FramesPlan:
+def _image_plan(body: bytes, kind: Literal["png", "jpeg"], config: VAEConfig, limits: Limits) -> FramesPlan:
     header = image_header(body, kind, lambda height, width: check_shape((1, 3, 1, height, width), config, limits))
 
     def fill(out: np.ndarray, deadline: float | None) -> None:
@@ -188,7 +188,7 @@ def _image_plan(body: bytes, kind: Literal["png", "jpeg"], config: WanVAEConfig,
     return FramesPlan((1, 3, 1, header.height, header.width), fill, checks_finite=False)
 
 
-def _mp4_plan(body: bytes, config: WanVAEConfig, limits: Limits, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
+def _mp4_plan(body: bytes, config: VAEConfig, limits: Limits, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
     header = mp4_header(body, codecs, limits.max_frames)
     shape = (1, 3, header.frames, header.height, header.width)
     check_shape(shape, config, limits)
@@ -200,7 +200,7 @@ def _mp4_plan(body: bytes, config: WanVAEConfig, limits: Limits, codecs: tuple[V
 
 
 def _tensor_plan(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | None, dtype: str | None,
-                 config: WanVAEConfig, limits: Limits) -> FramesPlan:
+                 config: VAEConfig, limits: Limits) -> FramesPlan:
     if body_type == "npy":
         array = parse_npy(body, check=check_frame_dims)
     elif body_type == "safetensors":
@@ -221,7 +221,7 @@ def _tensor_plan(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | No
 
 
 def plan_body(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | None, dtype: str | None,
-              config: WanVAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
+              config: VAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
     """The checks of a body whose format is known (a Content-Type, or a file's suffix offline),
     from its headers alone; nothing of the size of the frames is allocated."""
     if body_type in _SNIFFED_AS:
@@ -234,14 +234,14 @@ def plan_body(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | None,
 
 
 def plan_frames(body: bytes, media_type: str, shape: tuple[int, ...] | None, dtype: str | None,
-                config: WanVAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
+                config: VAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
     """An encode body's :class:`FramesPlan`, from its Content-Type (or bytes) and headers."""
     return plan_body(body, body_format(media_type, body, shape is not None), shape, dtype, config, limits,
                      codecs=codecs)
 
 
 def parse_frames(body: bytes, media_type: str, shape: tuple[int, ...] | None, dtype: str | None,
-                 config: WanVAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...] = ALL_CODECS) -> np.ndarray:
+                 config: VAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...] = ALL_CODECS) -> np.ndarray:
     """Body → checked float32 frames ``(B, 3, F, H, W)`` in [-1, 1] in one go (no budget in between:
     tests and tools); every codec is read unless ``codecs`` says otherwise."""
     return plan_frames(body, media_type, shape, dtype, config, limits, codecs=codecs).read()

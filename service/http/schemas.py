@@ -80,9 +80,16 @@ class WarmedShape(BaseModel):
 class LatentsInfo(BaseModel):
     """What the loaded model takes and gives, and the largest request served (from its config)."""
 
-    channels: int  # latent channels C of (B, C, T, H, W): 16 for Wan 2.1, 48 for Wan 2.2
-    spatial_scale: int  # output pixels per latent row/column: 8 (Wan 2.1), 16 (Wan 2.2)
+    channels: int  # latent channels C of (B, C, T, H, W): 16 (Wan 2.1, HunyuanVideo), 48 (Wan 2.2), 32 (HunyuanVideo 1.5)
+    spatial_scale: int  # output pixels per latent row/column: 8 (Wan 2.1, HunyuanVideo), 16 (Wan 2.2, HunyuanVideo 1.5)
     temporal_scale: int  # output frames per latent frame after the first (4)
+    # denormalize (diffusers' do_scaling): z · latents_std + latents_mean per channel. Wan: its
+    # published statistics; HunyuanVideo: 0 and 1 / scaling_factor (pipelines divide by it).
+    latents_mean: list[float]
+    latents_std: list[float]
+    # True: a stream sends each step's frames as it is decoded. False (HunyuanVideo 1.0, whose
+    # statistics span the clip): the whole clip is decoded before the first chunk is sent.
+    causal: bool
     max_batch: int
     max_latent_frames: int  # largest T with 1 + temporal_scale (T - 1) ≤ max_frames
     max_latent_height: int  # largest H with spatial_scale H ≤ max_height

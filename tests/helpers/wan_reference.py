@@ -104,8 +104,8 @@ def _seeded_weights(module_type, config: models.WanVAEConfig, rng: np.random.Gen
     return weights
 
 
-def encoder_only_vae(config: models.WanVAEConfig, weights: dict[str, np.ndarray]) -> models.WanVAE:
-    """A ``WanVAE`` whose encoder holds ``weights`` (diffusers names and layouts, every one checked
+def encoder_only_vae(config: models.WanVAEConfig, weights: dict[str, np.ndarray]) -> models.VAE:
+    """A ``VAE`` whose encoder holds ``weights`` (diffusers names and layouts, every one checked
     for shape) and whose decoder is abstract (shapes only, as in ``abstract_vae``): the real
     Wan 2.2 encoder without drawing the 555 M weights of its decoder. It encodes; it cannot decode."""
     graphdef, state = nnx.split(nnx.eval_shape(lambda: WanEncoder(config, rngs=nnx.Rngs(0))))
@@ -116,7 +116,7 @@ def encoder_only_vae(config: models.WanVAEConfig, weights: dict[str, np.ndarray]
         leaves.append((path, var.replace(jnp.asarray(keys.from_torch(var, array)))))
     assert not weights, sorted(weights)  # every tensor found a parameter
     decoder = nnx.eval_shape(lambda: WanDecoder(config, rngs=nnx.Rngs(0)))
-    return models.WanVAE(config, decoder, dtype="float32", encoder=nnx.merge(graphdef, nnx.from_flat_state(leaves)),
+    return models.VAE(config, decoder, dtype="float32", encoder=nnx.merge(graphdef, nnx.from_flat_state(leaves)),
                          metadata={"source": "seeded encoder, abstract decoder"})
 
 

@@ -193,7 +193,7 @@ def test_original_pth_loads_and_converts(tmp_path, weights, reference_frames):
     assert np.array_equal(np.asarray(from_pth.decode(LATENTS)), reference_frames)
     assert from_pth.has_encoder  # the original's encoder.* / conv1.* land in our encoder
 
-    out = models.convert_wan_pth(pth, tmp_path / "converted", config=CONFIG)
+    out = models.convert_checkpoint(pth, tmp_path / "converted", config=CONFIG)
     from safetensors import safe_open
 
     with safe_open(str(out / WEIGHTS_NAME), framework="numpy") as f:
@@ -213,7 +213,7 @@ def test_converted_real_config_loads_in_diffusers(tmp_path):
     state = {keys.diffusers_to_original(k, 2): v for k, v in source.state_dict().items()}
     torch.save(state, tmp_path / "Wan2.1_VAE.pth")
     config = models.WanVAEConfig(base_dim=8, num_res_blocks=2)
-    out = models.convert_wan_pth(tmp_path / "Wan2.1_VAE.pth", tmp_path / "out", config=config)
+    out = models.convert_checkpoint(tmp_path / "Wan2.1_VAE.pth", tmp_path / "out", config=config)
     again = diffusers.AutoencoderKLWan.from_pretrained(out)
     for name, value in source.state_dict().items():
         assert torch.equal(again.state_dict()[name], value), name

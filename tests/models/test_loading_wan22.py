@@ -79,7 +79,7 @@ def reference():
     return perturbed_diffusers_vae(WAN22_SMALL, seed=8)
 
 
-def _same_weights(a: models.WanVAE, b: models.WanVAE) -> bool:
+def _same_weights(a: models.VAE, b: models.VAE) -> bool:
     """Both halves: the decoder's weights and the encoder's (which both models must have)."""
     assert a.has_encoder and b.has_encoder
     return all(_same_state(x, y) for x, y in ((a.state, b.state), (a.encoder_state, b.encoder_state)))
@@ -108,7 +108,7 @@ def test_original_pth_loads_and_converts_to_a_folder_diffusers_loads(tmp_path, r
     (tmp_path / "config.json").write_text(json.dumps(from_folder.config.to_dict()))
     assert _same_weights(models.load_vae(tmp_path / "Wan2.2_VAE.pth"), from_folder)
 
-    out = models.convert_wan_pth(tmp_path / "Wan2.2_VAE.pth", tmp_path / "converted", config=from_folder.config)
+    out = models.convert_checkpoint(tmp_path / "Wan2.2_VAE.pth", tmp_path / "converted", config=from_folder.config)
     assert _same_weights(models.load_vae(out), from_folder)
     again = diffusers.AutoencoderKLWan.from_pretrained(out)
     for name, value in reference.state_dict().items():

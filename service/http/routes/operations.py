@@ -52,8 +52,10 @@ async def list_models(state: StateDep) -> ModelList:
     model, _ = state.serving()
     settings, vae = state.settings, model.vae
     meta, limits = dict(vae.metadata), model.limits
+    config = vae.config
     latents = LatentsInfo(
         channels=limits.channels, spatial_scale=limits.spatial_scale, temporal_scale=limits.temporal_scale,
+        latents_mean=list(config.latents_mean), latents_std=list(config.latents_std), causal=config.causal,
         max_batch=limits.max_batch, max_latent_frames=limits.max_latent_frames,
         max_latent_height=limits.max_latent_height, max_latent_width=limits.max_latent_width)
     return ModelList(data=[ModelInfo(
