@@ -40,6 +40,17 @@ def assert_halo_collectives(found: list[dict], latent_hw: tuple[int, ...]) -> li
     return permutes
 
 
+def assert_halo_and_statistics_collectives(found: list[dict], latent_hw: tuple[int, ...], *, batch: int,
+                                           groups: int) -> list[dict]:
+    """``assert_halo_collectives`` for a model whose GroupNorm statistics span the whole frame
+    (HunyuanVideo 1.0): beside the halos and K/V, all-reduces of float32 per-group statistics
+    ``(B, groups)`` and nothing larger (no activation, no count). Returns the all-reduces."""
+    reduces = [c for c in found if c["op"] == "all-reduce"]
+    assert reduces and all(c["dtype"] == "f32" and c["shape"] == (batch, groups) for c in reduces), reduces
+    assert_halo_collectives([c for c in found if c["op"] != "all-reduce"], latent_hw)
+    return reduces
+
+
 def assert_memory_split_over_tp(programs: dict, tp: int, *, temp_at_most: float) -> None:
     """Per-device memory of the same decode compiled at tp = 1 and ``tp``: temp bytes shrink to at
     most ``temp_at_most`` x tp = 1's; each device holds 1/tp of the frames."""

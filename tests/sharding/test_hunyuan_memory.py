@@ -1,21 +1,48 @@
-"""Memory of the HunyuanVideo decodes, shown structurally on the compiled programs.
+"""Memory and communication of the HunyuanVideo decodes, shown structurally on the compiled programs.
 
 1.0 decodes the whole clip (its statistics span it): its temp memory grows with the frames and
 each device's falls about as 1/tp. 1.5 streams: its temp memory stays flat in the frames but for
 the mid-block's attention memory (keys and values of every latent frame, and a query frame's
-scores over them), at latent resolution.
+scores over them), at latent resolution. What crosses the bands (HLO, even splits): one-row halos and latent-resolution
+K/V for both; 1.0 also all-reduces its GroupNorm statistics, (B, groups) floats and nothing else.
 """
 
+import pytest
+
 import sharding
-from tests.helpers.sharding_helpers import assert_memory_split_over_tp
+from tests.helpers.sharding_helpers import (
+    WIDTH,
+    assert_halo_and_statistics_collectives,
+    assert_halo_collectives,
+    assert_memory_split_over_tp,
+)
 
 SHARDED = (1, 16, 3, 32, 32)  # 1.0: frames (1, 3, 9, 128, 128); activations dominate tiny weights
+EVEN = (1, 16, 3, 4, WIDTH)  # 1.5's HLO: 2 latent rows per band at tp = 2 (uneven splits move padding too)
 
 
-def test_hunyuan10_temp_falls_with_tp(hunyuan):
-    programs = {tp: sharding.compile_decode(hunyuan["hy10"], SHARDED, sharding.make_mesh(tp), split="height",
-                                            output="uint8") for tp in (1, 8)}
-    assert_memory_split_over_tp(programs, 8, temp_at_most=0.2)
+@pytest.fixture(scope="module")
+def hy10_programs(hunyuan):
+    return {tp: sharding.compile_decode(hunyuan["hy10"], SHARDED, sharding.make_mesh(tp), split="height",
+                                        output="uint8") for tp in (1, 8)}
+
+
+def test_hunyuan10_temp_falls_with_tp(hy10_programs):
+    assert_memory_split_over_tp(hy10_programs, 8, temp_at_most=0.2)
+
+
+def test_hunyuan10_all_reduces_its_group_statistics_only(hunyuan, hy10_programs):
+    found = sharding.collectives(hy10_programs[8].as_text())
+    groups = hunyuan["hy10"].config.norm_num_groups
+    reduces = assert_halo_and_statistics_collectives(found, SHARDED[3:], batch=1, groups=groups)
+    assert len(reduces) >= 2  # a mean, then centred squares, per GroupNorm
+    with pytest.raises(AssertionError):  # the rule every other model's decode keeps: no all-reduce
+        assert_halo_collectives(found, SHARDED[3:])
+
+
+def test_hunyuan15_crosses_bands_with_halos_and_kv_only(hunyuan):
+    program = sharding.compile_decode(hunyuan["hy15"], EVEN, sharding.make_mesh(2), split="height", output="uint8")
+    assert_halo_collectives(sharding.collectives(program.as_text()), EVEN[3:])
 
 
 def _temp(vae, frames: int) -> int:
