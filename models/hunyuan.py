@@ -206,17 +206,27 @@ class Upsample(nnx.Module):
         return y
 
 
+def _resnets(cin: int, cout: int, layers: int, groups: int, *, rngs: nnx.Rngs, dtype) -> nnx.List:
+    """A block's ``layers`` resnets, ``cin`` → ``cout`` in the first (diffusers' ``resnets.{i}``)."""
+    dims = [cin] + [cout] * layers
+    return nnx.List([ResnetBlock(a, b, groups, rngs=rngs, dtype=dtype)
+                     for a, b in zip(dims[:-1], dims[1:], strict=True)])
+
+
+def _resampler(kind: type, channels: int, factors: tuple[bool, bool], *, rngs: nnx.Rngs, dtype) -> nnx.List:
+    """A block's ``{up,down}samplers``: one when it scales in time or space (``factors``), else none."""
+    temporal, spatial = factors
+    return nnx.List([kind(channels, temporal=temporal, spatial=spatial, rngs=rngs, dtype=dtype)]
+                    if temporal or spatial else [])
+
+
 class UpBlock(nnx.Module):
     """``layers_per_block + 1`` resnets, then (unless the last) an upsampler."""
 
     def __init__(self, cin: int, cout: int, layers: int, groups: int, factors: tuple[bool, bool], *,
                  rngs: nnx.Rngs, dtype=jnp.float32):
-        dims = [cin] + [cout] * layers
-        self.resnets = nnx.List([ResnetBlock(a, b, groups, rngs=rngs, dtype=dtype)
-                                 for a, b in zip(dims[:-1], dims[1:], strict=True)])
-        temporal, spatial = factors
-        self.upsamplers = nnx.List([Upsample(cout, temporal=temporal, spatial=spatial, rngs=rngs, dtype=dtype)]
-                                   if temporal or spatial else [])
+        self.resnets = _resnets(cin, cout, layers, groups, rngs=rngs, dtype=dtype)
+        self.upsamplers = _resampler(Upsample, cout, factors, rngs=rngs, dtype=dtype)
 
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext, *, inner_frames: int | None = None) -> jax.Array:
@@ -353,12 +363,8 @@ class DownBlock(nnx.Module):
 
     def __init__(self, cin: int, cout: int, layers: int, groups: int, factors: tuple[bool, bool], *,
                  rngs: nnx.Rngs, dtype=jnp.float32):
-        dims = [cin] + [cout] * layers
-        self.resnets = nnx.List([ResnetBlock(a, b, groups, rngs=rngs, dtype=dtype)
-                                 for a, b in zip(dims[:-1], dims[1:], strict=True)])
-        temporal, spatial = factors
-        self.downsamplers = nnx.List([Downsample(cout, temporal=temporal, spatial=spatial, rngs=rngs, dtype=dtype)]
-                                     if temporal or spatial else [])
+        self.resnets = _resnets(cin, cout, layers, groups, rngs=rngs, dtype=dtype)
+        self.downsamplers = _resampler(Downsample, cout, factors, rngs=rngs, dtype=dtype)
 
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
