@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -319,18 +319,22 @@ def kept_random_vae(config: VAEConfig, folder: Path, *, seed: int, dtype: str = 
     return build_vae(config, dict(iter_diffusers_tensors(drawn)), dtype=dtype, metadata=metadata)
 
 
-def _checkpoint_config(config_file: Path, names) -> VAEConfig:
+def _checkpoint_config(config_file: Path, read_names: Callable[[], Iterable[str]]) -> VAEConfig:
     """The config of a checkpoint: the diffusers ``config.json`` beside it (or of its folder) when
     there is one of a known family, else the config its tensor names belong to. An original
-    release's own config.json (HunyuanVideo 1.5's is not diffusers') is then passed over."""
+    release's own config.json (HunyuanVideo 1.5's is not diffusers') is then passed over. The
+    names are read only when the config alone does not decide."""
     if config_file.is_file():
         raw = json.loads(config_file.read_text(encoding="utf-8"))
-        original = _is_original_naming(names) or _is_original_hunyuan15_naming(names)
-        if raw.get("_class_name", WanVAEConfig.class_name) in CONFIG_CLASSES or not original:
+        if raw.get("_class_name", WanVAEConfig.class_name) in CONFIG_CLASSES:
             return config_from_dict(raw)
+        names = list(read_names())
+        if not (_is_original_naming(names) or _is_original_hunyuan15_naming(names)):
+            return config_from_dict(raw)  # its own error names the class it expected
         log.warning("%s is no diffusers VAE config (_class_name %r): using the release its tensor names belong to",
                     config_file, raw.get("_class_name"))
-    return config_for_names(names)
+        return config_for_names(names)
+    return config_for_names(list(read_names()))
 
 
 def load_vae(path: str | Path | None = None, dtype: str = "float32", *,
@@ -351,7 +355,7 @@ def load_vae(path: str | Path | None = None, dtype: str = "float32", *,
         config_file = path.parent / "config.json"
     else:
         raise FileNotFoundError(f"no model at {path}")
-    config = _checkpoint_config(config_file, tensors)
+    config = _checkpoint_config(config_file, lambda: tensors)
     log.info("loading %s VAE from %s (%s)", config.family, path, dtype)
     return build_vae(config, to_diffusers_names(tensors, config), dtype=dtype,
                      metadata={"source": str(path), "random_weights": False})
@@ -368,9 +372,9 @@ def load_config(path: str | Path | None = None) -> VAEConfig:
     path = Path(path)  # type: ignore[arg-type]
     if path.is_dir():
         folder = _diffusers_folder(path)
-        return _checkpoint_config(folder / "config.json", _folder_names(folder))
+        return _checkpoint_config(folder / "config.json", lambda: _folder_names(folder))
     if path.is_file():
-        return _checkpoint_config(path.parent / "config.json", _checkpoint_names(path))
+        return _checkpoint_config(path.parent / "config.json", lambda: _checkpoint_names(path))
     raise FileNotFoundError(f"no model at {path} (nor a model name: {sorted(MODEL_NAMES)})")
 
 
