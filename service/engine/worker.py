@@ -252,20 +252,18 @@ class Worker:
 
     def _next_work(self) -> StepRun | list[Job] | None:
         """What the device does next (lock held; waits for it): the oldest stream run with room
-        for a step, else a new batch (or run) from the queue, if the streams leave room for one.
-        None once stopped."""
+        for a step, else a new batch (or run) from the queue. While the streams hold
+        ``max_buffered_bytes`` no new stream starts (other requests still do). None once stopped."""
         while self._running:
             run = next((run for run in self._runs if run.has_room(self.stream_buffer_bytes)), None)
             if run is not None:
                 return run
-            may_start = (self._interleave or not self._runs) and self._buffered() < self.max_buffered_bytes
-            if self._queue and may_start:
-                batch = self._take_batch()
+            if self._queue and (self._interleave or not self._runs):
+                batch = self._take_batch(streams=self._buffered() < self.max_buffered_bytes)
                 if batch and batch[0].stream:
                     return self._begin(batch)
                 if batch:
                     return batch
-                continue  # every queued job was dead: look again
             self._cond.wait()
         return None
 
@@ -296,14 +294,19 @@ class Worker:
             return False
         return True
 
-    def _take_batch(self) -> list[Job]:
-        """Pop the oldest live job and the queued jobs that can share its program (lock held)."""
+    def _take_batch(self, *, streams: bool) -> list[Job]:
+        """Pop the oldest live job (a stream job only if ``streams``) and the queued jobs that can
+        share its program (lock held); [] when the queue holds none to take."""
         now = time.monotonic()
-        while self._queue:
-            head = self._queue.popleft()
-            if self._live(head, now):
+        head = None
+        for job in list(self._queue):
+            if job.stream and not streams:
+                continue
+            self._queue.remove(job)
+            if self._live(job, now):
+                head = job
                 break
-        else:
+        if head is None:
             return []
         batch, size = [head], head.size
         for job in list(self._queue):

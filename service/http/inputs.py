@@ -33,14 +33,14 @@ def _stepped(shape: tuple[int, ...], params: DecodeParams, model: ModelState) ->
     if params.stream:
         model.check_served(shape, "stream")
         return True
-    if params.output_type == "mp4" and model.serves(shape, "stream"):
+    if params.output_type == "mp4" and model.serves(shape, "stream"):  # (not a stream here)
         return True
     model.check_served(shape, params.output)
     return False
 
 
 def _check_output(latents: np.ndarray, params: DecodeParams, model: ModelState) -> None:
-    if (params.output_type == "mp4" or (params.output_type == "png" and not params.stream)) and latents.shape[0] != 1:
+    if params.one_video and latents.shape[0] != 1:
         raise Problem(422, "batch-not-supported", f"{params.output_type} holds one video",
                       expected="batch size 1", received=latents.shape[0])
     frames = model.limits.output_frames(latents.shape[2])

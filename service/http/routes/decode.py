@@ -38,7 +38,7 @@ async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsM
 
         encoders = state.encoders
         assert encoders is not None
-        if params.stream and params.output_type == "mp4":
+        if params.mp4_stream:
             return await streams.mp4_stream(request, job, params, encoders, problem_for)
         if params.stream:
             return await streams.frame_stream(request, job, parsed.batched, problem_for)
