@@ -29,7 +29,7 @@ from .admission import ByteBudget, MemoryBudget
 from .encoders import EncoderPool
 from .middleware import RequestContext
 from .problems import install_error_handlers
-from .routes import decode, encode, operations
+from .routes import decode, encode, operations, ui
 from .state import ServiceState
 
 VERSION = "0.2.0"
@@ -111,5 +111,6 @@ def create_app(settings: Settings | None = None, *, vae: Any = None, runner_fact
     app.include_router(operations.router)
     app.include_router(decode.router)
     app.include_router(encode.router)
+    app.include_router(ui.router)
     app.add_middleware(RequestContext, metrics=state.metrics)
     return app

@@ -27,7 +27,7 @@ from .problems import CLIENT_GONE, internal_error, render_problem
 
 log = logging.getLogger("vaeserve")
 
-ROUTES = ("/v1/decode", "/v1/encode", "/v1/models", "/healthz", "/readyz", "/metrics")
+ROUTES = ("/v1/decode", "/v1/encode", "/v1/models", "/healthz", "/readyz", "/metrics", "/ui")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 

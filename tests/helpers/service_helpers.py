@@ -145,6 +145,19 @@ class PoisonRunner(DeviceRunner):
             yield step
 
 
+class HeldRunner(DeviceRunner):
+    """A real runner that holds the last step of every stream until ``release`` is set (or 60 s
+    pass): a test sees what the service did while the decode had not ended."""
+
+    release = threading.Event()
+
+    def decode_stream(self, latents):
+        steps = list(super().decode_stream(latents))
+        yield from steps[:-1]
+        self.release.wait(60)
+        yield steps[-1]
+
+
 def poisoned(x: np.ndarray) -> np.ndarray:
     x = x.copy()
     x.reshape(-1)[0] = PoisonRunner.POISON

@@ -7,7 +7,6 @@ deadline (raw sockets)."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import httpx
@@ -16,7 +15,14 @@ import pytest
 
 from service.codecs.video import encode_mp4, mp4_boxes, read_mp4
 from service.engine.runner import Decoded, DeviceRunner
-from tests.helpers.service_helpers import PoisonRunner, latents, make_test_model, poisoned, thread_server
+from tests.helpers.service_helpers import (
+    HeldRunner,
+    PoisonRunner,
+    latents,
+    make_test_model,
+    poisoned,
+    thread_server,
+)
 
 FRAMES_5 = (1, 16, 5, 4, 4)  # -> 17 frames of 32x32, in steps of 1, 4, 4, 4, 4
 LIMITS = dict(max_frames=21, max_height=64, max_width=64)
@@ -73,18 +79,6 @@ def test_a_shape_served_whole_only_gets_the_mp4_of_the_whole_decode():
 
 
 # ---- fragments leave while the decode runs ------------------------------------------------------
-
-
-class HeldRunner(DeviceRunner):
-    """Holds its last step until the test lets it go (or 60 s pass)."""
-
-    release = threading.Event()
-
-    def decode_stream(self, latents):
-        steps = list(super().decode_stream(latents))
-        yield from steps[:-1]
-        self.release.wait(60)
-        yield steps[-1]
 
 
 def test_fragments_leave_before_the_decode_ends(tiny_vae):
