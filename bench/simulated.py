@@ -121,6 +121,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def host_cpu() -> tuple[int, int]:
+    """(idle, total) jiffies of every core since boot, from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return values[3] + values[4], sum(values)  # idle + iowait
+
+
 @contextlib.contextmanager
 def server(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
     import httpx
@@ -156,7 +162,7 @@ def one_request(client: Any, url: str, body: bytes, params: dict) -> tuple[float
     with client.stream("POST", url + "/v1/decode", content=body, params=params,
                        headers={"Content-Type": "application/octet-stream"}) as response:
         assert response.status_code == 200, response.read()[:500]
-        for chunk in response.iter_raw(1 << 20):
+        for chunk in response.iter_raw():  # as it arrives
             first = first or time.perf_counter() - start
             size += len(chunk)
     return time.perf_counter() - start, first, size
@@ -179,18 +185,21 @@ def run_point(url: str, pid: int, body: bytes, params: dict, concurrency: int, r
                 results.append(one_request(client, url, body, params))
 
     one_request(httpx.Client(timeout=600), url, body, params)  # warm: first-use costs out of the numbers
-    server_cpu, own_cpu, start = cpu_seconds(pid), time.process_time(), time.perf_counter()
+    server_cpu, own_cpu, host, start = cpu_seconds(pid), time.process_time(), host_cpu(), time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         for future in [pool.submit(client_loop) for _ in range(concurrency)]:
             future.result()
     wall = time.perf_counter() - start
+    idle, total = (now - then for now, then in zip(host_cpu(), host, strict=True))
     latencies = sorted(r[0] for r in results)
     return {"videos_per_s": requests / wall, "p50_s": statistics.median(latencies),
             "p99_s": latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))],
             "first_byte_s": statistics.median(r[1] for r in results),
             "mb_per_video": statistics.mean(r[2] for r in results) / 1e6,
             "server_cpu_s_per_video": (cpu_seconds(pid) - server_cpu) / requests,
-            "loadgen_cpu_share": (time.process_time() - own_cpu) / wall / (os.cpu_count() or 1)}
+            "loadgen_cpu_share": (time.process_time() - own_cpu) / wall / (os.cpu_count() or 1),
+            "server_cpu_share": (cpu_seconds(pid) - server_cpu) / wall / (os.cpu_count() or 1),
+            "host_idle": idle / max(total, 1)}
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -209,6 +218,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     left.set(xlabel="concurrent requests", ylabel="videos / s", title="throughput")
     right.set(xlabel="concurrent requests", ylabel="seconds", title="latency")
     for ax in (left, right):
+        ax.set_xticks(sorted({row["concurrency"] for row in rows}))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
@@ -236,6 +246,17 @@ def main() -> None:
         return
     from tqdm import tqdm
 
+    from service.codecs.video import encode_mp4
+
+    # The encode alone, in this process, before the server starts: what a pipelined MP4 answer
+    # (device and encoder overlapping) is held to, max(device time, encode time).
+    frames = sample_frames(args.sample, args.frames, args.height, args.width)
+    encode_s = []
+    for _ in tqdm(range(2), desc="encode alone", unit="run", leave=False):
+        start = time.perf_counter()
+        encode_mp4(frames, fps=16, crf=18)
+        encode_s.append(time.perf_counter() - start)
+    del frames
     latents = (1, 16, (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)
     body = np.zeros(latents, "<f4").tobytes()  # the simulated device ignores the values
     rows = []
@@ -249,17 +270,24 @@ def main() -> None:
     print(f"device {args.device_s} s per video (device rate {1 / args.device_s:.1f} videos/s), "
           f"{args.frames} x {args.height}x{args.width}, {args.requests} requests per point, {cores} host cores")
     print(f"{'output':13} {'conc':>4} {'videos/s':>8} {'p50 s':>7} {'p99 s':>7} {'1st byte':>8} {'MB/video':>8} "
-          f"{'CPU-s/video':>11} {'cores/chip':>10} {'bound':>6} {'loadgen':>7}")
+          f"{'CPU-s/video':>11} {'cores/chip':>10} {'bound':>6} {'server':>6} {'loadgen':>7} {'idle':>5}")
     for row in rows:
         # What the host allows: its cores over the CPU-s a video costs, or the device's rate.
         bound = min(1 / args.device_s, cores / row["server_cpu_s_per_video"])
         print(f"{row['output']:13} {row['concurrency']:4d} {row['videos_per_s']:8.2f} {row['p50_s']:7.2f} "
               f"{row['p99_s']:7.2f} {row['first_byte_s']:8.2f} {row['mb_per_video']:8.1f} "
               f"{row['server_cpu_s_per_video']:11.2f} {row['server_cpu_s_per_video'] / args.device_s:10.1f} "
-              f"{row['videos_per_s'] / bound:6.2f} {row['loadgen_cpu_share']:7.0%}")
+              f"{row['videos_per_s'] / bound:6.2f} {row['server_cpu_share']:6.0%} {row['loadgen_cpu_share']:7.0%} "
+              f"{row['host_idle']:5.0%}")
+    alone = max(args.device_s, min(encode_s))
+    print(f"the encode alone: {min(encode_s):.2f} s (min of {len(encode_s)}); a pipelined mp4 answer at "
+          f"concurrency 1 over max(device, encode): " + ", ".join(
+              f"{row['output']} {row['p50_s'] / alone:.2f}" for row in rows
+              if row["concurrency"] == 1 and row["output"].startswith("mp4")))
     print("cores/chip: host cores one chip needs at this device time (CPU-s per video / device s); "
           "bound: throughput over min(device rate, host cores / CPU-s per video); "
-          "loadgen: the load generator's share of the host's CPU")
+          "server, loadgen: the server's and the load generator's share of the host's CPU; "
+          "idle: the host's idle share (other processes took the rest)")
     plot(rows, args.plot, f"simulated device {args.device_s} s/video, {args.frames} x {args.height}x{args.width}, "
          f"{cores} host cores: python bench/simulated.py --device-s {args.device_s} --height {args.height} "
          f"--width {args.width}")
