@@ -207,6 +207,9 @@ def test_internal_error_is_a_500_problem(tiny_vae):
         def decode(self, latents, *, output="uint8"):
             return Decoded(np.zeros((latents.shape[0], 2), np.uint8), np.zeros(latents.shape[0], np.int32))
 
+        def decode_stream(self, latents):  # an MP4 answer is encoded step by step
+            yield self.decode(latents)
+
     with app_client(tiny_vae, runner_factory=GarbageRunner) as client:
         body = assert_problem(post(client, latents(), output_type="mp4"), 500, "internal-error")
         assert body["request_id"] in body["detail"]
