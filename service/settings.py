@@ -8,6 +8,7 @@ embedders can make their own. Environment variables use the prefix ``VAESERVE_``
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Literal, get_args, get_origin
 
@@ -85,6 +86,7 @@ SECTIONS = {
     "scheduling": "Scheduling",
     "limits": "Input limits (checked before any device work)",
     "output": "Output defaults",
+    "host": "Host work: streams and MP4 encoding",
 }
 
 
@@ -177,6 +179,9 @@ class Settings(BaseSettings):
     read_timeout_s: float = Field(
         30.0, gt=0, description="time to receive a request's headers, and again its body; past it 408",
         json_schema_extra=_in("network", "SECONDS"))
+    write_timeout_s: float = Field(
+        30.0, gt=0, description="a client that takes none of its answer for this long while the server has bytes "
+        "for it is dropped (connection closed, counted as 499)", json_schema_extra=_in("network", "SECONDS"))
 
     # --- scheduling -----------------------------------------------------------------------
     max_queue: int = Field(16, ge=1, description="requests waiting for the device; more get 429",
@@ -214,6 +219,19 @@ class Settings(BaseSettings):
                              json_schema_extra=_in("output", "FPS"))
     default_crf: int = Field(18, ge=0, le=51, description="libx264 quality of MP4 answers without crf= (0: lossless)",
                              json_schema_extra=_in("output", "CRF"))
+
+    # --- host work: streams and MP4 encoding ---------------------------------------------------
+    encode_workers: int | None = Field(
+        None, ge=1, description="MP4 encoders at once, each a thread (PyAV releases the GIL while encoding); "
+        "more MP4 requests wait for one with their frames held (stream-buffer-bytes); default: the host's cores",
+        json_schema_extra=_in("host", "N"))
+    stream_buffer_bytes: int = Field(
+        64 * 2**20, ge=1, description="decoded frames a stream or an MP4 request may hold for its reader or encoder; "
+        "past it the device serves other requests until they are taken (about one decode step more may arrive)",
+        json_schema_extra=_in("host", "BYTES"))
+    max_buffered_bytes: int = Field(
+        2**30, ge=1, description="decoded frames all streams and MP4 requests together may hold; past it no new "
+        "one starts on the device", json_schema_extra=_in("host", "BYTES"))
 
     @field_validator("warmup", mode="before")
     @classmethod
@@ -258,6 +276,13 @@ class Settings(BaseSettings):
         if self.num_processes is not None and self.process_id is not None and self.process_id >= self.num_processes:
             raise ValueError(f"process_id must be below num_processes ({self.num_processes}); received {self.process_id}")
         return self
+
+    @property
+    def encoders(self) -> int:
+        """``encode_workers``, or the cores this process may run on."""
+        if self.encode_workers is not None:
+            return self.encode_workers
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     @model_validator(mode="after")
     def _body_fits_reading_budget(self) -> Settings:

@@ -1,4 +1,11 @@
-"""Frames out: H.264 MP4 and PNG. Frames are ``(F, H, W, 3)`` uint8 for one video."""
+"""Frames out: H.264 MP4 and PNG. Frames are ``(F, H, W, 3)`` uint8 for one video.
+
+``Mp4Writer`` takes a video's frames as they come (a decode step at a time) and gives back the
+bytes that are ready: nothing until the end for a *faststart* file (the index goes first, so it
+is written last), or an init segment and then a fragment per frame for a *fragmented* one (what a
+browser plays while the decode runs). Both run the same encoder with the same settings, so both
+decode to the same frames; ``encode_mp4`` is a writer fed the whole video at once.
+"""
 
 from __future__ import annotations
 
@@ -11,27 +18,107 @@ from pathlib import Path
 import av
 import numpy as np
 
+# One fragment per frame, the index empty at the start (the file is never seeked back into), each
+# fragment's offsets counted from its own `moof` (what Media Source Extensions expect), and no
+# random-access trailer (`mfra`, useless to a stream).
+FRAGMENTED_MOVFLAGS = "empty_moov+default_base_moof+frag_every_frame+skip_trailer"
+
+
+class _Chunks:
+    """A write-only file for the muxer: what it writes, taken away by ``take``."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out, self._parts = b"".join(self._parts), []
+        return out
+
+
+class Mp4Writer:
+    """H.264 (libx264 ``veryfast``, yuv420p) in MP4, written incrementally.
+
+    ``write(frames)`` takes ``(f, H, W, 3)`` uint8 frames and returns the bytes ready so far;
+    ``close()`` flushes the encoder and returns the rest. ``fragmented=False``: a faststart file
+    (the ``moov`` index before the media, so a player starts before the whole file has arrived)
+    — every byte comes from ``close()``, because FFmpeg moves the index in a second pass that
+    reopens the output by name (a private temporary file). ``fragmented=True``: ``ftyp`` + an
+    empty ``moov`` (the init segment), then a ``moof`` + ``mdat`` per frame as the encoder lets go
+    of it (libx264 holds about a dozen frames for its look-ahead). H and W must be even (yuv420p);
+    ours are multiples of 8. One writer is used by one thread at a time.
+    """
+
+    def __init__(self, height: int, width: int, *, fps: int, crf: int, fragmented: bool = False):
+        self.fragmented = fragmented
+        self._folder: tempfile.TemporaryDirectory | None = None
+        self._sink: _Chunks | None = None
+        if fragmented:
+            self._sink = _Chunks()
+            self._container = av.open(self._sink, mode="w", format="mp4",
+                                      options={"movflags": FRAGMENTED_MOVFLAGS})
+        else:
+            self._folder = tempfile.TemporaryDirectory(prefix="vaeserve-mp4-")
+            self._path = Path(self._folder.name) / "video.mp4"
+            self._container = av.open(str(self._path), mode="w", format="mp4", options={"movflags": "+faststart"})
+        self._stream = self._container.add_stream("libx264", rate=fps)
+        self._stream.width, self._stream.height = width, height
+        self._stream.pix_fmt = "yuv420p"
+        self._stream.options = {"crf": str(crf), "preset": "veryfast"}
+        # The frames the encoder holds (its look-ahead), by pts, until their packet comes out.
+        # libx264 (through PyAV 18 / FFmpeg) still reads a frame after ``encode`` returned: one
+        # released early makes the output differ from run to run (measured: 5 different files in
+        # 24 runs of the same frames), one kept until its packet is out gives the same file each
+        # time. It holds about a dozen frames (``veryfast``: 10 of look-ahead, B-frames).
+        self._held: dict[int, av.VideoFrame] = {}
+        self.frames = 0
+
+    def write(self, frames: np.ndarray) -> bytes:
+        for frame in frames:
+            image = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24").reformat(format="yuv420p")
+            image.pts = self.frames
+            self._held[self.frames] = image
+            self.frames += 1
+            self._mux(self._stream.encode(image))
+        return self._take()
+
+    def close(self) -> bytes:
+        """Flush the encoder and finish the file: the remaining bytes (faststart: the whole file)."""
+        try:
+            self._mux(self._stream.encode())
+            self._container.close()
+            if self._sink is not None:
+                return self._sink.take()
+            return self._path.read_bytes()
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Give up the file (a request that ended early); safe to call twice, or after ``close``."""
+        self._container.close()  # PyAV: a no-op once closed
+        self._held.clear()
+        if self._folder is not None:
+            self._folder.cleanup()
+            self._folder = None
+
+    def _mux(self, packets: list[av.Packet]) -> None:
+        for packet in packets:
+            if packet.pts is not None:
+                self._held.pop(packet.pts, None)
+            self._container.mux(packet)
+
+    def _take(self) -> bytes:
+        return self._sink.take() if self._sink is not None else b""
+
 
 def encode_mp4(frames: np.ndarray, *, fps: int, crf: int) -> bytes:
-    """H.264 (libx264, yuv420p) in MP4 with the ``moov`` index before the media (faststart), so a
-    player or browser starts before the whole file has arrived. H and W are multiples of 8 here,
-    so even (yuv420p needs it).
-
-    FFmpeg's faststart moves the index in a second pass that reopens the output by name, which a
-    BytesIO does not have: the video goes through a private temporary file."""
-    with tempfile.TemporaryDirectory(prefix="vaeserve-mp4-") as folder:
-        path = Path(folder) / "video.mp4"
-        with av.open(str(path), mode="w", format="mp4", options={"movflags": "+faststart"}) as container:
-            stream = container.add_stream("libx264", rate=fps)
-            stream.width, stream.height = int(frames.shape[2]), int(frames.shape[1])
-            stream.pix_fmt = "yuv420p"
-            stream.options = {"crf": str(crf), "preset": "veryfast"}
-            for frame in frames:
-                for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")):
-                    container.mux(packet)
-            for packet in stream.encode():
-                container.mux(packet)
-        return path.read_bytes()
+    """A whole video as a faststart MP4 (``Mp4Writer`` fed every frame at once)."""
+    writer = Mp4Writer(int(frames.shape[1]), int(frames.shape[2]), fps=fps, crf=crf)
+    writer.write(frames)
+    return writer.close()
 
 
 def mp4_boxes(data: bytes) -> list[str]:

@@ -2,6 +2,11 @@
 
 The event loop builds jobs and waits on them; the device thread fills them in. Everything that
 touches asyncio objects from the device thread hops onto the job's loop (``call_soon_threadsafe``).
+
+A *stream* job gets its frames a decode step at a time, as chunks (a raw frame stream, or an MP4
+encoded while the decode runs). Its chunks wait on the event loop until their consumer (the
+socket, an encoder) has taken them: the job counts those *pending* bytes, the device thread reads
+the count to set a job aside that holds too many, and the consumer wakes it when it takes some.
 """
 
 from __future__ import annotations
@@ -52,11 +57,12 @@ class JobResult:
     batch_size: int  # inputs in the device batch this job rode in, padding excluded
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself (held in sets by the worker), whatever its fields say
 class Job:
     """One request's inputs (decode: latents ``(B, C, T, H, W)`` float32, already scaled and
     denormalized; encode: frames ``(B, 3, F, H, W)`` float32 in [-1, 1], with its ``encode``
-    options) and its reply slot: a future, or a chunk queue when ``stream`` is set."""
+    options) and its reply slot: a future, or a chunk queue when ``stream`` is set (uint8 frames
+    ``(B, f, H, W, 3)`` per decode step, then ``STREAM_END`` or an ``EngineError``)."""
 
     request_id: str
     operation: Operation
@@ -72,6 +78,12 @@ class Job:
     cancelled: bool = False  # set by the handler when its client left or it gave up
     cancel_reason: str = ""
     started: float | None = None
+    batch_size: int = 0  # inputs in the device batch (or stream run) the job rode in
+    device_s: float = 0.0  # (stream jobs) time its run spent on the device so far
+    ended: bool = False  # (device thread) a stream's last item is pushed: STREAM_END or an error
+    produced_bytes: int = 0  # (device thread) frame bytes pushed so far
+    consumed_bytes: int = 0  # (event loop) frame bytes the consumer has taken, or that were dropped
+    on_progress: Callable[[], None] | None = None  # (the worker's) wake-up: bytes taken, or cancelled
 
     def __post_init__(self) -> None:
         self.future = self.loop.create_future()
@@ -87,9 +99,30 @@ class Job:
         """Jobs with equal keys run the same device program and may share a batch."""
         return (self.operation, self.inputs.shape[1:], self.output, self.stream)
 
+    @property
+    def pending_bytes(self) -> int:
+        """Frame bytes pushed and not yet taken by the consumer (0 once cancelled: they are dropped)."""
+        return 0 if self.cancelled else self.produced_bytes - self.consumed_bytes
+
     def cancel(self, reason: str = "client-gone") -> None:
-        if not self.cancelled:
-            self.cancelled, self.cancel_reason = True, reason
+        """The handler gives up (event loop): the worker stops spending device time on the job,
+        and the chunks waiting for it are dropped now rather than when the job is forgotten."""
+        if self.cancelled:
+            return
+        self.cancelled, self.cancel_reason = True, reason
+        if self.chunks is not None:
+            while not self.chunks.empty():
+                self.chunks.get_nowait()
+        self._progress()
+
+    def consumed(self, nbytes: int) -> None:
+        """The consumer took ``nbytes`` of frames (event loop): room for the device to go on."""
+        self.consumed_bytes += nbytes
+        self._progress()
+
+    def _progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress()
 
     # Called from the device thread; everything touching asyncio objects hops onto the job's loop.
     def _call(self, fn: Callable, *args: Any) -> None:
@@ -109,8 +142,18 @@ class Job:
         self._call(settle)
 
     def push(self, item: Any) -> None:
-        assert self.chunks is not None
-        self._call(self.chunks.put_nowait, item)
+        """A stream's next chunk (frames), or its last item (``STREAM_END``, an ``EngineError``)."""
+        chunks = self.chunks
+        assert chunks is not None
+        if isinstance(item, np.ndarray):
+            self.produced_bytes += item.nbytes
+        else:
+            self.ended = True
+
+        def put() -> None:
+            if not self.cancelled:
+                chunks.put_nowait(item)
+        self._call(put)
 
     def fail(self, error: EngineError) -> None:
         """Answer with ``error``: in-band for a stream (its status line may be gone), else the future."""

@@ -32,6 +32,10 @@ class Runner(Protocol):
     vae: Any
     mesh: Any
     buckets: list[int]
+    # Whether the steps of two decode streams may take turns on the device (a stream set aside
+    # while its reader catches up): True on one host; False on a multi-host slice, whose other
+    # processes run each call to its end before they take the next.
+    interleaves_streams: bool
 
     def decode(self, latents: np.ndarray, *, output: Output = "uint8") -> Any: ...  # Decoded(frames, nonfinite)
 
@@ -95,9 +99,13 @@ class ModelState:
         """A process of a multi-host slice other than process 0: it serves probes, not requests."""
         return self.cluster is not None and not self.cluster.is_leader
 
+    def serves(self, shape: tuple[int, ...], output: str) -> bool:
+        """Latents of ``shape`` (C, T, H, W) are served with ``output`` (``--shapes``)."""
+        return self.served is None or output in self.served.get(shape, ())
+
     def check_served(self, shape: tuple[int, ...], output: str) -> None:
         """``ShapeNotServed`` unless latents of ``shape`` (C, T, H, W) are served with ``output`` (``--shapes``)."""
-        if self.served is None or output in self.served.get(shape, ()):
+        if self.served is None or self.serves(shape, output):
             return
         allowed = sorted(f"{shape_text(s)}:{','.join(sorted(o))}" for s, o in self.served.items())
         raise ShapeNotServed(f"latents {shape_text(shape)} with output {output} are not served here (--shapes)",

@@ -54,6 +54,8 @@ class DeviceRunner:
     (B, 3, F, H, W) float32, requests)`` returns float32 latents ``(B, z, T, H/s, W/s)``.
     """
 
+    interleaves_streams = True  # each step is a call of its own: streams may take turns
+
     def __init__(self, vae: Any, mesh: Any, *, max_batch: int, dp: int):
         self.vae = vae
         self.mesh = mesh

@@ -6,6 +6,15 @@ oldest live job plus every queued job that can share its program (same operation
 output and stream flag, up to ``max_batch`` inputs), run them as one batch through the runner,
 and hand each job its slice back on its own event loop.
 
+Stream jobs (raw frame streams, MP4s encoded while they decode) run as a ``StepRun``: one decode
+step at a time, each step's frames handed to the jobs as they leave the device. Their consumers
+(a socket, an encoder) may be slower than the device, so the device never waits on one: before a
+step it checks that every job of the run holds fewer than ``stream_buffer_bytes`` of frames not yet
+taken; a run that does not is set aside while the device serves other runs and the queue, and
+taken up again when its consumers catch up. While the frames held by all streams together reach
+``max_buffered_bytes``, no new run starts. A runner whose device calls cannot interleave (a
+multi-host slice: every process runs one call to its end) runs one stream at a time.
+
 Jobs whose client went away or whose deadline passed while queued are dropped before they cost
 device time.
 """
@@ -17,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,25 +64,50 @@ def _frames(out: np.ndarray, output: Output) -> int:
     return out.shape[0] * out.shape[1 if output == "uint8" else 2]
 
 
+@dataclass(eq=False)
+class StepRun:
+    """A batch of stream jobs decoding step by step: ``steps`` yields ``Decoded`` for all of them,
+    each job taking its rows of every step."""
+
+    jobs: list[Job]
+    steps: Iterator[Any]
+    device_s: float = 0.0  # time spent in steps (not the time set aside)
+
+    def live(self) -> list[Job]:
+        """Jobs that still want frames."""
+        return [job for job in self.jobs if not job.cancelled and not job.ended]
+
+    def has_room(self, limit: int) -> bool:
+        """Every live job holds fewer than ``limit`` pending bytes (a run with none left has room:
+        taking it up closes it)."""
+        return all(job.pending_bytes < limit for job in self.live())
+
+
 class Worker:
     """Device owner thread. Runs ``startup()`` (load + warm-up), then serves the queue until
     :meth:`stop`. ``on_ready`` / ``on_failed`` are called from the worker thread."""
 
     def __init__(self, *, startup: Callable[[], ModelState], metrics: Metrics, max_queue: int, max_batch: int,
-                 on_ready: Callable[[ModelState], None], on_failed: Callable[[str], None]):
+                 on_ready: Callable[[ModelState], None], on_failed: Callable[[str], None],
+                 stream_buffer_bytes: int = 64 * 2**20, max_buffered_bytes: int = 2**30):
         self._startup = startup
         self._on_ready = on_ready
         self._on_failed = on_failed
         self.metrics = metrics
         self.max_queue = max_queue
         self.max_batch = max_batch
+        self.stream_buffer_bytes = stream_buffer_bytes
+        self.max_buffered_bytes = max_buffered_bytes
         self._runner: Runner | None = None
+        self._interleave = True  # stream runs may take turns on the device (the runner says)
         self.model: ModelState | None = None  # what start-up produced, once it has
         self._batch: list[Job] = []  # the jobs on the device now
+        self._runs: list[StepRun] = []  # stream runs begun and not finished, oldest first
+        self._holding: set[Job] = set()  # stream jobs that may still hold pending bytes
         self._accepting = True  # False once stop() begins: no new reservations
         self._running = True  # False once the queue is drained or the drain timed out
         self._reserved = 0  # tickets handed out and not yet spent or released
-        self._busy = False  # a batch is on the device (stop() waits for it)
+        self._busy = False  # a batch or a step is on the device (stop() waits for it)
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._main, name="vaeserve-device", daemon=True)
@@ -99,6 +134,8 @@ class Worker:
 
     def submit(self, job: Job, ticket: Ticket) -> None:
         ticket.spend()
+        if job.stream:
+            job.on_progress = self._wake
         with self._cond:
             self._reserved -= 1
             if not self._accepting:
@@ -106,12 +143,22 @@ class Worker:
                 raise Unavailable("service is draining")
             self._queue.append(job)
             self._publish_depth()
-            self._cond.notify()
+            self._cond.notify_all()
 
     def _release(self) -> None:
         with self._cond:
             self._reserved -= 1
             self._publish_depth()
+
+    def _wake(self) -> None:
+        """A stream's consumer took bytes, or a job was cancelled: a run set aside may go on."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def buffered_bytes(self) -> int:
+        """Decoded frame bytes that stream jobs hold for their readers or encoders (any thread)."""
+        with self._cond:
+            return self._buffered()
 
     def stop(self, timeout: float) -> None:
         """Drain: take no new work, finish what is queued and running (up to ``timeout`` seconds),
@@ -119,10 +166,11 @@ class Worker:
         deadline = time.monotonic() + timeout
         with self._cond:
             self._accepting = False
-            while self._thread.is_alive() and (self._queue or self._busy) and time.monotonic() < deadline:
+            while (self._thread.is_alive() and (self._queue or self._busy or self._runs)
+                   and time.monotonic() < deadline):
                 self._cond.wait(max(0.0, deadline - time.monotonic()))
             self._running = False
-            leftover = list(self._queue)
+            leftover = list(self._queue) + [job for run in self._runs for job in run.live()]
             self._queue.clear()
             self._publish_depth()
             self._cond.notify_all()
@@ -131,16 +179,16 @@ class Worker:
         self._thread.join(max(0.0, deadline - time.monotonic()))
 
     def abort(self, error: EngineError) -> None:
-        """Answer every queued job and the batch on the device with ``error`` at once, and take
+        """Answer every queued job and every job on the device with ``error`` at once, and take
         no more work: the devices can no longer be trusted (a multi-host slice failed). The
         device thread may stay blocked; whatever it delivers later is ignored (first answer wins)."""
         with self._cond:
             self._accepting = self._running = False
-            doomed = list(self._queue) + list(self._batch)
+            doomed = list(self._queue) + list(self._batch) + [job for run in self._runs for job in run.live()]
             self._queue.clear()
             self._publish_depth()
             self._cond.notify_all()
-        for job in doomed:
+        for job in dict.fromkeys(doomed):  # a stream job is both on the device and in its run
             job.fail(error)
 
     @property
@@ -159,6 +207,11 @@ class Worker:
                 self.metrics.dropped.labels(job.cancel_reason).inc()
         self._queue = collections.deque(job for job in self._queue if not job.cancelled)
 
+    def _buffered(self) -> int:
+        """Pending bytes of every stream job (lock held); forgets the jobs that hold none for good."""
+        self._holding = {job for job in self._holding if job.pending_bytes > 0 or not (job.ended or job.cancelled)}
+        return sum(job.pending_bytes for job in self._holding)
+
     # ---- worker-thread side --------------------------------------------------------------
 
     def _main(self) -> None:
@@ -172,6 +225,7 @@ class Worker:
             if not self._running:  # stopped while loading
                 return
         self._runner, self.model = model.runner, model
+        self._interleave = model.runner.interleaves_streams
         self.metrics.ready.set(1)
         self._on_ready(model)
         if model.cluster is not None and not model.cluster.is_leader:
@@ -179,19 +233,56 @@ class Worker:
             return
         while True:
             with self._cond:
-                while not self._queue and self._running:
-                    self._cond.wait()
-                if not self._running:
+                work = self._next_work()
+                if work is None:
                     break
-                batch = self._batch = self._take_batch()
-                self._busy = bool(batch)
+                self._busy = True
+                self._batch = work.jobs if isinstance(work, StepRun) else work
                 self._publish_depth()
-            if batch:
-                self._run(batch)
+            if isinstance(work, StepRun):
+                self._step(work)
+            else:
+                self._run(work)
             with self._cond:
                 self._busy, self._batch = False, []
                 self._cond.notify_all()  # stop() waits for an empty queue and an idle device
+        for run in list(self._runs):  # stopped: what is left was answered by stop() or abort()
+            self._close(run)
         self.metrics.ready.set(0)
+
+    def _next_work(self) -> StepRun | list[Job] | None:
+        """What the device does next (lock held; waits for it): the oldest stream run with room
+        for a step, else a new batch (or run) from the queue. While the streams hold
+        ``max_buffered_bytes`` no new stream starts (other requests still do). None once stopped."""
+        while self._running:
+            run = next((run for run in self._runs if run.has_room(self.stream_buffer_bytes)), None)
+            if run is not None:
+                return run
+            if self._queue and (self._interleave or not self._runs):
+                batch = self._take_batch(streams=self._buffered() < self.max_buffered_bytes)
+                if batch and batch[0].stream:
+                    return self._begin(batch)
+                if batch:
+                    return batch
+            self._cond.wait()
+        return None
+
+    def _begin(self, batch: list[Job]) -> StepRun:
+        """A run for a batch of stream jobs (lock held). Its steps start when it is first taken up."""
+        assert self._runner is not None
+        self._note_start(batch)
+        latents = np.concatenate([job.inputs for job in batch], axis=0)
+        run = StepRun(batch, self._steps(batch[0], latents))
+        self._runs.append(run)
+        self._holding.update(batch)
+        return run
+
+    def _note_start(self, batch: list[Job]) -> None:
+        start, size = time.monotonic(), sum(job.size for job in batch)
+        for job in batch:
+            job.started, job.batch_size = start, size
+            self.metrics.queue_seconds.observe(start - job.arrived)
+        self.metrics.batch_size.observe(size)
 
     def _live(self, job: Job, now: float) -> bool:
         if job.cancelled:
@@ -203,18 +294,21 @@ class Worker:
             return False
         return True
 
-    def _take_batch(self) -> list[Job]:
-        """Pop the oldest live job and the queued jobs that can share its program (lock held)."""
+    def _take_batch(self, *, streams: bool) -> list[Job]:
+        """Pop the oldest live job (a stream job only if ``streams``) and the queued jobs that can
+        share its program (lock held); [] when the queue holds none to take."""
         now = time.monotonic()
-        while self._queue:
-            head = self._queue.popleft()
-            if self._live(head, now):
+        head = None
+        for job in list(self._queue):
+            if job.stream and not streams:
+                continue
+            self._queue.remove(job)
+            if self._live(job, now):
+                head = job
                 break
-        else:
+        if head is None:
             return []
         batch, size = [head], head.size
-        if head.stream:  # streams run alone, step by step
-            return batch
         for job in list(self._queue):
             if job.key == head.key and size + job.size <= self.max_batch:
                 self._queue.remove(job)
@@ -224,16 +318,10 @@ class Worker:
         return batch
 
     def _run(self, batch: list[Job]) -> None:
-        start = time.monotonic()
-        for job in batch:
-            job.started = start
-            self.metrics.queue_seconds.observe(start - job.arrived)
+        self._note_start(batch)
+        start = batch[0].started or time.monotonic()
         size = sum(job.size for job in batch)
-        self.metrics.batch_size.observe(size)
         try:
-            if batch[0].stream:
-                self._run_stream(batch[0])
-                return
             out, nonfinite = self._execute(batch)
         except Exception as exc:
             self._fail(batch, exc)
@@ -267,26 +355,65 @@ class Worker:
         else:
             self.metrics.frames_decoded.inc(_frames(out, batch[0].output))
 
-    def _steps(self, job: Job) -> Iterator[Any]:
+    def _steps(self, job: Job, latents: np.ndarray) -> Iterator[Any]:
         assert self._runner is not None
         if job.operation == "decode":
-            return self._runner.decode_stream(job.inputs)
+            return self._runner.decode_stream(latents)
         raise ValueError(f"operation {job.operation!r} does not stream")
 
-    def _run_stream(self, job: Job) -> None:
+    def _step(self, run: StepRun) -> None:
+        """One decode step of ``run``, its rows handed to each live job; the run ends when its
+        steps do, when it fails, or when no job wants more."""
+        if not run.live():
+            self._close(run)
+            return
         start = time.monotonic()
-        for chunk, nonfinite in self._steps(job):
-            self.metrics.frames_decoded.inc(_frames(chunk, job.output))
-            if job.cancelled:  # the reader left: stop spending device time on it
+        try:
+            step = next(run.steps, None)
+        except Exception as exc:
+            self._fail(run.live(), exc)
+            self._close(run)
+            return
+        seconds = time.monotonic() - start
+        run.device_s += seconds
+        for job in run.jobs:
+            job.device_s += seconds
+        if step is None:  # the last step was the last: every job that still listens gets the end
+            for job in run.live():
+                job.push(STREAM_END)
+            self._close(run)
+            return
+        frames, nonfinite = step
+        self.metrics.frames_decoded.inc(_frames(frames, "uint8"))
+        offset = 0
+        for job in run.jobs:
+            rows = slice(offset, offset + job.size)
+            offset += job.size
+            if job.cancelled or job.ended:
+                continue
+            bad = int(nonfinite[rows].sum())
+            # The status line may be gone: the error goes in-band, and the job's stream ends.
+            job.push(NonFiniteOutput(bad) if bad else frames[rows])
+        if not run.live():
+            self._close(run)
+
+    def _close(self, run: StepRun) -> None:
+        """Finish a run on the device thread: stop its steps (on a multi-host slice the remaining
+        steps still run on every process), count its device time and the jobs dropped."""
+        try:
+            close = getattr(run.steps, "close", None)
+            if close is not None:
+                close()
+        except Exception:  # the run is over either way; the jobs already have their answer
+            log.exception("closing the steps of requests %s", [job.request_id for job in run.jobs])
+        self.metrics.device_seconds.labels(run.jobs[0].operation).observe(run.device_s)
+        for job in run.jobs:
+            if job.cancelled:  # the reader left: the device stopped early for it
                 self.metrics.dropped.labels(job.cancel_reason).inc()
-                break
-            bad = int(nonfinite.sum())
-            if bad:  # the status line is gone: the error goes in-band, and the stream ends
-                job.push(NonFiniteOutput(bad))
-                break
-            job.push(chunk)
-        self.metrics.device_seconds.labels(job.operation).observe(time.monotonic() - start)
-        job.push(STREAM_END)
+        with self._cond:
+            if run in self._runs:
+                self._runs.remove(run)
+            self._cond.notify_all()
 
     def _fail(self, batch: list[Job], exc: Exception) -> None:
         log.error("device error on batch %s: %r", [j.request_id for j in batch], exc, exc_info=exc)

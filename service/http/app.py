@@ -26,9 +26,10 @@ from ..settings import Settings
 from ..slice.boot import FOLLOWER_STOP_MARGIN_S, slice_joiner
 from ..slice.control import SliceHooks
 from .admission import ByteBudget, MemoryBudget
+from .encoders import EncoderPool
 from .middleware import RequestContext
 from .problems import install_error_handlers
-from .routes import decode, encode, operations
+from .routes import decode, encode, operations, ui
 from .state import ServiceState
 
 VERSION = "0.2.0"
@@ -52,8 +53,10 @@ def _start_worker(state: ServiceState, startup: Callable[[], ModelState]) -> Wor
 
     settings = state.settings
     worker = Worker(startup=startup_or_refuse, metrics=state.metrics, max_queue=settings.max_queue,
-                    max_batch=settings.max_batch, on_ready=on_ready, on_failed=on_failed)
+                    max_batch=settings.max_batch, on_ready=on_ready, on_failed=on_failed,
+                    stream_buffer_bytes=settings.stream_buffer_bytes, max_buffered_bytes=settings.max_buffered_bytes)
     state.worker = worker
+    state.metrics.buffered_bytes.set_function(worker.buffered_bytes)
     worker.start()
     return worker
 
@@ -90,6 +93,7 @@ def create_app(settings: Settings | None = None, *, vae: Any = None, runner_fact
 
             hooks = SliceHooks(on_failure=on_loop(state.fail_slice), stop_server=on_loop(state.request_stop))
             join = slice_joiner(settings, hooks)
+        state.encoders = EncoderPool(settings.encoders, state.metrics)
         worker = _start_worker(state, partial(boot, settings, state.metrics, vae=vae, runner_factory=runner_factory,
                                               join=join))
         try:
@@ -97,6 +101,7 @@ def create_app(settings: Settings | None = None, *, vae: Any = None, runner_fact
         finally:
             state.set_draining()  # whoever embeds the app: readyz 503, new work 503, queued work finishes
             await _stop(worker, settings)
+            state.encoders.shutdown()
 
     app = FastAPI(title="vaeserve", version=VERSION, lifespan=lifespan,
                   description="Latents in, MP4 / frames / tensors out; images / video / frames in, latents "
@@ -106,5 +111,6 @@ def create_app(settings: Settings | None = None, *, vae: Any = None, runner_fact
     app.include_router(operations.router)
     app.include_router(decode.router)
     app.include_router(encode.router)
+    app.include_router(ui.router)
     app.add_middleware(RequestContext, metrics=state.metrics)
     return app

@@ -93,11 +93,13 @@ TimeoutQuery = Annotated[float | None, Query(gt=0, allow_inf_nan=False, descript
 
 def decode_params(
     state: StateDep,
-    output_type: OutputType = "mp4",
+    output_type: Annotated[OutputType | None, Query(description="default mp4; with stream=true, mp4 asks for "
+                                                    "fragmented MP4 instead of raw frames")] = None,
     denormalize: Annotated[bool | None, Query(description="z * latents_std + latents_mean first")] = None,
     do_scaling: Annotated[bool | None, Query(description="diffusers' name for denormalize")] = None,
     partial_postprocess: Annotated[bool, Query(description="pt: uint8 frames instead of float16")] = False,
-    stream: Annotated[bool, Query(description="stream raw uint8 frames chunk by chunk")] = False,
+    stream: Annotated[bool, Query(description="answer as the decode runs: raw uint8 frames chunk by chunk, or "
+                                   "fragmented MP4 with output_type=mp4")] = False,
     fps: Annotated[int | None, Query(ge=1, le=240)] = None,
     crf: Annotated[int | None, Query(ge=0, le=51)] = None,
     frame: Annotated[int, Query(ge=0, description="png: which output frame")] = 0,
@@ -112,8 +114,8 @@ def decode_params(
         denormalize = bool(do_scaling)
     cap = settings.request_timeout_s
     return DecodeParams(
-        output_type=output_type, denormalize=denormalize, partial_postprocess=partial_postprocess,
-        stream=stream, fps=fps or settings.default_fps, crf=settings.default_crf if crf is None else crf,
+        output_type=output_type or "mp4", denormalize=denormalize, partial_postprocess=partial_postprocess,
+        stream=stream, mp4_stream=stream and output_type == "mp4", fps=fps or settings.default_fps, crf=settings.default_crf if crf is None else crf,
         frame=frame, shape=parse_shape(shape, check=check_latent_dims), dtype=dtype,
         scaling_factor=_float32("scaling_factor", scaling_factor, positive=True),
         shift_factor=_float32("shift_factor", shift_factor), timeout_s=min(timeout_s or cap, cap),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..codecs.frames import FramesPlan, plan_frames
@@ -14,8 +16,31 @@ from ..settings import VideoCodec
 from .schemas import DecodeParams, EncodeParams
 
 
+@dataclass(frozen=True)
+class DecodeInputs:
+    """A decode request's latents ``(B, C, T, H, W)`` float32, whether the body had the batch dim,
+    and whether it decodes step by step (a stream, or an MP4 encoded while it decodes)."""
+
+    latents: np.ndarray
+    batched: bool
+    stepped: bool
+
+
+def _stepped(shape: tuple[int, ...], params: DecodeParams, model: ModelState) -> bool:
+    """Whether the decode runs step by step (the stream programs) or whole; ``ShapeNotServed``
+    when ``--shapes`` serves neither. An MP4 is encoded while it decodes wherever the stream
+    programs are served, else made from the whole decode."""
+    if params.stream:
+        model.check_served(shape, "stream")
+        return True
+    if params.output_type == "mp4" and model.serves(shape, "stream"):  # (not a stream here)
+        return True
+    model.check_served(shape, params.output)
+    return False
+
+
 def _check_output(latents: np.ndarray, params: DecodeParams, model: ModelState) -> None:
-    if params.output_type in ("mp4", "png") and not params.stream and latents.shape[0] != 1:
+    if params.one_video and latents.shape[0] != 1:
         raise Problem(422, "batch-not-supported", f"{params.output_type} holds one video",
                       expected="batch size 1", received=latents.shape[0])
     frames = model.limits.output_frames(latents.shape[2])
@@ -25,13 +50,13 @@ def _check_output(latents: np.ndarray, params: DecodeParams, model: ModelState) 
 
 
 def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: ModelState,
-                  metrics: Metrics) -> tuple[np.ndarray, bool]:
-    """Body → ``(latents (B, C, T, H, W) float32, had a batch dim)``: parsed, checked against the
-    limits, scaled (``/ scaling_factor + shift_factor``), denormalized if asked, then checked for
-    NaN/Inf — after the arithmetic, because finite inputs and factors can overflow float32."""
+                  metrics: Metrics) -> DecodeInputs:
+    """Body → latents ``(B, C, T, H, W)`` float32: parsed, checked against the limits, scaled
+    (``/ scaling_factor + shift_factor``), denormalized if asked, then checked for NaN/Inf — after
+    the arithmetic, because finite inputs and factors can overflow float32."""
     latents, batched = parse_latents(body, media_type, params.shape, params.dtype, model.limits)
     try:
-        model.check_served(latents.shape[1:], "stream" if params.stream else params.output)
+        stepped = _stepped(latents.shape[1:], params, model)
     except ShapeNotServed:
         metrics.refused_shapes.inc()
         raise
@@ -41,7 +66,7 @@ def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: Mod
         if params.denormalize:
             values = model.denormalize(values)
     check_finite(values, transformed=values is not latents)
-    return np.ascontiguousarray(values, np.float32), batched
+    return DecodeInputs(np.ascontiguousarray(values, np.float32), batched, stepped)
 
 
 def encode_plan(body: bytes, media_type: str, params: EncodeParams, model: ModelState, metrics: Metrics,

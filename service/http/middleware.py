@@ -1,7 +1,9 @@
 """``RequestContext``: the ASGI middleware around every request.
 
 * a request id on every request and response (``X-Request-Id``; the client's if it is sane);
-* the ``vaeserve_requests_total{route,status}`` counter (499 when the client left first);
+* the ``vaeserve_requests_total{route,status}`` counter (499 when the client left first, also
+  mid-answer: a stream cut off because its reader left or stopped reading; a stream the app cut
+  off for an error counts that error's status);
 * ``Connection: close`` on any answer sent before the request body was read to its end (the
   client may still be sending it; keeping the connection would mean reading it for nothing);
 * unexpected exceptions become one logged traceback and a 500 problem on a connection that stays
@@ -25,7 +27,7 @@ from .problems import CLIENT_GONE, internal_error, render_problem
 
 log = logging.getLogger("vaeserve")
 
-ROUTES = ("/v1/decode", "/v1/encode", "/v1/models", "/healthz", "/readyz", "/metrics")
+ROUTES = ("/v1/decode", "/v1/encode", "/v1/models", "/healthz", "/readyz", "/metrics", "/ui")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
@@ -43,6 +45,7 @@ class _Exchange:
         self.body_done = not _has_body(headers)
         self.client_gone = False
         self.status: int | None = None
+        self.complete = False  # the last body message was sent
 
 
 class RequestContext:
@@ -64,6 +67,8 @@ class RequestContext:
             return message
 
         async def send_with_context(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                exchange.complete = True
             if message["type"] == "http.response.start":
                 exchange.status = message["status"]
                 headers = MutableHeaders(scope=message)
@@ -89,4 +94,6 @@ class RequestContext:
         status = exchange.status
         if status is None:  # nothing was sent: the client left, or the app never answered
             status = CLIENT_GONE if exchange.client_gone else 500
+        elif not exchange.complete:  # cut off mid-answer: by the app for an error, or the client left
+            status = scope.get("state", {}).get("cut_status") or (CLIENT_GONE if exchange.client_gone else 500)
         self.metrics.requests.labels(route, str(status)).inc()

@@ -1,33 +1,35 @@
-"""From a queued job to an HTTP response: wait (deadline, client gone), serialize, stream."""
+"""From a queued job to an HTTP response: wait (deadline, client gone), serialize. Answers written
+while the decode runs (streams, MP4 encoded step by step) are in ``service.http.streams``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import anyio
 import numpy as np
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from ..codecs.latents import LATENT_MEDIA_TYPES, scale_latents, serialize_latents
-from ..codecs.stream import STREAM_MEDIA_TYPE, stream_message
 from ..codecs.tensors import NPY_CONTENT_TYPE, encode_npy
-from ..codecs.video import encode_mp4, encode_png
+from ..codecs.video import encode_png
 from ..engine.errors import EngineError, NonFiniteOutput
-from ..engine.jobs import STREAM_END, Job, JobResult
+from ..engine.jobs import Job, JobResult
 from ..metrics import Metrics
 from ..problem import Problem
 from .admission import client_left
+from .encoders import EncoderPool
 from .problems import ClientGone, engine_problem
 from .schemas import DecodeParams, EncodeParams
 
 
 async def wait_for(request: Request, job: Job, awaitable: asyncio.Future):
     """Result of ``awaitable``, or 504 at the job's deadline, or ClientGone if the client left.
-    Either way out, the job is marked cancelled so the worker does not spend device time on it."""
+    Either way out, ``awaitable`` is cancelled and the job is marked cancelled so the worker does
+    not spend device time on it."""
     watcher = asyncio.ensure_future(client_left(request))
     try:
         done, _ = await asyncio.wait(
@@ -38,6 +40,7 @@ async def wait_for(request: Request, job: Job, awaitable: asyncio.Future):
         watcher.cancel()
     if awaitable in done:
         return awaitable.result()
+    awaitable.cancel()
     if watcher in done:
         job.cancel("client-gone")
         raise ClientGone("client left while its request was queued or decoding")
@@ -63,9 +66,7 @@ def timing_headers(result: JobResult, serialize_s: float) -> dict[str, str]:
 
 
 def _frames_body(array: np.ndarray, params: DecodeParams, batched: bool) -> tuple[bytes, str, dict[str, str]]:
-    """Decoded frames from the worker -> (body, media type, extra headers). Runs in a thread."""
-    if params.output_type == "mp4":
-        return encode_mp4(array[0], fps=params.fps, crf=params.crf), "video/mp4", {}
+    """Decoded frames from the worker -> (body, media type, extra headers), all but MP4. Runs in a thread."""
     if params.output_type == "png":
         return encode_png(array[0, params.frame]), "image/png", {}
     out = array if batched else array[0]
@@ -95,49 +96,14 @@ async def _serialized(result: JobResult, output_type: str, metrics: Metrics,
     return Response(body, media_type=media_type, headers={**headers, **timing_headers(result, serialize_s)})
 
 
-async def render_frames(result: JobResult, params: DecodeParams, batched: bool, metrics: Metrics) -> Response:
+async def render_frames(result: JobResult, params: DecodeParams, batched: bool, metrics: Metrics,
+                        encoders: EncoderPool) -> Response:
+    if params.output_type == "mp4":  # whole (the step programs are not served): on an MP4 encoder
+        start = time.monotonic()
+        body = await encoders.encode(result.array[0], fps=params.fps, crf=params.crf)
+        return Response(body, media_type="video/mp4", headers=timing_headers(result, time.monotonic() - start))
     return await _serialized(result, params.output_type, metrics, lambda a: _frames_body(a, params, batched))
 
 
 async def render_latents(result: JobResult, params: EncodeParams, metrics: Metrics) -> Response:
     return await _serialized(result, params.output_type, metrics, lambda a: _latents_body(a, params))
-
-
-async def stream(request: Request, job: Job, batched: bool,
-                 problem_for: Callable[[EngineError], Problem]) -> Response:
-    """Raw uint8 frames, one framed message per decode chunk (``service.codecs.stream``).
-
-    Errors before the first chunk are ordinary problem responses; after it the status line is
-    gone, so an error travels in-band as a ``{"type": "error"}`` message (``problem_for`` turns
-    the engine's error into its problem), and the stream ends there."""
-    chunks = job.chunks
-    assert chunks is not None
-    getter = asyncio.ensure_future(chunks.get())
-    try:
-        first = await wait_for(request, job, getter)
-    finally:
-        getter.cancel()  # no-op once it has its item; otherwise it would wait forever
-    if isinstance(first, EngineError):
-        raise problem_for(first)
-    queue_s = (job.started or time.monotonic()) - job.arrived
-
-    async def messages() -> AsyncIterator[bytes]:
-        item, index, frames = first, 0, 0
-        try:
-            while item is not STREAM_END:
-                if isinstance(item, EngineError):
-                    problem = problem_for(item).body(request.url.path, job.request_id)
-                    yield stream_message({"type": "error", "problem": problem})
-                    return
-                chunk = item if batched else item[0]
-                yield stream_message(
-                    {"type": "frames", "index": index, "frame_start": frames, "shape": list(chunk.shape),
-                     "dtype": "uint8"}, np.ascontiguousarray(chunk).tobytes())
-                index, frames = index + 1, frames + item.shape[1]
-                item = await chunks.get()
-            yield stream_message({"type": "end", "chunks": index, "frames": frames})
-        finally:
-            if item is not STREAM_END:
-                job.cancel("client-gone")  # the reader left mid-stream: the worker stops early
-
-    return StreamingResponse(messages(), media_type=STREAM_MEDIA_TYPE, headers={"X-Queue-Time-S": f"{queue_s:.6f}"})

@@ -21,6 +21,7 @@ class DecodeParams:
     denormalize: bool
     partial_postprocess: bool
     stream: bool
+    mp4_stream: bool  # stream=true with output_type=mp4 asked for: fragmented MP4, not raw frames
     fps: int
     crf: int
     frame: int
@@ -37,6 +38,11 @@ class DecodeParams:
         if self.output_type == "pt" and not self.partial_postprocess and not self.stream:
             return "float"
         return "uint8"
+
+    @property
+    def one_video(self) -> bool:
+        """The answer holds one video (B = 1): an MP4 (streamed or not) or a PNG."""
+        return self.mp4_stream or (not self.stream and self.output_type in ("mp4", "png"))
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,14 @@
 
 * ``limit_concurrency`` = ``max_connections``: past it uvicorn answers 503 at once;
 * ``timeout_keep_alive`` = ``keepalive_timeout_s``: idle keep-alive connections are closed;
-* a read deadline uvicorn lacks (:class:`ReadDeadlineProtocol`): the request headers must arrive
+* a read deadline uvicorn lacks (:class:`DeadlineProtocol`): the request headers must arrive
   within ``read_timeout_s`` of the connection opening or of their first byte, else 408 and close;
   a body the app did not read (an early 4xx) must finish arriving in that time too, else close.
   The app bounds the body it reads itself (``service.http.admission.read_body``).
+* a write deadline uvicorn lacks too: a client that takes none of its answer for
+  ``write_timeout_s`` while the server has bytes for it (the socket's buffer full) is dropped:
+  the connection is aborted, which frees what was buffered for it, and the app sees the client
+  gone (a stream stops, counted as 499).
 * SIGTERM: the app turns draining at once (``/readyz`` 503) while uvicorn closes the listening
   socket, closes idle connections, lets requests in progress finish (up to ``drain_timeout_s``),
   then runs the lifespan shutdown, which drains the queue. The process exits 0.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import sys
 from typing import Any
@@ -29,6 +34,8 @@ from ..settings import Settings
 from .problems import PROBLEM_CONTENT_TYPE
 from .state import ServiceState
 
+log = logging.getLogger("vaeserve")
+
 
 def _timeout_response(timeout_s: float) -> bytes:
     body = json.dumps({
@@ -41,16 +48,39 @@ def _timeout_response(timeout_s: float) -> bytes:
     return head + body
 
 
-class ReadDeadlineProtocol(H11Protocol):
-    """uvicorn's h11 protocol plus one timer: armed while the server waits for request bytes that
-    nobody else is waiting for (headers; the unread rest of a body after an early answer)."""
+class DeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol plus two timers: a read deadline, armed while the server waits for
+    request bytes that nobody else is waiting for (headers; the unread rest of a body after an
+    early answer), and a write deadline, armed while the client takes none of what is written."""
 
     read_timeout_s: float = 30.0
+    write_timeout_s: float = 30.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
         self._deadline: asyncio.TimerHandle | None = None
+        self._write_deadline: asyncio.TimerHandle | None = None
         self._arm()
+
+    def pause_writing(self) -> None:
+        """The transport holds more than its high-water mark: the client is not reading."""
+        super().pause_writing()
+        if self._write_deadline is None:
+            self._write_deadline = self.loop.call_later(self.write_timeout_s, self._write_expired)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_write_deadline()
+
+    def _stop_write_deadline(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _write_expired(self) -> None:
+        self._write_deadline = None
+        log.info("%s took none of its answer for %g s: dropped", _peer(self.client), self.write_timeout_s)
+        self.transport.abort()  # close() would wait for the buffer to be read first
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -62,6 +92,7 @@ class ReadDeadlineProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_write_deadline()
         super().connection_lost(exc)
 
     def _update(self) -> None:
@@ -94,8 +125,13 @@ class ReadDeadlineProtocol(H11Protocol):
         self.transport.close()
 
 
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"client {client[0]}:{client[1]}" if client else "a client"
+
+
 def protocol_for(settings: Settings) -> type[H11Protocol]:
-    return type("ReadDeadlineProtocol", (ReadDeadlineProtocol,), {"read_timeout_s": settings.read_timeout_s})
+    return type("DeadlineProtocol", (DeadlineProtocol,), {"read_timeout_s": settings.read_timeout_s,
+                                                          "write_timeout_s": settings.write_timeout_s})
 
 
 def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicorn.Config:

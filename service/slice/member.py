@@ -81,6 +81,10 @@ def _unavailable_when_failed() -> Iterator[None]:
 class SliceRunner:
     """Process 0's runner: ``DeviceRunner``'s interface, every call made on every process."""
 
+    # A stream is one call on the followers, run to its end before the next call: process 0 may
+    # not slip another call between its steps.
+    interleaves_streams = False
+
     def __init__(self, runner: DeviceRunner, leader: Leader):
         self._runner = runner
         self._leader = leader

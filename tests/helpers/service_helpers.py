@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient
 
 import models
 from service import Settings, create_app
-from service.engine.runner import DeviceRunner
+from service.engine.runner import Decoded, DeviceRunner
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(base_dim=8, num_res_blocks=1)
@@ -143,6 +143,30 @@ class PoisonRunner(DeviceRunner):
             if latents[0].flat[0] == self.POISON and index == 1:  # after the first chunk went out
                 raise RuntimeError("device fell over mid-stream")
             yield step
+
+
+class GarbageRunner(DeviceRunner):
+    """Frames of a shape no video encoder takes: mp4 answers (encoded from the stream's steps)
+    fail inside the app, an internal error, not a device error; npy answers still work."""
+
+    def decode(self, latents, *, output="uint8"):
+        return Decoded(np.zeros((latents.shape[0], 2), np.uint8), np.zeros(latents.shape[0], np.int32))
+
+    def decode_stream(self, latents):
+        yield self.decode(latents)
+
+
+class HeldRunner(DeviceRunner):
+    """A real runner that holds the last step of every stream until ``release`` is set (or 60 s
+    pass): a test sees what the service did while the decode had not ended."""
+
+    release = threading.Event()
+
+    def decode_stream(self, latents):
+        steps = list(super().decode_stream(latents))
+        yield from steps[:-1]
+        self.release.wait(60)
+        yield steps[-1]
 
 
 def poisoned(x: np.ndarray) -> np.ndarray:

@@ -17,8 +17,15 @@ import pytest
 from service import create_app
 from service.client import read_stream
 from service.codecs.tensors import encode_npy
-from service.engine.runner import Decoded, DeviceRunner
-from tests.helpers.service_helpers import PoisonRunner, app_client, latents, poisoned, settings_for_tests
+from service.engine.runner import DeviceRunner
+from tests.helpers.service_helpers import (
+    GarbageRunner,
+    PoisonRunner,
+    app_client,
+    latents,
+    poisoned,
+    settings_for_tests,
+)
 
 PROBLEM = "application/problem+json"
 KEY = "s3cret"
@@ -203,10 +210,6 @@ def test_stream_device_error_in_band_after_the_first_chunk(client):
 
 
 def test_internal_error_is_a_500_problem(tiny_vae):
-    class GarbageRunner(DeviceRunner):  # answers a shape no encoder can take
-        def decode(self, latents, *, output="uint8"):
-            return Decoded(np.zeros((latents.shape[0], 2), np.uint8), np.zeros(latents.shape[0], np.int32))
-
     with app_client(tiny_vae, runner_factory=GarbageRunner) as client:
         body = assert_problem(post(client, latents(), output_type="mp4"), 500, "internal-error")
         assert body["request_id"] in body["detail"]

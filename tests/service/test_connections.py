@@ -10,11 +10,9 @@ import socket
 import time
 
 import httpx
-import numpy as np
 import pytest
 
-from service.engine.runner import Decoded, DeviceRunner
-from tests.helpers.service_helpers import latents, thread_server, wait_until
+from tests.helpers.service_helpers import GarbageRunner, latents, thread_server, wait_until
 
 PROBLEM = "application/problem+json"
 
@@ -67,14 +65,6 @@ def assert_closed_within(sock: socket.socket, seconds: float) -> float:
     elapsed = time.monotonic() - start
     assert elapsed < seconds + SLACK_S, elapsed
     return elapsed
-
-
-class GarbageRunner(DeviceRunner):
-    """Frames of a shape no video encoder takes: mp4 answers fail inside the app (an internal
-    error, not a device error); npy answers still work."""
-
-    def decode(self, latents, *, output="uint8"):
-        return Decoded(np.zeros((latents.shape[0], 2), np.uint8), np.zeros(latents.shape[0], np.int32))
 
 
 # ---- errors keep the connection usable --------------------------------------------------------

@@ -92,6 +92,7 @@ def test_sdist_and_wheel_hold_every_module(dist):
     assert {"service/http/routes/decode.py", "service/cli/serve.py", "models/loading.py"} <= expected
     wheel_names = zipfile.ZipFile(dist["wheel"]).namelist()
     assert missing_from(wheel_names, expected) == []
+    assert "service/http/static/ui.html" in wheel_names  # package data: the page of GET /ui
     with tarfile.open(dist["sdist"]) as sdist:
         top = f"{dist['sdist'].name.removesuffix('.tar.gz')}/"
         assert missing_from(sdist.getnames(), expected, prefix=top) == []

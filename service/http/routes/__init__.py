@@ -1,6 +1,6 @@
 """HTTP routes, one ``APIRouter`` per area: ``operations`` (probes, metrics, models), ``decode``,
-``encode``."""
+``encode``, ``ui`` (the page)."""
 
-from . import decode, encode, operations
+from . import decode, encode, operations, ui
 
-__all__ = ["decode", "encode", "operations"]
+__all__ = ["decode", "encode", "operations", "ui"]

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 
 import anyio
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from ...engine.errors import EngineError
 from ...engine.jobs import Job
-from .. import responses
+from ...problem import Problem
+from .. import responses, streams
 from ..deps import ApiKeyDep, DecodeParamsDep, LatentsMediaTypeDep, StateDep
-from ..inputs import decode_inputs
+from ..inputs import DecodeInputs, decode_inputs
 from ..schemas import DECODE_OPENAPI, DECODE_RESPONSES
 from .jobs import serve_job
 
@@ -28,20 +28,27 @@ async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsM
     see the API docs for the formats."""
     retry_after_s = state.settings.retry_after_s
 
-    def make_job(parsed: tuple[np.ndarray, bool], arrived: float) -> Job:
-        return Job(request.state.request_id, "decode", parsed[0], params.output, params.stream,
+    def make_job(parsed: DecodeInputs, arrived: float) -> Job:
+        return Job(request.state.request_id, "decode", parsed.latents, params.output, parsed.stepped,
                    deadline=arrived + params.timeout_s, loop=asyncio.get_running_loop(), arrived=arrived)
 
-    async def answer(job: Job, parsed: tuple[np.ndarray, bool]) -> Response:
-        batched = parsed[1]
+    async def answer(job: Job, parsed: DecodeInputs) -> Response:
+        def problem_for(error: EngineError) -> Problem:  # named with this request's scaling when not finite
+            return responses.decode_problem(error, params, job, retry_after_s)
+
+        encoders = state.encoders
+        assert encoders is not None
+        if params.mp4_stream:
+            return await streams.mp4_stream(request, job, params, encoders, problem_for)
         if params.stream:
-            return await responses.stream(request, job, batched,
-                                          lambda error: responses.decode_problem(error, params, job, retry_after_s))
+            return await streams.frame_stream(request, job, parsed.batched, problem_for)
         try:
+            if parsed.stepped:
+                return await streams.pipelined_mp4(request, job, params, encoders)
             result = await responses.wait_for(request, job, job.future)
-        except EngineError as error:  # named with this request's scaling when the output is not finite
-            raise responses.decode_problem(error, params, job, retry_after_s) from None
-        return await responses.render_frames(result, params, batched, state.metrics)
+        except EngineError as error:
+            raise problem_for(error) from None
+        return await responses.render_frames(result, params, parsed.batched, state.metrics, encoders)
 
     return await serve_job(
         request, state, make_job=make_job, answer=answer,
