@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 CONFIGS = ("real", "tiny")
+# The real 832x480x81 video in the shared folder beside the checkout (CI clones next to it too).
+SAMPLE_VIDEO = Path(__file__).resolve().parents[2] / "shared" / "data" / "sample-832x480x81.mp4"
 
 
 def latent_shape(text: str) -> tuple[int, ...]:

@@ -39,7 +39,8 @@ import av  # noqa: E402
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-SAMPLE = Path("/work/shared/data/sample-832x480x81.mp4")
+from bench.common import SAMPLE_VIDEO  # noqa: E402
+
 MB = 2**20
 
 
@@ -105,7 +106,7 @@ def bomb() -> bytes:
 
 def at_the_limits() -> bytes:
     """129 frames of 1280x1280: the sample's 81 frames, scaled up, played forward then back."""
-    with av.open(str(SAMPLE)) as container:
+    with av.open(str(SAMPLE_VIDEO)) as container:
         frames = [f.reformat(width=1280, height=1280, format="yuv420p") for f in container.decode(video=0)]
     order = frames + frames[-2:-50:-1]
     return encode_video(iter(order[:129]), 129, 1280, 1280, options={"preset": "veryfast", "crf": "23"})

@@ -32,7 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-SAMPLE = Path("/work/shared/data/sample-832x480x81.mp4")
+from bench.common import SAMPLE_VIDEO  # noqa: E402
+
 # What each output asks of POST /v1/decode.
 OUTPUTS = {
     "mp4": {"output_type": "mp4"},
@@ -232,7 +233,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=81)
     parser.add_argument("--height", type=int, default=720)
     parser.add_argument("--width", type=int, default=1280)
-    parser.add_argument("--sample", type=Path, default=SAMPLE, help="the video whose frames the device returns")
+    parser.add_argument("--sample", type=Path, default=SAMPLE_VIDEO, help="the video whose frames the device returns")
     parser.add_argument("--outputs", nargs="+", choices=list(OUTPUTS), default=list(OUTPUTS))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--requests", type=int, default=16, help="decodes per point (after one to warm up)")

@@ -32,6 +32,8 @@ from service import Settings, create_app
 from service.engine.runner import Decoded, DeviceRunner
 
 REPO = Path(__file__).resolve().parents[2]
+# The real 832x480x81 video in the shared folder beside the checkout (CI clones next to it too).
+SAMPLE_VIDEO = REPO.parent / "shared" / "data" / "sample-832x480x81.mp4"
 TINY = dict(base_dim=8, num_res_blocks=1)
 LATENT = (1, 16, 2, 4, 4)  # -> (1, 5, 32, 32, 3) frames
 WARM = "16x2x4x4:uint8"  # the uint8 programs only: each compile costs seconds on 2 cores

@@ -38,12 +38,11 @@ from service.http.admission import MemoryBudget
 from service.http.problems import ClientGone
 from service.problem import Problem
 from service.settings import DEFAULT_VIDEO_CODECS, Settings
-from tests.helpers.service_helpers import TINY, app_client, thread_server
+from tests.helpers.service_helpers import SAMPLE_VIDEO, TINY, app_client, thread_server
 
 CONFIG = models.WanVAEConfig(base_dim=TINY["base_dim"], num_res_blocks=TINY["num_res_blocks"])
 SMALL = Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)
 DEFAULTS = Limits(channels=16, max_batch=4, max_frames=129, max_height=1280, max_width=1280)  # the settings' defaults
-SAMPLE = "/work/shared/data/sample-832x480x81.mp4"
 PROBLEM = "application/problem+json"
 # Every HTTP app here: the default frame and size limits, and the one encode shape it compiles.
 SETTINGS = dict(max_frames=129, max_height=1280, max_width=1280, max_body_bytes=1 << 20, max_reading_bytes=1 << 22,
@@ -261,7 +260,7 @@ def test_promised_codecs_decode_exactly_as_pyav_does():
     assert quicktime[4:12] == b"ftypqt  "
     assert np.array_equal(parse_frames(quicktime, "video/quicktime", None, None, CONFIG, SMALL,
                                        codecs=DEFAULT_VIDEO_CODECS), as_frames(read_mp4(quicktime)))
-    with open(SAMPLE, "rb") as sample:  # a real video: MPEG-4 Part 2, as OpenCV's mp4v writes it
+    with open(SAMPLE_VIDEO, "rb") as sample:  # a real video: MPEG-4 Part 2, as OpenCV's mp4v writes it
         header = mp4_header(sample.read(), DEFAULT_VIDEO_CODECS, 129)
     assert (header.frames, header.height, header.width, header.codec) == (81, 480, 832, "mpeg4")
 
