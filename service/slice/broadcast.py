@@ -215,7 +215,14 @@ class Leader:
         self.control.raise_if_failed()
         if op not in self.handlers:
             raise ProtocolError(f"unknown operation {op!r}; known: {sorted(self.handlers)}")
-        return self.channel.send(Call(op, None if array is None else np.asarray(array), options))
+        try:
+            return self.channel.send(Call(op, None if array is None else np.asarray(array), options))
+        except Exception as error:
+            # A broadcast is a collective of every process: once one fails the slice cannot go on.
+            # Its error names the symptom (a closed connection); the liveness thread names the
+            # cause (which process died), so give it the time it needs to notice first.
+            self.control.failed_within(self.monitor.detection_s)
+            raise self.control.fail(f"sending call {op!r} to the slice failed: {error}") from error
 
     def _agree(self, seq: int, op: str, mine: str) -> None:
         outcomes = self.control.collect_outcomes(seq, self.monitor.call_timeout_s)

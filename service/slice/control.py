@@ -107,7 +107,8 @@ def initialize(*, coordinator_address: str | None = None, num_processes: int | N
                                heartbeat_timeout_seconds=heartbeat_timeout_s)
     from jax._src import distributed  # the runtime client: its key-value store and liveness barrier
 
-    control = SliceControl(distributed.global_state.client, jax.process_index(), jax.process_count())
+    control = SliceControl(distributed.global_state.client, jax.process_index(), jax.process_count(),
+                           heartbeat_timeout_s=heartbeat_timeout_s)
     log.info("process %d of %d joined the slice at %s (%d local, %d global devices)", control.process_id,
              control.num_processes, distributed.global_state.coordinator_address, jax.local_device_count(),
              jax.device_count())
@@ -131,12 +132,14 @@ class SliceControl:
     wait is bounded. The failure is also kept locally; ``on_failure`` listeners hear it once.
     """
 
-    def __init__(self, client: Any, process_id: int, num_processes: int):
+    def __init__(self, client: Any, process_id: int, num_processes: int, *, heartbeat_timeout_s: float = 10.0):
         self.client = client
         self.process_id = process_id
         self.num_processes = num_processes
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.failure: str | None = None
         self._failure_lock = threading.Lock()
+        self._failed = threading.Event()
         self._listeners: list[Callable[[str], None]] = []
 
     @property
@@ -236,6 +239,7 @@ class SliceControl:
             first = self.failure is None
             if first:
                 self.failure = reason
+                self._failed.set()
         if first:
             log.critical("slice failed: %s", reason)
             if self.is_leader:
@@ -249,6 +253,10 @@ class SliceControl:
                 except Exception:  # one broken listener must not keep the others (the exit) from running
                     log.exception("slice failure listener %r failed", listener)
         return SliceFailed(self.failure or reason)
+
+    def failed_within(self, timeout_s: float) -> bool:
+        """Whether the slice has failed, or fails within ``timeout_s``."""
+        return self._failed.wait(timeout_s)
 
     def raise_if_failed(self) -> None:
         if self.failure is not None:
@@ -365,6 +373,11 @@ class SliceMonitor:
         self._stopping.set()
         for thread in self._threads:
             thread.join(timeout_s)
+
+    @property
+    def detection_s(self) -> float:
+        """How long the liveness thread may take to notice a dead process."""
+        return self.control.heartbeat_timeout_s + 2 * self.interval_s
 
     @contextmanager
     def call(self, seq: int, op: str) -> Iterator[None]:

@@ -136,7 +136,8 @@ def test_a_killed_follower_turns_into_503s_and_exit_3(cold_slice):
     assert health[1]["status"] == "failed" and "process 1 stopped sending heartbeats" in health[1]["detail"]
     request.join(30)
     answer = result["response"]
-    assert answer.status_code == 503 and "multi-host slice failed" in answer.json()["detail"]
+    assert answer.status_code == 503 and "multi-host slice failed" in answer.json()["detail"], (
+        answer.text + leader.log()[-4000:])
     assert leader.wait(FAIL_BOUND_S + GRACE_S + 30) == 3
     exited = time.monotonic() - killed
     assert exited <= FAIL_BOUND_S + GRACE_S, f"process 0 exited {exited:.1f} s after the kill"
