@@ -1,13 +1,18 @@
 #!/usr/bin/env python
 """Why the halo matters: seams of split decodes against the full single-device decode.
 
-Same weights (a diffusers ``AutoencoderKLWan`` with perturbed random weights, written with
-``save_pretrained`` and read back with ``models.load_vae``) and the same latents, decoded by:
+Same weights (a diffusers VAE — ``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo`` or
+``AutoencoderKLHunyuanVideo15`` — with perturbed random weights, written with ``save_pretrained``
+and read back with ``models.load_vae``) and the same latents, decoded by:
 
   (a) our sharded decode: ``tp`` horizontal bands with one-row halos (``sharding.sharded_decode``);
   (b) diffusers' tiled decode (``enable_tiling()``), tiles small enough to split the frame
       (height only, so that its seams are rows like ours);
-  (c) the same shard_map decode with no halo (each band zero-padded alone);
+  (c) the same shard_map decode with no halo (each band padded alone);
+  (d) HunyuanVideo 1.0 only: the sharded decode with each band's own GroupNorm statistics (no
+      sum over the bands);
+  (e) HunyuanVideo only: the sharded decode with zeros at the image's edges where the model
+      repeats its edge rows;
   (-) diffusers' full decode, as a check that the reference is the reference.
 
 Each is compared with the full single-device JAX decode: max abs error, PSNR (peak-to-peak 2 for
@@ -16,6 +21,8 @@ blend rows of each tile for b) vs *interior rows* (≥ 8 rows from any cut or bl
 
     python bench/seams.py                       # real Wan 2.1 architecture, 128x128, 5 frames, tp=4
     python bench/seams.py --model wan2.2 --height 8 --width 8   # real Wan 2.2, 128x128, 5 frames, tp=4
+    python bench/seams.py --model hunyuan1.0    # real HunyuanVideo, 128x128, 5 frames, tp=4
+    python bench/seams.py --model hunyuan1.5 --height 8 --width 8   # real HunyuanVideo 1.5, 128x128
     python bench/seams.py --config tiny --height 32 --width 32
 """
 
@@ -28,13 +35,15 @@ import tempfile
 import time
 from pathlib import Path
 
+MODELS = ("wan2.1", "wan2.2", "hunyuan1.0", "hunyuan1.5")
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=("wan2.1", "wan2.2"), default="wan2.1")
+    parser.add_argument("--model", choices=tuple(MODELS), default="wan2.1")
     parser.add_argument("--config", choices=("real", "tiny"), default="real",
                         help="real: the model's architecture (Wan 2.1: 73 M decoder parameters, Wan 2.2: 555 M); "
-                             "tiny: decoder width 8")
+                             "tiny: the tests' small configs (Wan: decoder width 8)")
     parser.add_argument("--frames", type=int, default=2, help="latent frames T (output 1+4(T-1))")
     parser.add_argument("--height", type=int, default=16, help="latent height (frame height / 8, or / 16 for wan2.2)")
     parser.add_argument("--width", type=int, default=16, help="latent width")
@@ -55,7 +64,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-# The perturbed diffusers reference is the parity tests' own, so bench and tests decode the same model.
+# The perturbed diffusers references are the parity tests' own, so bench and tests decode the same model.
+from tests.helpers import hunyuan_reference  # noqa: E402
 from tests.helpers.wan_reference import perturbed_diffusers_vae  # noqa: E402
 
 INTERIOR_MARGIN = 8  # frame rows
@@ -101,9 +111,43 @@ def row_errors(frames: np.ndarray, reference: np.ndarray, seams: list[int]) -> d
     }
 
 
+def model_config(name: str, size: str):
+    """The model's config object: the real architecture or the tests' small one."""
+    import models
+
+    if name.startswith("hunyuan"):
+        tiny = {"hunyuan1.0": hunyuan_reference.HY10_TINY, "hunyuan1.5": hunyuan_reference.HY15_TINY}[name]
+        return tiny if size == "tiny" else models.MODEL_NAMES[name]()
+    config = models.MODEL_NAMES[name]().to_dict()
+    del config["_class_name"]
+    if size == "tiny":
+        config.update(base_dim=8, decoder_base_dim=8, num_res_blocks=1)
+    return models.WanVAEConfig(**config)
+
+
+def reference_vae(config, seed: int):
+    """diffusers' model of ``config`` with the parity tests' perturbed random weights."""
+    if config.family == "wan":
+        return perturbed_diffusers_vae({k: v for k, v in config.to_dict().items() if k != "_class_name"}, seed)
+    return hunyuan_reference.reference_model(config, hunyuan_reference.seeded_weights(config, seed))
+
+
+def tiling_options(config, tile: int, stride: int, width_px: int, width: int) -> dict:
+    """``enable_tiling`` arguments for tiles of ``tile`` rows every ``stride`` rows, as wide as the
+    frame (HunyuanVideo 1.5 names its tiles in latent rows and an overlap factor)."""
+    if config.family == "hunyuan1.5":
+        return dict(tile_sample_min_height=tile, tile_latent_min_height=tile // config.spatial_scale,
+                    tile_overlap_factor=(tile - stride) / tile, tile_sample_min_width=width_px,
+                    tile_latent_min_width=width)
+    return dict(tile_sample_min_height=tile, tile_sample_stride_height=stride,
+                tile_sample_min_width=width_px, tile_sample_stride_width=width_px)
+
+
 def diffusers_decode(model, latents: np.ndarray, *, tiling: dict | None) -> np.ndarray:
     import torch
 
+    if hasattr(model, "use_framewise_decoding"):  # HunyuanVideo 1.0: the whole clip, as the model
+        model.use_framewise_decoding = False
     if tiling:
         model.enable_tiling(**tiling)
     else:
@@ -120,25 +164,24 @@ def main(args: argparse.Namespace) -> None:
     from sharding._controls import decode_with
 
     torch.set_num_threads(os.cpu_count() or 1)
-    config = models.MODEL_NAMES[args.model]().to_dict()
-    del config["_class_name"]
-    if args.config == "tiny":
-        config.update(base_dim=8, decoder_base_dim=8, num_res_blocks=1)
-    scale = models.WanVAEConfig(**config).spatial_scale
+    config = model_config(args.model, args.config)
+    scale = config.spatial_scale
     latents = np.random.default_rng(args.seed).standard_normal(
-        (1, config["z_dim"], args.frames, args.height, args.width)).astype(np.float32)
+        (1, config.z_dim, args.frames, args.height, args.width)).astype(np.float32)
     height_px, width_px = args.height * scale, args.width * scale
     print(f"{args.model}: latents {latents.shape} → frames (1, 3, {1 + 4 * (args.frames - 1)}, {height_px}, {width_px}); "
           f"config {args.config}; tp={args.tp}; tiles {args.tile}px stride {args.stride}px "
           f"(overlap {args.tile - args.stride}px); JAX on {args.platform}")
 
-    reference_model = perturbed_diffusers_vae(config, args.seed)
+    reference_model = reference_vae(config, args.seed)
     with tempfile.TemporaryDirectory() as folder:
         reference_model.save_pretrained(folder, safe_serialization=True)
         vae = models.load_vae(folder)
 
     timings: dict[str, float] = {}
-    progress = tqdm(total=5, desc="decodes", unit="decode", leave=False)
+    controls = {"wan": [], "hunyuan1.0": [("d", "band-statistics"), ("e", "zero-edge")],
+                "hunyuan1.5": [("e", "zero-edge")]}[config.family]
+    progress = tqdm(total=5 + len(controls), desc="decodes", unit="decode", leave=False)
 
     def timed(name, fn):
         progress.set_postfix_str(name)
@@ -154,12 +197,15 @@ def main(args: argparse.Namespace) -> None:
     seams = band_seams(height_px, args.tp, args.height, scale)
     results["(a) sharded, 1-row halos"] = (timed("a", lambda: np.asarray(
         sharding.sharded_decode(vae, latents, mesh, split="height"))), seams)
-    tiling = dict(tile_sample_min_height=args.tile, tile_sample_stride_height=args.stride,
-                  tile_sample_min_width=width_px, tile_sample_stride_width=width_px)
+    tiling = tiling_options(config, args.tile, args.stride, width_px, args.width)
     results["(b) diffusers enable_tiling()"] = (timed("b", lambda: diffusers_decode(
         reference_model, latents, tiling=tiling)), tile_seams(height_px, args.tile, args.stride, args.height, scale))
     results["(c) shard_map, no halo"] = (timed("c", lambda: np.asarray(
         decode_with("none", vae, latents, mesh, split="height"))), seams)
+    titles = {"band-statistics": "(d) per-band GroupNorm stats", "zero-edge": "(e) zero image edges"}
+    for key, control in controls:
+        results[titles[control]] = (timed(key, lambda control=control: np.asarray(
+            decode_with(control, vae, latents, mesh, split="height"))), seams)
     results["(-) diffusers full decode"] = (timed("-", lambda: diffusers_decode(reference_model, latents, tiling=None)), [])
 
     progress.close()
@@ -169,7 +215,8 @@ def main(args: argparse.Namespace) -> None:
     header = f"| {'method':<30} | {'max abs err':>11} | {'PSNR dB':>7} | {'mean err seam rows':>18} | {'mean err interior':>17} | {'time s':>6} |"
     print(header)
     print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
-    for (name, (frames, rows)), key in zip(results.items(), ("a", "b", "c", "-"), strict=True):
+    keys = ["a", "b", "c"] + [key for key, _ in controls] + ["-"]
+    for (name, (frames, rows)), key in zip(results.items(), keys, strict=True):
         e = row_errors(frames, full, rows)
         seam = f"{e['seam']:.2e}" if rows else "—"
         print(f"| {name:<30} | {e['max']:>11.2e} | {e['psnr']:>7.1f} | {seam:>18} | {e['interior']:>17.2e} | {timings[key]:>6.1f} |")
