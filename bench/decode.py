@@ -1,7 +1,10 @@
-"""Decode speed: ours vs diffusers' AutoencoderKLWan on the same weights and latents.
+"""Decode speed: ours vs diffusers (AutoencoderKLWan, AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15)
+on the same weights and latents.
 
     .venv/bin/python bench/decode.py                       # real Wan 2.1 config, latents (1,16,3,16,16)
     .venv/bin/python bench/decode.py --model wan2.2        # real Wan 2.2 config, latents (1,48,3,8,8)
+    .venv/bin/python bench/decode.py --model hunyuan1.0    # real HunyuanVideo config, latents (1,16,3,16,16)
+    .venv/bin/python bench/decode.py --model hunyuan1.5    # real HunyuanVideo 1.5 config, latents (1,32,3,8,8)
     .venv/bin/python bench/decode.py --shape 1,16,21,60,104 --dtype bfloat16 --skip-diffusers   # 480x832x81
     .venv/bin/python bench/decode.py --skip-diffusers --inner-frames 4,1 --runs 5   # whole steps vs frame by frame
 
@@ -63,8 +66,8 @@ def main() -> None:
             z = torch.from_numpy(latents)
 
             def run_reference():
-                with torch.no_grad():
-                    return reference.decode(z).sample.numpy()
+                with torch.no_grad():  # clamped as ours (diffusers' Wan clamps, its HunyuanVideo does not)
+                    return reference.decode(z).sample.clamp(-1, 1).numpy()
 
             fns["diffusers"] = run_reference
             names["diffusers"] = "diffusers (PyTorch CPU, float32)"
