@@ -105,7 +105,7 @@ def create_app(settings: Settings | None = None, *, vae: Any = None, runner_fact
 
     app = FastAPI(title="vaeserve", version=VERSION, lifespan=lifespan,
                   description="Latents in, MP4 / frames / tensors out; images / video / frames in, latents "
-                  "out: video VAEs (Wan 2.1, Wan 2.2) on JAX, exact when sharded over devices.")
+                  "out: video VAEs (Wan 2.1 and 2.2, HunyuanVideo 1.0 and 1.5) on JAX, exact when sharded over devices.")
     app.state.service = state
     install_error_handlers(app)
     app.include_router(operations.router)
