@@ -47,8 +47,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def serve(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    code = run_server(create_app(settings), settings)
-    if settings.multi_process:
+    app = create_app(settings)
+    code = run_server(app, settings)
+    worker = app.state.service.worker
+    if settings.multi_process or (worker is not None and worker.starting):
+        # A slice process, or one stopped while its device thread still loads or compiles: the
+        # interpreter's teardown would wait on that thread's runtime, or pull it down under it.
         exit_process(code)
     return code
 

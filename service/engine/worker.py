@@ -101,6 +101,7 @@ class Worker:
         self._runner: Runner | None = None
         self._interleave = True  # stream runs may take turns on the device (the runner says)
         self.model: ModelState | None = None  # what start-up produced, once it has
+        self._started = False  # start-up (load, warm-up) returned: from then on stop() waits for the thread
         self._batch: list[Job] = []  # the jobs on the device now
         self._runs: list[StepRun] = []  # stream runs begun and not finished, oldest first
         self._holding: set[Job] = set()  # stream jobs that may still hold pending bytes
@@ -176,7 +177,16 @@ class Worker:
             self._cond.notify_all()
         for job in leftover:
             job.fail(Unavailable("service is shutting down"))
-        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if not self.starting:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        else:  # nothing was served, so nothing is lost: a load or warm-up compile is not waited for
+            log.warning("stopped while starting: the model load or warm-up is abandoned")
+
+    @property
+    def starting(self) -> bool:
+        """The device thread is still loading the model or compiling the warm-up."""
+        with self._cond:
+            return self._thread.is_alive() and not self._started
 
     def abort(self, error: EngineError) -> None:
         """Answer every queued job and every job on the device with ``error`` at once, and take
@@ -219,9 +229,14 @@ class Worker:
             model = self._startup()
         except Exception as exc:  # report through /healthz and /readyz instead of dying silently
             log.exception("model load or warm-up failed")
-            self._on_failed(f"model load failed: {type(exc).__name__}: {exc}")
+            with self._cond:
+                self._started = True
+                stopped = not self._running  # nobody is left to tell (the event loop may be gone)
+            if not stopped:
+                self._on_failed(f"model load failed: {type(exc).__name__}: {exc}")
             return
         with self._cond:
+            self._started = True
             if not self._running:  # stopped while loading
                 return
         self._runner, self.model = model.runner, model

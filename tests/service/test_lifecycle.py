@@ -192,3 +192,34 @@ def test_failed_model_load_is_reported_not_hidden(tmp_path):
     finally:
         process.send_signal(15)
         assert process.wait(30) == 0
+
+
+def test_sigterm_while_warming_up_exits_0_without_waiting_for_the_warm_up(tiny_model_dir, tmp_path):
+    # Three cold warm-up compiles (seconds each) and a drain time far beyond them: a server that
+    # waited for its start-up would compile all three before exiting.
+    warmups = ["16x2x4x4:uint8", "16x3x4x4:uint8", "16x2x8x4:uint8"]
+    port = free_port()
+    cmd = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+           "--tp", "2", "--dp", "2", "--drain-timeout-s", "600"] + [arg for w in warmups for arg in ("--warmup", w)]
+    log_path = tmp_path / "log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
+                                   stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def loading() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).json()["status"] == "loading"
+            except httpx.HTTPError:
+                return False
+
+        wait_until(loading, "the server answers while it loads")
+        process.send_signal(15)
+        assert process.wait(120) == 0, log_path.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = log_path.read_text()
+    assert "stopped while starting" in text, text
+    compiled = text.count("warm-up 16x")
+    assert compiled < len(warmups), f"every warm-up compiled before the exit ({compiled}):\n{text}"
+    assert "Application shutdown complete" in text
