@@ -33,6 +33,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 MODELS = ("wan2.1", "wan2.2", "hunyuan1.0", "hunyuan1.5")
@@ -40,7 +41,7 @@ MODELS = ("wan2.1", "wan2.2", "hunyuan1.0", "hunyuan1.5")
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=tuple(MODELS), default="wan2.1")
+    parser.add_argument("--model", choices=MODELS, default="wan2.1")
     parser.add_argument("--config", choices=("real", "tiny"), default="real",
                         help="real: the model's architecture (Wan 2.1: 73 M decoder parameters, Wan 2.2: 555 M); "
                              "tiny: the tests' small configs (Wan: decoder width 8)")
@@ -178,9 +179,11 @@ def main(args: argparse.Namespace) -> None:
         reference_model.save_pretrained(folder, safe_serialization=True)
         vae = models.load_vae(folder)
 
+    # Each family's extra negative controls (sharding._controls), as the table's rows name them.
+    controls = {"wan": {}, "hunyuan1.5": {"(e) zero image edges": "zero-edge"},
+                "hunyuan1.0": {"(d) per-band GroupNorm stats": "band-statistics",
+                               "(e) zero image edges": "zero-edge"}}[config.family]
     timings: dict[str, float] = {}
-    controls = {"wan": [], "hunyuan1.0": [("d", "band-statistics"), ("e", "zero-edge")],
-                "hunyuan1.5": [("e", "zero-edge")]}[config.family]
     progress = tqdm(total=5 + len(controls), desc="decodes", unit="decode", leave=False)
 
     def timed(name, fn):
@@ -193,20 +196,21 @@ def main(args: argparse.Namespace) -> None:
 
     full = timed("full", lambda: np.asarray(vae.decode(latents)))
     mesh = sharding.make_mesh(args.tp)
-    results = {}
     seams = band_seams(height_px, args.tp, args.height, scale)
-    results["(a) sharded, 1-row halos"] = (timed("a", lambda: np.asarray(
-        sharding.sharded_decode(vae, latents, mesh, split="height"))), seams)
     tiling = tiling_options(config, args.tile, args.stride, width_px, args.width)
-    results["(b) diffusers enable_tiling()"] = (timed("b", lambda: diffusers_decode(
-        reference_model, latents, tiling=tiling)), tile_seams(height_px, args.tile, args.stride, args.height, scale))
-    results["(c) shard_map, no halo"] = (timed("c", lambda: np.asarray(
-        decode_with("none", vae, latents, mesh, split="height"))), seams)
-    titles = {"band-statistics": "(d) per-band GroupNorm stats", "zero-edge": "(e) zero image edges"}
-    for key, control in controls:
-        results[titles[control]] = (timed(key, lambda control=control: np.asarray(
-            decode_with(control, vae, latents, mesh, split="height"))), seams)
-    results["(-) diffusers full decode"] = (timed("-", lambda: diffusers_decode(reference_model, latents, tiling=None)), [])
+    def with_control(control: str) -> Callable[[], np.ndarray]:
+        return lambda: np.asarray(decode_with(control, vae, latents, mesh, split="height"))
+
+    runs = {
+        "(a) sharded, 1-row halos": (lambda: np.asarray(sharding.sharded_decode(vae, latents, mesh, split="height")),
+                                     seams),
+        "(b) diffusers enable_tiling()": (lambda: diffusers_decode(reference_model, latents, tiling=tiling),
+                                          tile_seams(height_px, args.tile, args.stride, args.height, scale)),
+        "(c) shard_map, no halo": (with_control("none"), seams),
+        **{name: (with_control(control), seams) for name, control in controls.items()},
+        "(-) diffusers full decode": (lambda: diffusers_decode(reference_model, latents, tiling=None), []),
+    }
+    results = {name: (timed(name, run), rows) for name, (run, rows) in runs.items()}
 
     progress.close()
     print(f"\nreference: full single-device JAX decode ({timings['full']:.1f} s incl. compile)")
@@ -215,11 +219,10 @@ def main(args: argparse.Namespace) -> None:
     header = f"| {'method':<30} | {'max abs err':>11} | {'PSNR dB':>7} | {'mean err seam rows':>18} | {'mean err interior':>17} | {'time s':>6} |"
     print(header)
     print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
-    keys = ["a", "b", "c"] + [key for key, _ in controls] + ["-"]
-    for (name, (frames, rows)), key in zip(results.items(), keys, strict=True):
+    for name, (frames, rows) in results.items():
         e = row_errors(frames, full, rows)
         seam = f"{e['seam']:.2e}" if rows else "—"
-        print(f"| {name:<30} | {e['max']:>11.2e} | {e['psnr']:>7.1f} | {seam:>18} | {e['interior']:>17.2e} | {timings[key]:>6.1f} |")
+        print(f"| {name:<30} | {e['max']:>11.2e} | {e['psnr']:>7.1f} | {seam:>18} | {e['interior']:>17.2e} | {timings[name]:>6.1f} |")
     print("\ntimes include compilation for the JAX rows; the forced CPU devices share this machine's cores.")
 
 

@@ -225,20 +225,19 @@ class Worker:
     # ---- worker-thread side --------------------------------------------------------------
 
     def _main(self) -> None:
+        model, failure = None, ""
         try:
             model = self._startup()
         except Exception as exc:  # report through /healthz and /readyz instead of dying silently
             log.exception("model load or warm-up failed")
-            with self._cond:
-                self._started = True
-                stopped = not self._running  # nobody is left to tell (the event loop may be gone)
-            if not stopped:
-                self._on_failed(f"model load failed: {type(exc).__name__}: {exc}")
-            return
+            failure = f"model load failed: {type(exc).__name__}: {exc}"
         with self._cond:
             self._started = True
-            if not self._running:  # stopped while loading
+            if not self._running:  # stopped while starting: nobody is left to tell (the loop may be gone)
                 return
+        if model is None:
+            self._on_failed(failure)
+            return
         self._runner, self.model = model.runner, model
         self._interleave = model.runner.interleaves_streams
         self.metrics.ready.set(1)

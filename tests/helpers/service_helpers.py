@@ -99,17 +99,23 @@ class Server:
             return self.process.wait()
 
 
-def start_server(model_dir: Path, log_path: Path, *args: str, ready_timeout: float = 120,
-                 while_loading: Callable[[Server], None] | None = None) -> Server:
-    """Start ``python -m service serve`` and return once /readyz is 200. ``while_loading`` is called
-    with the server at every poll that is not ready yet (after the socket accepts)."""
+def launch_server(model_dir: Path, log_path: Path, *args: str) -> Server:
+    """``python -m service serve`` on a free port, its output in ``log_path``; returns at once."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
            "--port", str(port), *args]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    return Server(f"http://127.0.0.1:{port}", process, log_path)
+
+
+def start_server(model_dir: Path, log_path: Path, *args: str, ready_timeout: float = 120,
+                 while_loading: Callable[[Server], None] | None = None) -> Server:
+    """Start ``python -m service serve`` and return once /readyz is 200. ``while_loading`` is called
+    with the server at every poll that is not ready yet (after the socket accepts)."""
+    server = launch_server(model_dir, log_path, *args)
+    process = server.process
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:

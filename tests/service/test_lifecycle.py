@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -17,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.frames import assert_uint8_frames_match
-from tests.helpers.service_helpers import REPO, WARM, free_port, latents, start_server, wait_until
+from tests.helpers.service_helpers import WARM, latents, launch_server, start_server, wait_until
 
 KEY = "s3cret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -172,53 +169,45 @@ def test_sigterm_drains_in_flight_work_and_exits_0(server):
 
 def test_failed_model_load_is_reported_not_hidden(tmp_path):
     # A server whose model cannot load stays up to say why: liveness and readiness both 503.
-    port, missing = free_port(), tmp_path / "no-such-model"
-    cmd = [sys.executable, "-m", "service", "serve", "--model", str(missing), "--port", str(port)]
-    with open(tmp_path / "log", "wb") as log:
-        process = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log,
-                                   stderr=subprocess.STDOUT)
+    missing = tmp_path / "no-such-model"
+    server = launch_server(missing, tmp_path / "log")
     try:
         deadline, health = time.monotonic() + 90, None
         while time.monotonic() < deadline and health != 503:
             time.sleep(0.3)
             try:
-                health = httpx.get(f"http://127.0.0.1:{port}/healthz").status_code
+                health = httpx.get(server.url + "/healthz").status_code
             except httpx.HTTPError:
                 pass
         assert health == 503
-        ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
+        ready = httpx.get(server.url + "/readyz")
         assert ready.status_code == 503 and ready.json()["status"] == "failed"
         assert str(missing) in ready.json()["detail"]
     finally:
-        process.send_signal(15)
-        assert process.wait(30) == 0
+        server.process.send_signal(15)
+        assert server.process.wait(30) == 0
 
 
 def test_sigterm_while_warming_up_exits_0_without_waiting_for_the_warm_up(tiny_model_dir, tmp_path):
     # Three cold warm-up compiles (seconds each) and a drain time far beyond them: a server that
     # waited for its start-up would compile all three before exiting.
     warmups = ["16x2x4x4:uint8", "16x3x4x4:uint8", "16x2x8x4:uint8"]
-    port = free_port()
-    cmd = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--port", str(port),
-           "--tp", "2", "--dp", "2", "--drain-timeout-s", "600"] + [arg for w in warmups for arg in ("--warmup", w)]
-    log_path = tmp_path / "log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
-                                   stdout=log, stderr=subprocess.STDOUT)
+    server = launch_server(tiny_model_dir, tmp_path / "log", "--tp", "2", "--dp", "2", "--drain-timeout-s", "600",
+                           *[arg for w in warmups for arg in ("--warmup", w)])
     try:
         def loading() -> bool:
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).json()["status"] == "loading"
+                return httpx.get(server.url + "/readyz", timeout=2).json()["status"] == "loading"
             except httpx.HTTPError:
                 return False
 
         wait_until(loading, "the server answers while it loads")
-        process.send_signal(15)
-        assert process.wait(120) == 0, log_path.read_text()
+        server.process.send_signal(15)
+        assert server.process.wait(120) == 0, server.log()
     finally:
-        if process.poll() is None:
-            process.kill()
-    text = log_path.read_text()
+        if server.process.poll() is None:
+            server.process.kill()
+    text = server.log()
     assert "stopped while starting" in text, text
     compiled = text.count("warm-up 16x")
     assert compiled < len(warmups), f"every warm-up compiled before the exit ({compiled}):\n{text}"
