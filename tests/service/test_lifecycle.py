@@ -127,6 +127,10 @@ def _refused(url: str) -> bool:
         httpx.get(url + "/healthz", timeout=2)
     except httpx.ConnectError:
         return True
+    except (httpx.ReadError, httpx.RemoteProtocolError):
+        # Accepted in the moment before uvicorn closed the listening socket, then closed unanswered
+        # with the other idle connections: not yet a refusal, so ask again.
+        return False
     return False
 
 
