@@ -160,12 +160,18 @@ Program = Callable[..., tuple[jax.Array, jax.Array]]
 StepProgram = Callable[..., tuple[jax.Array, DecoderCache, jax.Array]]
 
 
+def has_framewise(config: VAEConfig) -> bool:
+    """Whether the model offers diffusers' framewise decode: only HunyuanVideo 1.0's diffusers
+    default tiles clips in time."""
+    return hasattr(family_of(config).decoder, "decode_framewise")
+
+
 def check_framewise(config: VAEConfig, framewise: bool) -> dict[str, bool]:
     """``framewise`` as a program-key option (absent when False); refused for a model without a
-    framewise decode (only HunyuanVideo 1.0's diffusers default tiles clips in time)."""
+    framewise decode (``has_framewise``)."""
     if not framewise:
         return {}
-    if not hasattr(family_of(config).decoder, "decode_framewise"):
+    if not has_framewise(config):
         raise ValueError(f"framewise decoding is diffusers' default for HunyuanVideo 1.0 only; the {config.family} "
                          "VAE decodes a clip exactly as it is")
     return {"framewise": True}

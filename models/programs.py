@@ -44,8 +44,11 @@ class ProgramKey(NamedTuple):
     options: tuple[tuple[str, Hashable], ...] = ()
 
     def describe(self) -> list:
-        """``[program, [B, C, T, H, W], variant]``: the program as ``/v1/models`` lists it."""
-        return [self.program, list(self.shape), self.variant]
+        """``[program, [B, C, T, H, W], variant]``: the program as ``/v1/models`` lists it. The one
+        option a client chooses per request, HunyuanVideo 1.0's framewise decode, is named in the
+        variant (``"uint8+framewise"``); the others follow from the server's settings."""
+        framewise = "+framewise" if ("framewise", True) in self.options else ""
+        return [self.program, list(self.shape), self.variant + framewise]
 
 
 def program_key(program: ProgramName, shape: tuple[int, ...], variant: str, *, mesh: Hashable | None = None,

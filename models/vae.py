@@ -195,18 +195,19 @@ class VAE:
         return frames
 
     def decode_stream(self, latents, *, denormalize: bool = False, chunk: int | None = None,
-                      inner_frames: int | None = None) -> Iterator[np.ndarray]:
+                      inner_frames: int | None = None, framewise: bool = False) -> Iterator[np.ndarray]:
         """Yield uint8 frames ``(B, f, sH, sW, 3)`` on the host as each decode step finishes.
 
         A model that is not causal in time (HunyuanVideo 1.0: its statistics span the clip) decodes
-        the whole clip first, then yields it in the same pieces (frame 0, then ``temporal_scale ·
-        chunk`` frames at a time)."""
+        the whole clip first (``framewise``: as diffusers does by default, see ``decode``), then
+        yields it in the same pieces (frame 0, then ``temporal_scale · chunk`` frames at a time)."""
         chunk, inner_frames = resolve_chunk(chunk), check_inner_frames(inner_frames)
         latents = np.asarray(latents, np.float32)
         check_latents_shape(latents.shape, self.config)
+        check_framewise(self.config, framewise)
         if not self.config.causal:
-            yield from split_stream(np.asarray(self.decode(latents, denormalize=denormalize, output="uint8")),
-                                    latents.shape[2], chunk, self.config.temporal_scale)
+            frames = self.decode(latents, denormalize=denormalize, output="uint8", framewise=framewise)
+            yield from split_stream(np.asarray(frames), latents.shape[2], chunk, self.config.temporal_scale)
             return
         clip = self.clip_frames_option(latents.shape[2])
         caches = None

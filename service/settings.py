@@ -18,8 +18,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 LatentShape = tuple[int, int, int, int]  # (C, T, H, W) of one latent, without the batch dim
 FrameShape = tuple[int, int, int, int]  # (3, F, H, W) of one video to encode, without the batch dim
 # What a warm-up compiles for a shape: the uint8 frames (mp4, png, npy, pt + partial_postprocess),
-# the float tensor (pt) and the step programs of stream=true. Every one by default.
-WarmupOutput = Literal["uint8", "float", "stream"]
+# the float tensor (pt) and the step programs of stream=true — every one by default — and, only
+# where named, HunyuanVideo 1.0's framewise decode (framewise=true: its uint8 frames and float tensor).
+WarmupOutput = Literal["uint8", "float", "stream", "framewise"]
 WARMUP_OUTPUTS: tuple[WarmupOutput, ...] = ("uint8", "float", "stream")
 # Video codecs an encode may send in an MP4/MOV (FFmpeg's names); each one enabled is a decoder
 # that runs on clients' bytes, so only the common ones are on by default.
@@ -121,7 +122,7 @@ class Settings(BaseSettings):
     warmup: list[Warmup] = Field(
         default_factory=list,
         description="latent shape compiled before /readyz is 200 (repeatable); outputs: uint8, float, stream "
-        "(default all), e.g. 16x21x60x104 or 16x21x60x104:uint8,stream", json_schema_extra=_in("model", "CxTxHxW[:OUTPUTS]"))
+        "(default all three), framewise (HunyuanVideo 1.0's framewise=true), e.g. 16x21x60x104 or 16x21x60x104:uint8,stream", json_schema_extra=_in("model", "CxTxHxW[:OUTPUTS]"))
     encode_warmup: list[FrameShape] = Field(
         default_factory=list,
         description="frame shape whose encode is compiled before /readyz is 200 (repeatable; needs an encoder), "

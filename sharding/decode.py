@@ -274,13 +274,14 @@ def _stream_programs(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormaliz
 
 def compile_decode_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool = False,
                           split: Split | None = None, chunk: int | None = None, inner_frames: int | None = None,
-                          query_chunk: int = 4096) -> tuple[jax.stages.Compiled, ...]:
+                          query_chunk: int = 4096, framewise: bool = False) -> tuple[jax.stages.Compiled, ...]:
     """Every compiled program a ``sharded_decode_stream`` of latents ``shape`` runs (first step, later
     steps, a shorter last step), compiled now and cached in ``vae.programs`` (for a model that is not
-    causal in time: its whole uint8 decode)."""
+    causal in time: its whole uint8 decode, ``framewise`` or not)."""
+    check_framewise(vae.config, framewise)
     if not vae.config.causal:
         return (compile_decode(vae, shape, mesh, output="uint8", denormalize=denormalize, split=split,
-                               query_chunk=query_chunk),)
+                               query_chunk=query_chunk, framewise=framewise),)
     programs = _stream_programs(vae, tuple(shape), mesh, denormalize=denormalize, split=split,
                                 chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk)
     return tuple(dict.fromkeys(programs.values()))
@@ -344,6 +345,7 @@ def sharded_decode_stream(
     chunk: int | None = None,
     inner_frames: int | None = None,
     query_chunk: int = 4096,
+    framewise: bool = False,
 ) -> Iterator[DecodedStep]:
     """Yield each sharded decode step's host frames (``DecodedStep``) as soon as it finishes.
 
@@ -352,12 +354,14 @@ def sharded_decode_stream(
     Concatenated along axis 1, the steps' frames equal ``sharded_decode(..., output="uint8")``. A
     model that is not causal in time (HunyuanVideo 1.0: its statistics span the clip) decodes the
     whole clip first and yields it in the same pieces, the whole clip's non-finite count with the
-    first (nothing is sent before the whole clip is known to be finite).
+    first (nothing is sent before the whole clip is known to be finite); ``framewise``: that whole
+    clip decoded as diffusers does by default (see ``sharded_decode``).
     """
     latents = np.asarray(latents, np.float32)
+    check_framewise(vae.config, framewise)
     if not vae.config.causal:
         run = compile_decode(vae, latents.shape, mesh, output="uint8", denormalize=denormalize, split=split,
-                             query_chunk=query_chunk)
+                             query_chunk=query_chunk, framewise=framewise)
         frames, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh))
         frames, nonfinite = to_host(frames), band_total(counts)
         for index, piece in enumerate(split_stream(frames, latents.shape[2], resolve_chunk(chunk),

@@ -38,6 +38,8 @@ def _decode_parser(sub) -> None:
     p.add_argument("--dp", type=int, default=1)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--denormalize", action="store_true", help="z * latents_std + latents_mean first")
+    p.add_argument("--framewise", action="store_true",
+                   help="HunyuanVideo 1.0: decode as diffusers does by default (tiles of 16 frames, blended), not the whole clip")
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--crf", type=int, default=18)
     p.add_argument("--cpu-devices", type=int)
@@ -109,7 +111,8 @@ def decode(args: argparse.Namespace) -> int:
     total = vae.config.num_output_frames(latents.shape[2])
     chunks, nonfinite = [], 0
     with tqdm(total=total, unit="frame", desc="decode") as bar:
-        for step in sharding.sharded_decode_stream(vae, padded, mesh, denormalize=args.denormalize):
+        for step in sharding.sharded_decode_stream(vae, padded, mesh, denormalize=args.denormalize,
+                                                   framewise=args.framewise):
             chunks.append(step.frames[: latents.shape[0]])
             nonfinite += int(step.nonfinite[: latents.shape[0]].sum())
             bar.update(step.frames.shape[1])

@@ -73,6 +73,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     arrived: float = field(default_factory=time.monotonic)
     encode: EncodeOptions | None = None  # rides in the batch, not in the program key
+    framewise: bool = False  # decode: HunyuanVideo 1.0's framewise decode (a program of its own)
     future: asyncio.Future = field(init=False)
     chunks: asyncio.Queue | None = field(init=False, default=None)
     cancelled: bool = False  # set by the handler when its client left or it gave up
@@ -97,7 +98,7 @@ class Job:
     @property
     def key(self) -> tuple:
         """Jobs with equal keys run the same device program and may share a batch."""
-        return (self.operation, self.inputs.shape[1:], self.output, self.stream)
+        return (self.operation, self.inputs.shape[1:], self.output, self.stream, self.framewise)
 
     @property
     def pending_bytes(self) -> int:

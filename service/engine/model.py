@@ -20,7 +20,7 @@ from .errors import NoEncoder, ShapeNotServed
 from .jobs import EncodeOptions
 from .limits import Limits
 
-# Strict shapes: latent (C, T, H, W) -> the outputs served for it ("uint8", "float", "stream").
+# Strict shapes: latent (C, T, H, W) -> the outputs served for it ("uint8", "float", "stream", "framewise").
 ServedShapes = dict[tuple[int, ...], frozenset[str]]
 CompiledPrograms = list[tuple[tuple[int, ...], Any]]  # (batched input shape, compiled program)
 
@@ -37,13 +37,15 @@ class Runner(Protocol):
     # processes run each call to its end before they take the next.
     interleaves_streams: bool
 
-    def decode(self, latents: np.ndarray, *, output: Output = "uint8") -> Any: ...  # Decoded(frames, nonfinite)
+    def decode(self, latents: np.ndarray, *, output: Output = "uint8",
+               framewise: bool = False) -> Any: ...  # Decoded(frames, nonfinite)
 
-    def decode_stream(self, latents: np.ndarray) -> Iterator[Any]: ...  # Decoded per step
+    def decode_stream(self, latents: np.ndarray, *, framewise: bool = False) -> Iterator[Any]: ...  # Decoded per step
 
     def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray: ...
 
-    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> CompiledPrograms: ...
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool,
+                framewise: bool = False) -> CompiledPrograms: ...
 
     def compile_encode(self, shape: tuple[int, ...]) -> CompiledPrograms: ...
 
@@ -93,6 +95,7 @@ class ModelState:
     device_memory_bytes: int | None = None  # per-device memory warm-up programs must fit (None: no check)
     encode_served: frozenset[tuple[int, ...]] | None = None  # frames (3, F, H, W) encoded; None: any
     cluster: Cluster | None = None  # this process's part in a multi-host slice
+    framewise: bool = False  # the model offers diffusers' framewise decode (HunyuanVideo 1.0: framewise=true)
 
     @property
     def follower(self) -> bool:

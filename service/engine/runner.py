@@ -74,18 +74,18 @@ class DeviceRunner:
         self._check_thread()
         return pad_batch(inputs, bucket_for(inputs.shape[0], self.buckets))
 
-    def decode(self, latents: np.ndarray, *, output: Output = "uint8") -> Decoded:
+    def decode(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False) -> Decoded:
         n, padded = latents.shape[0], self._padded(latents)
-        program = sharding.compile_decode(self.vae, padded.shape, self.mesh, output=output)
+        program = sharding.compile_decode(self.vae, padded.shape, self.mesh, output=output, framewise=framewise)
         frames, nonfinite = program(sharding.replicated_state(self.vae, self.mesh),
                                     sharding.put_latents(padded, self.mesh))
         # all-gathered when the mesh spans processes
         return Decoded(sharding.to_host(frames)[:n], band_total(nonfinite)[:n])
 
-    def decode_stream(self, latents: np.ndarray) -> Iterator[Decoded]:
+    def decode_stream(self, latents: np.ndarray, *, framewise: bool = False) -> Iterator[Decoded]:
         """Yields ``Decoded`` uint8 chunks ``(B, f, sH, sW, 3)`` as each decode step finishes."""
         n, padded = latents.shape[0], self._padded(latents)
-        for step in sharding.sharded_decode_stream(self.vae, padded, self.mesh):
+        for step in sharding.sharded_decode_stream(self.vae, padded, self.mesh, framewise=framewise):
             yield Decoded(step.frames[:n], step.nonfinite[:n])
 
     def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray:
@@ -103,9 +103,11 @@ class DeviceRunner:
         return [((size, *shape), sharding.compile_encode(self.vae, (size, *shape), self.mesh))
                 for size in self.buckets]
 
-    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> list[tuple[tuple[int, ...], Any]]:
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool,
+                framewise: bool = False) -> list[tuple[tuple[int, ...], Any]]:
         """Compile, without running, every program a request of latent ``shape`` ``(C, T, H, W)``
-        can need, at every batch bucket: the decode of ``output``, or every step of a stream.
+        can need, at every batch bucket: the decode of ``output`` (``framewise`` or not), or every
+        step of a stream.
         The programs land in the model's cache (``vae.programs``), where requests find them;
         they are returned too, each with the batched latents ``(B, C, T, H, W)`` it serves, so
         that their ``memory_analysis()`` can be read before anything runs."""
@@ -114,9 +116,11 @@ class DeviceRunner:
         for size in self.buckets:
             batched = (size, *shape)
             if stream:
-                programs += [(batched, p) for p in sharding.compile_decode_stream(self.vae, batched, self.mesh)]
+                programs += [(batched, p) for p in sharding.compile_decode_stream(self.vae, batched, self.mesh,
+                                                                                   framewise=framewise)]
             else:
-                programs.append((batched, sharding.compile_decode(self.vae, batched, self.mesh, output=output)))
+                programs.append((batched, sharding.compile_decode(self.vae, batched, self.mesh, output=output,
+                                                                  framewise=framewise)))
         return programs
 
     def program_memory(self) -> list[dict[str, Any]]:
@@ -137,7 +141,7 @@ class DeviceRunner:
 
     def programs(self) -> list[list]:
         """The compiled programs of this runner's mesh in the model's cache, least recently used
-        first: ``["decode", [B, C, T, H, W], output]``, ``["stream-step", [B, C, t, H, W],
+        first: ``["decode", [B, C, T, H, W], output]`` (``output+framewise`` for a framewise decode), ``["stream-step", [B, C, t, H, W],
         "first" | "next"]`` or ``["encode", [B, 3, F, H, W], "latents"]``. (A read of the cache; it
         is safe from any thread.)"""
         return [key.describe() for key in self._keys()]

@@ -17,6 +17,7 @@ import numpy as np
 
 import models
 import sharding
+from models.decode import has_framewise
 from models.programs import ProgramKey
 from sharding.planner import WontFitError, check_fits, device_bytes_limit
 
@@ -66,18 +67,21 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
                     temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale)
     per_channel = (1, config.z_dim, 1, 1, 1)
     device_memory = settings.device_memory_bytes or device_bytes_limit(list(mesh.devices.flat))
+    framewise = has_framewise(config)
     return ModelState(
         vae=vae, runner=runner, limits=limits,
         mean=np.asarray(config.latents_mean, np.float32).reshape(per_channel),
         std=np.asarray(config.latents_std, np.float32).reshape(per_channel),
         devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
-        warmed=tuple(settings.warmup), served=served_shapes(settings), device_memory_bytes=device_memory,
+        warmed=tuple(settings.warmup), served=served_shapes(settings, framewise=framewise),
+        device_memory_bytes=device_memory, framewise=framewise,
         encode_served=None if settings.shapes == "any" else frozenset(settings.encode_warmup))
 
 
-def served_shapes(settings: Settings) -> ServedShapes | None:
+def served_shapes(settings: Settings, *, framewise: bool) -> ServedShapes | None:
     """What ``--shapes`` allows: None (any shape), or ``{(C, T, H, W): outputs}`` — the warm-up
-    shapes with their warmed outputs, or the listed shapes with every output."""
+    shapes with their warmed outputs, or the listed shapes with every output (``framewise`` among
+    them where the model offers it)."""
     if settings.shapes == "any":
         return None
     if settings.shapes == "warmed":
@@ -85,7 +89,8 @@ def served_shapes(settings: Settings) -> ServedShapes | None:
         for warmup in settings.warmup:
             served.setdefault(warmup.shape, set()).update(warmup.outputs)
         return {shape: frozenset(outputs) for shape, outputs in served.items()}
-    return {shape: frozenset(WARMUP_OUTPUTS) for shape in settings.shapes}
+    outputs = frozenset(WARMUP_OUTPUTS + (("framewise",) if framewise else ()))
+    return {shape: outputs for shape in settings.shapes}
 
 
 def watch_programs(vae: Any, settings: Settings, metrics: Metrics) -> None:
@@ -118,8 +123,12 @@ def warm_up(model: ModelState, settings: Settings) -> None:
     for warmup in settings.warmup:
         start = time.monotonic()
         for output in warmup.outputs:
-            programs = model.runner.compile(warmup.shape, output="uint8" if output == "stream" else output,
-                                            stream=output == "stream")
+            if output == "framewise":  # both of its outputs; its stream is its uint8 decode in pieces
+                programs = [program for frames in ("uint8", "float")
+                            for program in model.runner.compile(warmup.shape, output=frames, stream=False, framewise=True)]
+            else:
+                programs = model.runner.compile(warmup.shape, output="uint8" if output == "stream" else output,
+                                                stream=output == "stream")
             check_memory(model, programs)
         log.info("warm-up %s compiled in %.1f s", warmup, time.monotonic() - start)
     if settings.encode_warmup and not model.vae.has_encoder:

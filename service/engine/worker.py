@@ -357,7 +357,7 @@ class Worker:
         inputs = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
         head = batch[0]
         if head.operation == "decode":
-            return self._runner.decode(inputs, output=head.output)
+            return self._runner.decode(inputs, output=head.output, framewise=head.framewise)
         requests = [(job.encode, job.size) for job in batch if job.encode is not None]
         return self._runner.encode(inputs, requests), np.zeros(len(inputs), np.int32)
 
@@ -372,7 +372,7 @@ class Worker:
     def _steps(self, job: Job, latents: np.ndarray) -> Iterator[Any]:
         assert self._runner is not None
         if job.operation == "decode":
-            return self._runner.decode_stream(latents)
+            return self._runner.decode_stream(latents, framewise=job.framewise)
         raise ValueError(f"operation {job.operation!r} does not stream")
 
     def _step(self, run: StepRun) -> None:

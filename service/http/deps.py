@@ -108,6 +108,8 @@ def decode_params(
     scaling_factor: ScalingQuery = None,
     shift_factor: ShiftQuery = None,
     timeout_s: TimeoutQuery = None,
+    framewise: Annotated[bool, Query(description="HunyuanVideo 1.0 only: decode as diffusers does by default "
+                                     "(tiles of 16 frames, blended), not the whole clip")] = False,
 ) -> DecodeParams:
     settings = state.settings
     if denormalize is None:
@@ -119,6 +121,7 @@ def decode_params(
         frame=frame, shape=parse_shape(shape, check=check_latent_dims), dtype=dtype,
         scaling_factor=_float32("scaling_factor", scaling_factor, positive=True),
         shift_factor=_float32("shift_factor", shift_factor), timeout_s=min(timeout_s or cap, cap),
+        framewise=framewise,
     )
 
 

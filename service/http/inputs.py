@@ -29,7 +29,15 @@ class DecodeInputs:
 def _stepped(shape: tuple[int, ...], params: DecodeParams, model: ModelState) -> bool:
     """Whether the decode runs step by step (the stream programs) or whole; ``ShapeNotServed``
     when ``--shapes`` serves neither. An MP4 is encoded while it decodes wherever the stream
-    programs are served, else made from the whole decode."""
+    programs are served, else made from the whole decode. A framewise decode is a whole decode
+    (HunyuanVideo 1.0's only), streamed in pieces when asked to."""
+    if params.framewise:
+        if not model.framewise:
+            raise Problem(422, "invalid-parameter", "framewise=true is diffusers' default decode of HunyuanVideo "
+                          f"1.0 clips; the {model.vae.config.family} VAE decodes a clip exactly as it is",
+                          expected="framewise=false", received="framewise=true")
+        model.check_served(shape, "framewise")
+        return params.stream
     if params.stream:
         model.check_served(shape, "stream")
         return True

@@ -30,6 +30,7 @@ class DecodeParams:
     scaling_factor: float | None
     shift_factor: float | None
     timeout_s: float
+    framewise: bool = False  # HunyuanVideo 1.0: diffusers' default tiling in time instead of the whole clip
 
     @property
     def output(self) -> Output:
@@ -96,6 +97,7 @@ class LatentsInfo(BaseModel):
     # True: a stream sends each step's frames as it is decoded. False (HunyuanVideo 1.0, whose
     # statistics span the clip): the whole clip is decoded before the first chunk is sent.
     causal: bool
+    framewise: bool  # framewise=true offered: diffusers' default tiling in time (HunyuanVideo 1.0)
     max_batch: int
     max_latent_frames: int  # largest T with 1 + temporal_scale (T - 1) ≤ max_frames
     max_latent_height: int  # largest H with spatial_scale H ≤ max_height

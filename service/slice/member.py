@@ -60,9 +60,10 @@ def requests_from_json(rows: list[list]) -> list[tuple[EncodeOptions, int]]:
 def runner_handlers(runner: DeviceRunner) -> dict[str, Handler]:
     """The runner's operations as call handlers, the same table on every process."""
     return {
-        "decode": lambda latents, output: runner.decode(latents, output=output),
-        "decode_stream": lambda latents: runner.decode_stream(latents),
-        "compile": lambda _, shape, output, stream: runner.compile(tuple(shape), output=output, stream=stream),
+        "decode": lambda latents, output, framewise: runner.decode(latents, output=output, framewise=framewise),
+        "decode_stream": lambda latents, framewise: runner.decode_stream(latents, framewise=framewise),
+        "compile": lambda _, shape, output, stream, framewise: runner.compile(tuple(shape), output=output, stream=stream,
+                                                                             framewise=framewise),
         "encode": lambda frames, requests: runner.encode(frames, requests_from_json(requests)),
         "compile_encode": lambda _, shape: runner.compile_encode(tuple(shape)),
     }
@@ -90,22 +91,23 @@ class SliceRunner:
         self._leader = leader
         self.vae, self.mesh, self.buckets = runner.vae, runner.mesh, runner.buckets
 
-    def decode(self, latents: np.ndarray, *, output: Output = "uint8") -> Decoded:
+    def decode(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False) -> Decoded:
         with _unavailable_when_failed():
-            return self._leader.call("decode", latents, output=output)
+            return self._leader.call("decode", latents, output=output, framewise=framewise)
 
-    def decode_stream(self, latents: np.ndarray) -> Iterator[Decoded]:
-        steps = self._leader.stream("decode_stream", latents)
+    def decode_stream(self, latents: np.ndarray, *, framewise: bool = False) -> Iterator[Decoded]:
+        steps = self._leader.stream("decode_stream", latents, framewise=framewise)
         try:
             with _unavailable_when_failed():
                 yield from steps
         finally:
             steps.close()  # a reader that left: the remaining steps still run on every process
 
-    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool) -> CompiledPrograms:
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool, framewise: bool = False) -> CompiledPrograms:
         """Every process compiles; process 0's programs are returned (for the memory check)."""
         with _unavailable_when_failed():
-            return self._leader.call("compile", None, shape=list(shape), output=output, stream=stream)
+            return self._leader.call("compile", None, shape=list(shape), output=output, stream=stream,
+                                     framewise=framewise)
 
     def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray:
         """Seeds were resolved on process 0 (when the requests arrived), so every process draws the same noise."""

@@ -141,13 +141,13 @@ class PoisonRunner(DeviceRunner):
 
     POISON = 7.0
 
-    def decode(self, latents, *, output="uint8"):
+    def decode(self, latents, *, output="uint8", framewise=False):
         if latents[0].flat[0] == self.POISON:
             raise RuntimeError("device fell over")
-        return super().decode(latents, output=output)
+        return super().decode(latents, output=output, framewise=framewise)
 
-    def decode_stream(self, latents):
-        for index, step in enumerate(super().decode_stream(latents)):
+    def decode_stream(self, latents, *, framewise=False):
+        for index, step in enumerate(super().decode_stream(latents, framewise=framewise)):
             if latents[0].flat[0] == self.POISON and index == 1:  # after the first chunk went out
                 raise RuntimeError("device fell over mid-stream")
             yield step
@@ -157,11 +157,11 @@ class GarbageRunner(DeviceRunner):
     """Frames of a shape no video encoder takes: mp4 answers (encoded from the stream's steps)
     fail inside the app, an internal error, not a device error; npy answers still work."""
 
-    def decode(self, latents, *, output="uint8"):
+    def decode(self, latents, *, output="uint8", framewise=False):
         return Decoded(np.zeros((latents.shape[0], 2), np.uint8), np.zeros(latents.shape[0], np.int32))
 
-    def decode_stream(self, latents):
-        yield self.decode(latents)
+    def decode_stream(self, latents, *, framewise=False):
+        yield self.decode(latents, framewise=framewise)
 
 
 class HeldRunner(DeviceRunner):
@@ -170,8 +170,8 @@ class HeldRunner(DeviceRunner):
 
     release = threading.Event()
 
-    def decode_stream(self, latents):
-        steps = list(super().decode_stream(latents))
+    def decode_stream(self, latents, *, framewise=False):
+        steps = list(super().decode_stream(latents, framewise=framewise))
         yield from steps[:-1]
         self.release.wait(60)
         yield steps[-1]

@@ -16,14 +16,16 @@ import httpx
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 import models
 from models.decode import to_uint8
+from service.cli import main
 from service.client import decode, decode_stream
 from service.codecs.video import read_mp4
-from tests.helpers.hunyuan_reference import HY10_TINY, HY15_TINY, seeded_weights
+from tests.helpers.hunyuan_reference import CASES, FRAMEWISE_CASE, FRAMEWISE_SHAPE, HY10_TINY, HY15_TINY, seeded_weights
 from tests.helpers.service_helpers import app_client, latents, thread_server
-from tests.helpers.wan_reference import write_diffusers_folder
+from tests.helpers.wan_reference import fixture_path, write_diffusers_folder
 
 CONFIGS = {"hy10": HY10_TINY, "hy15": HY15_TINY}
 LATENT = (1, 16, 3, 3, 2)  # 9 frames; 1.0: 24 x 16, 1.5: 48 x 32
@@ -47,6 +49,16 @@ def _reference_uint8(vae, x: np.ndarray, *, scaled: bool = True) -> np.ndarray:
     return np.asarray(to_uint8(jnp.moveaxis(frames, 1, -1)))[0]
 
 
+def _uint8(frames: np.ndarray) -> np.ndarray:
+    """Float frames ``(B, 3, F, H, W)`` (diffusers' decode, unclamped) as the service's uint8 ``(B, F, H, W, 3)``."""
+    return np.asarray(to_uint8(jnp.moveaxis(jnp.clip(jnp.asarray(frames), -1, 1), 1, -1)))
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
+
+
 def test_models_describe_the_latents(served):
     name, vae, server = served
     info = httpx.get(server.url + "/v1/models").json()["data"][0]
@@ -57,7 +69,7 @@ def test_models_describe_the_latents(served):
         "max_latent_frames": 3, "max_latent_height": 64 // config.spatial_scale,
         "max_latent_width": 64 // config.spatial_scale,
         "latents_mean": [0.0] * 16, "latents_std": [pytest.approx(1 / config.scaling_factor)] * 16,
-        "causal": name == "hy15"}
+        "causal": name == "hy15", "framewise": name == "hy10"}
     assert info["encodes"] is True
 
 
@@ -113,6 +125,50 @@ def test_diffusers_remote_encode(served):
     assert np.abs(scaled.numpy() - want * vae.config.scaling_factor).max() <= ENCODE_TOLERANCE
 
 
+@pytest.mark.parametrize("served", ["hy15"], indirect=True)
+def test_framewise_is_refused_where_the_model_has_none(served):
+    _, _, server = served
+    r = httpx.post(server.url + "/v1/decode", content=latents(LATENT).tobytes(), timeout=60,
+                   params={"shape": "1,16,3,3,2", "dtype": "float32", "framewise": "true", "output_type": "npy"},
+                   headers={"Content-Type": "tensor/binary"})
+    assert r.status_code == 422, r.text
+    assert (r.json()["expected"], r.json()["received"]) == ("framewise=false", "framewise=true")
+    assert "HunyuanVideo 1.0" in r.json()["detail"] and "hunyuan1.5" in r.json()["detail"]
+    assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def test_framewise_decode_is_diffusers_default_served(tmp_path):
+    """``framewise=true`` on a 1.0 clip of three tiles: diffusers' default decode (the committed
+    fixture), not the model's whole-clip decode, from programs compiled at warm-up only
+    (``--warmup ...:framewise --shapes warmed``): uint8 frames, the float tensor, the stream."""
+    fixture = load_file(str(fixture_path(FRAMEWISE_CASE + "_framewise", FRAMEWISE_SHAPE)))
+    config, seed = CASES[FRAMEWISE_CASE][:2]
+    folder = write_diffusers_folder(tmp_path / "hy10", config, seeded_weights(config, seed))
+    vae = models.load_vae(folder)
+    x, shape = fixture["latents"], FRAMEWISE_SHAPE[1:]
+    tiled = _uint8(fixture["framewise"])[0]
+    whole = _uint8(fixture["frames"])[0]
+    assert np.abs(tiled.astype(int) - whole).max() > 20  # the two decodes differ: the test can tell them apart
+    warmup = "x".join(map(str, shape)) + ":framewise"
+    with thread_server(vae, max_batch=1, max_frames=25, max_height=64, max_width=64, warmup=[warmup],
+                       shapes="warmed") as server:
+        compiled = httpx.get(server.url + "/v1/models").json()["data"][0]["compiled"]
+        assert sorted(compiled) == [["decode", [1, *shape], "float+framewise"], ["decode", [1, *shape], "uint8+framewise"]]
+        frames = decode(server.url, x, output_type="npy", framewise=True)[0]
+        assert frames.shape == tiled.shape and np.abs(frames.astype(int) - tiled).max() <= 1
+        chunks = list(decode_stream(server.url, x, framewise=True))
+        assert [c.shape[1] for c in chunks] == [1, 4, 4, 4, 4, 4, 4]
+        assert np.array_equal(np.concatenate(chunks, axis=1)[0], frames)
+        tensor = decode(server.url, x, output_type="pt", framewise=True)  # float16, as diffusers' remote_decode takes it
+        assert _max_diff(tensor, np.clip(fixture["framewise"], -1, 1)) <= 1e-3
+        assert _max_diff(tensor, np.clip(fixture["frames"], -1, 1)) > 0.1
+        refused = httpx.post(server.url + "/v1/decode", content=x.tobytes(), timeout=60, headers={"Content-Type": "tensor/binary"},
+                             params={"shape": ",".join(map(str, x.shape)), "dtype": "float32", "output_type": "npy"})
+        assert refused.status_code == 422 and refused.json()["received"].endswith(":uint8"), refused.text
+        assert httpx.get(server.url + "/v1/models").json()["data"][0]["compiled"] == compiled  # nothing compiled since
+    np.save(tmp_path / "z.npy", x)
+    assert main(["decode", str(tmp_path / "z.npy"), "-o", str(tmp_path / "f.npy"), "--model", str(folder), "--framewise"]) == 0
+    assert np.array_equal(np.load(tmp_path / "f.npy")[0], frames)  # the offline CLI's option too
 def test_errors_name_the_models_channels(served):
     _, vae, server = served
     x = latents((1, 32, 2, 2, 2))

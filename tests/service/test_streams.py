@@ -131,7 +131,7 @@ class BigStepRunner(DeviceRunner):
 
     made = 0
 
-    def decode_stream(self, latents):
+    def decode_stream(self, latents, *, framewise=False):
         for index in range(STEPS):
             BigStepRunner.made += 1
             yield Decoded(np.full(STEP, index, np.uint8), np.zeros(1, np.int32))

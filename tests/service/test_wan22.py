@@ -62,7 +62,7 @@ def test_models_shows_the_2_2_latents_and_limits(server):
     assert info["latents"] == {"channels": 48, "spatial_scale": 16, "temporal_scale": 4, "max_batch": 2,
                                "max_latent_frames": 3, "max_latent_height": 4, "max_latent_width": 4,
                                "latents_mean": list(config.latents_mean), "latents_std": list(config.latents_std),
-                               "causal": True}
+                               "causal": True, "framewise": False}
     assert info["config"]["is_residual"] is True and info["config"]["patch_size"] == 2
     assert info["encodes"] is True
 

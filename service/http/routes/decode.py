@@ -30,7 +30,8 @@ async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsM
 
     def make_job(parsed: DecodeInputs, arrived: float) -> Job:
         return Job(request.state.request_id, "decode", parsed.latents, params.output, parsed.stepped,
-                   deadline=arrived + params.timeout_s, loop=asyncio.get_running_loop(), arrived=arrived)
+                   deadline=arrived + params.timeout_s, loop=asyncio.get_running_loop(), arrived=arrived,
+                   framewise=params.framewise)
 
     async def answer(job: Job, parsed: DecodeInputs) -> Response:
         def problem_for(error: EngineError) -> Problem:  # named with this request's scaling when not finite

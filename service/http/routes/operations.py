@@ -56,6 +56,7 @@ async def list_models(state: StateDep) -> ModelList:
     latents = LatentsInfo(
         channels=limits.channels, spatial_scale=limits.spatial_scale, temporal_scale=limits.temporal_scale,
         latents_mean=list(config.latents_mean), latents_std=list(config.latents_std), causal=config.causal,
+        framewise=model.framewise,
         max_batch=limits.max_batch, max_latent_frames=limits.max_latent_frames,
         max_latent_height=limits.max_latent_height, max_latent_width=limits.max_latent_width)
     return ModelList(data=[ModelInfo(
