@@ -99,3 +99,9 @@ def test_warmup_larger_than_the_cache_fails_start_up():
                     expect_ready=False) as client:
         ready = client.get("/readyz").json()
         assert ready["status"] == "failed" and "max_programs=1" in ready["detail"]
+
+
+def test_a_framewise_warmup_for_a_model_without_one_fails_start_up():
+    with app_client(micro_model(), warmup=["16x1x8x8:framewise"], max_batch=1, expect_ready=False) as client:
+        ready = client.get("/readyz").json()
+        assert ready["status"] == "failed" and "HunyuanVideo 1.0 only" in ready["detail"], ready
