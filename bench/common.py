@@ -23,10 +23,12 @@ SAMPLE_VIDEO = Path(__file__).resolve().parents[2] / "shared" / "data" / "sample
 
 def latent_shape(text: str) -> tuple[int, ...]:
     """argparse type: ``"1x16x3x60x104"`` → ``(1, 16, 3, 60, 104)`` (B, C, T, H, W)."""
-    shape = tuple(int(part) for part in text.lower().split("x"))
-    if len(shape) != 5:
-        raise argparse.ArgumentTypeError(f"expected BxCxTxHxW, got {text!r}")
-    return shape
+    from models.shapes import parse_shape_text
+
+    try:
+        return parse_shape_text(text, 5, "latents BxCxTxHxW")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def bench_config(name: str) -> models.WanVAEConfig:

@@ -157,12 +157,12 @@ print(f"{{time.monotonic() - start:.4f}}", flush=True)
 FULL_DECODE = ("import av, io, numpy as np",
                "frames = [f.to_ndarray(format='rgb24') for f in av.open(io.BytesIO(body)).decode(video=0)]\n"
                "video = 2.0 * (np.stack(frames).astype(np.float32) / np.float32(255.0)) - 1.0")
-INPUT_STAGE = ("import models\nfrom service.codecs.frames import plan_frames\nfrom service.engine.limits import Limits\n"
+INPUT_STAGE = ("import models\nfrom service.codecs.frames import frames_header\nfrom service.limits import Limits\n"
                "from service.settings import DEFAULT_VIDEO_CODECS, Settings\n"
                "s = Settings()\nlimits = Limits(channels=16, max_batch=s.max_batch, max_frames=s.max_frames, "
                "max_height=s.max_height, max_width=s.max_width)\nconfig = models.WanVAEConfig()",
-               "plan = plan_frames(body, 'video/mp4', None, None, config, limits, codecs=DEFAULT_VIDEO_CODECS)\n"
-               "frames = plan.read()\nassert frames.nbytes == plan.nbytes")
+               "header = frames_header(body, 'video/mp4', None, None, config, limits, codecs=DEFAULT_VIDEO_CODECS)\n"
+               "frames = header.read()\nassert frames.nbytes == header.nbytes")
 
 
 def in_child(body: bytes, setup: str, work: str) -> tuple[float, RssTrace]:

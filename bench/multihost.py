@@ -67,8 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _handlers(vae, mesh, record: dict) -> dict:
     """The calls every process makes; process 0's decode/gather times go into ``record``."""
     import jax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
 
     import sharding
 

@@ -124,8 +124,9 @@ def run(args: argparse.Namespace) -> None:
 
     import models
     import sharding
+    from models.shapes import parse_shape_text
     from sharding.chips import chip_facts, topology_devices
-    from sharding.planner import latent_shape_for_video, parse_dims, plan_mesh
+    from sharding.planner import latent_shape_for_video, plan_mesh
 
     finished = done(args.results)
     todo = [r for r in rows(args.platform, tuple(args.models or MODELS)) if key(r) not in finished
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> None:
         config = models.MODEL_NAMES[key(row)[0]]()
         vae = models.abstract_vae(config, dtype=row["dtype"])  # a fresh program cache: one program at a time
         devices = topology_devices(row["slice"])
-        latents = latent_shape_for_video(config, *parse_dims(row["video"], 3, "video"))
+        latents = latent_shape_for_video(config, *parse_shape_text(row["video"], 3, "video"))
         mesh = sharding.make_mesh(row["tp"], devices=devices)
         start, cpu = time.perf_counter(), time.process_time()
         try:

@@ -72,13 +72,13 @@ class SimulatedRunner:
         return np.broadcast_to(self.frames[first:first + count], (batch, count, *self.frames.shape[1:])).copy()
 
     def decode(self, latents: np.ndarray, *, output: str = "uint8") -> Any:
-        from service.engine.runner import Decoded
+        from sharding import Decoded
 
         assert output == "uint8", "the simulated device makes uint8 frames only"
         return Decoded(self._video(latents, 0, len(self.frames)), np.zeros(latents.shape[0], np.int64))
 
     def decode_stream(self, latents: np.ndarray) -> Iterator[Any]:
-        from service.engine.runner import Decoded
+        from sharding import Decoded
 
         first = 0
         for count in [1] + [4] * ((len(self.frames) - 1) // 4):  # Wan's steps: 1 frame, then 4 per latent
@@ -247,7 +247,7 @@ def main() -> None:
         return
     from tqdm import tqdm
 
-    from service.codecs.video import encode_mp4
+    from service.codecs.video import mp4_bytes
 
     # The encode alone, in this process, before the server starts: what a pipelined MP4 answer
     # (device and encoder overlapping) is held to, max(device time, encode time).
@@ -255,7 +255,7 @@ def main() -> None:
     encode_s = []
     for _ in tqdm(range(2), desc="encode alone", unit="run", leave=False):
         start = time.perf_counter()
-        encode_mp4(frames, fps=16, crf=18)
+        mp4_bytes(frames, fps=16, crf=18)
         encode_s.append(time.perf_counter() - start)
     del frames
     latents = (1, 16, (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)

@@ -8,85 +8,78 @@ names below that need JAX load on first use (PEP 562 ``__getattr__``).
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import (
-    ConfigError,
-    HunyuanVideo15Config,
-    HunyuanVideoConfig,
-    VAEConfig,
-    WanVAEConfig,
-    config_from_dict,
-    read_config,
+    ConfigError as ConfigError,
+    HunyuanVideo15Config as HunyuanVideo15Config,
+    HunyuanVideoConfig as HunyuanVideoConfig,
+    VAEConfig as VAEConfig,
+    WanVAEConfig as WanVAEConfig,
+    config_from_dict as config_from_dict,
+    read_config as read_config,
 )
-from .shapes import OUTPUTS, FramesError, LatentsError, NoEncoderError, Output, ShapeError
+from .shapes import (
+    OUTPUTS as OUTPUTS,
+    FramesError as FramesError,
+    LatentsError as LatentsError,
+    NoEncoderError as NoEncoderError,
+    Output as Output,
+    ShapeError as ShapeError,
+)
 
-# name -> the submodule that defines it (imported, with JAX, when the name is first used).
-_LAZY = {
-    "denormalize_latents": "decode", "to_uint8": "decode",
-    "latent_frames": "encode", "normalize_latents": "encode",
-    "MODEL_NAMES": "loading", "WeightsError": "loading", "convert_checkpoint": "loading", "load_config": "loading",
-    "load_vae": "loading", "save_vae": "loading",
-    "ProgramCache": "programs", "ProgramKey": "programs", "program_key": "programs",
-    "VAE": "vae", "abstract_vae": "vae", "init_vae": "vae",
-}
-
+# The names that need JAX, each declared once: in this block, which type checkers read. At run time
+# the same block is the table of what ``__getattr__`` imports on first use (``_lazy_names``).
 if TYPE_CHECKING:
-    from .decode import denormalize_latents, to_uint8
-    from .encode import latent_frames, normalize_latents
-    from .loading import (
-        MODEL_NAMES,
-        WeightsError,
-        convert_checkpoint,
-        load_config,
-        load_vae,
-        save_vae,
+    from .decode import (
+        denormalize_latents as denormalize_latents,
+        to_uint8 as to_uint8,
     )
-    from .programs import ProgramCache, ProgramKey, program_key
-    from .vae import VAE, abstract_vae, init_vae
+    from .encode import (
+        latent_frames as latent_frames,
+        normalize_latents as normalize_latents,
+    )
+    from .loading import (
+        MODEL_NAMES as MODEL_NAMES,
+        WeightsError as WeightsError,
+        convert_checkpoint as convert_checkpoint,
+        load_config as load_config,
+        load_vae as load_vae,
+        save_vae as save_vae,
+    )
+    from .programs import (
+        ProgramCache as ProgramCache,
+        ProgramKey as ProgramKey,
+        program_key as program_key,
+    )
+    from .vae import (
+        VAE as VAE,
+        abstract_vae as abstract_vae,
+        init_vae as init_vae,
+    )
+
+
+def _lazy_names() -> dict[str, str]:
+    """name -> submodule, read from the ``if TYPE_CHECKING:`` block of this file."""
+    tree = ast.parse(Path(__file__).read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    return {alias.name: node.module or "" for node in block.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names}
+
+
+_LAZY = _lazy_names()
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    elif name in ("conv", "decode", "decoder", "encode", "encoder", "families", "flops", "hunyuan", "hunyuan15",
-                  "keys", "layers", "loading", "programs", "spatial", "vae"):  # ``models.loading.X`` without importing the submodule first
+    elif importlib.util.find_spec(f".{name}", __name__) is not None:  # ``models.loading.X`` without importing it first
         value = importlib.import_module(f".{name}", __name__)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
     return value
-
-
-__all__ = [
-    "ConfigError",
-    "FramesError",
-    "HunyuanVideo15Config",
-    "HunyuanVideoConfig",
-    "LatentsError",
-    "MODEL_NAMES",
-    "NoEncoderError",
-    "OUTPUTS",
-    "Output",
-    "ProgramCache",
-    "ProgramKey",
-    "ShapeError",
-    "VAE",
-    "VAEConfig",
-    "WanVAEConfig",
-    "WeightsError",
-    "abstract_vae",
-    "config_from_dict",
-    "convert_checkpoint",
-    "denormalize_latents",
-    "init_vae",
-    "latent_frames",
-    "load_config",
-    "load_vae",
-    "normalize_latents",
-    "program_key",
-    "read_config",
-    "save_vae",
-    "to_uint8",
-]

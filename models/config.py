@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from .shapes import output_frames
+
 # Wan 2.1's published per-channel latent statistics (diffusers' AutoencoderKLWan defaults).
 WAN21_LATENTS_MEAN = (
     -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
@@ -180,7 +182,7 @@ class WanVAEConfig:
         return self.in_channels // self.patch**2
 
     def num_output_frames(self, latent_frames: int) -> int:
-        return 1 + self.temporal_scale * (latent_frames - 1)
+        return output_frames(latent_frames, self.temporal_scale)
 
     # -- checks --------------------------------------------------------------------------------
     def validate(self) -> None:
@@ -350,7 +352,7 @@ class HunyuanVideoConfig:
         return 2 ** sum(t for t, _ in self.up_factors())
 
     def num_output_frames(self, latent_frames: int) -> int:
-        return 1 + self.temporal_scale * (latent_frames - 1)
+        return output_frames(latent_frames, self.temporal_scale)
 
     # -- checks --------------------------------------------------------------------------------
     def validate(self) -> None:

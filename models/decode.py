@@ -18,7 +18,7 @@ from jax import lax
 from .config import VAEConfig
 from .decoder import DecoderCache
 from .families import DecoderModule, family_of
-from .shapes import Output
+from .shapes import Output, output_frames
 from .spatial import SpatialContext
 
 DEFAULT_CHUNK = 1  # latent frames per decode step: 1 holds the least memory
@@ -131,7 +131,7 @@ def decode_frames(
     axis = _time_axis(output)
     per_latent = model.temporal_scale  # frames per later latent frame; frame 0 yields one
     shape = list(first.shape)
-    shape[axis] = 1 + per_latent * (num_latent - 1)
+    shape[axis] = output_frames(num_latent, per_latent)
     buffer = lax.dynamic_update_slice_in_dim(jnp.zeros(shape, first.dtype), first, 0, axis)
 
     def step(carry, z_chunk, start):

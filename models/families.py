@@ -17,8 +17,7 @@ import jax
 
 from .config import ConfigError, HunyuanVideo15Config, HunyuanVideoConfig, VAEConfig, WanVAEConfig
 from .decoder import WanDecoder
-from .encoder import WanEncoder
-from .encoder import check_encoder_config as check_wan_encoder
+from .encoder import WanEncoder, check_encoder_config as check_wan_encoder
 from .hunyuan import HunyuanVideoDecoder, HunyuanVideoEncoder
 from .hunyuan15 import HunyuanVideo15Decoder, HunyuanVideo15Encoder
 from .spatial import SpatialContext

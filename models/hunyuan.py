@@ -29,6 +29,7 @@ from .config import HunyuanVideoConfig
 from .conv import downsample2x_causal_conv3x3x3, initial_past, next_cache, upsample2x_causal_conv3x3x3
 from .decoder import scan_frame_groups
 from .layers import PointwiseConv, ReplicateConv3d, scoped
+from .shapes import output_frames
 from .spatial import SpatialContext
 
 GROUP_NORM_EPS = 1e-6  # diffusers builds every HunyuanVideo GroupNorm with eps=1e-6
@@ -306,7 +307,7 @@ class HunyuanVideoDecoder(nnx.Module):
         stacked = jnp.stack([lax.dynamic_slice_in_dim(z, start, tiles[0][1], axis=1) for start in full])
         decoded = list(lax.map(decode, stacked)) if len(full) > 1 else [decode(stacked[0])]
         decoded += [decode(z[:, start:stop]) for start, stop in tiles[len(full):]]
-        return blend_tiles(decoded, 1 + self.temporal_scale * (z.shape[1] - 1))
+        return blend_tiles(decoded, output_frames(z.shape[1], self.temporal_scale))
 
 
 def framewise_tiles(latent_frames: int, temporal_scale: int) -> list[tuple[int, int]]:

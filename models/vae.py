@@ -24,6 +24,7 @@ from .shapes import (
     check_frames_shape,
     check_latents_shape,
     check_output,
+    output_frames,
 )
 from .spatial import SingleDeviceContext
 
@@ -223,8 +224,8 @@ def split_stream(frames: np.ndarray, latent_frames: int, chunk: int, temporal_sc
     """Decoded uint8 frames ``(B, F, H, W, 3)`` in the pieces a causal stream yields: frame 0, then
     ``temporal_scale`` frames per latent frame of each ``stream_steps`` step."""
     for start, stop in stream_steps(latent_frames, chunk):
-        first = 0 if start == 0 else 1 + temporal_scale * (start - 1)
-        yield frames[:, first : 1 + temporal_scale * (stop - 1)]
+        first = 0 if start == 0 else output_frames(start, temporal_scale)
+        yield frames[:, first : output_frames(stop, temporal_scale)]
 
 
 def _avals(tree):

@@ -54,7 +54,3 @@ class Problem(Exception):
             body["received"] = self.received
         return body
 
-
-def shape_text(shape: tuple[int, ...] | list[int]) -> str:
-    """``(16, 2, 4, 4)`` → ``"16x2x4x4"``, as shapes appear in details and settings."""
-    return "x".join(map(str, shape))

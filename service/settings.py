@@ -9,11 +9,12 @@ embedders can make their own. Environment variables use the prefix ``VAESERVE_``
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from models.shapes import parse_shape_text, shape_text
 
 LatentShape = tuple[int, int, int, int]  # (C, T, H, W) of one latent, without the batch dim
 FrameShape = tuple[int, int, int, int]  # (3, F, H, W) of one video to encode, without the batch dim
@@ -27,30 +28,21 @@ WARMUP_OUTPUTS: tuple[WarmupOutput, ...] = ("uint8", "float", "stream")
 VideoCodec = Literal["h264", "hevc", "mpeg4", "av1", "vp9"]
 DEFAULT_VIDEO_CODECS: tuple[VideoCodec, ...] = ("h264", "hevc", "mpeg4")
 
-_SHAPE_RE = re.compile(r"^\s*([0-9]+)\s*[x,]\s*([0-9]+)\s*[x,]\s*([0-9]+)\s*[x,]\s*([0-9]+)\s*$")
-
-
 def parse_latent_shape(text: str | tuple | list) -> LatentShape:
     """``"16x21x60x104"`` (or ``"16,21,60,104"``, or a 4-sequence) -> ``(16, 21, 60, 104)``."""
-    return _parse_four(text, "latent shape", "CxTxHxW (e.g. 16x21x60x104)", "(C, T, H, W)")
+    return _four(text, "a latent shape CxTxHxW (e.g. 16x21x60x104)")
 
 
 def parse_frame_shape(text: str | tuple | list) -> FrameShape:
     """``"3x81x480x832"`` (or ``"3,81,480,832"``, or a 4-sequence) -> ``(3, 81, 480, 832)``."""
-    return _parse_four(text, "frame shape", "3xFxHxW (e.g. 3x81x480x832)", "(3, F, H, W)")
+    return _four(text, "a frame shape 3xFxHxW (e.g. 3x81x480x832)")
 
 
-def _parse_four(text: str | tuple | list, what: str, form: str, sizes: str) -> tuple[int, int, int, int]:
+def _four(text: str | tuple | list, what: str) -> tuple[int, int, int, int]:
     if isinstance(text, (tuple, list)):
-        values = tuple(int(v) for v in text)
-    else:
-        match = _SHAPE_RE.match(text)
-        if match is None:
-            raise ValueError(f"{what} must look like {form}, got {text!r}")
-        values = tuple(int(v) for v in match.groups())
-    if len(values) != 4 or min(values) < 1:
-        raise ValueError(f"{what} needs 4 positive sizes {sizes}, got {text!r}")
-    return values
+        text = shape_text([int(v) for v in text])
+    c, t, h, w = parse_shape_text(text, 4, what)
+    return c, t, h, w
 
 
 class Warmup(BaseModel):

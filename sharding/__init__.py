@@ -11,7 +11,7 @@ their ahead-of-time compiled programs (``compile_decode``, ``compile_decode_stre
 from .bands import BandLayout, SplitError, band_layout, choose_split
 from .chips import TopologyError, topology_devices
 from .decode import (
-    DecodedStep,
+    Decoded,
     compile_decode,
     compile_decode_stream,
     put_latents,
@@ -21,10 +21,11 @@ from .decode import (
     to_host,
 )
 from .encode import compile_encode, put_frames, replicated_encoder_state, sharded_encode
+from .fits import WontFitError, check_fits
 from .halo import BandContext
 from .introspect import collectives, halo_bytes, hlo_text, memory_stats
 from .mesh import DP_AXIS, MESH_AXES, TP_AXIS, MeshError, make_mesh
-from .planner import PlanError, WontFitError, check_fits, plan_decode
+from .planner import PlanError, plan_decode
 
 __all__ = [
     "DP_AXIS",
@@ -32,7 +33,7 @@ __all__ = [
     "TP_AXIS",
     "BandContext",
     "BandLayout",
-    "DecodedStep",
+    "Decoded",
     "MeshError",
     "PlanError",
     "SplitError",

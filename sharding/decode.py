@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from models.conv import native_conv_for
 from models.decode import check_framewise, full_program, resolve_chunk, step_program, stream_steps
@@ -327,9 +326,10 @@ def sharded_decode(
     return frames
 
 
-class DecodedStep(NamedTuple):
-    """One step of a streamed decode, on the host: uint8 frames ``(B, f, sH, sW, 3)`` and the
-    ``(B,)`` count of NaN/Inf values the decoder produced for them (0 when all is well)."""
+class Decoded(NamedTuple):
+    """A decode (or one step of a streamed decode) on the host: its frames — uint8 ``(B, F, sH, sW,
+    3)`` or float32 ``(B, 3, F, sH, sW)`` — and the ``(B,)`` count of NaN/Inf values the decoder
+    produced for them (0 when all is well)."""
 
     frames: np.ndarray
     nonfinite: np.ndarray
@@ -346,8 +346,8 @@ def sharded_decode_stream(
     inner_frames: int | None = None,
     query_chunk: int = 4096,
     framewise: bool = False,
-) -> Iterator[DecodedStep]:
-    """Yield each sharded decode step's host frames (``DecodedStep``) as soon as it finishes.
+) -> Iterator[Decoded]:
+    """Yield each sharded decode step's host frames (``Decoded``) as soon as it finishes.
 
     Step 0 decodes latent frame 0 (``f = 1``); every later step ``chunk`` latent frames
     (``f = 4 · chunk``, fewer at the end). The caches between steps stay sharded on the mesh.
@@ -366,7 +366,7 @@ def sharded_decode_stream(
         frames, nonfinite = to_host(frames), band_total(counts)
         for index, piece in enumerate(split_stream(frames, latents.shape[2], resolve_chunk(chunk),
                                                    vae.config.temporal_scale)):
-            yield DecodedStep(piece, nonfinite if index == 0 else np.zeros_like(nonfinite))
+            yield Decoded(piece, nonfinite if index == 0 else np.zeros_like(nonfinite))
         return
     programs = _stream_programs(vae, latents.shape, mesh, denormalize=denormalize, split=split,
                                 chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk)
@@ -374,4 +374,4 @@ def sharded_decode_stream(
     caches = None
     for (start, stop), step in programs.items():
         frames, caches, nonfinite = step(state, caches, put_latents(latents[:, :, start:stop], mesh))
-        yield DecodedStep(to_host(frames), band_total(nonfinite))
+        yield Decoded(to_host(frames), band_total(nonfinite))

@@ -6,10 +6,12 @@ width) that exchange one-row halos. The mesh is built once by the caller and pas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 
 DP_AXIS = "dp"
@@ -22,24 +24,40 @@ class MeshError(ValueError):
 
 
 def host_major(devices: Sequence[jax.Device]) -> list[jax.Device]:
-    """``devices`` grouped by the process (host) that owns them, each host's in their given order.
-
-    Cut into rows of ``tp``, this keeps a frame's bands on one host wherever ``tp`` allows: the halo
-    exchange then crosses hosts only where a band group must span them.
-    """
+    """``devices`` grouped by the process (host) that owns them, each host's in their given order."""
     return sorted(devices, key=lambda device: device.process_index)
+
+
+def device_grid(tp: int, dp: int, devices: Sequence[jax.Device]) -> np.ndarray:
+    """``dp x tp`` of ``devices`` (the first ``dp · tp``, host by host), laid out by JAX's
+    ``mesh_utils``, which knows the TPU torus and the hosts.
+
+    The devices of one TPU slice share one chip-to-chip network, hosts or not: the mesh follows the
+    torus, so neighbouring ``tp`` ranks are neighbouring chips where the slice allows it. Where a
+    network joins *granules* — TPU slices, or the processes of a CPU/GPU job — ``tp`` fills a
+    granule before it spans two (``create_hybrid_device_mesh``). Meshes that ``mesh_utils`` cannot
+    lay on the hardware (a tp of 3 on a 2x4 slice, say) keep the devices' own order."""
+    chosen = host_major(devices)[: tp * dp]
+    tpu = chosen[0].platform == "tpu"
+    granules = len({getattr(d, "slice_index", 0) if tpu else d.process_index for d in chosen})
+    try:
+        if granules == 1:
+            return mesh_utils.create_device_mesh((dp, tp), devices=chosen)
+        per_granule = len(chosen) // granules
+        tp_inside = math.gcd(tp, per_granule)
+        inside = (per_granule // tp_inside, tp_inside)
+        return mesh_utils.create_hybrid_device_mesh(inside, (dp // inside[0], tp // tp_inside), devices=chosen,
+                                                    process_is_granule=not tpu)
+    except (ValueError, NotImplementedError, AssertionError):
+        return np.asarray(chosen, dtype=object).reshape(dp, tp)
 
 
 def make_mesh(tp: int, dp: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A ``(dp, tp)`` mesh over ``dp · tp`` devices (the first ones of ``devices``, or of every
-    process's devices, host by host).
-
-    Neighbouring ``tp`` ranks are adjacent devices, so on hardware with a ring/torus the halo
-    exchange runs between neighbours; on a multi-host slice ``tp`` fills a host before it spans two.
-    """
+    process's devices, host by host), laid out by :func:`device_grid`."""
     if not (isinstance(tp, int) and isinstance(dp, int)) or tp < 1 or dp < 1:
         raise MeshError(f"tp and dp must be integers ≥ 1; received tp={tp!r}, dp={dp!r}")
-    devices = host_major(jax.devices()) if devices is None else list(devices)
+    devices = list(jax.devices() if devices is None else devices)
     needed = tp * dp
     if needed > len(devices):
         raise MeshError(
@@ -47,8 +65,7 @@ def make_mesh(tp: int, dp: int = 1, devices: Sequence[jax.Device] | None = None)
             f"({devices[0].platform if devices else 'none'}). On CPU, force more with "
             "XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts."
         )
-    grid = np.asarray(devices[:needed], dtype=object).reshape(dp, tp)
-    return Mesh(grid, MESH_AXES)
+    return Mesh(device_grid(tp, dp, devices), MESH_AXES)
 
 
 def device_key(device: jax.Device) -> tuple:

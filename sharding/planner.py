@@ -28,12 +28,13 @@ from tqdm import tqdm
 
 from models.config import VAEConfig
 from models.flops import decode_flops
-from models.shapes import Output, check_output
+from models.shapes import Output, check_output, latents_for_frames, misfits
 from models.vae import VAE
 
 from .bands import band_layout
 from .chips import ChipFacts, chip_facts, devices_per_chip
 from .decode import compile_decode
+from .fits import program_total_bytes
 from .introspect import collective_summary, collectives, halo_bytes, program_memory
 from .mesh import DP_AXIS, TP_AXIS, make_mesh
 
@@ -43,42 +44,17 @@ class PlanError(ValueError):
 
 
 # -- shapes -------------------------------------------------------------------------------------
-def parse_dims(text: str, count: int, what: str) -> tuple[int, ...]:
-    """``"1280x720x81"`` → ``(1280, 720, 81)``; ``count`` positive integers joined by ``x``."""
-    parts = text.lower().replace("×", "x").split("x")
-    try:
-        dims = tuple(int(p) for p in parts)
-    except ValueError:
-        dims = ()
-    if len(dims) != count or min(dims, default=0) < 1:
-        raise PlanError(f"{what} must be {count} positive integers joined by 'x'; received {text!r}")
-    return dims
-
-
-def _nearest(value: int, step: int, offset: int = 0) -> tuple[int, int]:
-    """The valid values ``offset + k·step`` just below and just above ``value`` (≥ offset + step below)."""
-    below = offset + max(1 if offset == 0 else 0, (value - offset) // step) * step
-    return below, below + step
-
-
 def latent_shape_for_video(config: VAEConfig, width: int, height: int, frames: int) -> tuple[int, int, int, int]:
     """Latents ``(C, T, H, W)`` that decode to ``frames`` frames of ``width x height``.
 
     The decoder yields ``1 + temporal_scale·(T − 1)`` frames of ``spatial_scale`` times the latent
-    size; other sizes are refused with the nearest ones that exist.
+    size; other sizes are refused (``PlanError``) with the nearest ones that exist.
     """
     spatial, temporal = config.spatial_scale, config.temporal_scale
-    problems = []
-    for name, size in (("width", width), ("height", height)):
-        if size % spatial:
-            low, high = _nearest(size, spatial)
-            problems.append(f"{name} {size} is not a multiple of {spatial}: nearest valid {low} or {high}")
-    if (frames - 1) % temporal:
-        low, high = _nearest(frames, temporal, offset=1)
-        problems.append(f"{frames} frames is not 1 + {temporal}k: nearest valid {low} or {high}")
+    problems = misfits(width, height, frames, spatial=spatial, temporal=temporal)
     if problems:
-        raise PlanError("; ".join(problems))
-    return config.z_dim, 1 + (frames - 1) // temporal, height // spatial, width // spatial
+        raise PlanError("; ".join(map(str, problems)))
+    return config.z_dim, latents_for_frames(frames, temporal), height // spatial, width // spatial
 
 
 def video_for_latents(config: VAEConfig, shape: Sequence[int]) -> tuple[int, int, int]:
@@ -301,74 +277,4 @@ def plan_decode(vae: VAE, latents: Sequence[int], devices: Sequence[jax.Device],
         dtype=vae.dtype, output=output, latents=(batch, *tuple(latents)), inner_frames=inner_frames,
         video=video_for_latents(vae.config, latents), headroom=headroom, meshes=meshes, skipped=skipped,
         recommendation=recommend(meshes, len(devices)),
-    )
-
-
-# -- the guard at serve time ------------------------------------------------------------------------
-class WontFitError(RuntimeError):
-    """A compiled program that needs more memory per device than the device has."""
-
-
-def program_total_bytes(memory: dict[str, int]) -> int:
-    """Bytes one device holds while the program runs: arguments + output − aliased + temp + code."""
-    return (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"] + memory["temp_bytes"]
-            + memory["code_bytes"])
-
-
-def device_bytes_limit(devices: Sequence[jax.Device]) -> int | None:
-    """The least ``memory_stats()["bytes_limit"]`` over ``devices``; None where the runtime reports
-    none (CPU devices, abstract TPU devices)."""
-    limits = []
-    for device in devices:
-        try:
-            stats = device.memory_stats()
-        except Exception:  # noqa: BLE001 - unimplemented on some platforms
-            stats = None
-        if stats and "bytes_limit" in stats:
-            limits.append(int(stats["bytes_limit"]))
-    return min(limits) if limits else None
-
-
-def _size(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
-def what_would_fit(memory: dict[str, int], *, batch: int, tp: int, dp: int, devices: int, limit: int) -> str:
-    """An estimate of the tp (or the batch) that would fit ``limit``, from one compiled program.
-
-    Weights and code stay the same per device; temp and output bytes scale as ``batch / tp``
-    (``memory_analysis`` over tp = 1, 2, 4, 8 follows that closely). An estimate to confirm with
-    ``vaeserve plan``, not a promise.
-    """
-    fixed = memory["argument_bytes"] + memory["code_bytes"] - memory["alias_bytes"]
-    scaling = memory["temp_bytes"] + memory["output_bytes"]
-    per_replica = max(1, batch // dp)
-    for candidate in (2**k for k in range(1, 12)):
-        if tp < candidate <= devices // dp and fixed + scaling * tp / candidate <= limit:
-            return (f"tp={candidate} would fit (estimated {_size(fixed + scaling * tp / candidate)} per device; "
-                    f"{devices} devices here): serve with --tp {candidate} --dp {max(1, devices // candidate)}")
-    most = int((limit - fixed) // (scaling / per_replica)) if limit > fixed and scaling else 0
-    if 1 <= most < per_replica:
-        return f"a batch of {most} per replica would fit (estimated): serve with --max-batch {most * dp}"
-    return ("no tp or batch on these devices fits (estimated): serve a smaller shape, bfloat16, or more devices "
-            "per frame (check with `vaeserve plan`)")
-
-
-def check_fits(compiled: jax.stages.Compiled, *, shape: tuple[int, ...], mesh: jax.sharding.Mesh,
-               limit: int, devices: int | None = None, what: str = "the decode of latents") -> int:
-    """The bytes per device of ``compiled`` (the decode of NCTHW latents ``shape`` on ``mesh``) if they
-    fit ``limit``; else ``WontFitError`` with the shape, the bytes needed vs available and what would fit.
-    ``devices``: how many the host has (default: the mesh's); ``what``: the program, for the message
-    (``"the encode of frames"`` for an encode)."""
-    memory = program_memory(compiled)
-    needed = program_total_bytes(memory)
-    if needed <= limit:
-        return needed
-    tp, dp = mesh.shape[TP_AXIS], mesh.shape[DP_AXIS]
-    hint = what_would_fit(memory, batch=shape[0], tp=tp, dp=dp, devices=devices or mesh.devices.size, limit=limit)
-    raise WontFitError(
-        f"{what} {tuple(shape)} at tp={tp}, dp={dp} needs {_size(needed)} per device "
-        f"(weights and inputs {_size(memory['argument_bytes'])}, output {_size(memory['output_bytes'])}, "
-        f"temp {_size(memory['temp_bytes'])}, code {_size(memory['code_bytes'])}) but {_size(limit)} "
-        f"are available ({needed} > {limit} bytes); {hint}"
     )

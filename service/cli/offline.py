@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..codecs.frames import BodyFormat, plan_body
+from ..codecs.frames import BodyFormat, read_frames_header
 from ..codecs.latents import check_latent_dims, serialize_latents
 from ..codecs.mp4 import ALL_CODECS
-from ..codecs.tensors import encode_npy, parse_npy, parse_safetensors
-from ..codecs.video import encode_mp4
+from ..codecs.tensors import npy_bytes, parse_npy, parse_safetensors
+from ..codecs.video import mp4_bytes
 from ..engine.batches import pad_batch
-from ..engine.limits import Limits
+from ..limits import Limits
 from ..problem import Problem
 
 
@@ -122,9 +122,9 @@ def decode(args: argparse.Namespace) -> int:
     frames = np.concatenate(chunks, axis=1)
     out = Path(args.output)
     if out.suffix == ".mp4":
-        out.write_bytes(encode_mp4(frames[0], fps=args.fps, crf=args.crf))
+        out.write_bytes(mp4_bytes(frames[0], fps=args.fps, crf=args.crf))
     elif out.suffix == ".npy":
-        out.write_bytes(encode_npy(frames))
+        out.write_bytes(npy_bytes(frames))
     else:
         raise SystemExit(f"unsupported output {out.name}: use .mp4 or .npy")
     print(f"wrote {out} ({frames.shape[1]} frames {frames.shape[2]}x{frames.shape[3]}, batch {frames.shape[0]})")
@@ -141,7 +141,7 @@ def _load_frames(path: Path, config) -> np.ndarray:
     kind = _FRAME_SUFFIXES.get(path.suffix.lower())
     if kind is None:
         raise SystemExit(f"unsupported input {path.name}: use {', '.join(_FRAME_SUFFIXES)}")
-    return plan_body(path.read_bytes(), kind, None, None, config, Limits.unlimited(), codecs=ALL_CODECS).read()
+    return read_frames_header(path.read_bytes(), kind, None, None, config, Limits.unlimited(), codecs=ALL_CODECS).read()
 
 
 def encode(args: argparse.Namespace) -> int:

@@ -106,17 +106,24 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import models
     import sharding
+    from models.shapes import parse_shape_text
     from sharding.chips import TopologyError, topology_devices
-    from sharding.planner import PlanError, latent_shape_for_video, parse_dims, plan_decode
+    from sharding.planner import PlanError, latent_shape_for_video, plan_decode
+
+    def dims(text: str, count: int, what: str) -> tuple[int, ...]:
+        try:
+            return parse_shape_text(text, count, what)
+        except ValueError as error:
+            raise PlanError(str(error)) from None
 
     try:
         config = models.load_config(args.model)
         latents: tuple[int, ...]
         if args.video:
-            width, height, frames = parse_dims(args.video, 3, "--video WxHxF")
+            width, height, frames = dims(args.video, 3, "--video WxHxF")
             latents = latent_shape_for_video(config, width, height, frames)
         else:
-            latents = parse_dims(args.shape, 4, "--shape CxTxHxW")
+            latents = dims(args.shape, 4, "--shape CxTxHxW")
             if latents[0] != config.z_dim:
                 raise PlanError(f"latent channels: expected {config.z_dim}, received {latents[0]}")
         devices = topology_devices(args.topology)

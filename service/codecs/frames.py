@@ -6,10 +6,10 @@ Wan 2.1, 16 for Wan 2.2) and the configured limits before any device work; what 
 a 422 problem with the nearest valid values.
 
 Reading a body takes two steps, so that nothing large exists before it is known to fit:
-:func:`plan_frames` reads only headers (the PNG/JPEG header, the MP4's sample table, the tensor's
+:func:`frames_header` reads only headers (the PNG/JPEG header, the MP4's sample table, the tensor's
 shape) and refuses what the limits, the model's shape rules or the promised formats refuse; the
-:class:`FramesPlan` it returns says how many bytes the frames will take (the HTTP layer budgets
-them) and :meth:`FramesPlan.read` then decodes into one array allocated for them.
+:class:`FramesHeader` it returns says how many bytes the frames will take (the HTTP layer budgets
+them) and :meth:`FramesHeader.read` then decodes into one array allocated for them.
 
 Body formats (:func:`body_format`; the bytes must be what the Content-Type says, 415 otherwise):
 
@@ -38,7 +38,7 @@ import numpy as np
 from models.config import VAEConfig
 from models.shapes import FramesError, check_frames_shape
 
-from ..engine.limits import Limits
+from ..limits import Limits
 from ..problem import Problem
 from ..settings import VideoCodec
 from .images import image_header, read_image
@@ -49,6 +49,7 @@ from .tensors import (
     SAFETENSORS_CONTENT_TYPE,
     TENSOR_CONTENT_TYPES,
     check_dims,
+    check_finite,
     media_type,
     parse_npy,
     parse_raw,
@@ -131,23 +132,7 @@ def check_shape(shape: tuple[int, ...], config: VAEConfig, limits: Limits) -> No
     except FramesError as error:
         raise Problem(422, _SLUGS.get(error.what, "invalid-shape"), str(error), expected=error.expected,
                       received=error.received) from None
-    if shape[0] > limits.max_batch:
-        raise Problem(422, "too-large-batch", f"batch {shape[0]} is over the limit {limits.max_batch}",
-                      expected=f"batch <= {limits.max_batch}", received=shape[0])
-    for name, value, limit, slug in (("frames", shape[2], limits.max_frames, "too-many-frames"),
-                                     ("height", shape[3], limits.max_height, "too-large-height"),
-                                     ("width", shape[4], limits.max_width, "too-large-width")):
-        if value > limit:
-            raise Problem(422, slug, f"{name} {value} is over the limit {limit}", expected=f"{name} <= {limit}",
-                          received=value)
-
-
-def check_finite(frames: np.ndarray) -> None:
-    finite = np.isfinite(frames)
-    if not finite.all():
-        bad = int(frames.size - np.count_nonzero(finite))
-        raise Problem(422, "non-finite", f"frames contain {bad} NaN/Inf values", expected="finite values",
-                      received=f"{bad} non-finite of {frames.size}")
+    limits.check(batch=shape[0], frames=shape[2], height=shape[3], width=shape[4])
 
 
 def check_frame_dims(shape: tuple[int, ...]) -> None:
@@ -156,7 +141,7 @@ def check_frame_dims(shape: tuple[int, ...]) -> None:
 
 
 @dataclass(frozen=True)
-class FramesPlan:
+class FramesHeader:
     """A body whose headers passed every check: the frames ``shape`` ``(B, 3, F, H, W)`` it becomes,
     and how to decode them (``fill(out, deadline)`` writes every value of ``out``)."""
 
@@ -175,20 +160,20 @@ class FramesPlan:
         out = np.empty(self.shape, np.float32)
         self.fill(out, deadline)
         if self.checks_finite:
-            check_finite(out)
+            check_finite(out, "frames")
         return out
 
 
-def _image_plan(body: bytes, kind: Literal["png", "jpeg"], config: VAEConfig, limits: Limits) -> FramesPlan:
+def _image_header(body: bytes, kind: Literal["png", "jpeg"], config: VAEConfig, limits: Limits) -> FramesHeader:
     header = image_header(body, kind, lambda height, width: check_shape((1, 3, 1, height, width), config, limits))
 
     def fill(out: np.ndarray, deadline: float | None) -> None:
         to_unit_range(read_image(body, kind), out[0, :, 0])
 
-    return FramesPlan((1, 3, 1, header.height, header.width), fill, checks_finite=False)
+    return FramesHeader((1, 3, 1, header.height, header.width), fill, checks_finite=False)
 
 
-def _mp4_plan(body: bytes, config: VAEConfig, limits: Limits, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
+def _mp4_header(body: bytes, config: VAEConfig, limits: Limits, codecs: tuple[VideoCodec, ...]) -> FramesHeader:
     header = mp4_header(body, codecs, limits.max_frames)
     shape = (1, 3, header.frames, header.height, header.width)
     check_shape(shape, config, limits)
@@ -196,11 +181,11 @@ def _mp4_plan(body: bytes, config: VAEConfig, limits: Limits, codecs: tuple[Vide
     def fill(out: np.ndarray, deadline: float | None) -> None:
         decode_mp4(body, header, lambda index, rgb: to_unit_range(rgb, out[0, :, index]), deadline)
 
-    return FramesPlan(shape, fill, checks_finite=False)
+    return FramesHeader(shape, fill, checks_finite=False)
 
 
-def _tensor_plan(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | None, dtype: str | None,
-                 config: VAEConfig, limits: Limits) -> FramesPlan:
+def _tensor_header(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | None, dtype: str | None,
+                 config: VAEConfig, limits: Limits) -> FramesHeader:
     if body_type == "npy":
         array = parse_npy(body, check=check_frame_dims)
     elif body_type == "safetensors":
@@ -217,26 +202,26 @@ def _tensor_plan(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | No
     def fill(out: np.ndarray, deadline: float | None) -> None:
         out[...] = view  # float16/bfloat16/big-endian → float32, exactly
 
-    return FramesPlan(view.shape, fill, checks_finite=True)
+    return FramesHeader(view.shape, fill, checks_finite=True)
 
 
-def plan_body(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | None, dtype: str | None,
-              config: VAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
+def read_frames_header(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | None, dtype: str | None,
+              config: VAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...]) -> FramesHeader:
     """The checks of a body whose format is known (a Content-Type, or a file's suffix offline),
     from its headers alone; nothing of the size of the frames is allocated."""
     if body_type in _SNIFFED_AS:
         _check_bytes_are(body, body_type)
     if body_type in ("png", "jpeg"):
-        return _image_plan(body, body_type, config, limits)
+        return _image_header(body, body_type, config, limits)
     if body_type == "mp4":
-        return _mp4_plan(body, config, limits, codecs)
-    return _tensor_plan(body, body_type, shape, dtype, config, limits)
+        return _mp4_header(body, config, limits, codecs)
+    return _tensor_header(body, body_type, shape, dtype, config, limits)
 
 
-def plan_frames(body: bytes, media_type: str, shape: tuple[int, ...] | None, dtype: str | None,
-                config: VAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...]) -> FramesPlan:
-    """An encode body's :class:`FramesPlan`, from its Content-Type (or bytes) and headers."""
-    return plan_body(body, body_format(media_type, body, shape is not None), shape, dtype, config, limits,
+def frames_header(body: bytes, media_type: str, shape: tuple[int, ...] | None, dtype: str | None,
+                config: VAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...]) -> FramesHeader:
+    """An encode body's :class:`FramesHeader`, from its Content-Type (or bytes) and headers."""
+    return read_frames_header(body, body_format(media_type, body, shape is not None), shape, dtype, config, limits,
                      codecs=codecs)
 
 
@@ -244,4 +229,4 @@ def parse_frames(body: bytes, media_type: str, shape: tuple[int, ...] | None, dt
                  config: VAEConfig, limits: Limits, *, codecs: tuple[VideoCodec, ...] = ALL_CODECS) -> np.ndarray:
     """Body → checked float32 frames ``(B, 3, F, H, W)`` in [-1, 1] in one go (no budget in between:
     tests and tools); every codec is read unless ``codecs`` says otherwise."""
-    return plan_frames(body, media_type, shape, dtype, config, limits, codecs=codecs).read()
+    return frames_header(body, media_type, shape, dtype, config, limits, codecs=codecs).read()

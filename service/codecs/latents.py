@@ -20,15 +20,15 @@ import json
 import numpy as np
 from safetensors.numpy import save as save_safetensors
 
-from ..engine.limits import Limits
+from ..limits import Limits
 from ..problem import Problem
 from .tensors import (
     NPY_CONTENT_TYPE,
     SAFETENSORS_CONTENT_TYPE,
     TENSOR_CONTENT_TYPES,
     check_dims,
-    encode_npy,
     media_type,
+    npy_bytes,
     parse_npy,
     parse_raw,
     parse_safetensors,
@@ -59,7 +59,7 @@ def parse_latents(
 ) -> tuple[np.ndarray, bool]:
     """Body -> ``(latents (B, C, T, H, W) float32, had_batch_dim)``; raises Problem on bad input.
 
-    Values are not checked here: NaN/Inf are refused by :func:`check_finite` once scaling and
+    Values are not checked here: NaN/Inf are refused by :func:`service.codecs.tensors.check_finite` once scaling and
     denormalizing are applied (finite inputs can overflow there)."""
     given = check_latents_content_type(content_type)
     if given == NPY_CONTENT_TYPE:
@@ -81,28 +81,9 @@ def check_limits(array: np.ndarray, limits: Limits) -> tuple[np.ndarray, bool]:
     if c != limits.channels:
         raise Problem(422, "invalid-channels", f"latents need {limits.channels} channels, got {c}",
                       expected=limits.channels, received=c)
-    checks = (
-        ("batch", b, limits.max_batch, "too-large-batch"),
-        ("frames", limits.output_frames(t), limits.max_frames, "too-many-frames"),
-        ("height", limits.spatial_scale * h, limits.max_height, "too-large-height"),
-        ("width", limits.spatial_scale * w, limits.max_width, "too-large-width"),
-    )
-    for name, value, limit, slug in checks:
-        if value > limit:
-            raise Problem(422, slug, f"output {name} {value} is over the limit {limit}",
-                          expected=f"{name} <= {limit}", received=value)
+    limits.check(batch=b, frames=limits.output_frames(t), height=limits.spatial_scale * h,
+                 width=limits.spatial_scale * w, what="output ")
     return np.ascontiguousarray(latents, dtype=np.float32), batched
-
-
-def check_finite(latents: np.ndarray, *, transformed: bool = False) -> None:
-    """422 unless every value is finite. ``transformed``: scaling or denormalizing was applied,
-    which can overflow float32 from finite inputs, so the detail says where the values came from."""
-    finite = np.isfinite(latents)
-    if not finite.all():
-        bad = int(latents.size - np.count_nonzero(finite))
-        where = " after scaling/denormalizing" if transformed else ""
-        raise Problem(422, "non-finite", f"latents contain {bad} NaN/Inf values{where}",
-                      expected="finite values", received=f"{bad} non-finite of {latents.size}")
 
 
 def unscale_latents(latents: np.ndarray, scaling_factor: float | None, shift_factor: float | None) -> np.ndarray:
@@ -130,7 +111,7 @@ def serialize_latents(latents: np.ndarray, output_type: str) -> tuple[bytes, dic
     ``npy`` or ``safetensors`` (one tensor named ``latents``)."""
     latents = np.ascontiguousarray(latents, "<f4")
     if output_type == "npy":
-        return encode_npy(latents), {}
+        return npy_bytes(latents), {}
     if output_type == "safetensors":
         return save_safetensors({"latents": latents}), {}
     return latents.tobytes(), {"shape": json.dumps(list(latents.shape)), "dtype": "float32"}

@@ -192,7 +192,17 @@ def _jsonable_info(info) -> str:
     return json.dumps(info)[:200] if isinstance(info, (dict, list)) else repr(info)[:200]
 
 
-def encode_npy(array: np.ndarray) -> bytes:
+def check_finite(array: np.ndarray, what: str, *, where: str = "") -> None:
+    """422 unless every value of ``array`` (``what``: "latents", "frames") is finite; ``where``
+    says where the values came from when arithmetic made them (finite inputs can overflow)."""
+    finite = np.isfinite(array)
+    if not finite.all():
+        bad = int(array.size - np.count_nonzero(finite))
+        raise Problem(422, "non-finite", f"{what} contain {bad} NaN/Inf values{where}", expected="finite values",
+                      received=f"{bad} non-finite of {array.size}")
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     return buffer.getvalue()

@@ -4,7 +4,7 @@
 bytes that are ready: nothing until the end for a *faststart* file (the index goes first, so it
 is written last), or an init segment and then a fragment per frame for a *fragmented* one (what a
 browser plays while the decode runs). Both run the same encoder with the same settings, so both
-decode to the same frames; ``encode_mp4`` is a writer fed the whole video at once.
+decode to the same frames; ``mp4_bytes`` is a writer fed the whole video at once.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class Mp4Writer:
         return self._sink.take() if self._sink is not None else b""
 
 
-def encode_mp4(frames: np.ndarray, *, fps: int, crf: int) -> bytes:
+def mp4_bytes(frames: np.ndarray, *, fps: int, crf: int) -> bytes:
     """A whole video as a faststart MP4 (``Mp4Writer`` fed every frame at once)."""
     writer = Mp4Writer(int(frames.shape[1]), int(frames.shape[2]), fps=fps, crf=crf)
     writer.write(frames)
@@ -141,7 +141,7 @@ def read_mp4(data: bytes) -> np.ndarray:
         return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
 
 
-def encode_png(frame: np.ndarray) -> bytes:
+def png_bytes(frame: np.ndarray) -> bytes:
     """One (H, W, 3) uint8 frame as PNG (8-bit RGB, no filtering); stdlib only."""
     height, width, _ = frame.shape
     rows = np.concatenate([np.zeros((height, 1), np.uint8), frame.reshape(height, width * 3)], axis=1)

@@ -13,12 +13,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from models.shapes import Output
+from models.shapes import Output, shape_text
 
-from ..problem import shape_text
+from ..limits import Limits
 from .errors import NoEncoder, ShapeNotServed
 from .jobs import EncodeOptions
-from .limits import Limits
 
 # Strict shapes: latent (C, T, H, W) -> the outputs served for it ("uint8", "float", "stream", "framewise").
 ServedShapes = dict[tuple[int, ...], frozenset[str]]

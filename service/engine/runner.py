@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -20,20 +20,13 @@ import sharding
 from models.encode import PosteriorOptions, posterior_options
 from models.programs import ProgramKey
 from models.shapes import Output
-from sharding.decode import band_total
+from sharding.decode import Decoded, band_total
+from sharding.fits import program_total_bytes
 from sharding.introspect import program_memory
 from sharding.mesh import mesh_key
-from sharding.planner import program_total_bytes
 
 from .batches import batch_buckets, bucket_for, pad_batch
 from .jobs import EncodeOptions
-
-
-class Decoded(NamedTuple):
-    """A decode's host frames and, per row, the NaN/Inf values the decoder produced (0: all finite)."""
-
-    frames: np.ndarray
-    nonfinite: np.ndarray
 
 
 def encode_rows(requests: Sequence[tuple[EncodeOptions, int]], batch: int) -> PosteriorOptions:

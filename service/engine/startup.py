@@ -19,12 +19,12 @@ import models
 import sharding
 from models.decode import has_framewise
 from models.programs import ProgramKey
-from sharding.planner import WontFitError, check_fits, device_bytes_limit
+from sharding.fits import WontFitError, check_fits, device_bytes_limit
 
+from ..limits import Limits
 from ..metrics import Metrics
 from ..settings import WARMUP_OUTPUTS, Settings
 from .errors import StartupRefused
-from .limits import Limits
 from .model import CompiledPrograms, ModelState, ServedShapes
 from .runner import DeviceRunner
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codecs.frames import FramesPlan, plan_frames
-from ..codecs.latents import check_finite, parse_latents, unscale_latents
+from ..codecs.frames import FramesHeader, frames_header
+from ..codecs.latents import parse_latents, unscale_latents
+from ..codecs.tensors import check_finite
 from ..engine.errors import ShapeNotServed
 from ..engine.model import ModelState
 from ..metrics import Metrics
@@ -73,19 +74,19 @@ def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: Mod
         values = unscale_latents(latents, params.scaling_factor, params.shift_factor)
         if params.denormalize:
             values = model.denormalize(values)
-    check_finite(values, transformed=values is not latents)
+    check_finite(values, "latents", where=" after scaling/denormalizing" if values is not latents else "")
     return DecodeInputs(np.ascontiguousarray(values, np.float32), batched, stepped)
 
 
-def encode_plan(body: bytes, media_type: str, params: EncodeParams, model: ModelState, metrics: Metrics,
-                codecs: tuple[VideoCodec, ...]) -> FramesPlan:
-    """Body → the plan of its frames ``(B, 3, F, H, W)``, from its headers alone: its format (the
+def encode_header(body: bytes, media_type: str, params: EncodeParams, model: ModelState, metrics: Metrics,
+                codecs: tuple[VideoCodec, ...]) -> FramesHeader:
+    """Body → the header of its frames ``(B, 3, F, H, W)``, from its headers alone: its format (the
     bytes must be what the Content-Type says; videos in one of ``codecs``), the model's shape
     rules, the limits, and the shapes served (``--shapes``). Nothing is decoded yet."""
-    plan = plan_frames(body, media_type, params.shape, params.dtype, model.vae.config, model.limits, codecs=codecs)
+    header = frames_header(body, media_type, params.shape, params.dtype, model.vae.config, model.limits, codecs=codecs)
     try:
-        model.check_encode_served(plan.shape[1:])
+        model.check_encode_served(header.shape[1:])
     except ShapeNotServed:
         metrics.refused_shapes.inc()
         raise
-    return plan
+    return header

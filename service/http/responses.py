@@ -14,8 +14,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ..codecs.latents import LATENT_MEDIA_TYPES, scale_latents, serialize_latents
-from ..codecs.tensors import NPY_CONTENT_TYPE, encode_npy
-from ..codecs.video import encode_png
+from ..codecs.tensors import NPY_CONTENT_TYPE, npy_bytes
+from ..codecs.video import png_bytes
 from ..engine.errors import EngineError, NonFiniteOutput
 from ..engine.jobs import Job, JobResult
 from ..metrics import Metrics
@@ -68,10 +68,10 @@ def timing_headers(result: JobResult, serialize_s: float) -> dict[str, str]:
 def _frames_body(array: np.ndarray, params: DecodeParams, batched: bool) -> tuple[bytes, str, dict[str, str]]:
     """Decoded frames from the worker -> (body, media type, extra headers), all but MP4. Runs in a thread."""
     if params.output_type == "png":
-        return encode_png(array[0, params.frame]), "image/png", {}
+        return png_bytes(array[0, params.frame]), "image/png", {}
     out = array if batched else array[0]
     if params.output_type == "npy":
-        return encode_npy(out), NPY_CONTENT_TYPE, {}
+        return npy_bytes(out), NPY_CONTENT_TYPE, {}
     # pt: raw little-endian bytes, described by headers the way diffusers' client reads them.
     if out.dtype != np.uint8:
         out = out.astype("<f2")

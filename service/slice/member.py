@@ -32,11 +32,12 @@ from typing import Any
 import numpy as np
 
 from models.shapes import Output
+from sharding import Decoded
 
 from ..engine.errors import Unavailable
 from ..engine.jobs import EncodeOptions
 from ..engine.model import CompiledPrograms, ModelState
-from ..engine.runner import Decoded, DeviceRunner
+from ..engine.runner import DeviceRunner
 from ..settings import Settings
 from .broadcast import Channel, Handler, Leader, follow
 from .control import SliceControl, SliceFailed, SliceHooks, SliceMonitor, exit_on_failure, exit_process, initialize

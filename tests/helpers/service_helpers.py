@@ -24,12 +24,15 @@ from typing import Any, Protocol
 
 import httpx
 import numpy as np
+import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
 import models
 from service import Settings, create_app
-from service.engine.runner import Decoded, DeviceRunner
+from service.engine.runner import DeviceRunner
+from service.problem import Problem
+from sharding import Decoded
 
 REPO = Path(__file__).resolve().parents[2]
 # The real 832x480x81 video in the shared folder beside the checkout (CI clones next to it too).
@@ -45,6 +48,13 @@ def make_test_model(**overrides):
 
 def latents(shape=LATENT, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def problem_of(fn, *args, **kwargs) -> Problem:
+    """The ``Problem`` that ``fn(*args, **kwargs)`` raises (the test fails if it raises none)."""
+    with pytest.raises(Problem) as info:
+        fn(*args, **kwargs)
+    return info.value
 
 
 def free_port() -> int:

@@ -16,7 +16,7 @@ import pytest
 
 from service import create_app
 from service.client import read_stream
-from service.codecs.tensors import encode_npy
+from service.codecs.tensors import npy_bytes
 from service.engine.runner import DeviceRunner
 from tests.helpers.service_helpers import (
     GarbageRunner,
@@ -92,8 +92,8 @@ HOSTILE = [  # id, body, content type, query, slug: each was a 500 or a wrong 20
     ("st-negative", _safetensors([-1, 16, -2, 4, 4], 2048), "application/x-safetensors", {}, "invalid-shape"),
     ("st-nested", _safetensors(None, 0, b"[" * 20_000 + b"]" * 20_000), "application/x-safetensors", {},
      "invalid-safetensors"),
-    ("npy-T0", encode_npy(np.zeros((1, 16, 0, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
-    ("npy-B0", encode_npy(np.zeros((0, 16, 2, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
+    ("npy-T0", npy_bytes(np.zeros((1, 16, 0, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
+    ("npy-B0", npy_bytes(np.zeros((0, 16, 2, 4, 4), np.float32)), "application/x-npy", {}, "invalid-shape"),
     ("st-W0", _safetensors([1, 16, 2, 4, 0], 0), "application/x-safetensors", {}, "invalid-shape"),
 ]
 

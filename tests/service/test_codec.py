@@ -14,27 +14,19 @@ import pytest
 import safetensors.numpy
 
 from service.codecs.latents import (
-    check_finite,
     check_latent_dims,
     check_limits,
     parse_latents,
     scale_latents,
     unscale_latents,
 )
-from service.codecs.tensors import WIRE_DTYPES, encode_npy, parse_npy, parse_safetensors, parse_shape
-from service.codecs.video import encode_mp4, encode_png, mp4_boxes, read_mp4
-from service.engine.limits import Limits
-from service.problem import Problem
-from tests.helpers.service_helpers import latents
+from service.codecs.tensors import WIRE_DTYPES, check_finite, npy_bytes, parse_npy, parse_safetensors, parse_shape
+from service.codecs.video import mp4_boxes, mp4_bytes, png_bytes, read_mp4
+from service.limits import Limits
+from tests.helpers.service_helpers import latents, problem_of
 
 LIMITS = Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)
 RAW, NPY, SAFETENSORS = "tensor/binary", "application/x-npy", "application/x-safetensors"
-
-
-def problem_of(fn, *args) -> Problem:
-    with pytest.raises(Problem) as info:
-        fn(*args)
-    return info.value
 
 
 def safetensors_body(shape, nbytes: int, *, dtype: str = "F32", header: bytes | None = None) -> bytes:
@@ -95,9 +87,9 @@ def test_npy_refuses_pickles_and_ints():
     buffer = io.BytesIO()
     np.save(buffer, np.array([object()], dtype=object), allow_pickle=True)
     assert problem_of(latents_npy, buffer.getvalue()).slug == "invalid-npy"
-    assert problem_of(latents_npy, encode_npy(np.zeros(3, np.int64))).received == "int64"
+    assert problem_of(latents_npy, npy_bytes(np.zeros(3, np.int64))).received == "int64"
     big_endian = latents().astype(">f4")
-    out, _ = parse(encode_npy(big_endian), NPY)
+    out, _ = parse(npy_bytes(big_endian), NPY)
     assert np.array_equal(out, latents())
 
 
@@ -117,7 +109,7 @@ ZERO_SIZED = [(1, 16, 0, 4, 4), (1, 16, 2, 0, 4), (1, 16, 2, 4, 0), (0, 16, 2, 4
 def test_zero_sizes_are_refused_in_every_format(shape, media_type):
     # npy and safetensors used to pass these on (B=0 answered 200 with an empty array; T/H/W=0
     # reached the device and failed there as a 500).
-    body = {RAW: b"", NPY: encode_npy(np.zeros(shape, np.float32)),
+    body = {RAW: b"", NPY: npy_bytes(np.zeros(shape, np.float32)),
             SAFETENSORS: safetensors_body(list(shape), 0)}[media_type]
     problem = problem_of(parse, body, media_type, shape, "float32")
     assert (problem.status, problem.slug, problem.received) == (422, "invalid-shape", list(shape))
@@ -176,11 +168,12 @@ def test_scaling_follows_diffusers_remote_convention():
 
 def test_finiteness_is_checked_where_asked():
     x = latents()
-    check_finite(x)
+    check_finite(x, "latents")
     with np.errstate(over="ignore"):
         scaled = unscale_latents(x, None, 1e39)  # finite input and factor, inf in float32
-    problem = problem_of(check_finite, scaled)
+    problem = problem_of(check_finite, scaled, "latents", where=" after scaling")
     assert problem.slug == "non-finite" and problem.received == f"{x.size} non-finite of {x.size}"
+    assert problem.detail == f"latents contain {x.size} NaN/Inf values after scaling"
 
 
 # ---- encoders -----------------------------------------------------------------------------------
@@ -190,13 +183,13 @@ def test_png_encoder_matches_pil():
     from PIL import Image
 
     frame = np.random.default_rng(0).integers(0, 256, (24, 40, 3), dtype=np.uint8)
-    image = Image.open(io.BytesIO(encode_png(frame)))
+    image = Image.open(io.BytesIO(png_bytes(frame)))
     assert image.size == (40, 24) and np.array_equal(np.asarray(image), frame)
 
 
 def test_mp4_has_its_index_before_the_media():
     frames = np.random.default_rng(0).integers(0, 256, (5, 32, 48, 3), dtype=np.uint8)
-    video = encode_mp4(frames, fps=16, crf=18)
+    video = mp4_bytes(frames, fps=16, crf=18)
     boxes = mp4_boxes(video)
     assert boxes[0] == "ftyp" and boxes.index("moov") < boxes.index("mdat"), boxes
     assert read_mp4(video).shape == frames.shape

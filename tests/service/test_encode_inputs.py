@@ -23,8 +23,7 @@ from fractions import Fraction
 import av
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 from PIL import Image
 
 import models
@@ -32,10 +31,10 @@ from service.codecs import frames as frames_module
 from service.codecs.frames import parse_frames
 from service.codecs.mp4 import mp4_header
 from service.codecs.tensors import parse_npy
-from service.codecs.video import encode_mp4, read_mp4
-from service.engine.limits import Limits
+from service.codecs.video import mp4_bytes, read_mp4
 from service.http.admission import MemoryBudget
 from service.http.problems import ClientGone
+from service.limits import Limits
 from service.problem import Problem
 from service.settings import DEFAULT_VIDEO_CODECS, Settings
 from tests.helpers.service_helpers import SAMPLE_VIDEO, TINY, app_client, thread_server
@@ -303,7 +302,7 @@ def test_a_frame_size_change_mid_stream_is_422_naming_it():
 
 
 def test_truncated_and_damaged_mp4s_are_422_with_the_reason():
-    body = encode_mp4(clip(5), fps=16, crf=18)  # faststart: the index first, then the frames
+    body = mp4_bytes(clip(5), fps=16, crf=18)  # faststart: the index first, then the frames
     mdat = body.index(b"mdat")
     cut = problem_of(body[: mdat + (len(body) - mdat) // 2], "video/mp4")
     assert cut.slug == "invalid-video" and "truncated" in cut.detail, cut.detail

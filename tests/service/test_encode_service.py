@@ -18,10 +18,9 @@ from PIL import Image
 
 import models
 import sharding
-from service.client import DecodeError
-from service.client import encode as client_encode
-from service.codecs.tensors import encode_npy
-from service.codecs.video import encode_mp4, read_mp4
+from service.client import DecodeError, encode as client_encode
+from service.codecs.tensors import npy_bytes
+from service.codecs.video import mp4_bytes, read_mp4
 from service.engine.jobs import EncodeOptions
 from service.engine.runner import DeviceRunner
 from service.slice.member import requests_from_json, requests_to_json
@@ -124,13 +123,13 @@ def test_jpeg_mp4_npy_safetensors_and_four_dim_bodies(server, tiny_vae):
     assert close(image_latents, np.asarray(tiny_vae.encode(as_frames(seen))))
 
     video = np.stack([pixels(seed=10 + i) for i in range(5)])
-    mp4 = encode_mp4(video, fps=16, crf=18)
+    mp4 = mp4_bytes(video, fps=16, crf=18)
     decoded = read_mp4(mp4)  # the pixels the server sees after H.264
     for content_type in ("video/mp4", None):  # explicit, and sniffed from the 'ftyp' box
         assert close(latents_of(post(server, mp4, content_type=content_type)), np.asarray(tiny_vae.encode(as_frames(decoded))))
 
     x = frames(seed=4)
-    npy = httpx.post(server.url + "/v1/encode", content=encode_npy(x), params={"output_type": "npy"},
+    npy = httpx.post(server.url + "/v1/encode", content=npy_bytes(x), params={"output_type": "npy"},
                      headers={"Content-Type": "application/x-npy"}, timeout=120)
     assert npy.headers["content-type"] == "application/x-npy"
     out = np.load(io.BytesIO(npy.content), allow_pickle=False)

@@ -13,17 +13,11 @@ from PIL import Image
 import models
 from service.codecs.frames import body_format, check_frames_content_type, check_shape, parse_frames
 from service.codecs.latents import scale_latents, serialize_latents
-from service.engine.limits import Limits
-from service.problem import Problem
+from service.limits import Limits
+from tests.helpers.service_helpers import problem_of
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 LIMITS = Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)
-
-
-def problem_of(fn, *args) -> Problem:
-    with pytest.raises(Problem) as info:
-        fn(*args)
-    return info.value
 
 
 def parse_image(body: bytes, limits: Limits) -> np.ndarray:

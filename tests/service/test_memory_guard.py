@@ -10,8 +10,8 @@ import re
 import subprocess
 import sys
 
+from sharding.fits import program_total_bytes
 from sharding.introspect import program_memory
-from sharding.planner import program_total_bytes
 from tests.helpers.service_helpers import REPO, app_client, free_port, make_test_model
 
 MICRO = dict(dim_mult=(1, 2), temperal_downsample=(True,), scale_factor_temporal=2, scale_factor_spatial=2)

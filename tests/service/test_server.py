@@ -14,7 +14,7 @@ import pytest
 import safetensors.numpy
 
 from service.client import DecodeError, decode, decode_stream
-from service.codecs.tensors import encode_npy
+from service.codecs.tensors import npy_bytes
 from service.codecs.video import read_mp4
 from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.service_helpers import WARM, latents, start_server
@@ -83,7 +83,7 @@ def test_denormalize_and_unbatched_input(server, tiny_vae):
 def test_npy_and_safetensors_bodies(server):
     x = latents(seed=2)
     want = post(server, x.tobytes(), **raw(x, output_type="npy")).content
-    r = post(server, encode_npy(x), content_type="application/x-npy", output_type="npy")
+    r = post(server, npy_bytes(x), content_type="application/x-npy", output_type="npy")
     assert r.status_code == 200 and r.content == want
     body = safetensors.numpy.save({"latents": x})
     r = post(server, body, content_type="application/x-safetensors", output_type="npy")

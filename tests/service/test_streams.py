@@ -13,8 +13,9 @@ import httpx
 import numpy as np
 import pytest
 
-from service.codecs.video import encode_mp4, mp4_boxes, read_mp4
-from service.engine.runner import Decoded, DeviceRunner
+from service.codecs.video import mp4_boxes, mp4_bytes, read_mp4
+from service.engine.runner import DeviceRunner
+from sharding import Decoded
 from tests.helpers.service_helpers import (
     HeldRunner,
     PoisonRunner,
@@ -58,7 +59,7 @@ def test_pipelined_and_fragmented_mp4s_decode_to_the_frames_of_the_whole_mp4(tin
         fragmented = post(srv.url, x, output_type="mp4", fps=8, stream="true")
         assert fragmented.status_code == 200 and fragmented.headers["content-type"] == "video/mp4"
         frames = np.load(__import__("io").BytesIO(post(srv.url, x, output_type="npy").content))
-    whole = encode_mp4(frames[0], fps=8, crf=18)  # what the service answered before it pipelined
+    whole = mp4_bytes(frames[0], fps=8, crf=18)  # what the service answered before it pipelined
     expected = read_mp4(whole)
     assert expected.shape == (17, 32, 48, 3)
     assert mp4_boxes(pipelined.content)[:2] == ["ftyp", "moov"] and pipelined.content == whole
@@ -67,7 +68,7 @@ def test_pipelined_and_fragmented_mp4s_decode_to_the_frames_of_the_whole_mp4(tin
     for video in (pipelined.content, fragmented.content):
         assert np.array_equal(read_mp4(video), expected)
     # Negative control: the comparison sees a change as small as another quality setting.
-    assert not np.array_equal(read_mp4(encode_mp4(frames[0], fps=8, crf=30)), expected)
+    assert not np.array_equal(read_mp4(mp4_bytes(frames[0], fps=8, crf=30)), expected)
 
 
 def test_a_shape_served_whole_only_gets_the_mp4_of_the_whole_decode():
@@ -78,7 +79,7 @@ def test_a_shape_served_whole_only_gets_the_mp4_of_the_whole_decode():
         assert {program[0] for program in compiled(srv.url)} == {"decode"}  # a fresh model: what it ran
         frames = np.load(__import__("io").BytesIO(post(srv.url, x, output_type="npy").content))
         refused = post(srv.url, x, output_type="mp4", stream="true")
-    assert np.array_equal(read_mp4(r.content), read_mp4(encode_mp4(frames[0], fps=8, crf=18)))
+    assert np.array_equal(read_mp4(r.content), read_mp4(mp4_bytes(frames[0], fps=8, crf=18)))
     assert refused.status_code == 422 and refused.json()["type"].endswith("/shape-not-allowed")
 
 

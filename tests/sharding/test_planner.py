@@ -11,22 +11,12 @@ import pytest
 
 import models
 import sharding
+from models.shapes import parse_shape_text
 from service import cli
 from sharding.chips import CHIPS, TopologyError, chip_facts, gpu_target_config, topology_devices, topology_name
+from sharding.fits import WontFitError, check_fits, device_bytes_limit, program_total_bytes, what_would_fit
 from sharding.introspect import collective_summary, collectives, conv_ops, program_memory
-from sharding.planner import (
-    MeshPlan,
-    PlanError,
-    WontFitError,
-    check_fits,
-    device_bytes_limit,
-    latent_shape_for_video,
-    parse_dims,
-    program_total_bytes,
-    recommend,
-    video_for_latents,
-    what_would_fit,
-)
+from sharding.planner import MeshPlan, PlanError, latent_shape_for_video, recommend, video_for_latents
 from tests.helpers.sharding_helpers import cuda_compiler_installed
 
 WAN21 = models.WanVAEConfig()
@@ -45,21 +35,24 @@ def test_video_to_latents_and_back(video, latents):
 
 
 @pytest.mark.parametrize("video, message", [
-    ((1280, 720, 80), "80 frames is not 1 + 4k: nearest valid 77 or 81"),
-    ((1280, 720, 2), "nearest valid 1 or 5"),
-    ((1281, 720, 81), "width 1281 is not a multiple of 8: nearest valid 1280 or 1288"),
-    ((1280, 724, 81), "height 724 is not a multiple of 8: nearest valid 720 or 728"),
+    ((1280, 720, 80), "the frame count must be 1 + 4k: expected [77, 81], received 80"),
+    ((1280, 720, 2), "expected [1, 5], received 2"),
+    ((1281, 720, 81), "the width must be a multiple of 8: expected [1280, 1288], received 1281"),
+    ((1280, 724, 81), "the height must be a multiple of 8: expected [720, 728], received 724"),
+    ((1281, 724, 80), "the frame count must be 1 + 4k: expected [77, 81], received 80; the height must be a "
+                      "multiple of 8: expected [720, 728], received 724; the width must be"),
 ])
 def test_invalid_videos_name_the_nearest_valid_sizes(video, message):
     with pytest.raises(PlanError, match=re.escape(message)):
         latent_shape_for_video(WAN21, *video)
 
 
-def test_parse_dims():
-    assert parse_dims("1280x720x81", 3, "video") == (1280, 720, 81)
-    for bad in ("1280x720", "1280x720x0", "axbxc", "1280x720x81x1"):
-        with pytest.raises(PlanError, match="3 positive integers"):
-            parse_dims(bad, 3, "video")
+def test_shape_text():
+    assert parse_shape_text("1280x720x81", 3, "video") == (1280, 720, 81)
+    assert parse_shape_text(" 16 x 2×4,4 ", 4, "latents") == (16, 2, 4, 4)
+    for bad in ("1280x720", "1280x720x0", "axbxc", "1280x720x81x1", "1280x720x-81", "1280x720x８１", "1280x720x"):
+        with pytest.raises(ValueError, match="video must be 3 positive integers"):
+            parse_shape_text(bad, 3, "video")
 
 
 def test_chip_facts_and_slice_names():
@@ -140,7 +133,7 @@ def test_collectives_parse_asynchronous_tpu_and_gpu_forms():
 def test_plan_cli_refuses_invalid_frames_before_compiling(capsys):
     assert cli.main(["plan", "--topology", "v5e:2x4", "--video", "1280x720x80", "--json"]) == 2
     err = capsys.readouterr().err
-    assert "80 frames is not 1 + 4k: nearest valid 77 or 81" in err
+    assert "the frame count must be 1 + 4k: expected [77, 81], received 80" in err
 
 
 def test_plan_cli_refuses_wrong_latent_channels(capsys):

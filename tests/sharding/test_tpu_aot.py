@@ -135,3 +135,19 @@ def test_plan_reports_meshes_the_compiler_refuses_as_rows_that_do_not_fit(vae, t
         assert mesh["total_bytes"] == mesh["temp_bytes"] > 16 * 10**9  # the compiler's figure (GiB)
     assert (tp1["tp"], tp2["tp"]) == (1, 2) and tp2["total_bytes"] < tp1["total_bytes"]
     assert plan["recommendation"]["tp"] is None and "no candidate fits" in plan["recommendation"]["reason"]
+
+
+def _hops(devices) -> list[int]:
+    """Chip-to-chip distance (torus coordinates, no wrap-around) between consecutive devices."""
+    coords = [tuple(device.coords) for device in devices]
+    return [sum(abs(a - b) for a, b in zip(c, d, strict=True)) for c, d in zip(coords, coords[1:], strict=False)]
+
+
+@pytest.mark.parametrize("topology, tp", [("v5e:4x4", 16), ("v5e:2x2", 4), ("v5e:2x4", 4)])
+def test_neighbouring_bands_sit_on_neighbouring_chips(topology, tp):
+    """Each band exchanges halos with the next one only: `make_mesh` lays tp ranks on the torus so
+    that they are physical neighbours (one hop). Negative control: the devices in id order are not."""
+    _require_libtpu()
+    devices = topology_devices(topology)
+    assert _hops(sharding.make_mesh(tp, devices=devices).devices.flat) == [1] * (tp - 1)
+    assert max(_hops(devices[:tp])) > 1

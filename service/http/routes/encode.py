@@ -14,7 +14,7 @@ from ...engine.jobs import EncodeOptions, Job
 from ...engine.model import ModelState
 from .. import responses
 from ..deps import ApiKeyDep, EncodeParamsDep, FramesMediaTypeDep, StateDep
-from ..inputs import encode_plan
+from ..inputs import encode_header
 from ..schemas import ENCODE_OPENAPI, ENCODE_RESPONSES
 from .jobs import serve_job
 
@@ -40,7 +40,7 @@ async def encode(request: Request, params: EncodeParamsDep, media_type: FramesMe
     async def parse(body: bytes, model: ModelState, holds: AsyncExitStack, arrived: float) -> np.ndarray:
         """Headers first (4xx before a pixel exists), then room for the frames in the host budget
         (waiting up to the deadline), then the decode into one array."""
-        plan = await anyio.to_thread.run_sync(encode_plan, body, media_type, params, model, state.metrics, codecs)
+        plan = await anyio.to_thread.run_sync(encode_header, body, media_type, params, model, state.metrics, codecs)
         deadline = arrived + params.timeout_s
         await holds.enter_async_context(state.decoded.hold(
             plan.nbytes, deadline=deadline, retry_after_s=state.settings.retry_after_s, request=request))

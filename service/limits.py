@@ -1,4 +1,4 @@
-"""The largest request the engine takes, from the settings and the model's config.
+"""The largest request the service takes, from the settings and the model's config.
 
 Checked by the codecs while they parse a body (before any device work), and listed by
 ``/v1/models``. Sizes are those of the decoded output (or of the frames to encode).
@@ -7,6 +7,10 @@ Checked by the codecs while they parse a body (before any device work), and list
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from models import shapes
+
+from .problem import Problem
 
 
 @dataclass(frozen=True)
@@ -28,12 +32,11 @@ class Limits:
         return cls(channels=channels, max_batch=huge, max_frames=huge, max_height=huge, max_width=huge)
 
     def output_frames(self, latent_frames: int) -> int:
-        """The first latent frame gives one frame, every later one ``temporal_scale``."""
-        return 1 + self.temporal_scale * (latent_frames - 1)
+        return shapes.output_frames(latent_frames, self.temporal_scale)
 
     @property
     def max_latent_frames(self) -> int:
-        return 1 + (self.max_frames - 1) // self.temporal_scale
+        return shapes.latents_for_frames(self.max_frames, self.temporal_scale)
 
     @property
     def max_latent_height(self) -> int:
@@ -42,3 +45,14 @@ class Limits:
     @property
     def max_latent_width(self) -> int:
         return self.max_width // self.spatial_scale
+
+    def check(self, *, batch: int, frames: int, height: int, width: int, what: str = "") -> None:
+        """422 for the first size over its limit: ``batch``, then ``frames``, ``height``, ``width``
+        (``what`` prefixes the size's name in the detail, e.g. ``"output "``)."""
+        for name, value, limit, slug in (("batch", batch, self.max_batch, "too-large-batch"),
+                                         ("frames", frames, self.max_frames, "too-many-frames"),
+                                         ("height", height, self.max_height, "too-large-height"),
+                                         ("width", width, self.max_width, "too-large-width")):
+            if value > limit:
+                raise Problem(422, slug, f"{what}{name} {value} is over the limit {limit}",
+                              expected=f"{name} <= {limit}", received=value)
