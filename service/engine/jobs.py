@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -29,13 +29,13 @@ STREAM_END = object()  # stream sentinel: no more chunks
 SEED_RANGE = 2**32
 
 
-@dataclass(frozen=True)
-class EncodeOptions:
+class EncodeOptions(NamedTuple):
     """How an encode turns moments into latents: the posterior's mean (``sample=False``) or a draw
     seeded by ``seed``, then optionally ``(z − latents_mean) / latents_std`` (``normalize``).
 
     The seed is fixed when the request arrives (``resolve``), on the process that serves HTTP, so
-    every process of a multi-host slice draws the same noise."""
+    every process of a multi-host slice draws the same noise. A tuple, so that it travels to the
+    other processes as JSON (a list) and comes back as ``EncodeOptions(*options)``."""
 
     sample: bool = False
     seed: int = 0

@@ -53,6 +53,12 @@ class Runner(Protocol):
     def program_memory(self) -> list[dict[str, Any]]: ...
 
 
+# The ``Runner`` methods that reach the devices (the others read the program cache): on a
+# multi-host slice process 0 makes each of them on every process (``service.slice.member``). Their
+# arguments are host arrays and JSON values (tuples travel as lists).
+DEVICE_CALLS = ("decode", "decode_stream", "encode", "compile", "compile_encode")
+
+
 class Cluster(Protocol):
     """This process's place in a multi-host slice (``service.slice.SliceMember``)."""
 

@@ -32,8 +32,10 @@ from .jobs import EncodeOptions
 def encode_rows(requests: Sequence[tuple[EncodeOptions, int]], batch: int) -> PosteriorOptions:
     """The posterior options of a device batch: each request's ``rows`` with its own options (so
     requests with different options share one call), padded with mean-only rows to ``batch``."""
-    parts = [posterior_options(rows, sample=options.sample, seed=options.seed, normalize=options.normalize)
-             for options, rows in requests]
+    parts = []
+    for given, rows in requests:
+        options = EncodeOptions(*given)  # a list when it came from process 0 of a slice
+        parts.append(posterior_options(rows, sample=options.sample, seed=options.seed, normalize=options.normalize))
     return PosteriorOptions.concatenate(parts, batch)
 
 

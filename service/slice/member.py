@@ -21,22 +21,19 @@ exits 3 after ``failure_grace_s``; followers exit 3 (or, when process 0 is gone,
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from models.shapes import Output
-from sharding import Decoded
-
 from ..engine.errors import Unavailable
-from ..engine.jobs import EncodeOptions
-from ..engine.model import CompiledPrograms, ModelState
+from ..engine.model import DEVICE_CALLS, ModelState
 from ..engine.runner import DeviceRunner
 from ..settings import Settings
 from .broadcast import Channel, Handler, Leader, follow
@@ -48,26 +45,23 @@ log = logging.getLogger("vaeserve")
 EXIT_GUARD_S = 15.0
 
 
-def requests_to_json(requests: Sequence[tuple[EncodeOptions, int]]) -> list[list]:
-    """An encode batch's ``(options, rows)`` as JSON values, to send them to every process."""
-    return [[options.sample, options.seed, options.normalize, rows] for options, rows in requests]
-
-
-def requests_from_json(rows: list[list]) -> list[tuple[EncodeOptions, int]]:
-    return [(EncodeOptions(sample=bool(sample), seed=int(seed), normalize=bool(normalize)), int(n))
-            for sample, seed, normalize, n in rows]
+def _array_parameter(method: Callable[..., Any]) -> str | None:
+    """The parameter of a runner method that carries its host array (``latents``, ``frames``), if any."""
+    for name, parameter in inspect.signature(method).parameters.items():
+        if parameter.annotation in (np.ndarray, "np.ndarray"):
+            return name
+    return None
 
 
 def runner_handlers(runner: DeviceRunner) -> dict[str, Handler]:
-    """The runner's operations as call handlers, the same table on every process."""
-    return {
-        "decode": lambda latents, output, framewise: runner.decode(latents, output=output, framewise=framewise),
-        "decode_stream": lambda latents, framewise: runner.decode_stream(latents, framewise=framewise),
-        "compile": lambda _, shape, output, stream, framewise: runner.compile(tuple(shape), output=output, stream=stream,
-                                                                             framewise=framewise),
-        "encode": lambda frames, requests: runner.encode(frames, requests_from_json(requests)),
-        "compile_encode": lambda _, shape: runner.compile_encode(tuple(shape)),
-    }
+    """The runner's device calls (``DEVICE_CALLS``) as call handlers, ``handler(array, **options)``:
+    the same table on every process."""
+
+    def handler(method: Callable[..., Any]) -> Handler:
+        carrier = _array_parameter(method)
+        return lambda array, **options: method(**options, **({carrier: array} if carrier else {}))
+
+    return {name: handler(getattr(runner, name)) for name in DEVICE_CALLS}
 
 
 @contextmanager
@@ -81,7 +75,10 @@ def _unavailable_when_failed() -> Iterator[None]:
 
 
 class SliceRunner:
-    """Process 0's runner: ``DeviceRunner``'s interface, every call made on every process."""
+    """Process 0's runner: ``DeviceRunner``'s interface; each of its device calls
+    (``DEVICE_CALLS``) is made on every process, the reads of the program cache here only.
+    Seeds were resolved on process 0 (when the requests arrived), so every process draws the same
+    noise; the programs a compile returns are process 0's (for the memory check)."""
 
     # A stream is one call on the followers, run to its end before the next call: process 0 may
     # not slip another call between its steps.
@@ -92,38 +89,28 @@ class SliceRunner:
         self._leader = leader
         self.vae, self.mesh, self.buckets = runner.vae, runner.mesh, runner.buckets
 
-    def decode(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False) -> Decoded:
-        with _unavailable_when_failed():
-            return self._leader.call("decode", latents, output=output, framewise=framewise)
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEVICE_CALLS:
+            return getattr(self._runner, name)
+        method = getattr(self._runner, name)
+        signature, carrier = inspect.signature(method), _array_parameter(method)
 
-    def decode_stream(self, latents: np.ndarray, *, framewise: bool = False) -> Iterator[Decoded]:
-        steps = self._leader.stream("decode_stream", latents, framewise=framewise)
+        def send(*args: Any, **kwargs: Any) -> Any:
+            options = dict(signature.bind(*args, **kwargs).arguments)
+            array = options.pop(carrier) if carrier else None
+            if inspect.isgeneratorfunction(method):
+                return self._stream(name, array, options)
+            with _unavailable_when_failed():
+                return self._leader.call(name, array, **options)
+        return send
+
+    def _stream(self, name: str, array: np.ndarray | None, options: dict[str, Any]) -> Iterator[Any]:
+        steps = self._leader.stream(name, array, **options)
         try:
             with _unavailable_when_failed():
                 yield from steps
         finally:
             steps.close()  # a reader that left: the remaining steps still run on every process
-
-    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool, framewise: bool = False) -> CompiledPrograms:
-        """Every process compiles; process 0's programs are returned (for the memory check)."""
-        with _unavailable_when_failed():
-            return self._leader.call("compile", None, shape=list(shape), output=output, stream=stream,
-                                     framewise=framewise)
-
-    def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray:
-        """Seeds were resolved on process 0 (when the requests arrived), so every process draws the same noise."""
-        with _unavailable_when_failed():
-            return self._leader.call("encode", frames, requests=requests_to_json(requests))
-
-    def compile_encode(self, shape: tuple[int, ...]) -> CompiledPrograms:
-        with _unavailable_when_failed():
-            return self._leader.call("compile_encode", None, shape=list(shape))
-
-    def programs(self) -> list[list]:
-        return self._runner.programs()
-
-    def program_memory(self) -> list[dict[str, Any]]:
-        return self._runner.program_memory()
 
 
 @dataclass

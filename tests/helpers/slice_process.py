@@ -133,10 +133,8 @@ def drive_parity(leader, out: Path) -> None:
         report["bad_call_error"] = type(error).__name__
     arrays["after_error"] = leader.call("tp4.decode", z, output="float")
     arrays["no_halo"] = leader.call("tp4.decode_no_halo", z)
-    from service.slice.member import requests_to_json
-
     frames, requests = slice_frames()
-    arrays["tp4_encode"] = leader.call("tp4.encode", frames, requests=requests_to_json(requests))
+    arrays["tp4_encode"] = leader.call("tp4.encode", frames, requests=requests)  # travels as JSON lists
     np.savez(out / "slice.npz", **arrays)
     (out / "report.json").write_text(json.dumps(report))
 
