@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the browser test of GET /ui (tests/service/test_ui.py) needs on a fresh machine: Debian's
+# What the browser test of GET /ui (tests/service/http/test_ui.py) needs on a fresh machine: Debian's
 # Chromium and its WebDriver, so that `make test` runs it rather than skipping it.
 set -euo pipefail
 if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then

@@ -1,1 +1,1 @@
-"""Benchmark scripts (run as files: ``python bench/decode.py``); ``bench.common`` holds what they share."""
+"""Benchmark scripts (run as files: ``python -m bench.decode``); ``bench.common`` holds what they share."""

@@ -3,8 +3,8 @@ on a new cache volume (cold) and again on the same volume (warm); for each, the 
 container's start to ``/readyz`` 200 and the latency of the first decode (an MP4 of the warm-up
 shape; then a second one, for comparison). Min and median over ``--runs`` pairs, with the ratio warm / cold.
 
-    python bench/container_startup.py --runs 3                          # builds the image first
-    python bench/container_startup.py --image localhost/vaeserve:cpu --warmup 16x2x16x16 --runs 3
+    python -m bench.container_startup --runs 3                          # builds the image first
+    python -m bench.container_startup --image localhost/vaeserve:cpu --warmup 16x2x16x16 --runs 3
 
 Builds and runs with buildah like the image tests (root; .ci/install-image-tools.sh; the stand-in
 base of .ci/stand-in-base.sh where no registry answers). The model is the image's default (the
@@ -16,19 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's tests/ (the image helpers)
+import numpy as np
+from tqdm import tqdm
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from service.client import decode  # noqa: E402
-from service.settings import parse_latent_shape  # noqa: E402
-from tests.helpers.image_helpers import (  # noqa: E402
+from service.client import decode
+from service.settings import parse_latent_shape
+from tests.helpers.image_helpers import (
     Image,
     build_image,
     container,

@@ -1,12 +1,12 @@
 """Decode speed: ours vs diffusers (AutoencoderKLWan, AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15)
 on the same weights and latents.
 
-    .venv/bin/python bench/decode.py                       # real Wan 2.1 config, latents (1,16,3,16,16)
-    .venv/bin/python bench/decode.py --model wan2.2        # real Wan 2.2 config, latents (1,48,3,8,8)
-    .venv/bin/python bench/decode.py --model hunyuan1.0    # real HunyuanVideo config, latents (1,16,3,16,16)
-    .venv/bin/python bench/decode.py --model hunyuan1.5    # real HunyuanVideo 1.5 config, latents (1,32,3,8,8)
-    .venv/bin/python bench/decode.py --shape 1,16,21,60,104 --dtype bfloat16 --skip-diffusers   # 480x832x81
-    .venv/bin/python bench/decode.py --skip-diffusers --inner-frames 4,1 --runs 5   # whole steps vs frame by frame
+    .venv/bin/python -m bench.decode                       # real Wan 2.1 config, latents (1,16,3,16,16)
+    .venv/bin/python -m bench.decode --model wan2.2        # real Wan 2.2 config, latents (1,48,3,8,8)
+    .venv/bin/python -m bench.decode --model hunyuan1.0    # real HunyuanVideo config, latents (1,16,3,16,16)
+    .venv/bin/python -m bench.decode --model hunyuan1.5    # real HunyuanVideo 1.5 config, latents (1,32,3,8,8)
+    .venv/bin/python -m bench.decode --shape 1,16,21,60,104 --dtype bfloat16 --skip-diffusers   # 480x832x81
+    .venv/bin/python -m bench.decode --skip-diffusers --inner-frames 4,1 --runs 5   # whole steps vs frame by frame
 
 Prints min and median seconds over ``--runs`` timed runs after one warm-up (which includes our
 compile), the ratio ours/diffusers, achieved GFLOP/s on the nominal FLOPs (bench/flops.py), and
@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-import models  # noqa: E402
-from bench.common import diffusers_reference, ratio, timed  # noqa: E402
-from models.flops import decode_flops  # noqa: E402
+import models
+from bench.common import diffusers_reference, ratio, timed
+from models.flops import decode_flops
 
 
 def parse_inner_frames(text: str) -> list[int | None]:

@@ -1,8 +1,8 @@
 """Encode speed: ours vs diffusers' AutoencoderKLWan on the same weights and frames (CPU).
 
-    .venv/bin/python bench/encode.py                          # real config, frames (1,3,9,128,128)
-    .venv/bin/python bench/encode.py --shape 1,3,17,256,256 --runs 3
-    .venv/bin/python bench/encode.py --model wan2.2           # real Wan 2.2 config (150 M encoder parameters)
+    .venv/bin/python -m bench.encode                          # real config, frames (1,3,9,128,128)
+    .venv/bin/python -m bench.encode --shape 1,3,17,256,256 --runs 3
+    .venv/bin/python -m bench.encode --model wan2.2           # real Wan 2.2 config (150 M encoder parameters)
 
 Prints min and median seconds over ``--runs`` timed runs after one warm-up (which includes our
 compile), the ratio ours/diffusers from the same run (the two run in turn within each round), achieved GFLOP/s on the nominal FLOPs
@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-import models  # noqa: E402
-from bench.common import diffusers_reference, ratio, timed  # noqa: E402
-from models.flops import encode_flops  # noqa: E402
+import models
+from bench.common import diffusers_reference, ratio, timed
+from models.flops import encode_flops
 
 
 def main() -> None:

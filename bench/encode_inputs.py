@@ -1,8 +1,8 @@
 """Encode inputs under attack and at the limits: host memory (RSS, sampled every 10 ms from /proc)
 and time, side by side in one run.
 
-    .venv/bin/python bench/encode_inputs.py                       # every part, 3 runs each
-    .venv/bin/python bench/encode_inputs.py --runs 5 --concurrent 24 --png encode-inputs.png
+    .venv/bin/python -m bench.encode_inputs                       # every part, 3 runs each
+    .venv/bin/python -m bench.encode_inputs --runs 5 --concurrent 24 --png encode-inputs.png
 
 1. The 10 KB MP4 of 128 black 1280x1280 frames (libx264 ultrafast, crf 51) sent to a real
    server (``vaeserve serve``, the tiny model, default limits): time to the 422 and the server's
@@ -33,13 +33,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-import av  # noqa: E402
-import httpx  # noqa: E402
-import numpy as np  # noqa: E402
+import av
+import httpx
+import numpy as np
 
-from bench.common import SAMPLE_VIDEO  # noqa: E402
+from bench.common import SAMPLE_VIDEO
 
 MB = 2**20
 
@@ -144,7 +143,6 @@ def post_bomb(url: str, body: bytes) -> tuple[int, str, float]:
 # A child process for the codec-level parts: it imports, says "ready", waits for a line, runs.
 CHILD = """
 import sys, time
-sys.path.insert(0, {repo!r})
 body = open({path!r}, "rb").read()
 {setup}
 print("ready", flush=True)
@@ -288,7 +286,7 @@ def plot(traces: dict[str, RssTrace], float32: int, path: Path) -> None:
     lines.set_xlabel("seconds")
     lines.set_ylabel("RSS growth (MB)")
     lines.legend(fontsize=8)
-    figure.suptitle("python bench/encode_inputs.py (2-core CPU host): the 10 KB 1280x1280x128 MP4 refused from its "
+    figure.suptitle("python -m bench.encode_inputs (2-core CPU host): the 10 KB 1280x1280x128 MP4 refused from its "
                     "header, and a valid MP4 at the limits", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -16,8 +16,8 @@ frame video broadcast, and its uint8 frames (split over tp, as a decode leaves t
 On CPU the devices are forced host devices sharing this machine's cores: 2 processes cannot be
 faster here; the point is the overhead. Min and median over ``--runs`` after one warm-up call.
 
-    python bench/multihost.py                       # real Wan 2.1 config, latents 1x16x2x16x16, tp=4
-    python bench/multihost.py --config tiny --runs 5
+    python -m bench.multihost                       # real Wan 2.1 config, latents 1x16x2x16x16, tp=4
+    python -m bench.multihost --config tiny --runs 5
 """
 
 from __future__ import annotations
@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from bench.common import CONFIGS, bench_config, latent_shape  # noqa: E402
+from bench.common import CONFIGS, bench_config, latent_shape
 
 # (name, latents (B, C, T, H, W), uint8 frames (B, F, H, W, 3)): production sizes for the protocol table
 PRODUCTION = [
@@ -162,7 +161,7 @@ def run_slice(args, processes: int, out: Path) -> dict:
     port, result = _free_port(), out / f"result-{processes}.json"
     env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
-    common = [sys.executable, __file__, "--config", args.config, "--shape", "x".join(map(str, args.shape)),
+    common = [sys.executable, "-m", "bench.multihost", "--config", args.config, "--shape", "x".join(map(str, args.shape)),
               "--tp", str(args.tp), "--runs", str(args.runs), "--timeout", str(args.timeout),
               "--num-processes", str(processes), "--port", str(port), "--result", str(result)]
     started = [subprocess.Popen([*common, "--process-id", str(pid)], env=env, cwd=REPO,

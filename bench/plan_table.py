@@ -11,14 +11,14 @@ each skips what the other has finished). A program the TPU compiler refuses for 
 too (it does not fit), with the bytes the compiler says it needs.
 ``--render`` prints the docs' tables and writes the memory-vs-tp PNG.
 
-    nice -n 19 python bench/plan_table.py                 # every TPU row (hours on 2 cores), resumable
-    nice -n 10 python bench/plan_table.py --only 1280x720x81:v5e-8:bfloat16:1   # chosen rows only (Wan 2.1)
-    nice -n 19 python bench/plan_table.py --only hunyuan1.0:1280x720x129:v6e-8:bfloat16:8   # MODEL:VIDEO:…
-    nice -n 19 python bench/plan_table.py --models hunyuan1.5 --descending   # tp = 8, 4, … down to the last fit
-    nice -n 19 python bench/plan_table.py --first-fit --slices v6e-8   # per (video, dtype): tp up to the first fit
-    python bench/plan_table.py --render                   # the docs' tables + docs/tpu-plan/memory.png
-    python bench/plan_table.py --platform gpu             # every GPU row (needs the `cuda` extra; seconds each)
-    python bench/plan_table.py --platform gpu --render    # docs/gpu-plan/memory.png
+    nice -n 19 python -m bench.plan_table                 # every TPU row (hours on 2 cores), resumable
+    nice -n 10 python -m bench.plan_table --only 1280x720x81:v5e-8:bfloat16:1   # chosen rows only (Wan 2.1)
+    nice -n 19 python -m bench.plan_table --only hunyuan1.0:1280x720x129:v6e-8:bfloat16:8   # MODEL:VIDEO:…
+    nice -n 19 python -m bench.plan_table --models hunyuan1.5 --descending   # tp = 8, 4, … down to the last fit
+    nice -n 19 python -m bench.plan_table --first-fit --slices v6e-8   # per (video, dtype): tp up to the first fit
+    python -m bench.plan_table --render                   # the docs' tables + docs/tpu-plan/memory.png
+    python -m bench.plan_table --platform gpu             # every GPU row (needs the `cuda` extra; seconds each)
+    python -m bench.plan_table --platform gpu --render    # docs/gpu-plan/memory.png
 
 Real-size TPU compiles take minutes each and some need many GB of host memory: run it alone.
 """
@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the devices are compile-only
 
 VIDEOS = ("1280x720x81", "832x480x81", "1920x1080x81", "1280x720x121")

@@ -13,21 +13,17 @@ On CPU the ``tp`` devices are *forced host devices that share this machine's cor
 show the overhead of splitting, not a speed-up. Run it on a machine with ``tp`` accelerators
 (``--platform gpu``/``tpu``) for real scaling numbers.
 
-    python bench/scaling.py
-    python bench/scaling.py --memory-shape 1x16x21x90x160 --tps 1,8    # 720p, 81 frames (compile only)
+    python -m bench.scaling
+    python -m bench.scaling --memory-shape 1x16x21x90x160 --tps 1,8    # 720p, 81 frames (compile only)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from bench.common import CONFIGS, bench_config, latent_shape  # noqa: E402  (no JAX: XLA_FLAGS are set below)
+from bench.common import CONFIGS, bench_config, latent_shape  # no JAX yet: XLA_FLAGS are set below
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,7 +44,7 @@ if ARGS is not None:  # before JAX starts
     _max_tp = max(int(tp) for tp in ARGS.tps.split(","))
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_max_tp}").strip()
     os.environ["JAX_PLATFORMS"] = ARGS.platform
-import numpy as np  # noqa: E402
+import numpy as np
 
 MB = 1e6
 

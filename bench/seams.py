@@ -19,22 +19,20 @@ Each is compared with the full single-device JAX decode: max abs error, PSNR (pe
 [-1, 1] frames) and the mean abs error on *seam rows* (the two rows at each band cut for a/c; the
 blend rows of each tile for b) vs *interior rows* (≥ 8 rows from any cut or blend of that method).
 
-    python bench/seams.py                       # real Wan 2.1 architecture, 128x128, 5 frames, tp=4
-    python bench/seams.py --model wan2.2 --height 8 --width 8   # real Wan 2.2, 128x128, 5 frames, tp=4
-    python bench/seams.py --model hunyuan1.0    # real HunyuanVideo, 128x128, 5 frames, tp=4
-    python bench/seams.py --model hunyuan1.5 --height 8 --width 8   # real HunyuanVideo 1.5, 128x128
-    python bench/seams.py --config tiny --height 32 --width 32
+    python -m bench.seams                       # real Wan 2.1 architecture, 128x128, 5 frames, tp=4
+    python -m bench.seams --model wan2.2 --height 8 --width 8   # real Wan 2.2, 128x128, 5 frames, tp=4
+    python -m bench.seams --model hunyuan1.0    # real HunyuanVideo, 128x128, 5 frames, tp=4
+    python -m bench.seams --model hunyuan1.5 --height 8 --width 8   # real HunyuanVideo 1.5, 128x128
+    python -m bench.seams --config tiny --height 32 --width 32
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 MODELS = ("wan2.1", "wan2.2", "hunyuan1.0", "hunyuan1.5")
 
@@ -60,14 +58,13 @@ ARGS = parse_args() if __name__ == "__main__" else None
 if ARGS is not None:  # before JAX starts: enough host devices for the mesh
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(ARGS.tp, 1)}").strip()
     os.environ["JAX_PLATFORMS"] = ARGS.platform
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import numpy as np
+from tqdm import tqdm
 
 # The perturbed diffusers references are the parity tests' own, so bench and tests decode the same model.
-from tests.helpers import hunyuan_reference  # noqa: E402
-from tests.helpers.wan_reference import perturbed_diffusers_vae  # noqa: E402
+from tests.helpers import hunyuan_reference
+from tests.helpers.wan_reference import perturbed_diffusers_vae
 
 INTERIOR_MARGIN = 8  # frame rows
 

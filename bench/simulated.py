@@ -8,7 +8,7 @@ the bytes. For each output and concurrency, a closed loop of requests gives thro
 latency; the server's CPU time over the videos it answered gives host CPU-s per video, and from it
 the host cores one chip needs at this device time. Example (720p x 81 frames, 0.1 s per video):
 
-    python bench/simulated.py --device-s 0.1 --height 720 --width 1280 --concurrency 1 2 4 --requests 8
+    python -m bench.simulated --device-s 0.1 --height 720 --width 1280 --concurrency 1 2 4 --requests 8
 
 Writes a table (stdout) and a PNG (``--plot``): throughput and latency against concurrency."""
 
@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from bench.common import SAMPLE_VIDEO  # noqa: E402
+from bench.common import SAMPLE_VIDEO
+from models.shapes import Output
 
 # What each output asks of POST /v1/decode.
 OUTPUTS = {
@@ -71,13 +70,13 @@ class SimulatedRunner:
         time.sleep(self.device_s * batch * count / len(self.frames))
         return np.broadcast_to(self.frames[first:first + count], (batch, count, *self.frames.shape[1:])).copy()
 
-    def decode(self, latents: np.ndarray, *, output: str = "uint8") -> Any:
+    def decode(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False) -> Any:
         from sharding import Decoded
 
         assert output == "uint8", "the simulated device makes uint8 frames only"
         return Decoded(self._video(latents, 0, len(self.frames)), np.zeros(latents.shape[0], np.int64))
 
-    def decode_stream(self, latents: np.ndarray) -> Iterator[Any]:
+    def decode_stream(self, latents: np.ndarray, *, framewise: bool = False) -> Iterator[Any]:
         from sharding import Decoded
 
         first = 0
@@ -88,7 +87,7 @@ class SimulatedRunner:
     def encode(self, frames: np.ndarray, requests: Any) -> np.ndarray:
         raise NotImplementedError("the simulated device decodes only")
 
-    def compile(self, shape: tuple[int, ...], *, output: str, stream: bool) -> list:
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool, framewise: bool = False) -> list:
         return []
 
     def compile_encode(self, shape: tuple[int, ...]) -> list:
@@ -111,7 +110,7 @@ def serve(args: argparse.Namespace) -> None:
     SimulatedRunner.device_s = args.device_s
     SimulatedRunner.frames = sample_frames(args.sample, args.frames, args.height, args.width)
     settings = Settings(port=args.port, max_batch=1, max_frames=args.frames, max_height=args.height,
-                        max_width=args.width, log_level="warning", encode_workers=args.encode_workers)
+                        max_width=args.width, log_level="warning", mp4_writers=args.mp4_writers)
     vae = models.init_vae(models.WanVAEConfig(base_dim=8, num_res_blocks=1), seed=0)  # config only: never run
     sys.exit(run_server(create_app(settings, vae=vae, runner_factory=SimulatedRunner), settings))
 
@@ -135,11 +134,11 @@ def server(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, __file__, "--serve", "--port", str(port), "--device-s", str(args.device_s),
+    command = [sys.executable, "-m", "bench.simulated", "--serve", "--port", str(port), "--device-s", str(args.device_s),
                "--frames", str(args.frames), "--height", str(args.height), "--width", str(args.width),
                "--sample", str(args.sample)]
-    if args.encode_workers:
-        command += ["--encode-workers", str(args.encode_workers)]
+    if args.mp4_writers:
+        command += ["--mp4-writers", str(args.mp4_writers)]
     process = subprocess.Popen(command)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -237,7 +236,7 @@ def main() -> None:
     parser.add_argument("--outputs", nargs="+", choices=list(OUTPUTS), default=list(OUTPUTS))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--requests", type=int, default=16, help="decodes per point (after one to warm up)")
-    parser.add_argument("--encode-workers", type=int, default=None, help="the server's --encode-workers")
+    parser.add_argument("--mp4-writers", type=int, default=None, help="the server's --mp4-writers")
     parser.add_argument("--plot", type=Path, default=Path("simulated.png"))
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -290,7 +289,7 @@ def main() -> None:
           "server, loadgen: the server's and the load generator's share of the host's CPU; "
           "idle: the host's idle share (other processes took the rest)")
     plot(rows, args.plot, f"simulated device {args.device_s} s/video, {args.frames} x {args.height}x{args.width}, "
-         f"{cores} host cores: python bench/simulated.py --device-s {args.device_s} --height {args.height} "
+         f"{cores} host cores: python -m bench.simulated --device-s {args.device_s} --height {args.height} "
          f"--width {args.width}")
     print(f"wrote {args.plot}")
 

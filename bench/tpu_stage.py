@@ -7,14 +7,14 @@ one frame with its causal caches, compiled for one abstract TPU chip (no TPU, no
 compiles in minutes where the whole decode takes ≈ 8 CPU-minutes, so changes to the full-resolution
 convolutions can be compared here first, then confirmed on the whole decode (``bench/plan_table.py``).
 
-    python bench/tpu_stage.py                        # the causal conv as it is
-    python bench/tpu_stage.py --variant taps         # one frame: a 2-D conv per time tap, no concatenation
+    python -m bench.tpu_stage                        # the causal conv as it is
+    python -m bench.tpu_stage --variant taps         # one frame: a 2-D conv per time tap, no concatenation
 
 ``--variant taps`` is an experiment that was measured and not kept: the one-frame causal conv as
 three 2-D convs (one per time tap) summed in float32, instead of concatenating the two cached
 frames and the new one into a 3-frame copy first. Here it lowers the stage's temp (2.31 → 1.71 GB
 at 720p bfloat16 on v5e), and the whole 720p decode at tp = 1 (10.50 → 9.83 GB), but it raised the
-1080p decode at tp = 2 from 13.38 to 15.76 GB (README, "Frame-level streaming: before and after").
+1080p decode at tp = 2 from 13.38 to 15.76 GB (docs/planning.md).
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the TPU device is compile-only
 
 

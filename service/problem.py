@@ -54,3 +54,9 @@ class Problem(Exception):
             body["received"] = self.received
         return body
 
+
+
+def deadline_problem(detail: str) -> Problem:
+    """504: the request's deadline (``request_timeout_s``, or its ``timeout_s``) passed first."""
+    return Problem(504, "deadline-exceeded", detail, expected="an answer before the request's deadline",
+                   received="deadline passed")

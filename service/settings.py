@@ -8,7 +8,9 @@ embedders can make their own. Environment variables use the prefix ``VAESERVE_``
 
 from __future__ import annotations
 
+import argparse
 import os
+import warnings
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -214,9 +216,12 @@ class Settings(BaseSettings):
                              json_schema_extra=_in("output", "CRF"))
 
     # --- host work: streams and MP4 encoding ---------------------------------------------------
+    mp4_writers: int | None = Field(
+        None, ge=1, description="MP4 answers written at once, each by a thread (PyAV releases the GIL while it "
+        "encodes H.264); more MP4 requests wait for one with their frames held (stream-buffer-bytes); default: the "
+        "host's cores", json_schema_extra=_in("host", "N"))
     encode_workers: int | None = Field(
-        None, ge=1, description="MP4 encoders at once, each a thread (PyAV releases the GIL while encoding); "
-        "more MP4 requests wait for one with their frames held (stream-buffer-bytes); default: the host's cores",
+        None, ge=1, description="deprecated: the former name of mp4-writers (read for one more release)",
         json_schema_extra=_in("host", "N"))
     stream_buffer_bytes: int = Field(
         64 * 2**20, ge=1, description="decoded frames a stream or an MP4 request may hold for its reader or encoder; "
@@ -271,11 +276,20 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def encoders(self) -> int:
-        """``encode_workers``, or the cores this process may run on."""
-        if self.encode_workers is not None:
-            return self.encode_workers
+    def mp4_writer_count(self) -> int:
+        """``mp4_writers``, or the cores this process may run on."""
+        if self.mp4_writers is not None:
+            return self.mp4_writers
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+    @model_validator(mode="after")
+    def _deprecated_names(self) -> Settings:
+        if self.encode_workers is not None:
+            warnings.warn("encode_workers (--encode-workers, VAESERVE_ENCODE_WORKERS) is now mp4_writers; the old "
+                          "name is read for one more release", DeprecationWarning, stacklevel=2)
+            if self.mp4_writers is None:
+                self.mp4_writers = self.encode_workers
+        return self
 
     @model_validator(mode="after")
     def _body_fits_reading_budget(self) -> Settings:
@@ -295,6 +309,18 @@ class Settings(BaseSettings):
                              f"{largest} bytes (max_frames x max_height x max_width x 3 float32, or twice "
                              "max_body_bytes)")
         return self
+
+
+def add_argument(parser: argparse.ArgumentParser, name: str, flag: str | None = None) -> None:
+    """The setting ``name`` as a flag of another command (the offline ``decode``/``encode``): its
+    type, choices, default and help from its one declaration here; ``flag`` renames it
+    (``--fps`` for ``default_fps``)."""
+    field = Settings.model_fields[name]
+    annotation = field.annotation
+    choices = list(get_args(annotation)) if get_origin(annotation) is Literal else None
+    kind = next((t for t in (int, float) if annotation in (t, t | None)), str)
+    parser.add_argument(flag or "--" + name.replace("_", "-"), dest=name, type=kind, default=field.default,
+                        choices=choices, help=field.description)
 
 
 def _default_text(name: str) -> str:

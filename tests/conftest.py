@@ -13,7 +13,7 @@ LONGEST_FIRST = (
     "tests/multihost/test_slice_parity.py",
     "tests/models/test_parity_wan22.py",
     "tests/multihost/test_slice_service.py",
-    "tests/service/test_wan22.py",
+    "tests/service/http/test_serving_wan22.py",
 )
 
 

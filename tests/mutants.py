@@ -75,7 +75,7 @@ PAD_HW_AFTER = ("tests/sharding/test_halo.py::test_pad_hw_after_equals_bottom_ri
                 "[height-8-4]",)
 DECODE_EXACT = ("tests/sharding/test_exact.py::test_height_split_matches_single_device[tp2-h8-t1]",)
 ENCODE_EXACT = ("tests/sharding/test_encode_exact.py::test_sharded_encode_matches_single_device[tp8-h8-one-row-bands]",)
-SCALING = ("tests/service/test_codec.py::test_scaling_follows_diffusers_remote_convention",)
+SCALING = ("tests/service/codecs/test_codec.py::test_scaling_follows_diffusers_remote_convention",)
 UINT8 = ("tests/models/test_numerics.py::test_to_uint8_rounds_and_clamps",
          "tests/models/test_parity.py::test_uint8_output_is_rounded_float_output")
 

@@ -30,7 +30,7 @@ COMMANDS = {"serve": serve.serve, "settings": serve.print_settings, "decode": of
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "loadtest":  # its own parser, shared with bench/loadtest.py
+    if argv and argv[0] == "loadtest":  # its own parser
         from .loadtest import main as loadtest_main
 
         return loadtest_main(argv[1:])

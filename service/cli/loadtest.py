@@ -1,4 +1,4 @@
-"""httpx load test for ``POST /v1/decode`` (``vaeserve loadtest`` and ``bench/loadtest.py``).
+"""httpx load test for ``POST /v1/decode`` (``vaeserve loadtest``).
 
 Two modes:
 

@@ -20,6 +20,7 @@ from ..codecs.video import mp4_bytes
 from ..engine.batches import pad_batch
 from ..limits import Limits
 from ..problem import Problem
+from ..settings import add_argument
 
 
 def add_parsers(sub) -> None:
@@ -33,16 +34,12 @@ def _decode_parser(sub) -> None:
     p.add_argument("input", help=".npy or .safetensors latents (B,C,T,H,W) or (C,T,H,W); C = 16 (Wan 2.1, "
                    "HunyuanVideo), 48 (Wan 2.2), 32 (HunyuanVideo 1.5)")
     p.add_argument("-o", "--output", required=True, help=".mp4 (first video) or .npy (uint8 frames)")
-    p.add_argument("--model")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--dp", type=int, default=1)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    _model_arguments(p)
     p.add_argument("--denormalize", action="store_true", help="z * latents_std + latents_mean first")
     p.add_argument("--framewise", action="store_true",
                    help="HunyuanVideo 1.0: decode as diffusers does by default (tiles of 16 frames, blended), not the whole clip")
-    p.add_argument("--fps", type=int, default=16)
-    p.add_argument("--crf", type=int, default=18)
-    p.add_argument("--cpu-devices", type=int)
+    add_argument(p, "default_fps", "--fps")
+    add_argument(p, "default_crf", "--crf")
 
 
 def _encode_parser(sub) -> None:
@@ -52,14 +49,16 @@ def _encode_parser(sub) -> None:
     p.add_argument("-o", "--output", required=True,
                    help=".safetensors (tensor 'latents') or .npy: float32 (B,z,T,H/s,W/s), "
                         "z, s = 16, 8 (Wan 2.1, HunyuanVideo), 48, 16 (Wan 2.2) or 32, 16 (HunyuanVideo 1.5)")
-    p.add_argument("--model")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--dp", type=int, default=1)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    _model_arguments(p)
     p.add_argument("--normalize", action="store_true", help="(z - latents_mean) / latents_std after (as pipelines do)")
     p.add_argument("--sample", action="store_true", help="draw from the posterior instead of taking its mean")
     p.add_argument("--seed", type=int, help="noise seed for --sample")
-    p.add_argument("--cpu-devices", type=int)
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model and mesh, as ``vaeserve serve`` takes them (declared once, in ``Settings``)."""
+    for name in ("model", "dtype", "tp", "dp", "cpu_devices"):
+        add_argument(parser, name)
 
 
 def _convert_parser(sub) -> None:
@@ -122,7 +121,7 @@ def decode(args: argparse.Namespace) -> int:
     frames = np.concatenate(chunks, axis=1)
     out = Path(args.output)
     if out.suffix == ".mp4":
-        out.write_bytes(mp4_bytes(frames[0], fps=args.fps, crf=args.crf))
+        out.write_bytes(mp4_bytes(frames[0], fps=args.default_fps, crf=args.default_crf))
     elif out.suffix == ".npy":
         out.write_bytes(npy_bytes(frames))
     else:

@@ -21,7 +21,7 @@ from typing import get_args
 import av
 import numpy as np
 
-from ..problem import Problem
+from ..problem import Problem, deadline_problem
 from ..settings import VideoCodec
 
 # The FFmpeg decoders each promised codec may run, and the name a person knows it by.
@@ -130,9 +130,7 @@ def decode_mp4(body: bytes, header: VideoHeader, put: Callable[[int, np.ndarray]
                                    f"{_declared(header)}", f"{frame.width}x{frame.height}")
                 _check_depth(frame.format)
                 if deadline is not None and time.monotonic() > deadline:
-                    raise Problem(504, "deadline-exceeded", f"the deadline passed while decoding frame {index} of "
-                                  f"{header.frames}", expected="the video decoded before the deadline",
-                                  received="deadline passed")
+                    raise deadline_problem(f"the deadline passed while decoding frame {index} of {header.frames}")
                 put(index, frame.to_ndarray(format="rgb24"))
                 index += 1
         except Problem:

@@ -49,20 +49,14 @@ class EncodeOptions(NamedTuple):
         return cls(sample=sample, seed=seed, normalize=normalize)
 
 
-@dataclass
-class JobResult:
-    array: np.ndarray
-    queue_s: float  # arrival to the start of its device batch
-    device_s: float  # the device batch, transfers to the host included
-    batch_size: int  # inputs in the device batch this job rode in, padding excluded
-
-
 @dataclass(eq=False)  # a job is itself (held in sets by the worker), whatever its fields say
 class Job:
     """One request's inputs (decode: latents ``(B, C, T, H, W)`` float32, already scaled and
     denormalized; encode: frames ``(B, 3, F, H, W)`` float32 in [-1, 1], with its ``encode``
-    options) and its reply slot: a future, or a chunk queue when ``stream`` is set (uint8 frames
-    ``(B, f, H, W, 3)`` per decode step, then ``STREAM_END`` or an ``EngineError``)."""
+    options) and its reply slot: a future (the output array, or an ``EngineError``), or a chunk
+    queue when ``stream`` is set (uint8 frames ``(B, f, H, W, 3)`` per decode step, then
+    ``STREAM_END`` or an ``EngineError``). The device thread notes when its batch started, the
+    inputs in that batch, and the device time it has had (``started``, ``batch_size``, ``device_s``)."""
 
     request_id: str
     operation: Operation
@@ -80,7 +74,7 @@ class Job:
     cancel_reason: str = ""
     started: float | None = None
     batch_size: int = 0  # inputs in the device batch (or stream run) the job rode in
-    device_s: float = 0.0  # (stream jobs) time its run spent on the device so far
+    device_s: float = 0.0  # time its batch (or stream run) spent on the device so far
     ended: bool = False  # (device thread) a stream's last item is pushed: STREAM_END or an error
     produced_bytes: int = 0  # (device thread) frame bytes pushed so far
     consumed_bytes: int = 0  # (event loop) frame bytes the consumer has taken, or that were dropped
@@ -132,7 +126,7 @@ class Job:
         except RuntimeError:  # loop closed: the server is gone, nobody is waiting
             pass
 
-    def resolve(self, value: JobResult | EngineError) -> None:
+    def resolve(self, value: np.ndarray | EngineError) -> None:
         def settle() -> None:
             # A cancelled job's handler has already answered; an unread exception would be logged.
             if not self.future.done() and not self.cancelled:

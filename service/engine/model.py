@@ -7,7 +7,7 @@ follower's device loop, a follower's stop request, leaving the slice after the d
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +52,9 @@ class Runner(Protocol):
 
     def program_memory(self) -> list[dict[str, Any]]: ...
 
+
+# Builds a runner from ``(vae, mesh, max_batch=, dp=)`` (``DeviceRunner``; tests pass runners that fail or stall).
+RunnerFactory = Callable[..., Runner]
 
 # The ``Runner`` methods that reach the devices (the others read the program cache): on a
 # multi-host slice process 0 makes each of them on every process (``service.slice.member``). Their

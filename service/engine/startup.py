@@ -25,13 +25,11 @@ from ..limits import Limits
 from ..metrics import Metrics
 from ..settings import WARMUP_OUTPUTS, Settings
 from .errors import StartupRefused
-from .model import CompiledPrograms, ModelState, ServedShapes
+from .model import CompiledPrograms, ModelState, RunnerFactory, ServedShapes
 from .runner import DeviceRunner
 
 log = logging.getLogger("vaeserve")
 
-# Builds the runner from (vae, mesh, max_batch=, dp=); tests pass a DeviceRunner subclass that fails.
-RunnerFactory = Callable[..., DeviceRunner]
 # Joins a multi-host slice (before JAX's backends start) and returns how to attach the loaded model
 # to it (``service.slice.boot.slice_joiner``).
 Join = Callable[[], Callable[[ModelState], ModelState]]

@@ -35,7 +35,7 @@ from models.shapes import Output
 
 from ..metrics import Metrics
 from .errors import DeadlineExceeded, DeviceFailed, EngineError, NonFiniteOutput, QueueFull, Unavailable
-from .jobs import STREAM_END, Job, JobResult
+from .jobs import STREAM_END, Job
 from .model import ModelState, Runner
 
 log = logging.getLogger("vaeserve")
@@ -334,7 +334,6 @@ class Worker:
     def _run(self, batch: list[Job]) -> None:
         self._note_start(batch)
         start = batch[0].started or time.monotonic()
-        size = sum(job.size for job in batch)
         try:
             out, nonfinite = self._execute(batch)
         except Exception as exc:
@@ -346,7 +345,8 @@ class Worker:
         for job in batch:
             rows = slice(offset, offset + job.size)
             bad = int(nonfinite[rows].sum())
-            job.resolve(NonFiniteOutput(bad) if bad else JobResult(out[rows], start - job.arrived, device_s, size))
+            job.device_s = device_s
+            job.resolve(NonFiniteOutput(bad) if bad else out[rows])
             offset += job.size
 
     def _execute(self, batch: list[Job]) -> tuple[np.ndarray, np.ndarray]:

@@ -11,16 +11,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from starlette.requests import ClientDisconnect, Request
+from starlette.types import Receive
 
 from ..problem import Problem
 from .problems import ClientGone
 
 # The body is unread (or half read) when these go out: the connection cannot be reused.
 _CLOSE = {"Connection": "close"}
+T = TypeVar("T")
 
 
 class ByteBudget:
@@ -87,13 +90,37 @@ async def read_body(request: Request, *, max_bytes: int, budget: ByteBudget, tim
         budget.give(held)
 
 
-async def client_left(request: Request) -> None:
-    """Returns when the client disconnects. Once the body is read, the next ASGI message can
-    only be ``http.disconnect``."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+async def unless_client_leaves(receive: Receive, work: Awaitable[T], *, deadline: float | None = None,
+                               on_give_up: Callable[[str], None] | None = None) -> T:
+    """The result of ``work``, raced against the client leaving and ``deadline``
+    (``time.monotonic()``): :class:`ClientGone` if the client disconnects first, ``TimeoutError``
+    once the deadline passes. Giving up, ``on_give_up("client-gone" | "deadline")`` is called
+    first, then ``work`` is cancelled. The request body must be read already (the next ASGI
+    message can then only be ``http.disconnect``)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled from outside: nothing may outlive the request
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    reason = "client-gone" if watcher in done else "deadline"
+    if on_give_up is not None:
+        on_give_up(reason)
+    task.cancel()
+    if reason == "client-gone":
+        raise ClientGone("the client left")
+    raise TimeoutError
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class MemoryBudget:
@@ -126,7 +153,7 @@ class MemoryBudget:
         self.used -= size
         self._grant()
 
-    async def acquire(self, size: int, *, deadline: float, retry_after_s: int, request: Request) -> None:
+    async def acquire(self, size: int, *, deadline: float, retry_after_s: int, receive: Receive) -> None:
         """Hold ``size`` bytes: at once when they fit and nobody waits, else in turn. 503 (with
         ``Retry-After``) if the turn has not come by ``deadline`` (``time.monotonic()``),
         :class:`ClientGone` if the client leaves while it waits."""
@@ -140,24 +167,20 @@ class MemoryBudget:
             return
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((size, granted))
-        watcher = asyncio.ensure_future(client_left(request))
         try:
-            await asyncio.wait({granted, watcher}, timeout=max(0.0, deadline - time.monotonic()),
-                               return_when=asyncio.FIRST_COMPLETED)
+            await unless_client_leaves(receive, granted, deadline=deadline)
+        except ClientGone:
+            self._give_up(granted, size)
+            raise ClientGone("client left while its request waited for decoding memory") from None
+        except TimeoutError:
+            self._give_up(granted, size)
+            raise Problem(503, "busy-decoding", f"{self.used} of {self.limit} bytes for decoded inputs are in use; "
+                          f"this request's {size} bytes did not fit before its deadline",
+                          expected=f"{size} bytes free of {self.limit}", received=f"{self.limit - self.used} bytes free",
+                          headers={"Retry-After": str(retry_after_s)}) from None
         except BaseException:  # cancelled from outside: hand back what may have been granted
             self._give_up(granted, size)
             raise
-        finally:
-            watcher.cancel()
-        if granted.done():
-            return
-        self._give_up(granted, size)
-        if watcher.done() and not watcher.cancelled():
-            raise ClientGone("client left while its request waited for decoding memory")
-        raise Problem(503, "busy-decoding", f"{self.used} of {self.limit} bytes for decoded inputs are in use; "
-                      f"this request's {size} bytes did not fit before its deadline",
-                      expected=f"{size} bytes free of {self.limit}", received=f"{self.limit - self.used} bytes free",
-                      headers={"Retry-After": str(retry_after_s)})
 
     def _give_up(self, granted: asyncio.Future[None], size: int) -> None:
         if granted.done() and not granted.cancelled():
@@ -167,8 +190,8 @@ class MemoryBudget:
             self._grant()  # the waiters behind this one may fit now
 
     @asynccontextmanager
-    async def hold(self, size: int, *, deadline: float, retry_after_s: int, request: Request) -> AsyncIterator[None]:
-        await self.acquire(size, deadline=deadline, retry_after_s=retry_after_s, request=request)
+    async def hold(self, size: int, *, deadline: float, retry_after_s: int, receive: Receive) -> AsyncIterator[None]:
+        await self.acquire(size, deadline=deadline, retry_after_s=retry_after_s, receive=receive)
         try:
             yield
         finally:

@@ -19,17 +19,17 @@ from fastapi import FastAPI
 
 from ..engine.boot import boot
 from ..engine.errors import StartupRefused
-from ..engine.model import ModelState
+from ..engine.model import ModelState, RunnerFactory
 from ..engine.worker import Worker
 from ..metrics import Metrics
 from ..settings import Settings
 from ..slice.boot import FOLLOWER_STOP_MARGIN_S, slice_joiner
 from ..slice.control import SliceHooks
 from .admission import ByteBudget, MemoryBudget
-from .encoders import EncoderPool
 from .middleware import RequestContext
+from .mp4_pool import Mp4Pool
 from .problems import install_error_handlers
-from .routes import decode, encode, operations, ui
+from .routes import decode, encode, models, operations, ui
 from .state import ServiceState
 
 VERSION = "0.2.0"
@@ -73,7 +73,8 @@ async def _stop(worker: Worker, settings: Settings) -> None:
         await anyio.to_thread.run_sync(model.cluster.leave, not worker.alive)
 
 
-def create_app(settings: Settings | None = None, *, vae: Any = None, runner_factory: Any = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, vae: Any = None,
+               runner_factory: RunnerFactory | None = None) -> FastAPI:
     """Build the app. ``vae`` (a ``models`` VAE) skips loading ``settings.model``;
     ``runner_factory(vae, mesh, max_batch=, dp=)`` replaces ``service.engine.runner.DeviceRunner``."""
     settings = settings or Settings()
@@ -93,7 +94,7 @@ def create_app(settings: Settings | None = None, *, vae: Any = None, runner_fact
 
             hooks = SliceHooks(on_failure=on_loop(state.fail_slice), stop_server=on_loop(state.request_stop))
             join = slice_joiner(settings, hooks)
-        state.encoders = EncoderPool(settings.encoders, state.metrics)
+        state.mp4_pool = Mp4Pool(settings.mp4_writer_count, state.metrics)
         worker = _start_worker(state, partial(boot, settings, state.metrics, vae=vae, runner_factory=runner_factory,
                                               join=join))
         try:
@@ -101,7 +102,7 @@ def create_app(settings: Settings | None = None, *, vae: Any = None, runner_fact
         finally:
             state.set_draining()  # whoever embeds the app: readyz 503, new work 503, queued work finishes
             await _stop(worker, settings)
-            state.encoders.shutdown()
+            state.mp4_pool.shutdown()
 
     app = FastAPI(title="vaeserve", version=VERSION, lifespan=lifespan,
                   description="Latents in, MP4 / frames / tensors out; images / video / frames in, latents "
@@ -109,6 +110,7 @@ def create_app(settings: Settings | None = None, *, vae: Any = None, runner_fact
     app.state.service = state
     install_error_handlers(app)
     app.include_router(operations.router)
+    app.include_router(models.router)
     app.include_router(decode.router)
     app.include_router(encode.router)
     app.include_router(ui.router)

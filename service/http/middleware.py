@@ -1,9 +1,13 @@
 """``RequestContext``: the ASGI middleware around every request.
 
 * a request id on every request and response (``X-Request-Id``; the client's if it is sane);
-* the ``vaeserve_requests_total{route,status}`` counter (499 when the client left first, also
-  mid-answer: a stream cut off because its reader left or stopped reading; a stream the app cut
-  off for an error counts that error's status);
+* the ``vaeserve_requests_total{route,status}`` counter, by the path of the route that matched
+  (``scope["route"]``, set by the router; ``other`` when none did) (499 when the
+  client left first, also mid-answer: a stream cut off because its reader left or stopped
+  reading; a stream the app cut off for an error counts that error's status);
+* ``vaeserve_request_seconds``: a decode or encode request's arrival (``request.state.arrived``,
+  set when it is admitted: ``service.http.lifecycle``) to the last byte of its successful answer,
+  streams included;
 * ``Connection: close`` on any answer sent before the request body was read to its end (the
   client may still be sending it; keeping the connection would mean reading it for nothing);
 * unexpected exceptions become one logged traceback and a 500 problem on a connection that stays
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import uuid
 
 from starlette.datastructures import Headers, MutableHeaders
@@ -27,7 +32,6 @@ from .problems import CLIENT_GONE, internal_error, render_problem
 
 log = logging.getLogger("vaeserve")
 
-ROUTES = ("/v1/decode", "/v1/encode", "/v1/models", "/healthz", "/readyz", "/metrics", "/ui")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
@@ -90,10 +94,13 @@ class RequestContext:
             self._count(scope, exchange)
 
     def _count(self, scope: Scope, exchange: _Exchange) -> None:
-        route = scope["path"] if scope["path"] in ROUTES else "other"
+        route = getattr(scope.get("route"), "path", None) or "other"
         status = exchange.status
         if status is None:  # nothing was sent: the client left, or the app never answered
             status = CLIENT_GONE if exchange.client_gone else 500
         elif not exchange.complete:  # cut off mid-answer: by the app for an error, or the client left
             status = scope.get("state", {}).get("cut_status") or (CLIENT_GONE if exchange.client_gone else 500)
         self.metrics.requests.labels(route, str(status)).inc()
+        arrived = scope.get("state", {}).get("arrived")
+        if arrived is not None and exchange.complete and 200 <= status < 300:
+            self.metrics.total_seconds.observe(time.monotonic() - arrived)

@@ -10,11 +10,12 @@ place that says which HTTP status and problem type each of them is.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.errors import (
@@ -27,7 +28,9 @@ from ..engine.errors import (
     ShapeNotServed,
     Unavailable,
 )
-from ..problem import Problem
+from ..problem import Problem, deadline_problem
+
+log = logging.getLogger("vaeserve")
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 CLIENT_GONE = 499  # the client closed the connection before the answer (nginx's code)
@@ -51,8 +54,7 @@ def engine_problem(error: EngineError, *, retry_after_s: int, request_id: str | 
     if isinstance(error, Unavailable):
         return Problem(503, "unavailable", str(error), headers=retry_after(retry_after_s))
     if isinstance(error, DeadlineExceeded):
-        return Problem(504, "deadline-exceeded", str(error), expected="decode finished before the deadline",
-                       received="deadline passed")
+        return deadline_problem(str(error))
     if isinstance(error, ShapeNotServed):
         return Problem(422, "shape-not-allowed", str(error), expected=error.allowed, received=error.received)
     if isinstance(error, NoEncoder):
@@ -94,6 +96,12 @@ def _http_slug(status: int) -> str:
 
 async def _on_problem(request: Request, exc: Problem) -> JSONResponse:
     return problem_response(exc, request)
+
+
+async def _on_client_gone(request: Request, exc: ClientGone) -> Response:
+    """The client left before its answer: nobody reads this one (counted as 499)."""
+    log.info("request %s: %s", getattr(request.state, "request_id", None), exc)
+    return Response(status_code=CLIENT_GONE)
 
 
 async def _on_engine_error(request: Request, exc: EngineError) -> JSONResponse:
@@ -144,6 +152,7 @@ def install_error_handlers(app: FastAPI) -> None:
     Starlette's ServerErrorMiddleware, which re-raises after answering, and uvicorn then drops the
     keep-alive connection without saying so."""
     app.add_exception_handler(Problem, _on_problem)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientGone, _on_client_gone)  # type: ignore[arg-type]
     app.add_exception_handler(EngineError, _on_engine_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _on_validation_error)  # type: ignore[arg-type]

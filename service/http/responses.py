@@ -1,12 +1,13 @@
-"""From a queued job to an HTTP response: wait (deadline, client gone), serialize. Answers written
-while the decode runs (streams, MP4 encoded step by step) are in ``service.http.streams``."""
+"""From a submitted job to an HTTP response: wait for it (deadline, client gone), serialize it.
+Answers written while the decode runs (streams, MP4 written step by step) are in
+``service.http.streams``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 import numpy as np
@@ -16,37 +17,28 @@ from fastapi.responses import Response
 from ..codecs.latents import LATENT_MEDIA_TYPES, scale_latents, serialize_latents
 from ..codecs.tensors import NPY_CONTENT_TYPE, npy_bytes
 from ..codecs.video import png_bytes
-from ..engine.errors import EngineError, NonFiniteOutput
-from ..engine.jobs import Job, JobResult
+from ..engine.errors import DeadlineExceeded, EngineError, NonFiniteOutput
+from ..engine.jobs import Job
 from ..metrics import Metrics
 from ..problem import Problem
-from .admission import client_left
-from .encoders import EncoderPool
+from .admission import unless_client_leaves
+from .mp4_pool import Mp4Pool
 from .problems import ClientGone, engine_problem
 from .schemas import DecodeParams, EncodeParams
 
+T = TypeVar("T")
 
-async def wait_for(request: Request, job: Job, awaitable: asyncio.Future):
-    """Result of ``awaitable``, or 504 at the job's deadline, or ClientGone if the client left.
-    Either way out, ``awaitable`` is cancelled and the job is marked cancelled so the worker does
-    not spend device time on it."""
-    watcher = asyncio.ensure_future(client_left(request))
+
+async def wait_for(request: Request, job: Job, work: Awaitable[T]) -> T:
+    """The result of ``work`` (the job's future, its first chunk, an MP4 written from its steps);
+    ``DeadlineExceeded`` at the job's deadline, ``ClientGone`` if the client leaves first. Either
+    way out the job is cancelled first, so the worker spends no more device time on it."""
     try:
-        done, _ = await asyncio.wait(
-            {awaitable, watcher}, timeout=max(0.0, job.deadline - time.monotonic()),
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-    finally:
-        watcher.cancel()
-    if awaitable in done:
-        return awaitable.result()
-    awaitable.cancel()
-    if watcher in done:
-        job.cancel("client-gone")
-        raise ClientGone("client left while its request was queued or decoding")
-    job.cancel("deadline")
-    raise Problem(504, "deadline-exceeded", f"no result within the deadline (request id {job.request_id})",
-                  expected="decode finished before the deadline", received="deadline passed")
+        return await unless_client_leaves(request.receive, work, deadline=job.deadline, on_give_up=job.cancel)
+    except ClientGone:
+        raise ClientGone("client left while its request was queued or decoding") from None
+    except TimeoutError:
+        raise DeadlineExceeded(f"no result within the deadline (request id {job.request_id})") from None
 
 
 def scaling_text(params: DecodeParams) -> str:
@@ -56,13 +48,19 @@ def scaling_text(params: DecodeParams) -> str:
 
 
 def decode_problem(error: EngineError, params: DecodeParams, job: Job, retry_after_s: int) -> Problem:
+    """The problem a decode's engine error is answered with (a non-finite decode names the request's scaling)."""
     return engine_problem(error, retry_after_s=retry_after_s, request_id=job.request_id,
                           scaling=scaling_text(params) if isinstance(error, NonFiniteOutput) else None)
 
 
-def timing_headers(result: JobResult, serialize_s: float) -> dict[str, str]:
-    return {"X-Queue-Time-S": f"{result.queue_s:.6f}", "X-Device-Time-S": f"{result.device_s:.6f}",
-            "X-Serialize-Time-S": f"{serialize_s:.6f}", "X-Batch-Size": str(result.batch_size)}
+def timing_headers(job: Job, *, serialize_s: float | None = None) -> dict[str, str]:
+    """Where a request's time went: the queue (arrival to the start of its device batch) and, once
+    the device is done with it, the device, the serialization and the batch it rode in."""
+    headers = {"X-Queue-Time-S": f"{(job.started or time.monotonic()) - job.arrived:.6f}"}
+    if serialize_s is not None:
+        headers |= {"X-Device-Time-S": f"{job.device_s:.6f}", "X-Serialize-Time-S": f"{serialize_s:.6f}",
+                    "X-Batch-Size": str(job.batch_size)}
+    return headers
 
 
 def _frames_body(array: np.ndarray, params: DecodeParams, batched: bool) -> tuple[bytes, str, dict[str, str]]:
@@ -87,23 +85,24 @@ def _latents_body(latents: np.ndarray, params: EncodeParams) -> tuple[bytes, str
     return body, LATENT_MEDIA_TYPES[params.output_type], headers
 
 
-async def _serialized(result: JobResult, output_type: str, metrics: Metrics,
+async def _serialized(job: Job, array: np.ndarray, output_type: str, metrics: Metrics,
                       serialize: Callable[[np.ndarray], tuple[bytes, str, dict[str, str]]]) -> Response:
     start = time.monotonic()
-    body, media_type, headers = await anyio.to_thread.run_sync(serialize, result.array)
+    body, media_type, headers = await anyio.to_thread.run_sync(serialize, array)
     serialize_s = time.monotonic() - start
     metrics.serialize_seconds.labels(output_type).observe(serialize_s)
-    return Response(body, media_type=media_type, headers={**headers, **timing_headers(result, serialize_s)})
+    return Response(body, media_type=media_type, headers={**headers, **timing_headers(job, serialize_s=serialize_s)})
 
 
-async def render_frames(result: JobResult, params: DecodeParams, batched: bool, metrics: Metrics,
-                        encoders: EncoderPool) -> Response:
-    if params.output_type == "mp4":  # whole (the step programs are not served): on an MP4 encoder
+async def render_frames(job: Job, frames: np.ndarray, params: DecodeParams, batched: bool, metrics: Metrics,
+                        mp4_pool: Mp4Pool) -> Response:
+    """A whole decode's frames as the answer ``params`` asks for."""
+    if params.output_type == "mp4":  # whole (the step programs are not served): on the MP4 pool
         start = time.monotonic()
-        body = await encoders.encode(result.array[0], fps=params.fps, crf=params.crf)
-        return Response(body, media_type="video/mp4", headers=timing_headers(result, time.monotonic() - start))
-    return await _serialized(result, params.output_type, metrics, lambda a: _frames_body(a, params, batched))
+        body = await mp4_pool.mp4_bytes(frames[0], fps=params.fps, crf=params.crf)
+        return Response(body, media_type="video/mp4", headers=timing_headers(job, serialize_s=time.monotonic() - start))
+    return await _serialized(job, frames, params.output_type, metrics, lambda a: _frames_body(a, params, batched))
 
 
-async def render_latents(result: JobResult, params: EncodeParams, metrics: Metrics) -> Response:
-    return await _serialized(result, params.output_type, metrics, lambda a: _latents_body(a, params))
+async def render_latents(job: Job, latents: np.ndarray, params: EncodeParams, metrics: Metrics) -> Response:
+    return await _serialized(job, latents, params.output_type, metrics, lambda a: _latents_body(a, params))

@@ -169,7 +169,7 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     }.items()
 }
 
-# The formats of the request body (README: Request body); raw bodies need ?shape=&dtype=.
+# The formats of the request body (docs/api.md, "Routes"); raw bodies need ?shape=&dtype=.
 DECODE_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,
@@ -190,7 +190,7 @@ DECODE_RESPONSES: dict[int | str, dict[str, Any]] = {
     **PROBLEM_RESPONSES,
 }
 
-# POST /v1/encode (README: Encoding): frames in, latents out. No Content-Type at all is accepted too.
+# POST /v1/encode (docs/api.md, "Encoding"): frames in, latents out. No Content-Type at all is accepted too.
 ENCODE_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,

@@ -29,7 +29,7 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..problem import PROBLEM_BASE
+from ..problem import Problem
 from ..settings import Settings
 from .problems import PROBLEM_CONTENT_TYPE
 from .state import ServiceState
@@ -38,11 +38,11 @@ log = logging.getLogger("vaeserve")
 
 
 def _timeout_response(timeout_s: float) -> bytes:
-    body = json.dumps({
-        "type": PROBLEM_BASE + "request-timeout", "title": "Request timeout", "status": 408,
-        "detail": f"the request headers did not arrive within {timeout_s:g} s", "instance": None,
-        "expected": f"headers within {timeout_s:g} s", "received": "an incomplete request",
-    }).encode()
+    """408 for headers that did not arrive in time, written to the socket before it is closed
+    (there is no request, so no app to answer it)."""
+    problem = Problem(408, "request-timeout", f"the request headers did not arrive within {timeout_s:g} s",
+                      expected=f"headers within {timeout_s:g} s", received="an incomplete request")
+    body = json.dumps(problem.body(None, None)).encode()
     head = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: {PROBLEM_CONTENT_TYPE}\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
     return head + body

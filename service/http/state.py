@@ -17,7 +17,7 @@ from ..engine.worker import Worker
 from ..metrics import Metrics
 from ..settings import Settings
 from .admission import ByteBudget, MemoryBudget
-from .encoders import EncoderPool
+from .mp4_pool import Mp4Pool
 
 log = logging.getLogger("vaeserve")
 
@@ -31,7 +31,7 @@ class ServiceState:
     reading: ByteBudget  # request bodies being read
     decoded: MemoryBudget  # what encode bodies become once decoded (float32 frames)
     worker: Worker | None = None  # set by the lifespan
-    encoders: EncoderPool | None = None  # set by the lifespan (its FIFO belongs to the serving loop)
+    mp4_pool: Mp4Pool | None = None  # set by the lifespan (its FIFO belongs to the serving loop)
     phase: Phase = "loading"
     model: ModelState | None = None
     error: str | None = None

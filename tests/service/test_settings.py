@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from service.cli import build_parser
 from service.cli.serve import settings_from
-from service.settings import Settings, settings_markdown
+from service.settings import Settings, parse_latent_shape, settings_markdown
 from tests.helpers.service_helpers import REPO
 
 
@@ -56,3 +56,31 @@ def test_the_docs_table_is_the_generated_one():
     assert len(rows) == len(Settings.model_fields)
     # Negative control: a setting the table lacks is noticed.
     assert "| `--max-queue N` | `VAESERVE_MAX_QUEUE` | `16` |" in committed.group(1)
+
+
+def test_settings_from_env_and_overrides(monkeypatch):
+    monkeypatch.setenv("VAESERVE_MAX_QUEUE", "7")
+    monkeypatch.setenv("VAESERVE_WARMUP", '["16x2x4x4", "16,1,8,8"]')
+    monkeypatch.setenv("VAESERVE_API_KEY", "zq-secret-91")
+    s = Settings(max_batch=3)
+    assert s.max_queue == 7 and s.max_batch == 3
+    assert [w.shape for w in s.warmup] == [(16, 2, 4, 4), (16, 1, 8, 8)]
+    assert s.warmup[0].outputs == ("uint8", "float", "stream")  # every output by default
+    assert s.api_key.get_secret_value() == "zq-secret-91" and "zq-secret-91" not in repr(s)
+    (only,) = Settings(warmup=["16x1x2x2:uint8,stream"]).warmup
+    assert only.shape == (16, 1, 2, 2) and only.outputs == ("uint8", "stream")
+    with pytest.raises(ValueError):
+        parse_latent_shape("16x2x4")
+    with pytest.raises(ValueError):
+        Settings(warmup=["16x2x4x4:gif"])
+    with pytest.raises(ValueError):  # a body of max_body_bytes could never be read
+        Settings(max_body_bytes=2048, max_reading_bytes=1024)
+
+
+def test_a_deprecated_name_still_sets_its_setting():
+    with pytest.warns(DeprecationWarning, match="encode_workers .* is now mp4_writers"):
+        settings = Settings(encode_workers=3)
+    assert settings.mp4_writers == settings.mp4_writer_count == 3
+    with pytest.warns(DeprecationWarning):  # the new name wins where both are given
+        assert Settings(encode_workers=3, mp4_writers=5).mp4_writer_count == 5
+    assert Settings(mp4_writers=2).mp4_writer_count == 2

@@ -1,6 +1,6 @@
-"""HTTP routes, one ``APIRouter`` per area: ``operations`` (probes, metrics, models), ``decode``,
-``encode``, ``ui`` (the page)."""
+"""HTTP routes, one ``APIRouter`` per area (its OpenAPI tag set once): ``operations`` (probes,
+metrics), ``models``, ``decode``, ``encode``, ``ui`` (the page)."""
 
-from . import decode, encode, operations, ui
+from . import decode, encode, models, operations, ui
 
-__all__ = ["decode", "encode", "operations", "ui"]
+__all__ = ["decode", "encode", "models", "operations", "ui"]

@@ -1,10 +1,11 @@
-"""MP4 encoding off the event loop and off the device thread, on all host cores, bounded.
+"""The MP4 pool: H.264 answers written off the event loop and off the device thread, on all host
+cores, bounded.
 
-Up to ``workers`` videos are encoded at once, each by one ``Mp4Writer`` in a pool of as many
+Up to ``workers`` videos are written at once, each by one ``Mp4Writer`` in a pool of as many
 threads: PyAV releases the GIL inside FFmpeg (``avcodec_send_frame``, ``avcodec_receive_packet``,
-the RGB to YUV conversion), so threads encode in parallel and a process pool would only add
-copies of every frame. A request first waits for a free encoder (FIFO); meanwhile its decoded
-frames stay with its job, which the device thread sets aside once it holds ``stream_buffer_bytes``
+the RGB to YUV conversion), so threads work in parallel and a process pool would only add copies
+of every frame. A request first waits for a free writer (FIFO); meanwhile its decoded frames stay
+with its job, which the device thread sets aside once it holds ``stream_buffer_bytes``
 (``service.engine.worker``): host memory stays bounded while the device serves others.
 """
 
@@ -22,15 +23,15 @@ from ..codecs.video import Mp4Writer
 from ..metrics import Metrics
 
 
-class VideoEncoding:
-    """One video's writer on the pool: its calls run one after another (never two at once), each
-    in a pool thread; ``discard`` waits for the call in flight before it closes the writer."""
+class PooledWriter:
+    """One video's ``Mp4Writer`` on the pool: its calls run one after another (never two at once),
+    each in a pool thread; ``discard`` waits for the call in flight before it closes the writer."""
 
     def __init__(self, executor: concurrent.futures.Executor, writer: Mp4Writer):
         self._executor = executor
         self.writer = writer
         self._last: concurrent.futures.Future | None = None
-        self.seconds = 0.0  # wall time of this video's encoder calls
+        self.seconds = 0.0  # wall time of this video's writer calls
 
     async def _call(self, fn: Callable[..., bytes], *args: Any) -> bytes:
         loop = asyncio.get_running_loop()
@@ -42,11 +43,11 @@ class VideoEncoding:
             self.seconds += loop.time() - start
 
     async def write(self, frames: np.ndarray) -> bytes:
-        """Encode ``(f, H, W, 3)`` uint8 frames; the MP4 bytes ready so far (fragmented writers)."""
+        """Write ``(f, H, W, 3)`` uint8 frames; the MP4 bytes ready so far (fragmented writers)."""
         return await self._call(self.writer.write, frames)
 
     async def close(self) -> bytes:
-        """Flush the encoder and finish the file: the rest of the bytes."""
+        """Flush the H.264 encoder and finish the file: the rest of the bytes."""
         return await self._call(self.writer.close)
 
     def discard(self) -> None:
@@ -59,8 +60,8 @@ class VideoEncoding:
             self.writer.discard()
 
 
-class EncoderPool:
-    """``workers`` MP4 encoders; ``encoder(...)`` waits for one, in arrival order."""
+class Mp4Pool:
+    """``workers`` MP4 writers at once; ``writer(...)`` waits for a free one, in arrival order."""
 
     def __init__(self, workers: int, metrics: Metrics):
         self.workers = workers
@@ -69,25 +70,25 @@ class EncoderPool:
         self._slots = asyncio.Semaphore(workers)
 
     @asynccontextmanager
-    async def encoder(self, height: int, width: int, *, fps: int, crf: int,
-                      fragmented: bool = False) -> AsyncIterator[VideoEncoding]:
-        """A free encoder for one video of ``height`` x ``width``, given back (and its writer
-        discarded) on the way out, whatever happened."""
+    async def writer(self, height: int, width: int, *, fps: int, crf: int,
+                     fragmented: bool = False) -> AsyncIterator[PooledWriter]:
+        """A free writer for one video of ``height`` x ``width``, given back (and discarded) on the
+        way out, whatever happened."""
         async with self._slots:
             self._metrics.encoders_busy.inc()
-            encoding = VideoEncoding(self._executor, Mp4Writer(height, width, fps=fps, crf=crf, fragmented=fragmented))
+            writer = PooledWriter(self._executor, Mp4Writer(height, width, fps=fps, crf=crf, fragmented=fragmented))
             try:
-                yield encoding
+                yield writer
             finally:
-                encoding.discard()
+                writer.discard()
                 self._metrics.encoders_busy.dec()
-                self._metrics.serialize_seconds.labels("mp4").observe(encoding.seconds)
+                self._metrics.serialize_seconds.labels("mp4").observe(writer.seconds)
 
-    async def encode(self, frames: np.ndarray, *, fps: int, crf: int) -> bytes:
-        """A whole video ``(F, H, W, 3)`` uint8 as a faststart MP4, on a free encoder."""
-        async with self.encoder(int(frames.shape[1]), int(frames.shape[2]), fps=fps, crf=crf) as encoding:
-            await encoding.write(frames)
-            return await encoding.close()
+    async def mp4_bytes(self, frames: np.ndarray, *, fps: int, crf: int) -> bytes:
+        """A whole video ``(F, H, W, 3)`` uint8 as a faststart MP4, on a free writer."""
+        async with self.writer(int(frames.shape[1]), int(frames.shape[2]), fps=fps, crf=crf) as writer:
+            await writer.write(frames)
+            return await writer.close()
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

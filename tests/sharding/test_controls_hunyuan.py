@@ -15,7 +15,7 @@ import sharding
 from sharding._controls import decode_with
 from tests.helpers.sharding_helpers import WIDTH, make_latents
 
-TP, SHAPE = 3, (1, 3, 7, WIDTH)  # shared with test_hunyuan_exact (tp = 3): bands of 3, 3 and 1 latent rows
+TP, SHAPE = 3, (1, 3, 7, WIDTH)  # shared with test_exact_hunyuan (tp = 3): bands of 3, 3 and 1 latent rows
 
 
 def _decode(vae, control=None):

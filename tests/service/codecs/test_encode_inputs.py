@@ -349,25 +349,25 @@ def test_the_budget_serves_waiters_in_turn_and_gives_up_at_the_deadline():
         reported: list[int] = []
         budget = MemoryBudget(10, reported.append)
         later = time.monotonic() + 30
-        await budget.acquire(6, deadline=later, retry_after_s=1, request=Client())  # type: ignore[arg-type]
-        big = asyncio.ensure_future(budget.acquire(6, deadline=later, retry_after_s=1, request=Client()))  # type: ignore[arg-type]
-        small = asyncio.ensure_future(budget.acquire(2, deadline=later, retry_after_s=1, request=Client()))  # type: ignore[arg-type]
+        await budget.acquire(6, deadline=later, retry_after_s=1, receive=Client().receive)
+        big = asyncio.ensure_future(budget.acquire(6, deadline=later, retry_after_s=1, receive=Client().receive))
+        small = asyncio.ensure_future(budget.acquire(2, deadline=later, retry_after_s=1, receive=Client().receive))
         await asyncio.sleep(0.05)
         assert not big.done() and not small.done()  # 2 would fit, but it waits its turn behind 6
         budget.release(6)
         await asyncio.sleep(0.01)
         assert big.done() and small.done() and budget.used == 8
         with pytest.raises(Problem) as info:  # 8 + 6 > 10 until the deadline
-            await budget.acquire(6, deadline=time.monotonic() + 0.1, retry_after_s=7, request=Client())  # type: ignore[arg-type]
+            await budget.acquire(6, deadline=time.monotonic() + 0.1, retry_after_s=7, receive=Client().receive)
         assert (info.value.status, info.value.slug, info.value.headers["Retry-After"]) == (503, "busy-decoding", "7")
         assert budget.used == 8 and not budget._waiting
         leaving = Client()
-        waiter = asyncio.ensure_future(budget.acquire(6, deadline=later, retry_after_s=1, request=leaving))  # type: ignore[arg-type]
+        waiter = asyncio.ensure_future(budget.acquire(6, deadline=later, retry_after_s=1, receive=leaving.receive))
         await asyncio.sleep(0.01)
         leaving.leave()
         with pytest.raises(ClientGone):
             await waiter
-        cancelled = asyncio.ensure_future(budget.acquire(4, deadline=later, retry_after_s=1, request=Client()))  # type: ignore[arg-type]
+        cancelled = asyncio.ensure_future(budget.acquire(4, deadline=later, retry_after_s=1, receive=Client().receive))
         budget.release(2)  # 6 used: the 4 fits and is granted ...
         cancelled.cancel()  # ... but its request is cancelled before it runs: handed back
         with pytest.raises(asyncio.CancelledError):

@@ -1,0 +1,85 @@
+"""The life of a decode or encode request, as its route reads it: **admit** (a queue slot before a
+byte of the body is read), **parse** (the body, held against the reading budget, into the job's
+inputs), **submit** (the job to the device worker), **answer** (wait or stream, then serialize).
+
+.. code-block:: python
+
+    async with admitted(request, state, params.timeout_s) as admission:   # 503 / 429 here
+        async with admission.body() as body:                               # 413 / 408 / 429 here
+            inputs = await anyio.to_thread.run_sync(parse, body, ...)       # 4xx here
+        job = admission.submit("decode", inputs, ...)
+        return await answer(job)                                            # 504, 499 here
+
+A client that leaves on the way raises ``ClientGone``, answered 499 (``service.http.problems``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fastapi import Request
+
+from ..engine.jobs import Job, Operation
+from ..engine.model import ModelState
+from ..engine.worker import Ticket, Worker
+from .admission import MemoryBudget, read_body
+from .state import ServiceState
+
+
+@dataclass
+class Admission:
+    """An admitted request: the model and worker that serve it, its queue slot, its arrival and
+    deadline, and what it holds until it ends (``hold``)."""
+
+    request: Request
+    state: ServiceState
+    model: ModelState
+    worker: Worker
+    ticket: Ticket
+    arrived: float
+    deadline: float
+    holds: AsyncExitStack
+
+    @asynccontextmanager
+    async def body(self) -> AsyncIterator[bytes]:
+        """The request body, held against the reading budget while the block runs."""
+        settings = self.state.settings
+        async with read_body(self.request, max_bytes=settings.max_body_bytes, budget=self.state.reading,
+                             timeout_s=settings.read_timeout_s, retry_after_s=settings.retry_after_s) as body:
+            yield body
+
+    async def hold(self, budget: MemoryBudget, nbytes: int) -> None:
+        """Hold ``nbytes`` of ``budget`` until the request ends, waiting for them in turn up to the deadline."""
+        await self.holds.enter_async_context(budget.hold(nbytes, deadline=self.deadline, receive=self.request.receive,
+                                                         retry_after_s=self.state.settings.retry_after_s))
+
+    def submit(self, operation: Operation, inputs: np.ndarray, **fields: Any) -> Job:
+        """The request's job (its other ``Job`` fields given by name), queued in the slot reserved for it."""
+        job = Job(self.request.state.request_id, operation, inputs, deadline=self.deadline,
+                  loop=asyncio.get_running_loop(), arrived=self.arrived, **fields)
+        self.worker.submit(job, self.ticket)
+        return job
+
+
+@asynccontextmanager
+async def admitted(request: Request, state: ServiceState, timeout_s: float) -> AsyncIterator[Admission]:
+    """Admit a request before a byte of its body is read: the service must be serving (503 while
+    loading, draining or failed) and a queue slot free (429); its deadline is ``timeout_s`` from
+    now. The slot is given back unless a job was submitted in it; what the request held is let go
+    when the block ends. The request's arrival is noted for its latency metric (taken when the last
+    byte of its answer is sent: ``service.http.middleware``)."""
+    arrived = time.monotonic()
+    model, worker = state.serving()
+    ticket = worker.reserve()
+    request.state.arrived = arrived
+    async with AsyncExitStack() as holds:
+        try:
+            yield Admission(request, state, model, worker, ticket, arrived, arrived + timeout_s, holds)
+        finally:
+            ticket.release()  # a no-op once the job was submitted

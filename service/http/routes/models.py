@@ -1,0 +1,36 @@
+"""``GET /v1/models``: the model served, its latents' rules and limits, the mesh and the programs."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from ..deps import ApiKeyDep, StateDep
+from ..schemas import PROBLEM_RESPONSES, LatentsInfo, MeshInfo, ModelInfo, ModelList, ProgramMemory, WarmedShape
+
+router = APIRouter(tags=["models"])
+
+
+@router.get("/v1/models", response_model=ModelList, dependencies=[ApiKeyDep],
+            responses={code: PROBLEM_RESPONSES[code] for code in (401, 422, 503)})
+async def list_models(state: StateDep) -> ModelList:
+    model, _ = state.serving()
+    settings, vae = state.settings, model.vae
+    meta, limits = dict(vae.metadata), model.limits
+    config = vae.config
+    latents = LatentsInfo(
+        channels=limits.channels, spatial_scale=limits.spatial_scale, temporal_scale=limits.temporal_scale,
+        latents_mean=list(config.latents_mean), latents_std=list(config.latents_std), causal=config.causal,
+        framewise=model.framewise,
+        max_batch=limits.max_batch, max_latent_frames=limits.max_latent_frames,
+        max_latent_height=limits.max_latent_height, max_latent_width=limits.max_latent_width)
+    return ModelList(data=[ModelInfo(
+        id=settings.model or meta.get("name", "vae"), source=meta.get("source"),
+        random_weights=meta.get("random_weights"), dtype=vae.dtype, encodes=vae.has_encoder, latents=latents,
+        config=vae.config.to_dict(),
+        metadata=meta, mesh=MeshInfo(dp=settings.dp, tp=settings.tp, devices=model.devices,
+                                     processes=model.cluster.num_processes if model.cluster else 1),
+        batch_buckets=model.runner.buckets, warmed_shapes=[list(w.shape) for w in model.warmed],
+        warmed=[WarmedShape(shape=list(w.shape), outputs=list(w.outputs)) for w in model.warmed],
+        compiled=model.runner.programs(),
+        program_memory=[ProgramMemory(**row) for row in model.runner.program_memory()],
+        device_memory_bytes=model.device_memory_bytes)])
