@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from .shapes import output_frames
+from .shapes import ShapeRules, output_frames
 
 # Wan 2.1's published per-channel latent statistics (diffusers' AutoencoderKLWan defaults).
 WAN21_LATENTS_MEAN = (
@@ -56,7 +56,7 @@ class ConfigError(ValueError):
     """A config.json that this implementation cannot (or will not) decode faithfully."""
 
 
-class VAEConfig(Protocol):
+class VAEConfig(ShapeRules, Protocol):
     """What the rest of vaeserve reads from a model's config, the same for every family.
 
     Attributes:
@@ -75,18 +75,6 @@ class VAEConfig(Protocol):
 
     family: ClassVar[str]
     class_name: ClassVar[str]
-
-    @property
-    def z_dim(self) -> int: ...
-
-    @property
-    def spatial_scale(self) -> int: ...
-
-    @property
-    def temporal_scale(self) -> int: ...
-
-    @property
-    def frame_channels(self) -> int: ...
 
     @property
     def latents_mean(self) -> tuple[float, ...]: ...

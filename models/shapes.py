@@ -18,7 +18,8 @@ FRAMES_PER_CHUNK = 4
 
 
 class ShapeRules(Protocol):
-    """What the shape rules read of a model's config (``models.config.VAEConfig`` has it all)."""
+    """What the shape rules read of a model's config: the part of ``models.config.VAEConfig`` that
+    sizes inputs and outputs (``z_dim``, ``frame_channels``, ``spatial_scale``, ``temporal_scale``)."""
 
     @property
     def z_dim(self) -> int: ...
