@@ -158,13 +158,13 @@ def _ldm_prefix(names) -> str | None:
     return next((p for p in ("", *LDM_PREFIXES) if f"{p}decoder.mid.block_1.norm1.weight" in names), None)
 
 
-def ldm_config(names) -> AutoencoderKLConfig | AutoencoderKLFlux2Config:
-    """The real config of an AutoencoderKL checkpoint in latent diffusion's names: Flux.2 (BatchNorm
-    statistics ``bn.*``), Flux.1 (no ``post_quant_conv``), SDXL (a whole checkpoint with SDXL's
-    ``conditioner.*`` text encoders) or SD. A stand-alone SDXL VAE file reads as SD: the two differ
-    only in ``scaling_factor`` (what ``denormalize`` uses); a config.json beside it says which."""
+def kl_config_for_names(names, prefix: str = "") -> AutoencoderKLConfig | AutoencoderKLFlux2Config:
+    """The real config of an AutoencoderKL checkpoint (its tensors under ``prefix``, in latent
+    diffusion's names or diffusers'): Flux.2 (BatchNorm statistics ``bn.*``), Flux.1 (no
+    ``post_quant_conv``), SDXL (a whole checkpoint with SDXL's ``conditioner.*`` text encoders) or
+    SD. A stand-alone SDXL VAE file reads as SD: the two differ only in ``scaling_factor`` (what
+    ``denormalize`` uses); a config.json beside it says which."""
     names = list(names)
-    prefix = _ldm_prefix(names) or ""
     if f"{prefix}bn.running_mean" in names:
         return AutoencoderKLFlux2Config()
     if f"{prefix}post_quant_conv.weight" not in names:
@@ -199,16 +199,20 @@ def _without_vae_prefix(names) -> bool:
 
 def config_for_names(names) -> VAEConfig:
     """The real config of the family (and release) whose tensor names these are, for a checkpoint
-    without a diffusers ``config.json``: an original release's names, else diffusers' names of
-    HunyuanVideo (GroupNorm ``conv_norm_out``), HunyuanVideo 1.5 (``norm_out.gamma`` and wrapped
-    ``conv_in.conv``) or, by default, Wan."""
+    without a diffusers ``config.json``: an original release's names (latent diffusion's for the
+    AutoencoderKL family), else diffusers' names of AutoencoderKL (GroupNorm ``conv_norm_out`` and a
+    plain ``conv_in``), HunyuanVideo (GroupNorm ``conv_norm_out``, wrapped ``conv_in.conv``),
+    HunyuanVideo 1.5 (``norm_out.gamma`` and wrapped ``conv_in.conv``) or, by default, Wan (whose
+    names Qwen-Image's share: a Qwen-Image file needs its config.json beside it)."""
     names = list(names)
-    if _ldm_prefix(names) is not None:
-        return ldm_config(names)
+    if (prefix := _ldm_prefix(names)) is not None:
+        return kl_config_for_names(names, prefix)
     if _is_original_naming(names):
         return original_release_config(names)
     if _is_original_hunyuan15_naming(names):
         return HunyuanVideo15Config()
+    if {"decoder.conv_norm_out.weight", "decoder.conv_in.weight"} <= set(names):
+        return kl_config_for_names(names)
     names = [n.removeprefix("vae.") for n in names]
     if "decoder.conv_norm_out.weight" in names:
         return HunyuanVideoConfig()
