@@ -163,3 +163,14 @@ def test_diffusers_reads_our_latent_diffusion_names_as_we_do(tmp_path):
     theirs = {k: v.numpy() for k, v in model.state_dict().items()}
     assert theirs.keys() == weights.keys()
     assert all(np.array_equal(theirs[k], weights[k]) for k in weights)
+
+
+@pytest.mark.parametrize("kind", [models.AutoencoderKLConfig, models.AutoencoderKLFlux2Config, models.QwenImageConfig])
+def test_configs_hold_every_diffusers_key(kind):
+    """Our config classes take (and write back) exactly the keys of diffusers' classes."""
+    diffusers = pytest.importorskip("diffusers")
+    import inspect
+
+    theirs = set(inspect.signature(getattr(diffusers, kind.class_name).__init__).parameters) - {"self"}
+    assert set(kind().to_dict()) - {"_class_name"} == theirs
+    assert kind.from_dict(kind().to_dict()) == kind()
