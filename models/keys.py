@@ -317,7 +317,7 @@ def diffusers_to_ldm(key: str, blocks: int) -> str:
         return f"decoder.up.{blocks - 1 - int(match[1])}.upsample.{match[2]}"
     if match := re.fullmatch(r"(encoder|decoder)\.mid_block\.resnets\.([01])\.(.*)", key):
         return f"{match[1]}.mid.block_{int(match[2]) + 1}.{match[3]}"
-    if match := re.fullmatch(r"(encoder|decoder)\.mid_block\.attentions\.0\.(group_norm|to_q|to_k|to_v|to_out\.0)\.(.*)",
-                             key):
+    attention = r"(encoder|decoder)\.mid_block\.attentions\.0\.(group_norm|to_q|to_k|to_v|to_out\.0)\.(.*)"
+    if match := re.fullmatch(attention, key):
         return f"{match[1]}.mid.attn_1.{_LDM_ATTENTION_BACK[match[2]]}.{match[3]}"
     return key

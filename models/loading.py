@@ -479,8 +479,8 @@ def save_vae(vae: VAE, out_dir: str | Path) -> Path:
 def convert_checkpoint(in_path: str | Path, out_dir: str | Path, *, config: VAEConfig | None = None) -> Path:
     """Turn an original release's checkpoint — Wan's ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth``,
     HunyuanVideo's ``vae/pytorch_model.pt``, HunyuanVideo 1.5's ``vae/diffusion_pytorch_model.safetensors``,
-    an SD/SDXL/Flux checkpoint in latent diffusion's names — into a diffusers folder that loads without torch (``config``: default, the real config of
-    the release the names belong to).
+    an SD/SDXL/Flux checkpoint in latent diffusion's names — into a diffusers folder that loads
+    without torch (``config``: default, the real config of the release the names belong to).
 
     Every tensor (encoder included) is renamed to diffusers' names and kept in its dtype, so the
     folder also loads in diffusers' ``from_pretrained``.

@@ -46,10 +46,11 @@ class VAE:
     HunyuanVideo, 48 for Wan 2.2, 32 for HunyuanVideo 1.5), ``encode`` frames ``(B, 3, F, H, W)``
     (diffusers layouts); an image model (``config.is_image``: SD, SDXL, Flux.1, Flux.2, Qwen-Image)
     takes latents ``(B, z, H, W)`` and images ``(B, 3, H, W)`` instead (Qwen-Image also
-    ``(B, z, 1, H, W)`` and ``(B, 3, 1, H, W)``, as diffusers' class does). Every program is compiled ahead of time once per (shape, options, target)
-    and kept in ``programs``, the model's one program cache (the sharded programs use it too). The
-    decoder's weights are ``graphdef``/``state``, the encoder's ``encoder_graphdef``/``encoder_state``
-    (None for a decode-only checkpoint); the modules are the config's family's (``models.families``).
+    ``(B, z, 1, H, W)`` and ``(B, 3, 1, H, W)``, as diffusers' class does). Every program is
+    compiled ahead of time once per (shape, options, target) and kept in ``programs``, the model's
+    one program cache (the sharded programs use it too). The decoder's weights are
+    ``graphdef``/``state``, the encoder's ``encoder_graphdef``/``encoder_state`` (None for a
+    decode-only checkpoint); the modules are the config's family's (``models.families``).
     """
 
     def __init__(self, config: VAEConfig, model: nnx.Module, *, dtype: str, metadata: dict[str, Any],

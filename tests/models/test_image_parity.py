@@ -98,8 +98,8 @@ def test_normalisation_is_the_scaling_and_shift_factors():
     are the pipeline's (patchified) business: identity here; Qwen-Image's are Wan 2.1's."""
     assert FLUX1_TINY.latents_mean == (0.1159,) * 16 and FLUX1_TINY.latents_std == (1 / 0.3611,) * 16
     assert SD_TINY.latents_mean == (0.0,) * 4 and SD_TINY.latents_std == (1 / 0.18215,) * 4
-    stats = models.config_from_dict({**models.AutoencoderKLConfig.sdxl().to_dict(), "latents_mean": [0.1, 0.2, 0.3, 0.4],
-                                     "latents_std": [1, 2, 3, 4]})  # config.json keys, as Playground v2.5's
+    sdxl = models.AutoencoderKLConfig.sdxl().to_dict()
+    stats = models.config_from_dict({**sdxl, "latents_mean": [0.1, 0.2, 0.3, 0.4], "latents_std": [1, 2, 3, 4]})
     assert stats.latents_mean == (0.1, 0.2, 0.3, 0.4) and stats.latents_std == tuple(s / 0.13025 for s in (1, 2, 3, 4))
     assert stats.to_dict()["latents_std"] == [1, 2, 3, 4] and models.config_from_dict(stats.to_dict()) == stats
     assert CASES["flux2_tiny"][0].latents_std == (1.0,) * 8
