@@ -1,5 +1,5 @@
-"""The video VAEs (Wan 2.1 / 2.2, HunyuanVideo 1.0 / 1.5) in Flax nnx: configuration, shape rules,
-weight loading and compiled programs.
+"""The VAEs (video: Wan 2.1 / 2.2, HunyuanVideo 1.0 / 1.5; image: AutoencoderKL for SD, SDXL and
+Flux.1, Flux.2, Qwen-Image) in Flax nnx: configuration, shape rules, weight loading and compiled programs.
 
 ``models.config`` and ``models.shapes`` (and this package itself) import without JAX, so a caller
 that only checks request shapes against a model's rules (the HTTP layer) never starts it. The
@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import (
+    AutoencoderKLConfig as AutoencoderKLConfig,
+    AutoencoderKLFlux2Config as AutoencoderKLFlux2Config,
     ConfigError as ConfigError,
     HunyuanVideo15Config as HunyuanVideo15Config,
     HunyuanVideoConfig as HunyuanVideoConfig,
+    QwenImageConfig as QwenImageConfig,
     VAEConfig as VAEConfig,
     WanVAEConfig as WanVAEConfig,
     config_from_dict as config_from_dict,

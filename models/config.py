@@ -1,9 +1,11 @@
 """VAE configurations, read from (and written to) a diffusers ``config.json``: Wan 2.1 / 2.2
-(``AutoencoderKLWan``), HunyuanVideo (``AutoencoderKLHunyuanVideo``) and HunyuanVideo 1.5
-(``AutoencoderKLHunyuanVideo15``). No JAX here: the HTTP layer reads configs too.
+(``AutoencoderKLWan``), HunyuanVideo (``AutoencoderKLHunyuanVideo``), HunyuanVideo 1.5
+(``AutoencoderKLHunyuanVideo15``) and the image VAEs: ``AutoencoderKL`` (SD, SDXL, Flux.1),
+``AutoencoderKLFlux2`` and ``AutoencoderKLQwenImage``. No JAX here: the HTTP layer reads configs too.
 
 Every family answers the same questions (``VAEConfig``): latent channels, spatial and temporal
-scale, the output frame count, the latents' normalisation, and whether decoding is causal in time.
+scale, the output frame count, the latents' normalisation, whether decoding is causal in time and
+whether it makes images (no time axis at the API; a one-frame clip inside).
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from typing import Any, ClassVar, Protocol
 from .shapes import ShapeRules, output_frames
 
 # Wan 2.1's published per-channel latent statistics (diffusers' AutoencoderKLWan defaults).
-WAN21_LATENTS_MEAN = (
+WAN21_LATENTS_MEAN: tuple[float, ...] = (
     -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
     0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
 )
-WAN21_LATENTS_STD = (
+WAN21_LATENTS_STD: tuple[float, ...] = (
     2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
 )
@@ -60,7 +62,8 @@ class VAEConfig(ShapeRules, Protocol):
     """What the rest of vaeserve reads from a model's config, the same for every family.
 
     Attributes:
-      family: ``"wan"``, ``"hunyuan1.0"`` or ``"hunyuan1.5"`` (which modules implement it).
+      family: ``"wan"``, ``"hunyuan1.0"``, ``"hunyuan1.5"``, ``"autoencoder-kl"``, ``"flux2"`` or
+        ``"qwen-image"`` (which modules implement it).
       z_dim: latent channels.
       spatial_scale: output pixels per latent row/column.
       temporal_scale: output frames per latent frame after the first.
@@ -71,10 +74,16 @@ class VAEConfig(ShapeRules, Protocol):
       causal: decoding latent frames ``0..t`` gives exactly the first frames of the whole decode,
         so a decode can stream step by step (Wan, HunyuanVideo 1.5); HunyuanVideo 1.0's GroupNorm
         statistics span the whole clip, so it cannot.
+      is_image: an image model: latents ``(B, C, H, W)`` in, images ``(B, 3, H, W)`` out (inside, a
+        one-frame clip ``(B, 1, H, W, C)`` runs through the same programs as a video).
+      takes_one_frame_clips: an image model that also takes diffusers' video layout with one frame,
+        ``(B, C, 1, H, W)`` (Qwen-Image, whose diffusers class is a video VAE).
     """
 
     family: ClassVar[str]
     class_name: ClassVar[str]
+    is_image: ClassVar[bool]
+    takes_one_frame_clips: ClassVar[bool]
 
     @property
     def latents_mean(self) -> tuple[float, ...]: ...
@@ -103,6 +112,8 @@ class WanVAEConfig:
     family: ClassVar[str] = "wan"
     class_name: ClassVar[str] = "AutoencoderKLWan"
     causal: ClassVar[bool] = True  # causal convs and per-pixel norms: it streams exactly
+    is_image: ClassVar[bool] = False
+    takes_one_frame_clips: ClassVar[bool] = False
 
     base_dim: int = 96
     decoder_base_dim: int | None = None
@@ -283,6 +294,8 @@ class HunyuanVideoConfig:
     family: ClassVar[str] = "hunyuan1.0"
     class_name: ClassVar[str] = "AutoencoderKLHunyuanVideo"
     causal: ClassVar[bool] = False
+    is_image: ClassVar[bool] = False
+    takes_one_frame_clips: ClassVar[bool] = False
 
     in_channels: int = 3
     out_channels: int = 3
@@ -392,6 +405,8 @@ class HunyuanVideo15Config:
     family: ClassVar[str] = "hunyuan1.5"
     class_name: ClassVar[str] = "AutoencoderKLHunyuanVideo15"
     causal: ClassVar[bool] = True
+    is_image: ClassVar[bool] = False
+    takes_one_frame_clips: ClassVar[bool] = False
 
     in_channels: int = 3
     out_channels: int = 3
@@ -532,8 +547,13 @@ def _downsample_problem(block: int, cin: int, cout: int | None, temporal: bool) 
 
 
 # -- every family -----------------------------------------------------------------------------------
-CONFIG_CLASSES: dict[str, Any] = {cls.class_name: cls for cls in (WanVAEConfig, HunyuanVideoConfig,
-                                                                   HunyuanVideo15Config)}
+# The image configs build on the helpers above: imported here, after them, so that
+# ``models.image_config`` (which imports this module) finds them whichever module is imported first.
+from .image_config import AutoencoderKLConfig, AutoencoderKLFlux2Config, QwenImageConfig  # noqa: E402
+
+CONFIG_CLASSES: dict[str, Any] = {cls.class_name: cls for cls in (
+    WanVAEConfig, HunyuanVideoConfig, HunyuanVideo15Config, AutoencoderKLConfig, AutoencoderKLFlux2Config,
+    QwenImageConfig)}
 
 
 def config_from_dict(raw: dict[str, Any]) -> VAEConfig:

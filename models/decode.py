@@ -3,7 +3,9 @@ model that is not causal in time (HunyuanVideo 1.0), the whole clip in one call.
 
 These are pure functions of a merged decoder (any family's: ``models.families``) and a spatial
 context, so the single-device path (``VAE.decode``) and the sharded path (``sharding``) run the
-very same code. Layouts: ``(B, z, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` inside.
+very same code. Layouts: ``(B, z, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` inside;
+an image model's latents ``(B, z, H, W)`` run as one-frame clips and come out as images
+(``models.shapes.one_frame_clip``/``without_time``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from jax import lax
 from .config import VAEConfig
 from .decoder import DecoderCache
 from .families import DecoderModule, family_of
-from .shapes import Output, output_frames
+from .shapes import Output, one_frame_clip, output_frames, without_time
 from .spatial import SpatialContext
 
 DEFAULT_CHUNK = 1  # latent frames per decode step: 1 holds the least memory
@@ -181,12 +183,14 @@ def full_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], 
                  denormalize: bool, output: Output, chunk: int, inner_frames: int | None = None,
                  framewise: bool = False) -> Program:
     """``(state, latents NCTHW) → (frames, (B,) non-finite count)``: the whole decode on one device
-    (or one band: the single-device and the sharded decode differ only in ``make_context``)."""
+    (or one band: the single-device and the sharded decode differ only in ``make_context``). Image
+    latents ``(B, z, H, W)`` give images: float ``(B, 3, sH, sW)`` or uint8 ``(B, sH, sW, 3)``."""
 
     def run(state, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
-        z = prepare_latents(latents, config, dtype, denormalize=denormalize)
-        return decode_frames(nnx.merge(graphdef, state), z, make_context(), chunk=chunk, output=output,
-                             inner_frames=inner_frames, framewise=framewise)
+        z = prepare_latents(one_frame_clip(latents), config, dtype, denormalize=denormalize)
+        frames, bad = decode_frames(nnx.merge(graphdef, state), z, make_context(), chunk=chunk, output=output,
+                                    inner_frames=inner_frames, framewise=framewise)
+        return (without_time(frames, output) if latents.ndim == 4 else frames), bad
 
     return run
 

@@ -9,7 +9,8 @@ is per latent pixel and runs on the whole latent array after it, so a sample's n
 depend on how the frame was split.
 
 Layouts: frames ``(B, 3, F, H, W)`` NCTHW in [-1, 1] and latents ``(B, z, T, H/s, W/s)`` at the
-public boundary (``s`` the spatial scale: 8 for Wan 2.1, 16 for Wan 2.2), ``(B, T, H, W, C)`` inside.
+public boundary (``s`` the spatial scale: 8 for Wan 2.1, 16 for Wan 2.2), ``(B, T, H, W, C)`` inside;
+an image model's images ``(B, 3, H, W)`` run as one-frame clips and give latents ``(B, z, H/s, W/s)``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from jax import lax
 from .config import VAEConfig
 from .encoder import FRAMES_PER_CHUNK, EncoderCache
 from .families import EncoderModule
+from .shapes import one_frame_clip, without_time
 from .spatial import SpatialContext
 
 DEFAULT_ENCODE_CHUNK = 1  # 4-frame groups per encode step: 1 is the reference's chunking and the least memory
@@ -180,21 +182,29 @@ EncodeProgram = Callable[[object, jax.Array, PosteriorOptions], jax.Array]
 
 def moments_program(graphdef, dtype, make_context: Callable[[], SpatialContext], *, chunk: int) -> MomentsProgram:
     """``(state, frames NCTHW) → moments (B, T, h, w, 2z)`` on one device (or one band: the
-    single-device and the sharded encode differ only in ``make_context``)."""
+    single-device and the sharded encode differ only in ``make_context``); images ``(B, 3, H, W)``
+    as one-frame clips (``T = 1``)."""
 
     def run(state, frames: jax.Array) -> jax.Array:
-        return encode_moments(nnx.merge(graphdef, state), frames, make_context(), dtype=dtype, chunk=chunk)
+        return encode_moments(nnx.merge(graphdef, state), one_frame_clip(frames), make_context(), dtype=dtype,
+                              chunk=chunk)
 
     return run
+
+
+def image_latents(latents: jax.Array, frames_ndim: int) -> jax.Array:
+    """The latents of images (``frames_ndim`` 4) without their time axis: ``(B, z, h, w)``."""
+    return without_time(latents) if frames_ndim == 4 else latents
 
 
 def encode_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
                    chunk: int) -> EncodeProgram:
     """``(state, frames NCTHW, options) → latents (B, z, T, H/s, W/s)``: the whole single-device
-    encode (``options`` a ``PosteriorOptions`` of the batch)."""
+    encode (``options`` a ``PosteriorOptions`` of the batch); images ``(B, 3, H, W)`` give
+    ``(B, z, H/s, W/s)``."""
     moments = moments_program(graphdef, dtype, make_context, chunk=chunk)
 
     def run(state, frames: jax.Array, options: PosteriorOptions) -> jax.Array:
-        return latents_from_moments(moments(state, frames), options, config)
+        return image_latents(latents_from_moments(moments(state, frames), options, config), frames.ndim)
 
     return run

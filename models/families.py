@@ -20,6 +20,9 @@ from .decoder import WanDecoder
 from .encoder import WanEncoder, check_encoder_config as check_wan_encoder
 from .hunyuan import HunyuanVideoDecoder, HunyuanVideoEncoder
 from .hunyuan15 import HunyuanVideo15Decoder, HunyuanVideo15Encoder
+from .image_config import AutoencoderKLConfig, AutoencoderKLFlux2Config, QwenImageConfig
+from .kl import Flux2Decoder, KLDecoder, KLEncoder
+from .qwen_image import QwenImageDecoder, QwenImageEncoder
 from .spatial import SpatialContext
 
 
@@ -52,7 +55,11 @@ def _check_hunyuan15_encoder(config: Any) -> None:
 
 
 def _no_encoder_problems(config: Any) -> None:
-    del config  # HunyuanVideo 1.0's encoder runs every config its decoder runs
+    del config  # HunyuanVideo 1.0's and AutoencoderKL's encoders run every config their decoders run
+
+
+def _check_qwen_image_encoder(config: Any) -> None:
+    check_wan_encoder(config.wan())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +76,9 @@ FAMILIES: dict[str, Family] = {
     WanVAEConfig.family: Family(WanDecoder, WanEncoder, check_wan_encoder),
     HunyuanVideoConfig.family: Family(HunyuanVideoDecoder, HunyuanVideoEncoder, _no_encoder_problems),
     HunyuanVideo15Config.family: Family(HunyuanVideo15Decoder, HunyuanVideo15Encoder, _check_hunyuan15_encoder),
+    AutoencoderKLConfig.family: Family(KLDecoder, KLEncoder, _no_encoder_problems),
+    AutoencoderKLFlux2Config.family: Family(Flux2Decoder, KLEncoder, _no_encoder_problems),
+    QwenImageConfig.family: Family(QwenImageDecoder, QwenImageEncoder, _check_qwen_image_encoder),
 }
 
 

@@ -1,6 +1,7 @@
 """Nominal decoder and encoder FLOPs (multiply-add = 2), the work the reference implementation does.
 
-Counted layer by layer from the config (Wan per latent frame; HunyuanVideo over the whole clip), so
+Counted layer by layer from the config (Wan per latent frame; HunyuanVideo over the whole clip; the
+image models as one-frame clips: AutoencoderKL's 3x3 convs are 2-D, Qwen-Image's are Wan's), so
 the same figure serves every implementation (ours skips the zero taps of frame 0 and never builds
 the upsampled input of HunyuanVideo's upsampler; those savings are not counted as work).
 Attention counts the full ``L x L`` scores the reference computes, masked or not.
@@ -10,7 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import HunyuanVideo15Config, HunyuanVideoConfig, VAEConfig, WanVAEConfig
+from .config import (
+    AutoencoderKLConfig,
+    AutoencoderKLFlux2Config,
+    HunyuanVideo15Config,
+    HunyuanVideoConfig,
+    QwenImageConfig,
+    VAEConfig,
+    WanVAEConfig,
+)
+from .shapes import clip_shape
 
 
 def _step_flops(config: WanVAEConfig, h: int, w: int, first: bool) -> float:
@@ -48,12 +58,16 @@ def _step_flops(config: WanVAEConfig, h: int, w: int, first: bool) -> float:
 
 
 def decode_flops(config: VAEConfig, shape: tuple[int, ...]) -> float:
-    """FLOPs of decoding latents ``(B, z, T, H, W)``."""
-    b, _, t, h, w = shape
+    """FLOPs of decoding latents ``(B, z, T, H, W)`` (an image model's ``(B, z, H, W)``)."""
+    b, _, t, h, w = clip_shape(shape)
     if isinstance(config, HunyuanVideoConfig):
         return b * _hunyuan_decode_flops(config, t, h, w)
     if isinstance(config, HunyuanVideo15Config):
         return b * _hunyuan15_decode_flops(config, t, h, w)
+    if isinstance(config, AutoencoderKLConfig | AutoencoderKLFlux2Config):
+        return b * _kl_decode_flops(config, h, w)
+    if isinstance(config, QwenImageConfig):
+        config = config.wan()
     assert isinstance(config, WanVAEConfig)
     return b * (_step_flops(config, h, w, True) + (t - 1) * _step_flops(config, h, w, False))
 
@@ -124,6 +138,56 @@ def _hunyuan15_decode_flops(config: HunyuanVideo15Config, t: int, h: int, w: int
     return clip.total
 
 
+def _kl_decode_flops(config: AutoencoderKLConfig | AutoencoderKLFlux2Config, h: int, w: int) -> float:
+    clip = _Clip(1, h, w)
+    dims = tuple(reversed(config.decoder_channels))
+    if config.use_post_quant_conv:
+        clip.conv(config.latent_channels, config.latent_channels, taps=1)
+    clip.conv(config.latent_channels, dims[0], taps=9)
+    _kl_mid_block(clip, dims[0], config.mid_block_add_attention)
+    for i, (cin, cout) in enumerate(zip((dims[0], *dims[:-1]), dims, strict=True)):
+        for _ in range(config.layers_per_block + 1):
+            _kl_resnet(clip, cin, cout)
+            cin = cout
+        if i < len(dims) - 1:
+            clip.upsample(False, True)
+            clip.conv(cout, cout, taps=9)
+    clip.conv(dims[-1], config.out_channels, taps=9)
+    return clip.total
+
+
+def _kl_resnet(clip: _Clip, cin: int, cout: int) -> None:
+    clip.conv(cin, cout, taps=9)
+    clip.conv(cout, cout, taps=9)
+    if cin != cout:
+        clip.conv(cin, cout, taps=1)
+
+
+def _kl_mid_block(clip: _Clip, dim: int, attention: bool) -> None:
+    _kl_resnet(clip, dim, dim)
+    _kl_resnet(clip, dim, dim)
+    if attention:
+        clip.attention(dim)
+
+
+def _kl_encode_flops(config: AutoencoderKLConfig | AutoencoderKLFlux2Config, h: int, w: int) -> float:
+    clip = _Clip(1, h, w)
+    dims = config.block_out_channels
+    clip.conv(config.in_channels, dims[0], taps=9)
+    for i, (cin, cout) in enumerate(zip((dims[0], *dims[:-1]), dims, strict=True)):
+        for _ in range(config.layers_per_block):
+            _kl_resnet(clip, cin, cout)
+            cin = cout
+        if i < len(dims) - 1:
+            clip.h, clip.w = clip.h // 2, clip.w // 2
+            clip.conv(cout, cout, taps=9)  # the stride-2 conv, counted at its output
+    _kl_mid_block(clip, dims[-1], config.mid_block_add_attention)
+    clip.conv(dims[-1], 2 * config.latent_channels, taps=9)
+    if config.use_quant_conv:
+        clip.conv(2 * config.latent_channels, 2 * config.latent_channels, taps=1)
+    return clip.total
+
+
 def _encode_step_flops(config: WanVAEConfig, h: int, w: int, frames: int, first: bool) -> float:
     """FLOPs to encode one step of ``frames`` frames of ``h x w`` (frame 0 when ``first``)."""
     dims = [config.base_dim * m for m in (1, *config.dim_mult)]
@@ -155,10 +219,15 @@ def _encode_step_flops(config: WanVAEConfig, h: int, w: int, frames: int, first:
 
 
 def encode_flops(config: VAEConfig, shape: tuple[int, ...]) -> float:
-    """FLOPs of encoding frames ``(B, 3, F, H, W)``, ``F = 1 + 4k``: frame 0, then k steps of 4.
+    """FLOPs of encoding frames ``(B, 3, F, H, W)``, ``F = 1 + 4k``: frame 0, then k steps of 4
+    (an image model's images ``(B, 3, H, W)``: one frame).
     Wan 2.2's encoder runs on the 2x2-patchified frames (its AvgDown3D shortcuts only average)."""
+    b, _, f, h, w = clip_shape(shape)
+    if isinstance(config, AutoencoderKLConfig | AutoencoderKLFlux2Config):
+        return b * _kl_encode_flops(config, h, w)
+    if isinstance(config, QwenImageConfig):
+        config = config.wan()
     if not isinstance(config, WanVAEConfig):
-        raise NotImplementedError(f"encoder FLOPs are counted for Wan configs only; received {config.family}")
-    b, _, f, h, w = shape
+        raise NotImplementedError(f"encoder FLOPs are counted for Wan and the image configs; received {config.family}")
     h, w = h // config.patch, w // config.patch
     return b * (_encode_step_flops(config, h, w, 1, True) + (f - 1) // 4 * _encode_step_flops(config, h, w, 4, False))

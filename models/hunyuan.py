@@ -28,11 +28,10 @@ from jax import lax
 from .config import HunyuanVideoConfig
 from .conv import downsample2x_causal_conv3x3x3, initial_past, next_cache, upsample2x_causal_conv3x3x3
 from .decoder import scan_frame_groups
-from .layers import PointwiseConv, ReplicateConv3d, scoped
+from .layers import GroupNorm, PointwiseConv, ReplicateConv3d, scoped
 from .shapes import output_frames
 from .spatial import SpatialContext
 
-GROUP_NORM_EPS = 1e-6  # diffusers builds every HunyuanVideo GroupNorm with eps=1e-6
 # diffusers' framewise decode of clips longer than one tile (``use_framewise_decoding``, on by
 # default): tiles of ``tile_sample_min_num_frames`` frames (16: 4 latent frames, plus one of
 # overlap) every ``tile_sample_stride_num_frames`` (12), blended over the 4 frames they share.
@@ -52,35 +51,6 @@ def block_frames(x: jax.Array, inner_frames: int | None) -> int:
         return inner_frames
     frame_bytes = x[:, 0].size * jnp.dtype(x.dtype).itemsize
     return max(1, CLIP_BLOCK_BYTES // frame_bytes)
-
-
-def group_normalize(x: jax.Array, mean: jax.Array, var: jax.Array, weight: jax.Array, bias: jax.Array, *,
-                    eps: float) -> jax.Array:
-    """``(x − mean) / sqrt(var + eps) · weight + bias`` per group, in float32: ``x (B, T, H, W, C)``,
-    ``mean``/``var`` ``(B, G)``, ``weight``/``bias`` ``(C,)`` → ``x``'s shape and dtype."""
-    b, t, h, w, c = x.shape
-    groups = mean.shape[1]
-    x32 = x.astype(jnp.float32).reshape(b, t, h, w, groups, c // groups)
-    y = (x32 - mean[:, None, None, None, :, None]) * lax.rsqrt(var + eps)[:, None, None, None, :, None]
-    return (y.reshape(x.shape) * weight.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
-
-
-class GroupNorm(nnx.Module):
-    """``nn.GroupNorm(groups, dim, eps=1e-6)`` over a clip ``(B, T, H, W, C)``: the statistics of each
-    group span (C/groups, T, H, W), asked of the spatial context (on a band: the whole frame's)."""
-
-    def __init__(self, dim: int, groups: int, *, dtype=jnp.float32):
-        self.groups = groups
-        self.weight = nnx.Param(jnp.ones((dim,), dtype), torch_layout="vector")
-        self.bias = nnx.Param(jnp.zeros((dim,), dtype), torch_layout="vector")
-
-    @scoped
-    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
-        return self.apply(x, *ctx.group_moments(x, self.groups))
-
-    def apply(self, x: jax.Array, mean: jax.Array, var: jax.Array) -> jax.Array:
-        """Normalize ``x`` (the clip, or some of its frames) by the clip's ``mean``/``var`` ``(B, G)``."""
-        return group_normalize(x, mean, var, self.weight[...], self.bias[...], eps=GROUP_NORM_EPS)
 
 
 class PointwiseHolder(nnx.Module):

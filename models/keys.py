@@ -1,7 +1,8 @@
 """Weight names and layouts: our nnx parameters ↔ diffusers ↔ the original releases.
 
 Our parameter paths mirror diffusers' module names (``AutoencoderKLWan``,
-``AutoencoderKLHunyuanVideo``, ``AutoencoderKLHunyuanVideo15``), so a diffusers key is the path
+``AutoencoderKLHunyuanVideo``, ``AutoencoderKLHunyuanVideo15``, ``AutoencoderKL``,
+``AutoencoderKLFlux2``; ``AutoencoderKLQwenImage`` is Wan's), so a diffusers key is the path
 joined by dots, with three renames (``kernel`` → ``weight``; an upsampler's
 ``resample_kernel``/``resample_bias`` → ``resample.1.weight``/``.bias``;
 ``time_kernel``/``time_bias`` → ``time_conv.weight``/``.bias``).
@@ -261,3 +262,62 @@ def hunyuan15_original_to_diffusers(key: str) -> str:
 def hunyuan15_diffusers_to_original(key: str) -> str:
     """Inverse of ``hunyuan15_original_to_diffusers`` (to write original-format test checkpoints)."""
     return _first_rename(key, _HUNYUAN15_BACK)
+
+
+# -- LDM (original Stable Diffusion, SDXL, Flux) ↔ diffusers: AutoencoderKL --------------------------
+# The single-file checkpoints of SD/SDXL (``first_stage_model.*`` inside the whole model), their
+# stand-alone VAE files and Flux's ``ae.safetensors`` name the VAE as latent-diffusion did, with
+# n = len(block_out_channels):
+#   {encoder,decoder}.norm_out.*                → {…}.conv_norm_out.*       (conv_in, conv_out: the same)
+#   encoder.down.{i}.block.{j}.*                → encoder.down_blocks.{i}.resnets.{j}.*
+#   encoder.down.{i}.downsample.conv.*          → encoder.down_blocks.{i}.downsamplers.0.conv.*
+#   decoder.up.{i}.block.{j}.*                  → decoder.up_blocks.{n-1-i}.resnets.{j}.*   (LDM counts up
+#   decoder.up.{i}.upsample.conv.*              → decoder.up_blocks.{n-1-i}.upsamplers.0.conv.*  from the image)
+#   {…}.mid.block_{1,2}.*                       → {…}.mid_block.resnets.{0,1}.*
+#   {…}.mid.attn_1.{norm,q,k,v,proj_out}.*      → {…}.mid_block.attentions.0.{group_norm,to_q,to_k,to_v,to_out.0}.*
+#   ….nin_shortcut.*                            → ….conv_shortcut.*
+# quant_conv, post_quant_conv and Flux.2's bn keep their names. The attention's q/k/v/proj_out are
+# 1x1 convs there, ``(O, I, 1, 1)``: diffusers' linear layers take them as ``(O, I)`` (``loading``).
+_LDM_ATTENTION = {"norm": "group_norm", "q": "to_q", "k": "to_k", "v": "to_v", "proj_out": "to_out.0"}
+_LDM_ATTENTION_BACK = {v: k for k, v in _LDM_ATTENTION.items()}
+
+
+def ldm_to_diffusers(key: str, blocks: int) -> str:
+    """Rename one key of an LDM-named AutoencoderKL (``blocks`` = len(block_out_channels)) to diffusers'."""
+    key = key.replace(".nin_shortcut.", ".conv_shortcut.")
+    if match := re.fullmatch(r"(encoder|decoder)\.norm_out\.(.*)", key):
+        return f"{match[1]}.conv_norm_out.{match[2]}"
+    if match := re.fullmatch(r"encoder\.down\.(\d+)\.block\.(\d+)\.(.*)", key):
+        return f"encoder.down_blocks.{match[1]}.resnets.{match[2]}.{match[3]}"
+    if match := re.fullmatch(r"encoder\.down\.(\d+)\.downsample\.(.*)", key):
+        return f"encoder.down_blocks.{match[1]}.downsamplers.0.{match[2]}"
+    if match := re.fullmatch(r"decoder\.up\.(\d+)\.block\.(\d+)\.(.*)", key):
+        return f"decoder.up_blocks.{blocks - 1 - int(match[1])}.resnets.{match[2]}.{match[3]}"
+    if match := re.fullmatch(r"decoder\.up\.(\d+)\.upsample\.(.*)", key):
+        return f"decoder.up_blocks.{blocks - 1 - int(match[1])}.upsamplers.0.{match[2]}"
+    if match := re.fullmatch(r"(encoder|decoder)\.mid\.block_([12])\.(.*)", key):
+        return f"{match[1]}.mid_block.resnets.{int(match[2]) - 1}.{match[3]}"
+    if match := re.fullmatch(r"(encoder|decoder)\.mid\.attn_1\.(norm|q|k|v|proj_out)\.(.*)", key):
+        return f"{match[1]}.mid_block.attentions.0.{_LDM_ATTENTION[match[2]]}.{match[3]}"
+    return key
+
+
+def diffusers_to_ldm(key: str, blocks: int) -> str:
+    """Inverse of ``ldm_to_diffusers`` (to write LDM-named test checkpoints)."""
+    key = key.replace(".conv_shortcut.", ".nin_shortcut.")
+    if match := re.fullmatch(r"(encoder|decoder)\.conv_norm_out\.(.*)", key):
+        return f"{match[1]}.norm_out.{match[2]}"
+    if match := re.fullmatch(r"encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.(.*)", key):
+        return f"encoder.down.{match[1]}.block.{match[2]}.{match[3]}"
+    if match := re.fullmatch(r"encoder\.down_blocks\.(\d+)\.downsamplers\.0\.(.*)", key):
+        return f"encoder.down.{match[1]}.downsample.{match[2]}"
+    if match := re.fullmatch(r"decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.*)", key):
+        return f"decoder.up.{blocks - 1 - int(match[1])}.block.{match[2]}.{match[3]}"
+    if match := re.fullmatch(r"decoder\.up_blocks\.(\d+)\.upsamplers\.0\.(.*)", key):
+        return f"decoder.up.{blocks - 1 - int(match[1])}.upsample.{match[2]}"
+    if match := re.fullmatch(r"(encoder|decoder)\.mid_block\.resnets\.([01])\.(.*)", key):
+        return f"{match[1]}.mid.block_{int(match[2]) + 1}.{match[3]}"
+    attention = r"(encoder|decoder)\.mid_block\.attentions\.0\.(group_norm|to_q|to_k|to_v|to_out\.0)\.(.*)"
+    if match := re.fullmatch(attention, key):
+        return f"{match[1]}.mid.attn_1.{_LDM_ATTENTION_BACK[match[2]]}.{match[3]}"
+    return key

@@ -21,6 +21,7 @@ from typing import TypeAlias, TypeVar
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 from .conv import (
     CACHE_FRAMES,
@@ -92,6 +93,19 @@ class PointwiseConv(nnx.Module):
         return (y + self.bias[...]).astype(x.dtype)
 
 
+class Conv2d(nnx.Module):
+    """``nn.Conv2d(cin, cout, 3, padding=1)`` of every frame (zeros around it): ``(B, T, H, W, C)`` →
+    ``(B, T, H, W, O)``. Kernel ``(3, 3, C, O)``."""
+
+    def __init__(self, cin: int, cout: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.kernel = _kernel(rngs, (3, 3, cin, cout), 9 * cin, dtype, "conv2d")
+        self.bias = _bias(rngs, cout, dtype)
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        return conv2d_frames(ctx.pad_hw(x), self.kernel[...], self.bias[...], native=ctx.native_conv)
+
+
 class CausalConv3d(nnx.Module):
     """Causal 3x3x3 conv. Kernel ``(3, 3, 3, C, O)`` (time, height, width, in, out).
 
@@ -125,6 +139,39 @@ def first_frame_kernel(kernel: jax.Array) -> jax.Array:
     """The 2-D kernel a replicate-padded causal conv applies to a clip's first frame: its past is two
     copies of it, so the three time taps add up (summed in float32, rounded once)."""
     return kernel.astype(jnp.float32).sum(axis=0).astype(kernel.dtype)
+
+
+GROUP_NORM_EPS = 1e-6  # diffusers builds every HunyuanVideo and AutoencoderKL GroupNorm with eps=1e-6
+
+
+def group_normalize(x: jax.Array, mean: jax.Array, var: jax.Array, weight: jax.Array, bias: jax.Array, *,
+                    eps: float) -> jax.Array:
+    """``(x − mean) / sqrt(var + eps) · weight + bias`` per group, in float32: ``x (B, T, H, W, C)``,
+    ``mean``/``var`` ``(B, G)``, ``weight``/``bias`` ``(C,)`` → ``x``'s shape and dtype."""
+    b, t, h, w, c = x.shape
+    groups = mean.shape[1]
+    x32 = x.astype(jnp.float32).reshape(b, t, h, w, groups, c // groups)
+    y = (x32 - mean[:, None, None, None, :, None]) * lax.rsqrt(var + eps)[:, None, None, None, :, None]
+    return (y.reshape(x.shape) * weight.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
+
+
+class GroupNorm(nnx.Module):
+    """``nn.GroupNorm(groups, dim, eps=1e-6)`` over a clip ``(B, T, H, W, C)`` (HunyuanVideo 1.0) or an
+    image ``(B, 1, H, W, C)`` (``AutoencoderKL``): the statistics of each group span (C/groups, T, H,
+    W), asked of the spatial context (on a band: the whole frame's)."""
+
+    def __init__(self, dim: int, groups: int, *, dtype=jnp.float32):
+        self.groups = groups
+        self.weight = nnx.Param(jnp.ones((dim,), dtype), torch_layout="vector")
+        self.bias = nnx.Param(jnp.zeros((dim,), dtype), torch_layout="vector")
+
+    @scoped
+    def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
+        return self.apply(x, *ctx.group_moments(x, self.groups))
+
+    def apply(self, x: jax.Array, mean: jax.Array, var: jax.Array) -> jax.Array:
+        """Normalize ``x`` (the clip, or some of its frames) by the clip's ``mean``/``var`` ``(B, G)``."""
+        return group_normalize(x, mean, var, self.weight[...], self.bias[...], eps=GROUP_NORM_EPS)
 
 
 class RMSNorm(nnx.Module):

@@ -1,5 +1,5 @@
-"""Load a VAE — Wan 2.1 / 2.2, HunyuanVideo 1.0 / 1.5 — from diffusers folders, safetensors files or
-the original releases' checkpoints.
+"""Load a VAE — Wan 2.1 / 2.2, HunyuanVideo 1.0 / 1.5, and the image VAEs (AutoencoderKL: SD, SDXL,
+Flux.1; Flux.2; Qwen-Image) — from diffusers folders, safetensors files or the original releases' checkpoints.
 
 The family comes from the config's ``_class_name`` (``models.config.config_from_dict``), or, for a
 checkpoint file without a diffusers config beside it, from its tensor names. The decoder's
@@ -15,12 +15,14 @@ Accepted ``path``s:
     read with ``weights_only=True``) in diffusers' naming or an original release's: Wan's
     ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth``, HunyuanVideo's ``vae/pytorch_model.pt`` (diffusers'
     names, maybe under ``vae.``), HunyuanVideo 1.5's ``vae/diffusion_pytorch_model.safetensors``
-    (``decoder.up.{i}.block.{j}`` names). A diffusers ``config.json`` beside it is used when present,
-    else the real config of the family (and release) its names belong to;
+    (``decoder.up.{i}.block.{j}`` names), and latent diffusion's names (``models.keys.ldm_to_diffusers``)
+    of SD/SDXL single-file checkpoints (the VAE under ``first_stage_model.``, the rest passed over),
+    their stand-alone VAE files and Flux's ``ae.safetensors``. A diffusers ``config.json`` beside it
+    is used when present, else the real config of the family (and release) its names belong to;
   * an embedded model name (``MODEL_NAMES``): ``"wan2.1"`` (also ``None``), ``"wan2.2"``,
-    ``"hunyuan1.0"``, ``"hunyuan1.5"``: the real architecture with deterministic seeded random
-    weights. It decodes noise and says so (logs, ``vae.metadata["random_weights"]``). A folder
-    with such a name loads as ``"./wan2.2"``.
+    ``"hunyuan1.0"``, ``"hunyuan1.5"``, ``"sd"``, ``"sdxl"``, ``"flux1"``, ``"flux2"``, ``"qwen-image"``:
+    the real architecture with deterministic seeded random weights. It decodes noise and says so
+    (logs, ``vae.metadata["random_weights"]``). A folder with such a name loads as ``"./wan2.2"``.
 """
 
 from __future__ import annotations
@@ -41,9 +43,12 @@ from flax import nnx
 from . import keys
 from .config import (
     CONFIG_CLASSES,
+    AutoencoderKLConfig,
+    AutoencoderKLFlux2Config,
     ConfigError,
     HunyuanVideo15Config,
     HunyuanVideoConfig,
+    QwenImageConfig,
     VAEConfig,
     WanVAEConfig,
     config_from_dict,
@@ -57,16 +62,24 @@ log = logging.getLogger("vaeserve.models")
 DEFAULT_SEED = 0
 # Architectures by name: their configs need no checkpoint (planning compiles from shapes alone), and
 # ``load_vae(name)`` builds them with seeded random weights (the embedded models).
-MODEL_NAMES: dict[str, Callable[[], VAEConfig]] = {"wan2.1": WanVAEConfig, "wan2.2": WanVAEConfig.wan22,
-                                                   "hunyuan1.0": HunyuanVideoConfig, "hunyuan1.5": HunyuanVideo15Config}
+MODEL_NAMES: dict[str, Callable[[], VAEConfig]] = {
+    "wan2.1": WanVAEConfig, "wan2.2": WanVAEConfig.wan22, "hunyuan1.0": HunyuanVideoConfig,
+    "hunyuan1.5": HunyuanVideo15Config, "sd": AutoencoderKLConfig.sd, "sdxl": AutoencoderKLConfig.sdxl,
+    "flux1": AutoencoderKLConfig.flux1, "flux2": AutoencoderKLFlux2Config, "qwen-image": QwenImageConfig}
 # What each embedded name is, in words (logs and metadata).
 MODEL_TITLES = {"wan2.1": "Wan 2.1", "wan2.2": "Wan 2.2", "hunyuan1.0": "HunyuanVideo",
-                "hunyuan1.5": "HunyuanVideo 1.5"}
+                "hunyuan1.5": "HunyuanVideo 1.5", "sd": "Stable Diffusion 1.x/2.x", "sdxl": "SDXL",
+                "flux1": "Flux.1", "flux2": "Flux.2", "qwen-image": "Qwen-Image"}
 DEFAULT_MODEL = "wan2.1"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 # The encoder's tensors: optional as a whole (a decode-only checkpoint has none of them).
 ENCODER_PREFIXES = ("encoder.", "quant_conv.")
+# Tensors a checkpoint may hold that are no weights of the model: passed over. (Flux.2's BatchNorm
+# counts its training batches; diffusers initialises the count to 0 where a checkpoint lacks it.)
+IGNORED_TENSORS = frozenset({"bn.num_batches_tracked"})
+# Where a whole latent-diffusion checkpoint (SD, SDXL) holds its VAE, in latent diffusion's names.
+LDM_PREFIXES = ("first_stage_model.", "vae.")
 
 
 class WeightsError(ValueError):
@@ -132,8 +145,44 @@ def _is_original_naming(names) -> bool:
 
 
 def _is_original_hunyuan15_naming(names) -> bool:
-    """Original HunyuanVideo 1.5 names (``decoder.mid.block_1.*``, ``decoder.up.0.block.0.*``)."""
-    return any(n.startswith(("decoder.mid.", "decoder.up.", "encoder.down.", "encoder.mid.")) for n in names)
+    """Original HunyuanVideo 1.5 names (``decoder.mid.block_1.*``, ``decoder.up.0.block.0.*``, RMS
+    ``gamma``s: latent diffusion's names of an AutoencoderKL are alike, with GroupNorm ``weight``s)."""
+    return (any(n.startswith(("decoder.mid.", "decoder.up.", "encoder.down.", "encoder.mid.")) for n in names)
+            and _ldm_prefix(names) is None)
+
+
+def _ldm_prefix(names) -> str | None:
+    """The prefix under which a checkpoint holds an AutoencoderKL in latent diffusion's names (``""``
+    for a VAE file, ``"first_stage_model."`` in a whole SD/SDXL checkpoint), or None."""
+    names = set(names)
+    return next((p for p in ("", *LDM_PREFIXES) if f"{p}decoder.mid.block_1.norm1.weight" in names), None)
+
+
+def kl_config_for_names(names, prefix: str = "") -> AutoencoderKLConfig | AutoencoderKLFlux2Config:
+    """The real config of an AutoencoderKL checkpoint (its tensors under ``prefix``, in latent
+    diffusion's names or diffusers'): Flux.2 (BatchNorm statistics ``bn.*``), Flux.1 (no
+    ``post_quant_conv``), SDXL (a whole checkpoint with SDXL's ``conditioner.*`` text encoders) or
+    SD. A stand-alone SDXL VAE file reads as SD: the two differ only in ``scaling_factor`` (what
+    ``denormalize`` uses); a config.json beside it says which."""
+    names = list(names)
+    if f"{prefix}bn.running_mean" in names:
+        return AutoencoderKLFlux2Config()
+    if f"{prefix}post_quant_conv.weight" not in names:
+        return AutoencoderKLConfig.flux1()
+    if any(n.startswith("conditioner.") for n in names):
+        return AutoencoderKLConfig.sdxl()
+    return AutoencoderKLConfig.sd()
+
+
+def from_ldm_names(tensors: dict[str, Any], config: AutoencoderKLConfig | AutoencoderKLFlux2Config) -> dict[str, Any]:
+    """An AutoencoderKL's tensors in latent diffusion's names (under their prefix; the rest of a
+    whole checkpoint passed over) in diffusers' names and layouts: the attention's 1x1 conv
+    weights ``(O, I, 1, 1)`` become the linear layers' ``(O, I)``."""
+    prefix = _ldm_prefix(tensors) or ""
+    renamed = {keys.ldm_to_diffusers(n.removeprefix(prefix), len(config.block_out_channels)): t
+               for n, t in tensors.items() if n.startswith(prefix)}
+    attention = re.compile(r"(encoder|decoder)\.mid_block\.attentions\.0\.to_(q|k|v|out\.0)\.weight")
+    return {n: t[:, :, 0, 0] if attention.fullmatch(n) and np.ndim(t) == 4 else t for n, t in renamed.items()}
 
 
 def original_release_config(names) -> WanVAEConfig:
@@ -150,14 +199,20 @@ def _without_vae_prefix(names) -> bool:
 
 def config_for_names(names) -> VAEConfig:
     """The real config of the family (and release) whose tensor names these are, for a checkpoint
-    without a diffusers ``config.json``: an original release's names, else diffusers' names of
-    HunyuanVideo (GroupNorm ``conv_norm_out``), HunyuanVideo 1.5 (``norm_out.gamma`` and wrapped
-    ``conv_in.conv``) or, by default, Wan."""
+    without a diffusers ``config.json``: an original release's names (latent diffusion's for the
+    AutoencoderKL family), else diffusers' names of AutoencoderKL (GroupNorm ``conv_norm_out`` and a
+    plain ``conv_in``), HunyuanVideo (GroupNorm ``conv_norm_out``, wrapped ``conv_in.conv``),
+    HunyuanVideo 1.5 (``norm_out.gamma`` and wrapped ``conv_in.conv``) or, by default, Wan (whose
+    names Qwen-Image's share: a Qwen-Image file needs its config.json beside it)."""
     names = list(names)
+    if (prefix := _ldm_prefix(names)) is not None:
+        return kl_config_for_names(names, prefix)
     if _is_original_naming(names):
         return original_release_config(names)
     if _is_original_hunyuan15_naming(names):
         return HunyuanVideo15Config()
+    if {"decoder.conv_norm_out.weight", "decoder.conv_in.weight"} <= set(names):
+        return kl_config_for_names(names)
     names = [n.removeprefix("vae.") for n in names]
     if "decoder.conv_norm_out.weight" in names:
         return HunyuanVideoConfig()
@@ -167,10 +222,12 @@ def config_for_names(names) -> VAEConfig:
 
 
 def to_diffusers_names(tensors: dict[str, Any], config: VAEConfig) -> dict[str, Any]:
-    """Checkpoint tensors under diffusers' names: original Wan and HunyuanVideo 1.5 names renamed,
-    HunyuanVideo's ``vae.`` prefix dropped (with whatever else its checkpoint holds); diffusers'
-    names unchanged."""
-    if _is_original_naming(tensors) and isinstance(config, WanVAEConfig):
+    """Checkpoint tensors under diffusers' names: original Wan (also as Qwen-Image), HunyuanVideo 1.5
+    and latent diffusion's names renamed, HunyuanVideo's ``vae.`` prefix dropped (with whatever else
+    its checkpoint holds); diffusers' names unchanged."""
+    if _ldm_prefix(tensors) is not None and isinstance(config, AutoencoderKLConfig | AutoencoderKLFlux2Config):
+        return from_ldm_names(tensors, config)
+    if _is_original_naming(tensors) and isinstance(config, WanVAEConfig | QwenImageConfig):
         return {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
     if _is_original_hunyuan15_naming(tensors):
         return {keys.hunyuan15_original_to_diffusers(n): t for n, t in tensors.items()}
@@ -231,6 +288,7 @@ def build_vae(config: VAEConfig, tensors: dict[str, Any], *, dtype: str, metadat
     """
     target = resolve_dtype(dtype)
     family = family_of(config)
+    tensors = {n: t for n, t in tensors.items() if n not in IGNORED_TENSORS}
     graphdef, expected = _parameters(family.decoder, config, target)
     with_encoder = any(n.startswith(ENCODER_PREFIXES) for n in tensors)
     if with_encoder:
@@ -273,8 +331,8 @@ def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32", *,
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"no embedded model {name!r}; expected one of {sorted(MODEL_NAMES)}")
-    log.warning("using the embedded %s VAE with RANDOM weights (seed %d): it decodes noise, not video",
-                name, DEFAULT_SEED)
+    log.warning("using the embedded %s VAE with RANDOM weights (seed %d): it decodes noise, not %s",
+                name, DEFAULT_SEED, "images" if MODEL_NAMES[name]().is_image else "video")
     config = MODEL_NAMES[name]()
     metadata = {"name": name,
                 "source": f"embedded default ({MODEL_TITLES[name]} architecture, random weights, seed {DEFAULT_SEED})"}
@@ -329,7 +387,7 @@ def _checkpoint_config(config_file: Path, read_names: Callable[[], Iterable[str]
         if raw.get("_class_name", WanVAEConfig.class_name) in CONFIG_CLASSES:
             return config_from_dict(raw)
         names = list(read_names())
-        if not (_is_original_naming(names) or _is_original_hunyuan15_naming(names)):
+        if not (_is_original_naming(names) or _is_original_hunyuan15_naming(names) or _ldm_prefix(names) is not None):
             return config_from_dict(raw)  # its own error names the class it expected
         log.warning("%s is no diffusers VAE config (_class_name %r): using the release its tensor names belong to",
                     config_file, raw.get("_class_name"))
@@ -420,9 +478,9 @@ def save_vae(vae: VAE, out_dir: str | Path) -> Path:
 
 def convert_checkpoint(in_path: str | Path, out_dir: str | Path, *, config: VAEConfig | None = None) -> Path:
     """Turn an original release's checkpoint — Wan's ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth``,
-    HunyuanVideo's ``vae/pytorch_model.pt``, HunyuanVideo 1.5's ``vae/diffusion_pytorch_model.safetensors``
-    — into a diffusers folder that loads without torch (``config``: default, the real config of
-    the release the names belong to).
+    HunyuanVideo's ``vae/pytorch_model.pt``, HunyuanVideo 1.5's ``vae/diffusion_pytorch_model.safetensors``,
+    an SD/SDXL/Flux checkpoint in latent diffusion's names — into a diffusers folder that loads
+    without torch (``config``: default, the real config of the release the names belong to).
 
     Every tensor (encoder included) is renamed to diffusers' names and kept in its dtype, so the
     folder also loads in diffusers' ``from_pretrained``.
@@ -431,9 +489,10 @@ def convert_checkpoint(in_path: str | Path, out_dir: str | Path, *, config: VAEC
     tensors = _read_pth(in_path) if in_path.suffix in PYTORCH_SUFFIXES else _read_safetensors([in_path])
     names = list(tensors)
     if not (_is_original_naming(names) or _is_original_hunyuan15_naming(names) or _without_vae_prefix(names)
-            or in_path.suffix in PYTORCH_SUFFIXES):
+            or _ldm_prefix(names) is not None or in_path.suffix in PYTORCH_SUFFIXES):
         raise ValueError(f"{in_path} does not look like an original release's VAE state dict (no Wan "
-                         "decoder.middle.*, HunyuanVideo 1.5 decoder.mid.* or vae.* keys; nor a PyTorch file)")
+                         "decoder.middle.*, HunyuanVideo 1.5 or latent diffusion decoder.mid.* or vae.* keys; "
+                         "nor a PyTorch file)")
     config = config or config_for_names(names)
     renamed = to_diffusers_names(tensors, config)
     build_vae(config, renamed, dtype="float32", metadata={"source": str(in_path)})  # fail before writing

@@ -1,7 +1,13 @@
-"""The shape rules of the models' inputs, and the errors that name what does not fit.
+"""The shape rules of the models' inputs and outputs, and the errors that name what does not fit.
 
 Pure Python over a config (no JAX): the HTTP layer checks requests against them before anything
 touches a device, and the models check them again before compiling.
+
+Images: an image model (``config.is_image``) takes latents ``(B, C, H, W)`` and frames ``(B, 3, H, W)``
+(Qwen-Image also diffusers' ``(B, C, 1, H, W)``); inside, an image is a one-frame clip
+(``one_frame_clip``), so the video programs, loops and band sharding serve it unchanged, and the
+time axis is dropped again at the output (``without_time``). Size limits then read as for a clip of
+one frame (``clip_shape``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,12 @@ FRAMES_PER_CHUNK = 4
 class ShapeRules(Protocol):
     """What the shape rules read of a model's config: the part of ``models.config.VAEConfig`` that
     sizes inputs and outputs (``z_dim``, ``frame_channels``, ``spatial_scale``, ``temporal_scale``)."""
+
+    @property
+    def is_image(self) -> bool: ...
+
+    @property
+    def takes_one_frame_clips(self) -> bool: ...
 
     @property
     def z_dim(self) -> int: ...
@@ -89,13 +101,70 @@ class NoEncoderError(RuntimeError):
     """Encode asked of a model whose checkpoint holds no encoder weights."""
 
 
+# -- images: one-frame clips inside -----------------------------------------------------------------
+TIME_AXIS = 2  # of NCTHW latents and float frames; uint8 frames (B, T, H, W, 3) have it at 1
+
+
+def input_ranks(config: ShapeRules) -> tuple[int, ...]:
+    """The ranks of the latents (and frames) a model takes: 5 for a video model, 4 for an image
+    model, 4 or 5 (one frame) for one that ``takes_one_frame_clips``."""
+    if not config.is_image:
+        return (5,)
+    return (4, 5) if config.takes_one_frame_clips else (4,)
+
+
+def _layout_text(rank: int, time: str) -> str:
+    return f"(B, C, {time}, H, W)" if rank == 5 else "(B, C, H, W)"
+
+
+def is_image_shape(shape: tuple[int, ...]) -> bool:
+    """An image's shape ``(B, C, H, W)`` (no time axis), as an image model takes it."""
+    return len(shape) == 4
+
+
+def clip_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """An image shape ``(B, C, H, W)`` as the one-frame clip it runs as, ``(B, C, 1, H, W)``; a
+    clip's shape unchanged (limits and plans read it as any clip's)."""
+    return (*shape[:TIME_AXIS], 1, *shape[TIME_AXIS:]) if is_image_shape(tuple(shape)) else tuple(shape)
+
+
+def one_frame_clip(x: Any) -> Any:
+    """Images ``(B, C, H, W)`` (NumPy or JAX) as one-frame clips ``(B, C, 1, H, W)``; clips unchanged."""
+    return x[:, :, None] if x.ndim == 4 else x
+
+
+def without_time(x: Any, output: str = "float") -> Any:
+    """One-frame clips back to images: float ``(B, C, 1, H, W)`` → ``(B, C, H, W)``, uint8
+    ``(B, 1, H, W, 3)`` → ``(B, H, W, 3)`` (``output="uint8"``)."""
+    return x[:, 0] if output == "uint8" else x[:, :, 0]
+
+
+def decoded_shape(config: ShapeRules, shape: tuple[int, ...], output: str = "float") -> tuple[int, ...]:
+    """What a decode of latents ``shape`` returns: float ``(B, 3, F, sH, sW)`` or uint8 ``(B, F, sH,
+    sW, 3)`` for a clip (``F = output_frames(T, temporal_scale)``), the same without ``F`` for an image."""
+    b, _, t, h, w = clip_shape(shape)
+    s = config.spatial_scale
+    frames = [] if is_image_shape(tuple(shape)) else [output_frames(t, config.temporal_scale)]
+    return (b, *frames, s * h, s * w, 3) if output == "uint8" else (b, 3, *frames, s * h, s * w)
+
+
+# -- checks ----------------------------------------------------------------------------------------
 def check_latents_shape(shape: tuple[int, ...], config: ShapeRules) -> None:
-    if len(shape) != 5:
-        raise LatentsError("latents must be (B, C, T, H, W)", expected="5 dimensions", received=len(shape))
+    """Latents ``(B, C, T, H, W)``; for an image model ``(B, C, H, W)`` (or, where it also takes
+    one-frame clips, ``(B, C, 1, H, W)``)."""
+    ranks = input_ranks(config)
+    if len(shape) not in ranks:
+        layouts = " or ".join(_layout_text(r, "1" if config.is_image else "T") for r in ranks)
+        raise LatentsError(f"latents must be {layouts}", expected=" or ".join(f"{r} dimensions" for r in ranks),
+                           received=len(shape), what="ndim")
     if shape[1] != config.z_dim:
-        raise LatentsError("latent channels", expected=config.z_dim, received=shape[1])
+        raise LatentsError("latent channels", expected=config.z_dim, received=shape[1], what="channels")
     if min(shape) < 1:
-        raise LatentsError("every latent dimension must be ≥ 1", expected="B, T, H, W ≥ 1", received=shape)
+        raise LatentsError("every latent dimension must be ≥ 1", expected="every size ≥ 1", received=shape,
+                           what="sizes")
+    if config.is_image and len(shape) == 5 and shape[TIME_AXIS] != 1:
+        raise LatentsError("an image model decodes one latent frame", expected=1, received=shape[TIME_AXIS],
+                           what="frames")
 
 
 def nearest_valid(value: int, step: int, offset: int = 0) -> list[int]:
@@ -121,18 +190,26 @@ def misfits(width: int, height: int, frames: int, *, spatial: int, temporal: int
 
 def check_frames_shape(shape: tuple[int, ...], config: ShapeRules) -> None:
     """Frames ``(B, 3, F, H, W)`` with ``F = 1 + 4k`` (the encoder's chunks) and ``H``, ``W``
-    multiples of the spatial scale (8 for Wan 2.1 and HunyuanVideo, 16 for Wan 2.2 and HunyuanVideo 1.5).
+    multiples of the spatial scale (8 for Wan 2.1, HunyuanVideo and the image models, 16 for Wan 2.2
+    and HunyuanVideo 1.5); an image model's images ``(B, 3, H, W)`` (or, where it also takes
+    one-frame clips, ``(B, 3, 1, H, W)``).
 
     diffusers silently drops frames beyond ``1 + 4k`` and crops sizes; we refuse them and name the
     nearest valid values in ``expected``.
     """
-    if len(shape) != 5:
-        raise FramesError("frames must be (B, C, F, H, W)", expected="5 dimensions", received=len(shape), what="ndim")
+    ranks = input_ranks(config)
+    if len(shape) not in ranks:
+        layouts = " or ".join(_layout_text(r, "1" if config.is_image else "F") for r in ranks)
+        raise FramesError(f"{'images' if config.is_image else 'frames'} must be {layouts}",
+                          expected=" or ".join(f"{r} dimensions" for r in ranks), received=len(shape), what="ndim")
     if shape[1] != config.frame_channels:
         raise FramesError("frame channels", expected=config.frame_channels, received=shape[1], what="channels")
     if min(shape) < 1:
-        raise FramesError("every frame dimension must be ≥ 1", expected="B, F, H, W ≥ 1", received=shape,
+        raise FramesError("every frame dimension must be ≥ 1", expected="every size ≥ 1", received=shape,
                           what="sizes")
+    shape = clip_shape(tuple(shape))
+    if config.is_image and shape[TIME_AXIS] != 1:
+        raise FramesError("an image model encodes one frame", expected=1, received=shape[TIME_AXIS], what="frames")
     problems = misfits(shape[4], shape[3], shape[2], spatial=config.spatial_scale, temporal=FRAMES_PER_CHUNK)
     if problems:
         raise problems[0]

@@ -1,5 +1,6 @@
 """``VAE``: a loaded decoder (and encoder, when the checkpoint has one) of any family (Wan 2.1 / 2.2,
-HunyuanVideo 1.0 / 1.5), its config and metadata, and its compiled programs."""
+HunyuanVideo 1.0 / 1.5, and the image VAEs: AutoencoderKL, Flux.2, Qwen-Image), its config and
+metadata, and its compiled programs."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .shapes import (
     check_frames_shape,
     check_latents_shape,
     check_output,
+    is_image_shape,
     output_frames,
 )
 from .spatial import SingleDeviceContext
@@ -38,14 +40,17 @@ def resolve_dtype(dtype: str):
 
 
 class VAE:
-    """A video VAE ready to decode, and to encode when its checkpoint holds an encoder.
+    """A VAE ready to decode, and to encode when its checkpoint holds an encoder.
 
     ``decode`` takes latents ``(B, z, T, H, W)`` (``z = config.z_dim``: 16 for Wan 2.1 and
     HunyuanVideo, 48 for Wan 2.2, 32 for HunyuanVideo 1.5), ``encode`` frames ``(B, 3, F, H, W)``
-    (diffusers layouts). Every program is compiled ahead of time once per (shape, options, target)
-    and kept in ``programs``, the model's one program cache (the sharded programs use it too). The
-    decoder's weights are ``graphdef``/``state``, the encoder's ``encoder_graphdef``/``encoder_state``
-    (None for a decode-only checkpoint); the modules are the config's family's (``models.families``).
+    (diffusers layouts); an image model (``config.is_image``: SD, SDXL, Flux.1, Flux.2, Qwen-Image)
+    takes latents ``(B, z, H, W)`` and images ``(B, 3, H, W)`` instead (Qwen-Image also
+    ``(B, z, 1, H, W)`` and ``(B, 3, 1, H, W)``, as diffusers' class does). Every program is
+    compiled ahead of time once per (shape, options, target) and kept in ``programs``, the model's
+    one program cache (the sharded programs use it too). The decoder's weights are
+    ``graphdef``/``state``, the encoder's ``encoder_graphdef``/``encoder_state`` (None for a
+    decode-only checkpoint); the modules are the config's family's (``models.families``).
     """
 
     def __init__(self, config: VAEConfig, model: nnx.Module, *, dtype: str, metadata: dict[str, Any],
@@ -163,7 +168,8 @@ class VAE:
     def encode(self, frames, *, sample: bool = False, seed: int | None = None, normalize: bool = False,
                chunk: int | None = None) -> jax.Array:
         """Encode frames ``(B, 3, F, H, W)`` in [-1, 1], ``F = 1 + 4k``, ``H`` and ``W`` multiples of
-        ``s = config.spatial_scale`` (8 for Wan 2.1 and HunyuanVideo, 16 for Wan 2.2 and HunyuanVideo 1.5).
+        ``s = config.spatial_scale`` (8 for Wan 2.1, HunyuanVideo and the image models, 16 for Wan 2.2
+        and HunyuanVideo 1.5); for an image model images ``(B, 3, H, W)``, giving ``(B, z, H/s, W/s)``.
 
         Returns float32 latents ``(B, z, 1 + k, H/s, W/s)`` (``z`` 16 or 48): the posterior mean (what
         pipelines use), or with ``sample`` a draw ``mean + std · noise``, row ``b``'s noise
@@ -188,7 +194,8 @@ class VAE:
         automatic, one frame once a full-resolution frame holds ≥ 4 MB; ``4 · chunk``: whole steps).
         HunyuanVideo 1.0 decodes the whole clip at once (its statistics span it); ``framewise``
         decodes it as diffusers does by default instead (overlapping tiles of 16 frames, blended: an
-        approximation of the model, for comparing with a pipeline's frames).
+        approximation of the model, for comparing with a pipeline's frames). An image model's latents
+        ``(B, z, H, W)`` give images: float32 ``(B, 3, sH, sW)`` or uint8 ``(B, sH, sW, 3)``.
         """
         program = self.compile(np.shape(latents), denormalize=denormalize, output=output, chunk=chunk,
                                inner_frames=inner_frames, framewise=framewise)
@@ -201,11 +208,15 @@ class VAE:
 
         A model that is not causal in time (HunyuanVideo 1.0: its statistics span the clip) decodes
         the whole clip first (``framewise``: as diffusers does by default, see ``decode``), then
-        yields it in the same pieces (frame 0, then ``temporal_scale · chunk`` frames at a time)."""
+        yields it in the same pieces (frame 0, then ``temporal_scale · chunk`` frames at a time).
+        Images ``(B, z, H, W)`` decode in one step, yielded as one frame ``(B, 1, sH, sW, 3)``."""
         chunk, inner_frames = resolve_chunk(chunk), check_inner_frames(inner_frames)
         latents = np.asarray(latents, np.float32)
         check_latents_shape(latents.shape, self.config)
         check_framewise(self.config, framewise)
+        if is_image_shape(latents.shape):
+            yield np.asarray(self.decode(latents, denormalize=denormalize, output="uint8"))[:, None]
+            return
         if not self.config.causal:
             frames = self.decode(latents, denormalize=denormalize, output="uint8", framewise=framewise)
             yield from split_stream(np.asarray(frames), latents.shape[2], chunk, self.config.temporal_scale)
@@ -251,7 +262,7 @@ def abstract_module(module_type, config: VAEConfig, dtype):
 def seeded_module(module_type, config: VAEConfig, rng: np.random.Generator, dtype):
     """``module_type(config)`` with random weights drawn on the host from ``rng``: kernels
     N(0, 1/fan-in) (fan-in: every axis but the last, the output), biases N(0, 0.02²), RMS gammas and
-    GroupNorm weights 1.
+    GroupNorm weights 1 (Flux.2's BatchNorm statistics: mean 0, variance 1).
 
     Drawn with NumPy, not ``jax.random``: that compiles one small program per distinct parameter
     shape, which takes tens of seconds for the real model (both halves) on a 2-core host.
@@ -260,8 +271,10 @@ def seeded_module(module_type, config: VAEConfig, rng: np.random.Generator, dtyp
     leaves = []
     for path, var in nnx.to_flat_state(state):
         name, shape = str(path[-1]), var.shape
-        if name == "gamma" or (name == "weight" and len(shape) == 1):  # RMS gammas, GroupNorm weights
+        if name in ("gamma", "running_var") or (name == "weight" and len(shape) == 1):  # RMS gammas, GroupNorm
             value = np.ones(shape, np.float32)
+        elif name == "running_mean":  # Flux.2's BatchNorm statistics: mean 0, variance 1
+            value = np.zeros(shape, np.float32)
         elif name.endswith("bias"):
             value = 0.02 * rng.standard_normal(shape, np.float32)
         else:

@@ -10,7 +10,7 @@ contexts in place of ``BandContext``.
 * ``CyclicHaloContext``: the halo permutation wraps around (``(i + 1) % tp``), so the first band's
   top edge receives the last band's bottom row (wrong at the image's top and bottom edges only).
 
-HunyuanVideo's three things that cross bands each have their own:
+HunyuanVideo's three things that cross bands each have their own (the first also AutoencoderKL's):
 
 * ``BandStatisticsContext``: GroupNorm with each band's own statistics (no sum over the bands).
 * ``ZeroEdgeContext``: zeros at the image's edges where the model repeats its edge rows.
@@ -101,7 +101,7 @@ def decode_with(control: str, vae: VAE, latents, mesh: Mesh, *, output: Output =
     shape, output = tuple(np.shape(latents)), check_output(output)
     layout = decode_layout(vae, shape, mesh, split)
     run = _full(vae, mesh, layout, denormalize=False, output=output, chunk=resolve_chunk(None), inner_frames=None,
-                query_chunk=query_chunk, context_type=CONTROLS[control])
+                query_chunk=query_chunk, context_type=CONTROLS[control], rank=len(shape))
     compiled = jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh)).compile()
     frames, _ = compiled(replicated_state(vae, mesh), put_latents(latents, mesh))
     return frames
@@ -114,7 +114,7 @@ def encode_with(control: str, vae: VAE, frames, mesh: Mesh, *, split: Split | No
     shape = tuple(np.shape(frames))
     layout = encode_layout(vae, shape, mesh, split)
     run = _encoder(vae, mesh, layout, chunk=resolve_encode_chunk(None), query_chunk=query_chunk,
-                   context_type=CONTROLS[control])
+                   context_type=CONTROLS[control], rank=len(shape))
     compiled = jax.jit(run).lower(*encode_avals(vae, shape, mesh, layout)).compile()
     return compiled(replicated_encoder_state(vae, mesh), put_frames(frames, layout, mesh, vae.config.spatial_scale),
                     put_options(posterior_options(shape[0]), mesh))

@@ -2,10 +2,13 @@
 
 Layouts match ``VAE``: latents ``(B, C, T, H, W)`` NCTHW in (``C``: the model's latent channels);
 float32 ``(B, 3, F, sH, sW)`` or uint8 ``(B, F, sH, sW, 3)`` out, ``F = 1 + 4(T-1)``, ``s`` the
-model's spatial scale. Inside the mesh, the batch is split over
+model's spatial scale; an image model's latents ``(B, C, H, W)`` give images ``(B, 3, sH, sW)`` or
+``(B, sH, sW, 3)`` (every layout has H and W last but the uint8 channels, so the specs below follow
+from the array's rank). Inside the mesh, the batch is split over
 ``dp`` and the split axis (height or width, see ``layout.choose_split``) over ``tp``; causal caches
 stay on the device of their band, and time is never split. A model that is not causal in time
-(HunyuanVideo 1.0) decodes the whole clip on each band, its statistics summed over the bands.
+(HunyuanVideo 1.0, the AutoencoderKL image models) decodes the whole clip (image) on each band, its
+statistics summed over the bands.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from models.conv import native_conv_for
 from models.decode import check_framewise, full_program, resolve_chunk, step_program, stream_steps
 from models.decoder import check_inner_frames, inner_frames_option
 from models.programs import program_key
-from models.shapes import Output, check_latents_shape, check_output
+from models.shapes import Output, check_latents_shape, check_output, is_image_shape
 from models.vae import DTYPES, VAE, split_stream
 
 from .bands import BandLayout, Split, SplitError, band_layout
@@ -40,15 +43,20 @@ def _spec(ndim: int, batch_axis: int, split_axis: int) -> P:
     return P(*parts)
 
 
-def latents_spec(layout: BandLayout) -> P:
-    """NCTHW latents: batch over dp, H (or W) over tp."""
-    return _spec(5, 0, 3 if layout.split == "height" else 4)
+def split_axis(layout: BandLayout, rank: int, *, channels_last: bool = False) -> int:
+    """The axis ``layout`` splits of an array of ``rank`` whose last two axes are H and W (or, when
+    ``channels_last``, the two before the channels)."""
+    return rank - 2 - channels_last + (layout.split == "width")
 
 
-def frames_spec(layout: BandLayout, output: Output) -> P:
-    """float NCTHW ``(B, 3, F, H, W)`` or uint8 NTHWC ``(B, F, H, W, 3)`` frames."""
-    first_spatial = 3 if output == "float" else 2
-    return _spec(5, 0, first_spatial + (layout.split == "width"))
+def latents_spec(layout: BandLayout, rank: int = 5) -> P:
+    """NCTHW latents (NCHW: ``rank`` 4): batch over dp, H (or W) over tp."""
+    return _spec(rank, 0, split_axis(layout, rank))
+
+
+def frames_spec(layout: BandLayout, output: Output, rank: int = 5) -> P:
+    """float NCTHW ``(B, 3, F, H, W)`` or uint8 NTHWC ``(B, F, H, W, 3)`` frames (images: ``rank`` 4)."""
+    return _spec(rank, 0, split_axis(layout, rank, channels_last=output == "uint8"))
 
 
 def cache_spec(layout: BandLayout) -> P:
@@ -57,11 +65,11 @@ def cache_spec(layout: BandLayout) -> P:
 
 
 def pad_latents(latents: jax.Array, layout: BandLayout) -> jax.Array:
-    """Zero-pad NCTHW latents at the far edge of the split axis up to ``layout.padded``."""
+    """Zero-pad NCTHW (or NCHW) latents at the far edge of the split axis up to ``layout.padded``."""
     if layout.pad == 0:
         return latents
-    widths = [(0, 0)] * 5
-    widths[3 if layout.split == "height" else 4] = (0, layout.pad)
+    widths = [(0, 0)] * latents.ndim
+    widths[split_axis(layout, latents.ndim)] = (0, layout.pad)
     return jnp.pad(latents, widths)
 
 
@@ -69,7 +77,7 @@ def crop_frames(frames: jax.Array, layout: BandLayout, output: Output) -> jax.Ar
     """Drop the frame rows (columns) that came from padded latent rows."""
     if layout.pad == 0:
         return frames
-    axis = frames_spec(layout, output).index(TP_AXIS)
+    axis = split_axis(layout, frames.ndim, channels_last=output == "uint8")
     factor = frames.shape[axis] // layout.padded
     return jax.lax.slice_in_dim(frames, 0, layout.size * factor, axis=axis)
 
@@ -84,10 +92,10 @@ def _check_mesh(mesh: Mesh, batch: int) -> None:
 
 
 def decode_layout(vae: VAE, shape: tuple[int, ...], mesh: Mesh, split: Split | None) -> BandLayout:
-    """Validate ``shape`` (NCTHW) against the model and mesh, and layout its bands."""
+    """Validate ``shape`` (NCTHW, or an image model's NCHW) against the model and mesh, and layout its bands."""
     check_latents_shape(tuple(shape), vae.config)
     _check_mesh(mesh, shape[0])
-    return band_layout(shape[3], shape[4], mesh.shape[TP_AXIS], split)
+    return band_layout(shape[-2], shape[-1], mesh.shape[TP_AXIS], split)
 
 
 # -- programs ---------------------------------------------------------------------------------------
@@ -175,12 +183,14 @@ def band_total(counts: jax.Array) -> np.ndarray:
 
 def _full(vae: VAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output: Output, chunk: int,
           inner_frames: int | None, query_chunk: int, context_type: ContextType = BandContext,
-          framewise: bool = False) -> Callable:
-    """The whole decode on each band under ``shard_map``; latents padded and frames cropped around it."""
+          framewise: bool = False, rank: int = 5) -> Callable:
+    """The whole decode on each band under ``shard_map``; latents padded and frames cropped around it.
+    ``rank``: of the latents (4 for images), and so of the frames."""
     context = _band_context(mesh, layout, query_chunk, context_type)
     local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], context, denormalize=denormalize,
                          output=output, chunk=chunk, inner_frames=inner_frames, framewise=framewise)
-    sharded = _shard(mesh, band_counts(local), (P(), latents_spec(layout)), (frames_spec(layout, output), COUNTS_SPEC))
+    sharded = _shard(mesh, band_counts(local), (P(), latents_spec(layout, rank)),
+                     (frames_spec(layout, output, rank), COUNTS_SPEC))
 
     def run(state, latents):
         frames, counts = sharded(state, pad_latents(latents, layout))
@@ -234,7 +244,7 @@ def compile_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Outp
 
     def lower():
         run = _full(vae, mesh, layout, denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
-                    query_chunk=query_chunk, framewise=framewise)
+                    query_chunk=query_chunk, framewise=framewise, rank=len(shape))
         return jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh))
 
     return vae.programs.get(key, lower)
@@ -304,8 +314,9 @@ def sharded_decode(
 
     Args:
       vae: the model (its weights are replicated onto the mesh once and kept).
-      latents: ``(B, C, T, H, W)`` NCTHW (``C``: the model's latent channels); ``B`` a multiple of
-        the mesh's ``dp``.
+      latents: ``(B, C, T, H, W)`` NCTHW (``C``: the model's latent channels), or an image model's
+        ``(B, C, H, W)`` (images out: float ``(B, 3, sH, sW)``, uint8 ``(B, sH, sW, 3)``); ``B`` a
+        multiple of the mesh's ``dp``.
       mesh: a ``(dp, tp)`` mesh from ``make_mesh``.
       denormalize: apply ``z · latents_std + latents_mean`` first.
       output: ``"float"`` → float32 ``(B, 3, F, sH, sW)`` in [-1, 1]; ``"uint8"`` → ``(B, F, sH, sW, 3)``.
@@ -355,10 +366,17 @@ def sharded_decode_stream(
     model that is not causal in time (HunyuanVideo 1.0: its statistics span the clip) decodes the
     whole clip first and yields it in the same pieces, the whole clip's non-finite count with the
     first (nothing is sent before the whole clip is known to be finite); ``framewise``: that whole
-    clip decoded as diffusers does by default (see ``sharded_decode``).
+    clip decoded as diffusers does by default (see ``sharded_decode``). Images ``(B, C, H, W)`` decode
+    in one step, yielded as one frame ``(B, 1, sH, sW, 3)``.
     """
     latents = np.asarray(latents, np.float32)
     check_framewise(vae.config, framewise)
+    if is_image_shape(latents.shape):
+        run = compile_decode(vae, latents.shape, mesh, output="uint8", denormalize=denormalize, split=split,
+                             query_chunk=query_chunk)
+        images, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh))
+        yield Decoded(to_host(images)[:, None], band_total(counts))
+        return
     if not vae.config.causal:
         run = compile_decode(vae, latents.shape, mesh, output="uint8", denormalize=denormalize, split=split,
                              query_chunk=query_chunk, framewise=framewise)

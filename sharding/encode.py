@@ -11,7 +11,8 @@ axis is padded at the far edge to ``s · tp · band`` rows on the host, and the 
 masked to zero at every conv input as in the decoder (a valid output row of a 2x step reads only
 valid rows, as the valid rows are a whole number of 2x2 blocks). The encoder runs per band; the
 posterior (mean or sample, normalization) runs on the whole latent array after the bands are
-cropped, so a sample's noise is that of one device.
+cropped, so a sample's noise is that of one device. An image model's images ``(B, 3, H, W)`` split
+the same way (as one-frame clips inside) and give latents ``(B, z, H/s, W/s)``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from models.encode import (
     PosteriorOptions,
+    image_latents,
     latents_from_moments,
     moments_program,
     posterior_options,
@@ -33,14 +35,14 @@ from models.shapes import check_frames_shape
 from models.vae import DTYPES, VAE
 
 from .bands import BandLayout, Split, band_layout
-from .decode import ContextType, _band_context, _check_mesh, _shard, _spec
+from .decode import ContextType, _band_context, _check_mesh, _shard, _spec, split_axis
 from .halo import BandContext
 from .mesh import TP_AXIS, mesh_key
 
 
-def frames_spec(layout: BandLayout) -> P:
-    """NCTHW frames (and latents): batch over dp, H (or W) over tp."""
-    return _spec(5, 0, 3 if layout.split == "height" else 4)
+def frames_spec(layout: BandLayout, rank: int = 5) -> P:
+    """NCTHW frames (and latents; NCHW images: ``rank`` 4): batch over dp, H (or W) over tp."""
+    return _spec(rank, 0, split_axis(layout, rank))
 
 
 def moments_spec(layout: BandLayout) -> P:
@@ -54,13 +56,13 @@ def encode_layout(vae: VAE, shape: tuple[int, ...], mesh: Mesh, split: Split | N
     check_frames_shape(tuple(shape), vae.config)
     _check_mesh(mesh, shape[0])
     scale = vae.config.spatial_scale
-    return band_layout(shape[3] // scale, shape[4] // scale, mesh.shape[TP_AXIS], split)
+    return band_layout(shape[-2] // scale, shape[-1] // scale, mesh.shape[TP_AXIS], split)
 
 
 def padded_frames_shape(shape: tuple[int, ...], layout: BandLayout, scale: int) -> tuple[int, ...]:
     """Frames ``shape`` with the split axis padded to ``scale · layout.padded`` rows."""
     padded = list(shape)
-    padded[3 if layout.split == "height" else 4] = scale * layout.padded
+    padded[split_axis(layout, len(shape))] = scale * layout.padded
     return tuple(padded)
 
 
@@ -71,10 +73,10 @@ def put_frames(frames, layout: BandLayout, mesh: Mesh, scale: int) -> jax.Array:
     neither replicated over ``tp`` nor padded on the devices.
     """
     frames = np.asarray(frames, np.float32)
-    widths = [(0, 0)] * 5
-    axis = 3 if layout.split == "height" else 4
+    widths = [(0, 0)] * frames.ndim
+    axis = split_axis(layout, frames.ndim)
     widths[axis] = (0, scale * layout.padded - frames.shape[axis])
-    return jax.device_put(np.pad(frames, widths), NamedSharding(mesh, frames_spec(layout)))
+    return jax.device_put(np.pad(frames, widths), NamedSharding(mesh, frames_spec(layout, frames.ndim)))
 
 
 def put_options(options: PosteriorOptions, mesh: Mesh) -> PosteriorOptions:
@@ -90,15 +92,16 @@ def crop_moments(moments: jax.Array, layout: BandLayout) -> jax.Array:
 
 
 def _encoder(vae: VAE, mesh: Mesh, layout: BandLayout, *, chunk: int, query_chunk: int,
-             context_type: ContextType = BandContext):
+             context_type: ContextType = BandContext, rank: int = 5):
     """The encode on each band under ``shard_map``, then the posterior on the cropped latents:
-    ``run(state, padded frames, options)``."""
+    ``run(state, padded frames, options)``; ``rank``: of the frames (4 for images)."""
     local = moments_program(vae.encoder_graphdef, DTYPES[vae.dtype],
                             _band_context(mesh, layout, query_chunk, context_type), chunk=chunk)
-    sharded = _shard(mesh, local, (P(), frames_spec(layout)), moments_spec(layout))
+    sharded = _shard(mesh, local, (P(), frames_spec(layout, rank)), moments_spec(layout))
 
     def run(state, frames, options):
-        return latents_from_moments(crop_moments(sharded(state, frames), layout), options, vae.config)
+        latents = latents_from_moments(crop_moments(sharded(state, frames), layout), options, vae.config)
+        return image_latents(latents, rank)
     return run
 
 
@@ -106,7 +109,7 @@ def encode_avals(vae: VAE, shape: tuple[int, ...], mesh: Mesh, layout: BandLayou
     """Abstract ``(state, padded frames, options)`` of the encode of frames ``shape`` on ``mesh``."""
     replicated = NamedSharding(mesh, P())
     frames = jax.ShapeDtypeStruct(padded_frames_shape(shape, layout, vae.config.spatial_scale), jnp.float32,
-                                  sharding=NamedSharding(mesh, frames_spec(layout)))
+                                  sharding=NamedSharding(mesh, frames_spec(layout, len(shape))))
     return vae.encoder_state_avals(replicated), frames, PosteriorOptions.avals(shape[0], replicated)
 
 
@@ -124,7 +127,7 @@ def compile_encode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split
                       query_chunk=query_chunk)
 
     def lower():
-        run = _encoder(vae, mesh, layout, chunk=chunk, query_chunk=query_chunk)
+        run = _encoder(vae, mesh, layout, chunk=chunk, query_chunk=query_chunk, rank=len(shape))
         return jax.jit(run).lower(*encode_avals(vae, shape, mesh, layout))
 
     return vae.programs.get(key, lower)
@@ -153,8 +156,8 @@ def sharded_encode(
     Args:
       vae: a model with an encoder (its weights are replicated onto the mesh once and kept).
       frames: ``(B, 3, F, H, W)`` NCTHW in [-1, 1], ``F = 1 + 4k``, ``H``, ``W`` multiples of the
-        spatial scale ``s`` (8 for Wan 2.1, 16 for Wan 2.2);
-        ``B`` a multiple of the mesh's ``dp``.
+        spatial scale ``s`` (8 for Wan 2.1, 16 for Wan 2.2), or an image model's images ``(B, 3, H, W)``
+        (latents ``(B, z, H/s, W/s)`` out); ``B`` a multiple of the mesh's ``dp``.
       mesh: a ``(dp, tp)`` mesh from ``make_mesh``.
       sample, seed, normalize, chunk: as in ``VAE.encode`` (the same seed gives the same noise).
       options: per-row posterior options instead of ``sample``/``seed``/``normalize`` (a server

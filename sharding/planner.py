@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from models.config import VAEConfig
 from models.flops import decode_flops
-from models.shapes import Output, check_output, latents_for_frames, misfits
+from models.shapes import Output, check_output, clip_shape, latents_for_frames, misfits
 from models.vae import VAE
 
 from .bands import band_layout
@@ -112,7 +112,7 @@ def _cost(compiled: jax.stages.Compiled) -> dict[str, float]:
 def device_flops(config: VAEConfig, shape: tuple[int, ...], tp: int, dp: int, split: str, band: int) -> float:
     """Model FLOPs of one device's share: its ``B/dp`` latents and a band of ``band`` rows (columns)
     of the frame padded to ``tp·band`` (padded rows are computed too; attention splits by queries)."""
-    b, c, t, h, w = shape
+    b, c, t, h, w = clip_shape(shape)
     padded = (b // dp, c, t, band * tp, w) if split == "height" else (b // dp, c, t, h, band * tp)
     return decode_flops(config, padded) / tp
 

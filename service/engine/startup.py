@@ -55,6 +55,9 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
     """The model (``vae`` if given, else ``settings.model``), its mesh and runner, and the request
     limits and normalization taken from its config. Nothing is compiled yet."""
     vae = vae if vae is not None else _load_vae(settings)
+    if vae.config.is_image:  # its (B, C, H, W) bodies and image answers are not served yet
+        raise StartupRefused(f"{vae.config.class_name} is an image VAE: the service serves the video VAEs so far; "
+                             "decode and encode images with the Python API (models, sharding)")
     if vae.metadata.get("random_weights"):
         log.warning("the model has RANDOM weights: outputs are noise-like, for testing only")
     mesh = sharding.make_mesh(settings.tp, settings.dp)

@@ -1,5 +1,6 @@
 """Deterministic HunyuanVideo (1.0 and 1.5) VAE weights and cases shared by the fixtures, the live
-diffusers tests and ours.
+diffusers tests and ours (``seeded_weights`` and ``reference_model`` serve any family: the image
+VAEs' cases, ``tests/helpers/image_reference.py``, use them too).
 
 Weights come from NumPy's seeded generator in diffusers' names and layouts (as for Wan:
 ``tests/helpers/wan_reference.py``), so the committed fixtures can be re-derived without torch.
@@ -48,6 +49,8 @@ FRAMEWISE_CASE, FRAMEWISE_SHAPE = "hy10_tiny", (1, 16, 7, 2, 3)
 
 
 OUTPUT_CONV_SCALE = 0.3
+# The decoder's last conv, as each family names it (HunyuanVideo wraps it; AutoencoderKL and Wan do not).
+OUTPUT_CONVS = ("decoder.conv_out.conv.weight", "decoder.conv_out.weight")
 
 
 def seeded_weights(config: models.VAEConfig, seed: int, *, encoder: bool = True) -> dict[str, np.ndarray]:
@@ -69,9 +72,11 @@ def _seeded(module_type, config: models.VAEConfig, rng: np.random.Generator) -> 
             value = 1.0 + 0.3 * rng.standard_normal(shape)
         elif name.endswith("bias"):
             value = 0.1 * rng.standard_normal(shape)
+        elif name.endswith("running_var"):  # Flux.2's BatchNorm statistics: a variance is positive
+            value = 1.0 + 0.3 * np.abs(rng.standard_normal(shape))
         else:
             value = rng.standard_normal(shape) / math.sqrt(math.prod(shape[1:]))
-            value *= OUTPUT_CONV_SCALE if name == "decoder.conv_out.conv.weight" else 1.0
+            value *= OUTPUT_CONV_SCALE if name in OUTPUT_CONVS else 1.0
         weights[name] = value.astype(np.float32)
     return weights
 
@@ -85,7 +90,8 @@ def reference_model(config: models.VAEConfig, weights: dict[str, np.ndarray]):
                                                       if k != "_class_name"}).eval()
     missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=False)
     assert not unexpected, unexpected
-    assert all(k.startswith(("encoder.", "quant_conv.")) for k in missing), missing
+    # Flux.2's BatchNorm keeps a training count we do not hold (models.kl.BatchNormStatistics).
+    assert all(k.startswith(("encoder.", "quant_conv.")) or k == "bn.num_batches_tracked" for k in missing), missing
     return model
 
 
