@@ -2,7 +2,11 @@
 # `make docs` (mkdocs build --strict) and `make mutants` (the mutation check). Each creates .venv
 # when missing and installs what it needs; a stamp file keeps repeat runs fast until pyproject.toml
 # changes.
-PYTHON ?= python3
+# JAX 0.11 and later need Python 3.12 or newer: the first such interpreter found (pyenv's installed
+# versions too, which its shims hide unless one is selected). PYTHON=... chooses another.
+PYTHON ?= $(firstword $(foreach p,python3.12 python3.13 python3 \
+            $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.1[2-9]*/bin/python3),\
+            $(shell $(p) -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && echo $(p))))
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 HOST   ?= 127.0.0.1
@@ -15,6 +19,7 @@ WORKERS ?= 2
 .PHONY: serve test lint docs mutants install clean locks image test-images
 
 $(BIN)/python:
+	@test -n "$(PYTHON)" || { echo "no Python 3.12 or newer found: make PYTHON=/path/to/python3.12 ..." >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
