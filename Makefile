@@ -65,7 +65,7 @@ clean:
 # ---- shipping: lock files, images and the tests that build and run them (docs/deployment.md) ----
 FLAVOUR     ?= cpu
 IMAGE       ?= vaeserve:$(FLAVOUR)
-# BASE: the Dockerfile's Python image (default python:3.11-slim); IMAGE_FLAGS: more builder flags.
+# BASE: the Dockerfile's Python image (default python:3.12-slim); IMAGE_FLAGS: more builder flags.
 BASE        ?=
 IMAGE_FLAGS ?=
 

@@ -7,7 +7,7 @@ diffusers' on the same device, within a time budget.
 It measures, in this order, as long as ``--budget-s`` lasts (it stops cleanly and keeps what it has):
 
 1. the versions, the device's name and memory; float32 parity of our decode and encode with
-   diffusers' on that device (small configs of Wan 2.1, Wan 2.2 and HunyuanVideo 1.5);
+   diffusers' on that device (small configs of each family measured below);
 2. for Wan 2.1 at 1280x720x81, then Wan 2.2 at 1280x704x121 and HunyuanVideo 1.5 at 1280x720x121:
    decode time (min and median of warm runs) ours and diffusers', bfloat16 and float32 (diffusers
    untiled, or with ``enable_tiling()`` where the untiled one does not fit), peak device memory,
@@ -126,8 +126,9 @@ class Check:
         return self.deadline - time.time()
 
     def parity(self) -> None:
-        cases = [{"model": name, "config": SMALL[name].to_dict(), "latents": latents, "frames": frames}
-                 for name, (latents, frames) in PARITY_SHAPES.items()]
+        names = [case.model for case in self.plan.cases]
+        cases = [{"model": name, "config": SMALL[name].to_dict(), "latents": PARITY_SHAPES[name][0],
+                  "frames": PARITY_SHAPES[name][1]} for name in names]
         result = self.run("parity", {"cases": cases}, time.time() + 0.25 * self.left())
         for key in ("versions", "device", "parity", "status"):
             if key in result:
