@@ -27,8 +27,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-# torch==2.13.0 resolves to the local CPU build; install it before diffusers so that
-# diffusers' own torch requirement is already satisfied (no CUDA wheels pulled). The aot extra
+# torch==2.13.0 first, so that diffusers' own torch requirement is already satisfied: pip takes a
+# CPU build where one lies on the host's disk for this Python (a find-links folder), else PyPI's
+# Linux build, the CUDA one (about 4 GB with its CUDA wheels; it runs on a CPU too). The aot extra
 # brings libtpu: the tests compile decode programs for a TPU slice without a TPU; the bench extra
 # (matplotlib) lets mypy check the bench scripts.
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python

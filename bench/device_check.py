@@ -64,24 +64,23 @@ class Plan:
     diffusers_dtypes: tuple[str, ...] = DTYPES
 
 
-# Small configs: parity on the device (both modes), and the whole check in --tiny.
+# Small configs, and a video of each whose latents have odd sizes: parity on the device (both
+# modes), and the whole check in --tiny (the same shapes, so that its float32 programs are the
+# ones parity compiled: a compilation-cache hit).
 SMALL = {
-    "wan2.1": WanVAEConfig(base_dim=8, num_res_blocks=1),
-    "wan2.2": WanVAEConfig.wan22(base_dim=16, decoder_base_dim=24, num_res_blocks=1,
-                                 temperal_downsample=(True, True, False)),
-    "hunyuan1.5": HunyuanVideo15Config(block_out_channels=(8, 16, 16, 32, 64), layers_per_block=1,
-                                       latent_channels=16),
+    "wan2.1": Case("wan2.1", WanVAEConfig(base_dim=8, num_res_blocks=1), (40, 24, 5)),
+    "wan2.2": Case("wan2.2", WanVAEConfig.wan22(base_dim=16, decoder_base_dim=24, num_res_blocks=1,
+                                                temperal_downsample=(True, True, False)), (80, 48, 5)),
+    "hunyuan1.5": Case("hunyuan1.5", HunyuanVideo15Config(block_out_channels=(8, 16, 16, 32, 64),
+                                                          layers_per_block=1, latent_channels=16), (80, 48, 5)),
 }
-# (latents, frames) compared with diffusers: odd latent sizes, 2 latent frames.
-PARITY_SHAPES = {"wan2.1": ((1, 16, 2, 3, 5), (1, 3, 5, 24, 40)), "wan2.2": ((1, 48, 2, 3, 5), (1, 3, 5, 48, 80)),
-                 "hunyuan1.5": ((1, 16, 2, 3, 5), (1, 3, 5, 48, 80))}
 FULL = Plan(cases=[Case("wan2.1", WanVAEConfig(), (1280, 720, 81)),
                    Case("wan2.2", WanVAEConfig.wan22(), (1280, 704, 121)),
                    Case("hunyuan1.5", HunyuanVideo15Config(), (1280, 720, 121))],
             runs=3, service_model="wan2.1", service_dtype="bfloat16", budget_s=420, grace_s=30)
 # PyTorch's bfloat16 3-D convolutions on a CPU take ~100x its float32 ones (measured on 2 cores: 14 s
 # against 0.1 s for the tiny Wan decode), so --tiny times diffusers in float32 only.
-TINY = Plan(cases=[Case(name, config, (64, 48, 5)) for name, config in SMALL.items()],
+TINY = Plan(cases=list(SMALL.values()),
             runs=2, service_model=None, service_dtype="float32", budget_s=300, grace_s=15,
             diffusers_dtypes=("float32",))
 
@@ -107,7 +106,9 @@ class Check:
         spec_path, result_path = self.scratch / f"{task}-spec.json", self.scratch / f"{task}-result.json"
         result_path.unlink(missing_ok=True)
         spec_path.write_text(json.dumps({**spec, "deadline": deadline}))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # One compilation cache for the run's parts: a program compiled by one is not compiled again.
+        env = {"JAX_COMPILATION_CACHE_DIR": str(self.scratch / "jax-cache"),
+               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **os.environ, "PYTHONUNBUFFERED": "1"}
         if task == "parity":  # both frameworks in one process: JAX must leave PyTorch its share
             env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         try:
@@ -126,9 +127,7 @@ class Check:
         return self.deadline - time.time()
 
     def parity(self) -> None:
-        names = [case.model for case in self.plan.cases]
-        cases = [{"model": name, "config": SMALL[name].to_dict(), "latents": PARITY_SHAPES[name][0],
-                  "frames": PARITY_SHAPES[name][1]} for name in names]
+        cases = [SMALL[case.model].spec() for case in self.plan.cases]
         result = self.run("parity", {"cases": cases}, time.time() + 0.25 * self.left())
         for key in ("versions", "device", "parity", "status"):
             if key in result:

@@ -44,13 +44,13 @@ mkdir -p "$DEST"
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$DEST" "${wanted[@]}"
 
 # One version of each (two stop the whole install there), and each one asked for.
-count=$(find "$DEST" -name '*.whl' | wc -l)
+count=$(find "$DEST" -type f -name '*.whl' | wc -l)
 [ "$count" -eq "${#wanted[@]}" ] || { echo "expected ${#wanted[@]} wheels in $DEST, found $count" >&2; exit 1; }
 
 # What travels: the files git does not ignore (tracked, and untracked ones), then the wheels.
 tree_bytes=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null |
              awk '{s += $1} END {print s + 0}')
-wheel_bytes=$(find "$DEST" -name '*.whl' -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+wheel_bytes=$(find "$DEST" -type f -name '*.whl' -printf '%s\n' | awk '{s += $1} END {print s + 0}')
 total=$((tree_bytes + wheel_bytes))
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
 echo "wheels: $count in $DEST, $(mib "$wheel_bytes"); checkout: $(mib "$tree_bytes"); together $(mib "$total")" \

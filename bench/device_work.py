@@ -176,6 +176,7 @@ def exact_float32() -> Iterator[None]:
 
 
 def parity_task(spec: dict[str, Any], rec: Recorder) -> None:
+    rec.put(("versions",), versions())  # before the imports, which take seconds
     import jax
     import numpy as np
     import torch
@@ -183,13 +184,11 @@ def parity_task(spec: dict[str, Any], rec: Recorder) -> None:
     import models
     from bench.common import diffusers_reference
 
-    rec.put(("versions",), versions())
     rec.put(("device",), {"jax": jax_device(), "torch": torch_device()})
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for case in spec["cases"]:
         config = config_of(case)
-        latents, frames = (np.random.default_rng(1).standard_normal(case["latents"]).astype(np.float32),
-                           np.random.default_rng(2).uniform(-1, 1, case["frames"]).astype(np.float32))
+        latents, frames = inputs(*shapes(config, case["video"]))
 
         def compare(config=config, latents=latents, frames=frames) -> dict[str, Any]:
             with tempfile.TemporaryDirectory() as folder, torch.no_grad(), exact_float32():
