@@ -186,12 +186,13 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, dict[str, Any]]]
 
 def table(doc: dict[str, Any]) -> str:
     lines = [f"{'video':28s} {'op':6s} {'impl':9s} {'dtype':8s} {'min s':>8s} {'median s':>9s} "
-             f"{'warm-up s':>9s} {'peak GB':>8s}"]
+             f"{'compile s':>9s} {'first s':>8s} {'peak GB':>8s}"]
     for video, op, impl, dtype, m in rows(doc):
         peak = m.get("peak_bytes") or m.get("process_peak_bytes")
         tiling = " (tiled)" if m.get("tiling") else ""
         lines.append(f"{video:28s} {op:6s} {impl:9s} {dtype:8s} {m['min_s']:8.3f} {m['median_s']:9.3f} "
-                     f"{m['warmup_s']:9.1f} {peak / 1e9 if peak else float('nan'):8.2f}{tiling}")
+                     f"{m.get('compile_s', float('nan')):9.1f} {m['warmup_s']:8.1f} "
+                     f"{peak / 1e9 if peak else float('nan'):8.2f}{tiling}")
     return "\n".join(lines)
 
 
@@ -225,7 +226,7 @@ def plot(doc: dict[str, Any], path: Path) -> str | None:
         ax.set_title(title)
     axes[0].legend(fontsize=8)
     device = doc.get("device", {}).get("jax", {}).get("device_kind", "?")
-    fig.suptitle(f"vaeserve vs diffusers on {device} ({doc.get('versions', {}).get('jax', '?')} JAX)")
+    fig.suptitle(f"vaeserve vs diffusers on {device} (JAX {doc.get('versions', {}).get('jax', '?')})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -55,6 +55,7 @@ def test_every_measurement_of_the_case(check):
     for m in timed:
         assert len(m["times_s"]) == 2 and 0 < m["min_s"] <= m["median_s"] and m["warmup_s"] > 0
     assert case["ours"]["decode"]["float32"]["program_bytes"]["temp_bytes"] > 0
+    assert all(case["ours"][op][dtype]["compile_s"] > 0 for op in ("decode", "encode") for dtype in ("bfloat16", "float32"))
     assert case["diffusers"]["decode"]["float32"]["tiling"] is False
     # bfloat16 differs from float32 (the same seeded weights), by a rounding-sized amount.
     error = case["ours"]["bf16_vs_f32"]
