@@ -17,6 +17,7 @@ runs as ``python -m service serve``: a host without those packages measures ever
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -43,7 +44,8 @@ class Recorder:
     """The task's result: a dict written to ``path`` (atomically) after every change."""
 
     def __init__(self, path: Path, deadline: float):
-        self.path, self.deadline, self.result = path, deadline, {}
+        self.path, self.deadline = path, deadline
+        self.result: dict[str, Any] = {}
         self.longest_warmup = 0.0
 
     def left(self) -> float:
@@ -252,14 +254,14 @@ def ours_task(spec: dict[str, Any], rec: Recorder) -> None:
                 "process_peak_bytes": peak()}
 
     for dtype in spec["dtypes"]:
-        attempt(rec, ("decode", dtype), lambda dtype=dtype: decode(dtype))
+        attempt(rec, ("decode", dtype), functools.partial(decode, dtype))
     if {"bfloat16", "float32"} <= decoded.keys():  # the same seeded weights, rounded for bfloat16
         difference = jnp.abs(decoded["bfloat16"].astype(jnp.float32) - decoded["float32"])
         rec.put(("bf16_vs_f32",), {"max_abs": float(difference.max()), "mean_abs": float(difference.mean()),
                                    "psnr_db": float(10 * jnp.log10(4 / jnp.mean(difference**2)))})
     decoded.clear()
     for dtype in spec["dtypes"]:
-        attempt(rec, ("encode", dtype), lambda dtype=dtype: encode(dtype))
+        attempt(rec, ("encode", dtype), functools.partial(encode, dtype))
 
 
 # -- diffusers (PyTorch) ------------------------------------------------------------------------------
@@ -307,7 +309,7 @@ def diffusers_task(spec: dict[str, Any], rec: Recorder) -> None:
 
     for op in ("decode", "encode"):
         for dtype in spec["dtypes"]:
-            attempt(rec, (op, dtype), lambda op=op, dtype=dtype: run(op, dtype))
+            attempt(rec, (op, dtype), functools.partial(run, op, dtype))
 
 
 def config_kwargs(config) -> dict[str, Any]:
