@@ -1,8 +1,8 @@
 """One command for an accelerator host (a GPU host now, a TPU VM later): our decode and encode against
 diffusers' on the same device, within a time budget.
 
-    python bench/device_check.py --out DIR                  # on the accelerator host, about 7 minutes
-    python bench/device_check.py --tiny --out DIR           # the same code paths, small configs, a CPU
+    python -m bench.device_check --out DIR                  # on the accelerator host, about 7 minutes
+    python -m bench.device_check --tiny --out DIR           # the same code paths, small configs, a CPU
 
 It measures, in this order, as long as ``--budget-s`` lasts (it stops cleanly and keeps what it has):
 
@@ -15,7 +15,7 @@ It measures, in this order, as long as ``--budget-s`` lasts (it stops cleanly an
 3. with the time left, the service end to end (MP4 answers at concurrency 1, 2 and 4), when
    FastAPI, uvicorn, pydantic and PyAV are importable (they travel as wheels: docs/development.md).
 
-Each part runs in a process of its own (``bench/device_work.py``). ``DIR/device_check.json`` is
+Each part runs in a process of its own (``bench.device_work``). ``DIR/device_check.json`` is
 rewritten after each part, ``DIR/device_check.png`` drawn at the end, and a ``jax.profiler`` trace
 of one warm bfloat16 decode of the first video kept as ``DIR/trace.tar.gz``.
 """
@@ -34,11 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from models.config import HunyuanVideo15Config, VAEConfig, WanVAEConfig  # imports no JAX
 
-from models.config import HunyuanVideo15Config, VAEConfig, WanVAEConfig  # noqa: E402 - imports no JAX
-
-WORK = Path(__file__).with_name("device_work.py")
+REPO = Path(__file__).resolve().parents[1]
 DTYPES = ("bfloat16", "float32")
 TRACE_LIMIT_BYTES = 15 * 2**20  # a file the device tool brings back is at most 16 MiB
 
@@ -92,7 +90,7 @@ class Check:
         self.plan, self.out, self.scratch = plan, out, Path(tempfile.mkdtemp(prefix="device-check-"))
         self.start = time.time()
         self.deadline = self.start + budget_s
-        self.doc: dict[str, Any] = {"command": ["python", "bench/device_check.py", *argv], "budget_s": budget_s,
+        self.doc: dict[str, Any] = {"command": ["python", "-m", "bench.device_check", *argv], "budget_s": budget_s,
                                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cases": [], "notes": []}
 
     def write(self) -> None:
@@ -112,8 +110,8 @@ class Check:
         if task == "parity":  # both frameworks in one process: JAX must leave PyTorch its share
             env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         try:
-            done = subprocess.run([sys.executable, str(WORK), task, str(spec_path), str(result_path)], env=env,
-                                  timeout=max(1.0, deadline - time.time()) + self.plan.grace_s)
+            done = subprocess.run([sys.executable, "-m", "bench.device_work", task, str(spec_path), str(result_path)],
+                                  cwd=REPO, env=env, timeout=max(1.0, deadline - time.time()) + self.plan.grace_s)
             status = None if done.returncode == 0 else f"{task} exited with {done.returncode}"
         except subprocess.TimeoutExpired:
             status = f"{task} was stopped {self.plan.grace_s:.0f} s past its deadline"

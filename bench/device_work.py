@@ -1,8 +1,8 @@
-"""The measuring half of ``bench/device_check.py``: each task runs in a process of its own, so that
+"""The measuring half of ``bench.device_check``: each task runs in a process of its own, so that
 JAX and PyTorch each have the whole device (no allocator holds memory the other needs) and each
 process's peak memory is its own.
 
-    python bench/device_work.py TASK SPEC.json RESULT.json
+    python -m bench.device_work TASK SPEC.json RESULT.json
 
 Tasks: ``parity`` (both frameworks, small configs), ``ours`` (JAX), ``diffusers`` (PyTorch) and
 ``service`` (a real server and the httpx load test). A task rewrites RESULT.json after every
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 # What the service end to end needs beyond the host's packages (docs/development.md: the carry kit).
 SERVICE_MODULES = ("fastapi", "starlette", "uvicorn", "pydantic", "pydantic_settings", "av")

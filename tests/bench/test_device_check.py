@@ -1,4 +1,4 @@
-"""``bench/device_check.py --tiny``: the prepared accelerator check runs its every part on this CPU
+"""``python -m bench.device_check --tiny``: the prepared accelerator check runs its every part on this CPU
 (small configs; one family), so that the run prepared for a GPU window cannot rot. Real processes:
 the check's own parts, a real server for the end to end, diffusers for the reference."""
 
@@ -17,11 +17,10 @@ from PIL import Image
 from tests.helpers.wan_reference import PARITY_TOL
 
 REPO = Path(__file__).resolve().parents[2]
-CHECK = REPO / "bench" / "device_check.py"
 
 
 def run_check(out: Path, *args: str) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, str(CHECK), "--tiny", "--models", "wan2.1", "--out", str(out), *args],
+    done = subprocess.run([sys.executable, "-m", "bench.device_check", "--tiny", "--models", "wan2.1", "--out", str(out), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     print(done.stdout[-3000:], done.stderr[-3000:])
     return done.returncode, json.loads((out / "device_check.json").read_text())
