@@ -10,8 +10,8 @@
 # h11 and click. What they lack: diffusers (the reference; pure Python) and importlib-metadata (its
 # one missing need), and the service's FastAPI, starlette, uvicorn, pydantic (with its compiled core
 # and settings), python-dotenv, annotated-types, typing-inspection, opentelemetry-api (FastAPI
-# needs it), PyAV (MP4 answers; 35 MB of the kit, FFmpeg inside) and a typing-extensions new enough
-# for that pydantic. The service's versions are the ones locks/cpu.txt pins, so the host runs what
+# needs it), PyAV (MP4 answers; 35 MB of the kit, FFmpeg inside), and a typing-extensions new enough
+# for that pydantic and annotated-doc (FastAPI's; the hosts list it too, but it weighs nothing). The service's versions are the ones locks/cpu.txt pins, so the host runs what
 # the image runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ PYTHON=${PYTHON:-python3}
 # The diffusers the tests and parity fixtures were made with.
 PINNED=(diffusers==0.42.1 importlib-metadata==10.2.0)
 FROM_LOCK=(fastapi starlette uvicorn pydantic pydantic-core pydantic-settings python-dotenv annotated-types
-           typing-inspection opentelemetry-api av typing-extensions)
+           annotated-doc typing-inspection opentelemetry-api av typing-extensions)
 
 lock_pin() {  # name==version as locks/cpu.txt pins it for the hosts' Python 3.12
     local pin
