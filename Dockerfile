@@ -3,9 +3,9 @@
 #   make image FLAVOUR=cpu|tpu|cuda                        (docker, or buildah where no daemon runs)
 #   docker build --build-arg JAX_FLAVOUR=tpu -t vaeserve:tpu .
 #   docker build -t vaeserve:cpu .                        (the default flavour)
-# BASE replaces the Python image (any Debian-based image with python 3.11 and pip on PATH).
+# BASE replaces the Python image (any Debian-based image with Python 3.12 or newer and pip on PATH).
 # Settings come from VAESERVE_* environment variables or flags after `vaeserve serve`.
-ARG BASE=python:3.11-slim
+ARG BASE=python:3.12-slim
 
 # The wheel is built in a stage of its own, so the build backend never reaches the image.
 FROM ${BASE} AS wheel

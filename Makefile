@@ -2,7 +2,11 @@
 # `make docs` (mkdocs build --strict) and `make mutants` (the mutation check). Each creates .venv
 # when missing and installs what it needs; a stamp file keeps repeat runs fast until pyproject.toml
 # changes.
-PYTHON ?= python3
+# JAX 0.11 and later need Python 3.12 or newer: the first such interpreter found (pyenv's installed
+# versions too, which its shims hide unless one is selected). PYTHON=... chooses another.
+PYTHON ?= $(firstword $(foreach p,python3.12 python3.13 python3 \
+            $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.1[2-9]*/bin/python3),\
+            $(shell $(p) -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && echo $(p))))
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 HOST   ?= 127.0.0.1
@@ -15,6 +19,7 @@ WORKERS ?= 2
 .PHONY: serve test lint docs mutants install clean locks image test-images
 
 $(BIN)/python:
+	@test -n "$(PYTHON)" || { echo "no Python 3.12 or newer found: make PYTHON=/path/to/python3.12 ..." >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
@@ -22,8 +27,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-# torch==2.13.0 resolves to the local CPU build; install it before diffusers so that
-# diffusers' own torch requirement is already satisfied (no CUDA wheels pulled). The aot extra
+# torch==2.13.0 first, so that diffusers' own torch requirement is already satisfied: pip takes a
+# CPU build where one lies on the host's disk for this Python (a find-links folder), else PyPI's
+# Linux build, the CUDA one (about 4 GB with its CUDA wheels; it runs on a CPU too). The aot extra
 # brings libtpu: the tests compile decode programs for a TPU slice without a TPU; the bench extra
 # (matplotlib) lets mypy check the bench scripts.
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
@@ -60,7 +66,7 @@ clean:
 # ---- shipping: lock files, images and the tests that build and run them (docs/deployment.md) ----
 FLAVOUR     ?= cpu
 IMAGE       ?= vaeserve:$(FLAVOUR)
-# BASE: the Dockerfile's Python image (default python:3.11-slim); IMAGE_FLAGS: more builder flags.
+# BASE: the Dockerfile's Python image (default python:3.12-slim); IMAGE_FLAGS: more builder flags.
 BASE        ?=
 IMAGE_FLAGS ?=
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A stand-in for python:3.11-slim, for building the images where no container registry answers
-# (this machine, CI). Made from Debian's packages with debootstrap and imported into buildah's
+# A stand-in for python:3.12-slim, for building the images where no container registry answers
+# (this machine, CI). No Debian release ships Python 3.12: trixie's 3.13 stands in for it (vaeserve
+# needs 3.12 or newer; the locks hold wheels for both). Made from Debian's packages with debootstrap and imported into buildah's
 # storage; prints its name, which goes to `make image BASE=...`.
 #
 #   .ci/stand-in-base.sh          # build it once (about 80-110 s), later calls print the cached name
@@ -16,7 +17,7 @@
 # new one; STORAGE_DRIVER (vfs here) chooses where buildah keeps it.
 set -euo pipefail
 
-SUITE=bookworm
+SUITE=trixie
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # The bundle pip on this host uses: PIP_CERT, else pip's configured `cert`, else the system's.
 CA_BUNDLE=${PIP_CERT:-$(python3 -m pip config list 2>/dev/null | sed -n "s/^global\.cert='\(.*\)'$/\1/p" | head -n 1)}
@@ -24,7 +25,7 @@ CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 IN_IMAGE_BUNDLE=/etc/ssl/certs/build-host-ca-bundle.pem
 
 key=$(cat "$0" "$CA_BUNDLE" | sha256sum | cut -c1-12)
-name=localhost/vaeserve-stand-in-python:3.11-$SUITE-$key
+name=localhost/vaeserve-stand-in-python:3-$SUITE-$key
 
 if buildah inspect --type image "$name" >/dev/null 2>&1; then
     echo "$name"
@@ -49,7 +50,7 @@ root=$work/rootfs
 ln -sf python3 "$root/usr/bin/python"
 rm -f "$root"/usr/lib/python3*/EXTERNALLY-MANAGED
 install -m 0644 "$CA_BUNDLE" "$root$IN_IMAGE_BUNDLE"
-# What python:3.11-slim leaves out too: downloaded packages, package lists, docs.
+# What python:3.12-slim leaves out too: downloaded packages, package lists, docs.
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* \
     "$root"/usr/share/man/* "$root"/usr/share/info/*
 
@@ -62,7 +63,7 @@ buildah config \
     --env LANG=C.UTF-8 \
     --env PIP_CERT="$IN_IMAGE_BUNDLE" \
     --cmd python3 \
-    --label org.opencontainers.image.description="stand-in for python:3.11-slim built on this host (Debian $SUITE packages)" \
+    --label org.opencontainers.image.description="stand-in for python:3.12-slim built on this host (Debian $SUITE packages)" \
     "$container"
 buildah commit --quiet --rm "$container" "$name" >/dev/null
 container=""

@@ -143,7 +143,7 @@ def prng_key(seed: int | None) -> np.ndarray:
         seed = secrets.randbelow(SEED_RANGE)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < SEED_RANGE:
         raise ValueError(f"seed must be an integer in [0, 2**32); received {seed!r}")
-    impl = jax.config.jax_default_prng_impl  # type: ignore[attr-defined]  # a flag the stubs do not list
+    impl = jax.config.jax_default_prng_impl
     if impl != "threefry2x32":
         raise ValueError(f"encode seeds assume JAX's threefry2x32 generator; jax_default_prng_impl is {impl!r}")
     return np.array([0, seed], np.uint32)

@@ -116,11 +116,13 @@ def _cudnn_version() -> tuple[int, int, int]:
     9.0.0 where none is installed."""
     from importlib import metadata
 
-    try:
-        major, minor, patch, *_ = (int(part) for part in metadata.version("nvidia-cudnn-cu12").split("."))
-    except (metadata.PackageNotFoundError, ValueError):
-        return 9, 0, 0
-    return major, minor, patch
+    for package in ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"):  # the cuda extra's (CUDA 13), then CUDA 12's
+        try:
+            major, minor, patch, *_ = (int(part) for part in metadata.version(package).split("."))
+        except (metadata.PackageNotFoundError, ValueError):
+            continue
+        return major, minor, patch
+    return 9, 0, 0
 
 
 def gpu_target_config(chip: ChipFacts) -> str:

@@ -1,7 +1,7 @@
 """Build and run the images with buildah, as the shipping tests and bench/container_startup.py do.
 
 No Docker daemon and no container registry answer here or in CI: the base is a stand-in for
-python:3.11-slim made from Debian's packages (.ci/stand-in-base.sh), images are built by
+python:3.12-slim made from Debian's packages (.ci/stand-in-base.sh), images are built by
 ``make image`` (which falls back to buildah), and a container is a buildah working container whose
 command runs with ``buildah run`` (chroot isolation: the host's network, so a server in it listens
 on this machine's loopback). Needs root, buildah and debootstrap (.ci/install-image-tools.sh).

@@ -34,6 +34,6 @@ def test_the_settings_it_sets_exist():
 
 def test_base_and_flavours_are_arguments():
     args = dict(arg.split("=", 1) for arg in instructions("ARG") if "=" in arg)
-    assert args["BASE"] == "python:3.11-slim" and args["JAX_FLAVOUR"] == "cpu"
+    assert args["BASE"] == "python:3.12-slim" and args["JAX_FLAVOUR"] == "cpu"
     assert (REPO / "locks" / f"{args['JAX_FLAVOUR']}.txt").is_file()
     assert all(line.startswith(("${BASE}", "$BASE")) for line in instructions("FROM"))

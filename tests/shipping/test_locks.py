@@ -1,6 +1,6 @@
 """The lock files the images install from (locks/FLAVOUR.txt, written by ``make locks``) agree with
 pyproject.toml: every requirement of the flavour is pinned, at a version its specifier admits, for
-the image's Python (3.11 on x86-64 Linux); nothing is pinned for vaeserve that pyproject no longer
+the image's Python (3.12 on x86-64 Linux); nothing is pinned for vaeserve that pyproject no longer
 asks for; every pin carries its hashes. Offline: the locks are read, not resolved again.
 """
 
@@ -20,9 +20,9 @@ from tests.helpers.image_helpers import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 FLAVOURS = ("cpu", "tpu", "cuda")  # cpu: the base dependencies; tpu, cuda: with the extra of that name
-# Where the images run: the Dockerfile's base is python:3.11-slim (x86-64 for TPU VMs and GPU hosts).
-IMAGE_ENVIRONMENT = {"python_version": "3.11", "python_full_version": "3.11.2", "implementation_name": "cpython",
-                     "implementation_version": "3.11.2", "platform_python_implementation": "CPython",
+# Where the images run: the Dockerfile's base is python:3.12-slim (x86-64 for TPU VMs and GPU hosts).
+IMAGE_ENVIRONMENT = {"python_version": "3.12", "python_full_version": "3.12.12", "implementation_name": "cpython",
+                     "implementation_version": "3.12.12", "platform_python_implementation": "CPython",
                      "sys_platform": "linux", "os_name": "posix", "platform_system": "Linux",
                      "platform_machine": "x86_64", "platform_release": "", "platform_version": ""}
 PROJECT_VIA = "vaeserve (pyproject.toml)"  # how uv names a requirement of the project itself
@@ -101,7 +101,7 @@ def test_lock_agrees_with_pyproject(flavour):
     (aot,) = PYPROJECT["project"]["optional-dependencies"]["aot"]
     assert str(pins["jax"].version) in Requirement(aot).specifier
     assert ("libtpu" in pins) == (flavour == "tpu")
-    assert ("jax-cuda12-plugin" in pins) == (flavour == "cuda")
+    assert ("jax-cuda13-plugin" in pins) == (flavour == "cuda")
 
 
 def test_a_stale_lock_is_caught():

@@ -1,0 +1,273 @@
+"""One command for an accelerator host (a GPU host now, a TPU VM later): our decode and encode against
+diffusers' on the same device, within a time budget.
+
+    python -m bench.device_check --out DIR                  # on the accelerator host, about 7 minutes
+    python -m bench.device_check --tiny --out DIR           # the same code paths, small configs, a CPU
+
+It measures, in this order, as long as ``--budget-s`` lasts (it stops cleanly and keeps what it has):
+
+1. the versions, the device's name and memory; float32 parity of our decode and encode with
+   diffusers' on that device (small configs of each family measured below);
+2. for Wan 2.1 at 1280x720x81, then Wan 2.2 at 1280x704x121 and HunyuanVideo 1.5 at 1280x720x121:
+   decode time (min and median of warm runs) ours and diffusers', bfloat16 and float32 (diffusers
+   untiled, or with ``enable_tiling()`` where the untiled one does not fit), peak device memory,
+   our bfloat16 error against our float32, then the encode of the same video;
+3. with the time left, the service end to end (MP4 answers at concurrency 1, 2 and 4), when
+   FastAPI, uvicorn, pydantic and PyAV are importable (they travel as wheels: docs/development.md).
+
+Each part runs in a process of its own (``bench.device_work``). ``DIR/device_check.json`` is
+rewritten after each part, ``DIR/device_check.png`` drawn at the end, and a ``jax.profiler`` trace
+of one warm bfloat16 decode of the first video kept as ``DIR/trace.tar.gz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from models.config import HunyuanVideo15Config, VAEConfig, WanVAEConfig  # imports no JAX
+
+REPO = Path(__file__).resolve().parents[1]
+DTYPES = ("bfloat16", "float32")
+TRACE_LIMIT_BYTES = 15 * 2**20  # a file the device tool brings back is at most 16 MiB
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    model: str
+    config: VAEConfig
+    video: tuple[int, int, int]  # width, height, frames
+
+    def spec(self) -> dict[str, Any]:
+        return {"model": self.model, "config": self.config.to_dict(), "video": list(self.video)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    cases: list[Case]
+    runs: int
+    service_model: str | None  # an embedded model name, or None: the case's config saved to a folder
+    service_dtype: str
+    budget_s: float
+    grace_s: float  # past its deadline a part is killed; what it wrote stays
+    diffusers_dtypes: tuple[str, ...] = DTYPES
+
+
+# Small configs, and a video of each whose latents have odd sizes: parity on the device (both
+# modes), and the whole check in --tiny (the same shapes, so that its float32 programs are the
+# ones parity compiled: a compilation-cache hit).
+SMALL = {
+    "wan2.1": Case("wan2.1", WanVAEConfig(base_dim=8, num_res_blocks=1), (40, 24, 5)),
+    "wan2.2": Case("wan2.2", WanVAEConfig.wan22(base_dim=16, decoder_base_dim=24, num_res_blocks=1,
+                                                temperal_downsample=(True, True, False)), (80, 48, 5)),
+    "hunyuan1.5": Case("hunyuan1.5", HunyuanVideo15Config(block_out_channels=(8, 16, 16, 32, 64),
+                                                          layers_per_block=1, latent_channels=16), (80, 48, 5)),
+}
+FULL = Plan(cases=[Case("wan2.1", WanVAEConfig(), (1280, 720, 81)),
+                   Case("wan2.2", WanVAEConfig.wan22(), (1280, 704, 121)),
+                   Case("hunyuan1.5", HunyuanVideo15Config(), (1280, 720, 121))],
+            runs=3, service_model="wan2.1", service_dtype="bfloat16", budget_s=420, grace_s=30)
+# PyTorch's bfloat16 3-D convolutions on a CPU take ~100x its float32 ones (measured on 2 cores: 14 s
+# against 0.1 s for the tiny Wan decode), so --tiny times diffusers in float32 only.
+TINY = Plan(cases=list(SMALL.values()),
+            runs=2, service_model=None, service_dtype="float32", budget_s=300, grace_s=15,
+            diffusers_dtypes=("float32",))
+
+
+class Check:
+    """The run: its parts' results merged into one document, written after every part."""
+
+    def __init__(self, plan: Plan, out: Path, budget_s: float, argv: list[str]):
+        self.plan, self.out, self.scratch = plan, out, Path(tempfile.mkdtemp(prefix="device-check-"))
+        self.start = time.time()
+        self.deadline = self.start + budget_s
+        self.doc: dict[str, Any] = {"command": ["python", "-m", "bench.device_check", *argv], "budget_s": budget_s,
+                                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cases": [], "notes": []}
+
+    def write(self) -> None:
+        self.doc["elapsed_s"] = round(time.time() - self.start, 1)
+        path = self.out / "device_check.json"
+        path.with_suffix(".partial").write_text(json.dumps(self.doc, indent=1))
+        path.with_suffix(".partial").replace(path)
+
+    def run(self, task: str, spec: dict[str, Any], deadline: float) -> dict[str, Any]:
+        """One part in its own process until ``deadline`` (killed ``grace_s`` after it); its result."""
+        spec_path, result_path = self.scratch / f"{task}-spec.json", self.scratch / f"{task}-result.json"
+        result_path.unlink(missing_ok=True)
+        spec_path.write_text(json.dumps({**spec, "deadline": deadline}))
+        # One compilation cache for the run's parts: a program compiled by one is not compiled again.
+        env = {"JAX_COMPILATION_CACHE_DIR": str(self.scratch / "jax-cache"),
+               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **os.environ, "PYTHONUNBUFFERED": "1"}
+        if task == "parity":  # both frameworks in one process: JAX must leave PyTorch its share
+            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        try:
+            done = subprocess.run([sys.executable, "-m", "bench.device_work", task, str(spec_path), str(result_path)],
+                                  cwd=REPO, env=env, timeout=max(1.0, deadline - time.time()) + self.plan.grace_s)
+            status = None if done.returncode == 0 else f"{task} exited with {done.returncode}"
+        except subprocess.TimeoutExpired:
+            status = f"{task} was stopped {self.plan.grace_s:.0f} s past its deadline"
+        result = json.loads(result_path.read_text()) if result_path.exists() else {}
+        if status:
+            result["status"] = status
+            self.doc["notes"].append(status)
+        return result
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def parity(self) -> None:
+        cases = [SMALL[case.model].spec() for case in self.plan.cases]
+        result = self.run("parity", {"cases": cases}, time.time() + 0.25 * self.left())
+        for key in ("versions", "device", "parity", "status"):
+            if key in result:
+                self.doc[key] = result[key]
+        self.write()
+
+    def case(self, case: Case, trace_dir: Path | None) -> None:
+        entry: dict[str, Any] = {"model": case.model, "video": "x".join(map(str, case.video))}
+        self.doc["cases"].append(entry)
+        if self.left() <= 0:
+            entry["skipped"] = "no time left of the budget"
+            return self.write()
+        spec = {**case.spec(), "runs": self.plan.runs, "dtypes": list(DTYPES), "trace_dtype": "bfloat16",
+                "trace_dir": str(trace_dir) if trace_dir else None}
+        entry["ours"] = self.run("ours", spec, time.time() + 0.5 * self.left())  # diffusers gets the rest
+        self.write()
+        entry["diffusers"] = self.run("diffusers", {**spec, "dtypes": list(self.plan.diffusers_dtypes)},
+                                      self.deadline)
+        self.write()
+
+    def service(self) -> None:
+        case = self.plan.cases[0]
+        if self.left() <= 0:
+            self.doc["service"] = {"skipped": "no time left of the budget"}
+            return self.write()
+        spec = {**case.spec(), "model_name": self.plan.service_model, "dtype": self.plan.service_dtype,
+                "concurrency": [1, 2, 4], "requests_per_client": 2}
+        self.doc["service"] = self.run("service", spec, self.deadline)
+        self.write()
+
+    def keep_trace(self, trace_dir: Path) -> None:
+        if not any(trace_dir.rglob("*")):
+            return
+        archive = self.out / "trace.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(trace_dir, arcname="trace")
+        if archive.stat().st_size > TRACE_LIMIT_BYTES:
+            archive.unlink()
+            self.doc["notes"].append(f"the profiler trace was over {TRACE_LIMIT_BYTES >> 20} MiB: not kept")
+        else:
+            self.doc["trace"] = archive.name
+
+
+# -- the report -----------------------------------------------------------------------------------
+def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, dict[str, Any]]]:
+    """``(video, op, implementation, dtype, measurement)`` for every timed measurement."""
+    found = []
+    for case in doc["cases"]:
+        for impl in ("ours", "diffusers"):
+            for op in ("decode", "encode"):
+                for dtype, value in case.get(impl, {}).get(op, {}).items():
+                    if isinstance(value, dict) and "min_s" in value:
+                        found.append((f"{case['model']} {case['video']}", op, impl, dtype, value))
+    return found
+
+
+def table(doc: dict[str, Any]) -> str:
+    lines = [f"{'video':28s} {'op':6s} {'impl':9s} {'dtype':8s} {'min s':>8s} {'median s':>9s} "
+             f"{'compile s':>9s} {'first s':>8s} {'peak GB':>8s}"]
+    for video, op, impl, dtype, m in rows(doc):
+        peak = m.get("peak_bytes") or m.get("process_peak_bytes")
+        tiling = " (tiled)" if m.get("tiling") else ""
+        lines.append(f"{video:28s} {op:6s} {impl:9s} {dtype:8s} {m['min_s']:8.3f} {m['median_s']:9.3f} "
+                     f"{m.get('compile_s', float('nan')):9.1f} {m['warmup_s']:8.1f} "
+                     f"{peak / 1e9 if peak else float('nan'):8.2f}{tiling}")
+    return "\n".join(lines)
+
+
+def plot(doc: dict[str, Any], path: Path) -> str | None:
+    """Bars of min seconds (decode, encode) and peak memory per video; None, or why not drawn."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "matplotlib is not installed: no plot"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = rows(doc)
+    if not found:
+        return "nothing was timed: no plot"
+    videos = list(dict.fromkeys(video for video, *_ in found))
+    series = [(impl, dtype) for impl in ("ours", "diffusers") for dtype in DTYPES]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    width = 0.8 / len(series)
+    panels = [("decode", "min_s", "decode, min s"), ("encode", "min_s", "encode, min s"),
+              ("decode", "peak", "decode, peak device GB")]
+    for ax, (op, field, title) in zip(axes, panels, strict=True):
+        for i, (impl, dtype) in enumerate(series):
+            values = []
+            for video in videos:
+                m = next((m for v, o, im, d, m in found if (v, o, im, d) == (video, op, impl, dtype)), None)
+                peak = m and (m.get("peak_bytes") or m.get("process_peak_bytes"))
+                values.append(0 if m is None else (peak or 0) / 1e9 if field == "peak" else m[field])
+            ax.bar([j + i * width for j in range(len(videos))], values, width, label=f"{impl} {dtype}")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(videos))], videos, fontsize=8)
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    device = doc.get("device", {}).get("jax", {}).get("device_kind", "?")
+    fig.suptitle(f"vaeserve vs diffusers on {device} (JAX {doc.get('versions', {}).get('jax', '?')})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder for device_check.json and its plot")
+    parser.add_argument("--tiny", action="store_true", help="small configs and videos: the code paths on a CPU")
+    parser.add_argument("--budget-s", type=float, help="stop measuring after this (default 420; --tiny 300)")
+    parser.add_argument("--models", help="comma-separated, in this order (default: every one of the plan's)")
+    parser.add_argument("--no-service", action="store_true", help="skip the service end to end")
+    args = parser.parse_args(argv)
+    plan = TINY if args.tiny else FULL
+    if args.models:
+        by_name = {case.model: case for case in plan.cases}
+        unknown = [name for name in args.models.split(",") if name not in by_name]
+        if unknown:
+            parser.error(f"--models: unknown {unknown}; the plan has {sorted(by_name)}")
+        plan = dataclasses.replace(plan, cases=[by_name[name] for name in args.models.split(",")])
+    args.out.mkdir(parents=True, exist_ok=True)
+    check = Check(plan, args.out, args.budget_s or plan.budget_s, sys.argv[1:] if argv is None else argv)
+    check.doc["mode"] = "tiny" if args.tiny else "full"
+    trace_dir = check.scratch / "trace"
+    check.parity()
+    for i, case in enumerate(plan.cases):
+        check.case(case, trace_dir if i == 0 else None)
+    check.keep_trace(trace_dir)
+    if args.no_service:
+        check.doc["service"] = {"skipped": "--no-service"}
+    else:
+        check.service()
+    if (why := plot(check.doc, args.out / "device_check.png")) is not None:
+        check.doc["notes"].append(why)
+    check.write()
+    print(table(check.doc))
+    parity = check.doc.get("parity", {})
+    print("parity (max abs, float32):", {k: (v.get("decode_max_abs"), v.get("encode_max_abs")) for k, v in
+                                         parity.items() if isinstance(v, dict)})
+    print("notes:", check.doc["notes"] or "none", f"; {check.doc['elapsed_s']:.0f} s in all")
+    return 0 if all(isinstance(v, dict) and v.get("ok") for v in parity.values()) and parity else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
