@@ -33,7 +33,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 # brings libtpu: the tests compile decode programs for a TPU slice without a TPU; the bench extra
 # (matplotlib) lets mypy check the bench scripts.
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q --no-cache-dir torch==2.13.0
 	$(BIN)/pip install -q -e '.[test,aot,bench]'
 	touch $@ $(VENV)/.installed
 

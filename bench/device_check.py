@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--models: unknown {unknown}; the plan has {sorted(by_name)}")
         plan = dataclasses.replace(plan, cases=[by_name[name] for name in args.models.split(",")])
     args.out.mkdir(parents=True, exist_ok=True)
-    check = Check(plan, args.out, args.budget_s or plan.budget_s, sys.argv[1:] if argv is None else argv)
+    budget_s = plan.budget_s if args.budget_s is None else args.budget_s  # 0 is a budget, spent
+    check = Check(plan, args.out, budget_s, sys.argv[1:] if argv is None else argv)
     check.doc["mode"] = "tiny" if args.tiny else "full"
     trace_dir = check.scratch / "trace"
     check.parity()

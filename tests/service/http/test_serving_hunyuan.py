@@ -90,7 +90,9 @@ def test_diffusers_remote_decode_with_the_configs_scaling(served):
     assert np.abs(frames.numpy()[0].astype(int) - ref).max() <= 1 and ref.std() > 20
     explicit = remote_decode(endpoint=endpoint, tensor=torch.from_numpy(x), output_type="pt", return_type="pt",
                              partial_postprocess=True, scaling_factor=vae.config.scaling_factor)
-    assert np.array_equal(explicit.numpy(), frames.numpy())
+    # The default multiplies by the config's latents_std (1 / scaling_factor) where the explicit
+    # factor divides: float32 rounding apart, so a level may differ, no more.
+    assert np.abs(explicit.numpy().astype(int) - frames.numpy().astype(int)).max() <= 1
     unscaled = remote_decode(endpoint=endpoint, tensor=torch.from_numpy(x), output_type="pt", return_type="pt",
                              partial_postprocess=True, do_scaling=False)
     # The scaling was applied, not assumed: without it the frames are the unscaled latents' (1.5's
