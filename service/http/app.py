@@ -29,7 +29,7 @@ from .admission import ByteBudget, MemoryBudget
 from .middleware import RequestContext
 from .mp4_pool import Mp4Pool
 from .problems import install_error_handlers
-from .routes import decode, encode, models, operations, ui
+from .routes import decode, docs, encode, models, operations, ui
 from .state import ServiceState
 
 VERSION = "0.2.0"
@@ -104,7 +104,7 @@ def create_app(settings: Settings | None = None, *, vae: Any = None,
             await _stop(worker, settings)
             state.mp4_pool.shutdown()
 
-    app = FastAPI(title="vaeserve", version=VERSION, lifespan=lifespan,
+    app = FastAPI(title="vaeserve", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Latents in, MP4 / frames / tensors out; images / video / frames in, latents "
                   "out: video VAEs (Wan 2.1 and 2.2, HunyuanVideo 1.0 and 1.5) on JAX, exact when sharded over devices.")
     app.state.service = state
@@ -114,5 +114,7 @@ def create_app(settings: Settings | None = None, *, vae: Any = None,
     app.include_router(decode.router)
     app.include_router(encode.router)
     app.include_router(ui.router)
+    app.include_router(docs.router)  # FastAPI's own pages load their scripts from a CDN
+    app.mount(docs.ASSETS_PATH, docs.assets())
     app.add_middleware(RequestContext, metrics=state.metrics)
     return app
