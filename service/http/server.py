@@ -6,10 +6,13 @@
   within ``read_timeout_s`` of the connection opening or of their first byte, else 408 and close;
   a body the app did not read (an early 4xx) must finish arriving in that time too, else close.
   The app bounds the body it reads itself (``service.http.admission.read_body``).
-* a write deadline uvicorn lacks too: a client that takes none of its answer for
-  ``write_timeout_s`` while the server has bytes for it (the socket's buffer full) is dropped:
+* a write deadline uvicorn lacks too, which measures progress: while the server has bytes for a
+  client that the socket does not take (the transport paused), the bytes the client has taken are
+  watched (:func:`unsent_bytes`: the transport's buffer plus what the kernel holds unacknowledged);
+  any taken restart the clock, and a client that takes none for ``write_timeout_s`` is dropped:
   the connection is aborted, which frees what was buffered for it, and the app sees the client
-  gone (a stream stops, counted as 499).
+  gone (a stream stops, counted as 499). A slow but steady reader is never dropped, whatever the
+  sizes of the pieces written and of the kernel's buffers.
 * SIGTERM: the app turns draining at once (``/readyz`` 503) while uvicorn closes the listening
   socket, closes idle connections, lets requests in progress finish (up to ``drain_timeout_s``),
   then runs the lifespan shutdown, which drains the queue. The process exits 0.
@@ -18,10 +21,13 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import signal
+import struct
 import sys
+import termios
 from typing import Any
 
 import h11
@@ -63,24 +69,40 @@ class DeadlineProtocol(H11Protocol):
         self._arm()
 
     def pause_writing(self) -> None:
-        """The transport holds more than its high-water mark: the client is not reading."""
+        """The transport holds more than its high-water mark: watch what the client takes."""
         super().pause_writing()
         if self._write_deadline is None:
-            self._write_deadline = self.loop.call_later(self.write_timeout_s, self._write_expired)
+            self._unsent = unsent_bytes(self.transport)
+            self._taken_at = self.loop.time()
+            self._write_deadline = self.loop.call_later(self._write_check_s, self._check_writing)
 
     def resume_writing(self) -> None:
-        super().resume_writing()
+        super().resume_writing()  # the client took enough for the transport to drain
         self._stop_write_deadline()
+
+    @property
+    def _write_check_s(self) -> float:
+        return min(1.0, self.write_timeout_s / 4)
+
+    def _check_writing(self) -> None:
+        """Every ``_write_check_s`` while paused (nothing new is written then: uvicorn waits for the
+        transport to drain): fewer bytes unsent is the client taking some."""
+        now, unsent = self.loop.time(), unsent_bytes(self.transport)
+        if unsent < self._unsent:
+            self._unsent, self._taken_at = unsent, now
+        idle = now - self._taken_at
+        if idle >= self.write_timeout_s:
+            self._write_deadline = None
+            log.info("%s took none of its answer for %g s: dropped", _peer(self.client), self.write_timeout_s)
+            self.transport.abort()  # close() would wait for the buffer to be read first
+            return
+        self._write_deadline = self.loop.call_later(min(self._write_check_s, self.write_timeout_s - idle),
+                                                    self._check_writing)
 
     def _stop_write_deadline(self) -> None:
         if self._write_deadline is not None:
             self._write_deadline.cancel()
             self._write_deadline = None
-
-    def _write_expired(self) -> None:
-        self._write_deadline = None
-        log.info("%s took none of its answer for %g s: dropped", _peer(self.client), self.write_timeout_s)
-        self.transport.abort()  # close() would wait for the buffer to be read first
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -123,6 +145,22 @@ class DeadlineProtocol(H11Protocol):
         if awaiting_headers and self.conn.trailing_data[0]:  # part of a request arrived: say why
             self.transport.write(_timeout_response(self.read_timeout_s))
         self.transport.close()
+
+
+def unsent_bytes(transport: asyncio.BaseTransport) -> int:
+    """Bytes written for a client that it has not taken yet: the transport's buffer plus, on
+    Linux, the socket's send queue that the client has not acknowledged (``SIOCOUTQ``; its kernel
+    acknowledges only what fits its receive buffer, which frees as the client reads). Elsewhere,
+    the transport's buffer alone."""
+    buffered = transport.get_write_buffer_size()  # type: ignore[attr-defined]
+    sock = transport.get_extra_info("socket")
+    if sock is None or not hasattr(termios, "TIOCOUTQ"):
+        return buffered
+    try:
+        queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    except OSError:
+        return buffered
+    return buffered + queued
 
 
 def _peer(client: tuple[str, int] | None) -> str:

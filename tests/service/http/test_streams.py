@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from service.client import read_stream
 from service.codecs.video import mp4_boxes, mp4_bytes, read_mp4
 from service.engine.runner import DeviceRunner
 from sharding import Decoded
@@ -229,3 +230,30 @@ def test_readers_that_never_read_hold_no_mp4_writer(tiny_vae):
         for sock in stalled:
             sock.close()
         assert wait_until(lambda: srv.metric("vaeserve_requests_total", route="/v1/decode", status="499") == 2)
+
+
+STEADY_STEP = (1, 4, 128, 128, 3)  # 192 KiB
+STEADY_STEPS = 20  # 3.75 MiB: more than the kernel holds for a reader (about 3 MB on loopback)
+
+
+class SteadyRunner(DeviceRunner):
+    def decode_stream(self, latents, *, framewise=False):
+        for index in range(STEADY_STEPS):
+            yield Decoded(np.full(STEADY_STEP, index, np.uint8), np.zeros(1, np.int32))
+
+
+def test_a_slow_but_steady_reader_gets_its_whole_answer(tiny_vae):
+    # The hostile run: a reader at 16 KiB/s (write_timeout_s 4) was cut off after 298 KiB: the
+    # deadline ran from the transport's pause until its resume, which waits for the kernel's send
+    # buffer to drain by a third (about a megabyte), not for the first byte taken. Here: 512 KiB/s,
+    # write_timeout_s 1, so taking that megabyte lasts twice the deadline; the old timer cut it.
+    x = latents((1, 16, 2, 4, 4), seed=18)
+    with thread_server(tiny_vae, runner_factory=SteadyRunner, max_batch=1, write_timeout_s=1.0,
+                       stream_buffer_bytes=2**20, **LIMITS) as srv:
+        answer = read_all(stalled_stream(srv.address, x), rate=512 * 2**10)
+        assert srv.metric("vaeserve_requests_total", route="/v1/decode", status="499") == 0
+    assert answer.status == 200 and answer.complete
+    messages = list(read_stream(iter([answer.body])))
+    assert [header["type"] for header, _ in messages] == ["frames"] * STEADY_STEPS + ["end"]
+    assert all(payload == bytes([index]) * int(np.prod(STEADY_STEP))
+               for index, (_, payload) in enumerate(messages[:-1]))
