@@ -13,9 +13,15 @@
   the connection is aborted, which frees what was buffered for it, and the app sees the client
   gone (a stream stops, counted as 499). A slow but steady reader is never dropped, whatever the
   sizes of the pieces written and of the kernel's buffers.
-* SIGTERM: the app turns draining at once (``/readyz`` 503) while uvicorn closes the listening
-  socket, closes idle connections, lets requests in progress finish (up to ``drain_timeout_s``),
-  then runs the lifespan shutdown, which drains the queue. The process exits 0.
+* SIGTERM: the app turns draining at once (``/readyz`` 503, new work 503) and the service's drain
+  begins (``ServiceState.drain``: queued and running work finishes up to ``drain_timeout_s``, then
+  whatever is left is answered 503 ``unavailable``) while uvicorn closes the listening socket and
+  the idle connections and waits for the answers to be written. uvicorn's own graceful timeout
+  (:func:`graceful_timeout_s`) is longer than the drain, so it never cuts the drain short: it only
+  ends answers still being written past it (a reader taking its answer slowly). The lifespan
+  shutdown then awaits the same drain. The process exits 0, even when a device call (a compile, a
+  long decode) is still running: its requests were answered, and the interpreter's exit would
+  tear the device thread down from under XLA (SIGABRT).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import asyncio
 import fcntl
 import json
 import logging
+import os
 import signal
 import struct
 import sys
@@ -172,11 +179,19 @@ def protocol_for(settings: Settings) -> type[H11Protocol]:
                                                           "write_timeout_s": settings.write_timeout_s})
 
 
+def graceful_timeout_s(settings: Settings) -> float:
+    """How long uvicorn waits for the requests in progress at SIGTERM before it cancels them: the
+    drain, then the time the last of them may still need — an upload under way finishing (or its
+    408), and its answer taken by a reader that keeps taking it (one that stops is dropped at the
+    write deadline)."""
+    return settings.drain_timeout_s + settings.read_timeout_s + settings.write_timeout_s
+
+
 def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicorn.Config:
     options: dict[str, Any] = dict(
         host=settings.host, port=settings.port, log_level=settings.log_level, lifespan="on",
         http=protocol_for(settings), limit_concurrency=settings.max_connections,
-        timeout_keep_alive=settings.keepalive_timeout_s, timeout_graceful_shutdown=settings.drain_timeout_s)
+        timeout_keep_alive=settings.keepalive_timeout_s, timeout_graceful_shutdown=graceful_timeout_s(settings))
     return uvicorn.Config(app, **{**options, **overrides})
 
 
@@ -196,6 +211,13 @@ class DrainingServer(uvicorn.Server):
             if model is not None and model.cluster is not None and not model.cluster.is_leader:
                 model.cluster.request_stop(f"signal {signal.Signals(sig).name}")  # process 0 stops the slice
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        """uvicorn's shutdown, with the service's drain running beside it from its first step."""
+        service = _service(self.config.app)
+        if service is not None:
+            service.drain()
+        await super().shutdown(sockets)
 
     def stop(self) -> None:
         """Stop as on SIGTERM (from any thread: uvicorn's main loop polls ``should_exit``); what the
@@ -227,4 +249,20 @@ def serve(app: FastAPI, settings: Settings) -> int:
     if refusal is not None:
         print(f"vaeserve serve: {refusal}", file=sys.stderr)
         return 3
-    return 0 if server.started else 1
+    code = 0 if server.started else 1
+    # (A multi-host slice's processes leave by their own exit: service.slice.member.)
+    if service is not None and service.worker is not None and service.worker.alive and not settings.multi_process:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """End the process without the interpreter's teardown: the device thread is still inside a
+    device call the drain did not wait for (its requests were answered 503). Python's exit would
+    unwind that thread from under XLA's C++ frames, which aborts the process (SIGABRT, "terminate
+    called after throwing an instance of ''")."""
+    log.warning("exiting while a device call is still running (its requests were answered)")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
