@@ -64,7 +64,7 @@ class Metrics:
             "vaeserve_dropped", "Queued requests dropped before decoding", ["reason"], registry=r
         )
         self.ready = Gauge("vaeserve_ready", "1 once the model is loaded and warm-up shapes compiled", registry=r)
-        self.encoders_busy = Gauge("vaeserve_encoders_busy", "MP4 answers being written (at most mp4_writers)",
+        self.encoders_busy = Gauge("vaeserve_encoders_busy", "H.264 encodes running (at most mp4_writers)",
                                    registry=r)
         self.buffered_bytes = Gauge(
             "vaeserve_stream_buffered_bytes", "Decoded frame bytes that streams and MP4 requests hold for their "

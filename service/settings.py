@@ -176,7 +176,8 @@ class Settings(BaseSettings):
         json_schema_extra=_in("network", "SECONDS"))
     write_timeout_s: float = Field(
         30.0, gt=0, description="a client that takes none of its answer for this long while the server has bytes "
-        "for it is dropped (connection closed, counted as 499)", json_schema_extra=_in("network", "SECONDS"))
+        "for it is dropped (connection closed, counted as 499); any byte taken restarts the clock",
+        json_schema_extra=_in("network", "SECONDS"))
 
     # --- scheduling -----------------------------------------------------------------------
     max_queue: int = Field(16, ge=1, description="requests waiting for the device; more get 429",
@@ -187,8 +188,9 @@ class Settings(BaseSettings):
                                      json_schema_extra=_in("scheduling", "SECONDS"))
     retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 and 503",
                                json_schema_extra=_in("scheduling", "SECONDS"))
-    drain_timeout_s: float = Field(60.0, ge=0, description="on SIGTERM: time to finish queued work",
-                                   json_schema_extra=_in("scheduling", "SECONDS"))
+    drain_timeout_s: float = Field(
+        60.0, ge=0, description="on SIGTERM: time to finish queued and running work; what is left then is answered "
+        "503", json_schema_extra=_in("scheduling", "SECONDS"))
 
     # --- input limits (checked before any device work) ------------------------------------
     max_body_bytes: int = Field(64 * 2**20, ge=1, description="Content-Length above this gets 413",
@@ -217,9 +219,9 @@ class Settings(BaseSettings):
 
     # --- host work: streams and MP4 encoding ---------------------------------------------------
     mp4_writers: int | None = Field(
-        None, ge=1, description="MP4 answers written at once, each by a thread (PyAV releases the GIL while it "
-        "encodes H.264); more MP4 requests wait for one with their frames held (stream-buffer-bytes); default: the "
-        "host's cores", json_schema_extra=_in("host", "N"))
+        None, ge=1, description="H.264 encodes run at once, each in a thread (PyAV releases the GIL while it "
+        "encodes); an MP4 answer holds one only while it encodes, its frames waiting meanwhile within "
+        "stream-buffer-bytes; default: the host's cores", json_schema_extra=_in("host", "N"))
     encode_workers: int | None = Field(
         None, ge=1, description="deprecated: the former name of mp4-writers (read for one more release)",
         json_schema_extra=_in("host", "N"))

@@ -105,7 +105,8 @@ class Worker:
         self._batch: list[Job] = []  # the jobs on the device now
         self._runs: list[StepRun] = []  # stream runs begun and not finished, oldest first
         self._holding: set[Job] = set()  # stream jobs that may still hold pending bytes
-        self._accepting = True  # False once stop() begins: no new reservations
+        self._reserving = True  # False once stop() begins: no new reservations
+        self._accepting = True  # False once the drain ends: reserved slots are not spent either
         self._running = True  # False once the queue is drained or the drain timed out
         self._reserved = 0  # tickets handed out and not yet spent or released
         self._busy = False  # a batch or a step is on the device (stop() waits for it)
@@ -121,7 +122,7 @@ class Worker:
     def reserve(self) -> Ticket:
         """A queue slot; ``QueueFull`` when ``max_queue`` requests already wait (or are being read)."""
         with self._cond:
-            if not self._accepting:
+            if not self._reserving:
                 raise Unavailable("service is draining")
             waiting = len(self._queue) + self._reserved
             if waiting >= self.max_queue:
@@ -150,6 +151,7 @@ class Worker:
         with self._cond:
             self._reserved -= 1
             self._publish_depth()
+            self._cond.notify_all()  # stop() waits for the slots still reserved
 
     def _wake(self) -> None:
         """A stream's consumer took bytes, or a job was cancelled: a run set aside may go on."""
@@ -162,21 +164,24 @@ class Worker:
             return self._buffered()
 
     def stop(self, timeout: float) -> None:
-        """Drain: take no new work, finish what is queued and running (up to ``timeout`` seconds),
-        then fail what is left (``Unavailable``) and stop the thread."""
+        """Drain: reserve no new slot; finish what is queued and running, and what the slots
+        already reserved bring (uploads under way), up to ``timeout`` seconds; then fail what is
+        left (``Unavailable``), the jobs of a device call still running included (first answer
+        wins: what the call delivers later is ignored), and stop the thread."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            self._accepting = False
-            while (self._thread.is_alive() and (self._queue or self._busy or self._runs)
+            self._reserving = False
+            while (self._thread.is_alive() and (self._queue or self._busy or self._runs or self._reserved)
                    and time.monotonic() < deadline):
                 self._cond.wait(max(0.0, deadline - time.monotonic()))
-            self._running = False
-            leftover = list(self._queue) + [job for run in self._runs for job in run.live()]
+            self._accepting = self._running = False
+            leftover = list(self._queue) + list(self._batch) + [job for run in self._runs for job in run.live()]
             self._queue.clear()
             self._publish_depth()
             self._cond.notify_all()
-        for job in leftover:
-            job.fail(Unavailable("service is shutting down"))
+        for job in dict.fromkeys(leftover):  # a stream job is both on the device and in its run
+            if not (job.cancelled or job.ended):
+                job.fail(Unavailable("service is shutting down"))
         if not self.starting:
             self._thread.join(max(0.0, deadline - time.monotonic()))
         else:  # nothing was served, so nothing is lost: a load or warm-up compile is not waited for
@@ -193,7 +198,7 @@ class Worker:
         no more work: the devices can no longer be trusted (a multi-host slice failed). The
         device thread may stay blocked; whatever it delivers later is ignored (first answer wins)."""
         with self._cond:
-            self._accepting = self._running = False
+            self._reserving = self._accepting = self._running = False
             doomed = list(self._queue) + list(self._batch) + [job for run in self._runs for job in run.live()]
             self._queue.clear()
             self._publish_depth()

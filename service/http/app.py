@@ -23,13 +23,13 @@ from ..engine.model import ModelState, RunnerFactory
 from ..engine.worker import Worker
 from ..metrics import Metrics
 from ..settings import Settings
-from ..slice.boot import FOLLOWER_STOP_MARGIN_S, slice_joiner
+from ..slice.boot import slice_joiner
 from ..slice.control import SliceHooks
 from .admission import ByteBudget, MemoryBudget
 from .middleware import RequestContext
 from .mp4_pool import Mp4Pool
 from .problems import install_error_handlers
-from .routes import decode, encode, models, operations, ui
+from .routes import decode, docs, encode, models, operations, ui
 from .state import ServiceState
 
 VERSION = "0.2.0"
@@ -61,14 +61,9 @@ def _start_worker(state: ServiceState, startup: Callable[[], ModelState]) -> Wor
     return worker
 
 
-async def _stop(worker: Worker, settings: Settings) -> None:
-    """Drain the worker; on a multi-host slice, then leave it (process 0 stops the followers).
-    A follower's device thread ends when process 0's STOP arrives: it waits for that longer."""
+async def _leave_slice(worker: Worker) -> None:
+    """After the drain, on a multi-host slice: leave it (process 0 stops the followers)."""
     model = worker.model
-    timeout = settings.drain_timeout_s
-    if model is not None and model.follower:
-        timeout += FOLLOWER_STOP_MARGIN_S
-    await anyio.to_thread.run_sync(worker.stop, timeout)
     if model is not None and model.cluster is not None:
         await anyio.to_thread.run_sync(model.cluster.leave, not worker.alive)
 
@@ -100,11 +95,11 @@ def create_app(settings: Settings | None = None, *, vae: Any = None,
         try:
             yield
         finally:
-            state.set_draining()  # whoever embeds the app: readyz 503, new work 503, queued work finishes
-            await _stop(worker, settings)
+            await state.drain()  # begun already at SIGTERM under vaeserve serve; here under another ASGI server
+            await _leave_slice(worker)
             state.mp4_pool.shutdown()
 
-    app = FastAPI(title="vaeserve", version=VERSION, lifespan=lifespan,
+    app = FastAPI(title="vaeserve", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Latents in, MP4 / frames / tensors out; images / video / frames in, latents "
                   "out: video VAEs (Wan 2.1 and 2.2, HunyuanVideo 1.0 and 1.5) on JAX, exact when sharded over devices.")
     app.state.service = state
@@ -114,5 +109,7 @@ def create_app(settings: Settings | None = None, *, vae: Any = None,
     app.include_router(decode.router)
     app.include_router(encode.router)
     app.include_router(ui.router)
+    app.include_router(docs.router)  # FastAPI's own pages load their scripts from a CDN
+    app.mount(docs.ASSETS_PATH, docs.assets())
     app.add_middleware(RequestContext, metrics=state.metrics)
     return app

@@ -74,7 +74,7 @@ def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: Mod
         values = unscale_latents(latents, params.scaling_factor, params.shift_factor)
         if params.denormalize:
             values = model.denormalize(values)
-    check_finite(values, "latents", where=" after scaling/denormalizing" if values is not latents else "")
+    check_finite(values, "latents", where=f" after scaling ({params.scaling})" if values is not latents else "")
     return DecodeInputs(np.ascontiguousarray(values, np.float32), batched, stepped)
 
 

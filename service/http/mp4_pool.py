@@ -1,12 +1,15 @@
 """The MP4 pool: H.264 answers written off the event loop and off the device thread, on all host
 cores, bounded.
 
-Up to ``workers`` videos are written at once, each by one ``Mp4Writer`` in a pool of as many
-threads: PyAV releases the GIL inside FFmpeg (``avcodec_send_frame``, ``avcodec_receive_packet``,
-the RGB to YUV conversion), so threads work in parallel and a process pool would only add copies
-of every frame. A request first waits for a free writer (FIFO); meanwhile its decoded frames stay
-with its job, which the device thread sets aside once it holds ``stream_buffer_bytes``
-(``service.engine.worker``): host memory stays bounded while the device serves others.
+Every video has its own ``Mp4Writer`` (the H.264 encoder's state); its calls run in a pool of
+``workers`` threads: PyAV releases the GIL inside FFmpeg (``avcodec_send_frame``,
+``avcodec_receive_packet``, the RGB to YUV conversion), so threads work in parallel and a process
+pool would only add copies of every frame. A video holds one of the ``workers`` slots only while
+one of its calls encodes (calls wait for a slot in arrival order): a fragmented MP4 whose reader is
+slow, or an MP4 waiting for its next decode step, holds none. Its decoded frames wait with its job
+meanwhile, which the device thread sets aside once it holds ``stream_buffer_bytes``
+(``service.engine.worker``), and its encoded bytes wait for the socket: host memory stays bounded
+while the device and the pool serve others.
 """
 
 from __future__ import annotations
@@ -25,22 +28,24 @@ from ..metrics import Metrics
 
 class PooledWriter:
     """One video's ``Mp4Writer`` on the pool: its calls run one after another (never two at once),
-    each in a pool thread; ``discard`` waits for the call in flight before it closes the writer."""
+    each in a pool thread while it holds a slot; ``discard`` waits for the call in flight before it
+    closes the writer."""
 
-    def __init__(self, executor: concurrent.futures.Executor, writer: Mp4Writer):
-        self._executor = executor
+    def __init__(self, pool: Mp4Pool, writer: Mp4Writer):
+        self._pool = pool
         self.writer = writer
         self._last: concurrent.futures.Future | None = None
         self.seconds = 0.0  # wall time of this video's writer calls
 
     async def _call(self, fn: Callable[..., bytes], *args: Any) -> bytes:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        self._last = self._executor.submit(fn, *args)
-        try:
-            return await asyncio.wrap_future(self._last)
-        finally:
-            self.seconds += loop.time() - start
+        async with self._pool.encoding():
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            self._last = self._pool.executor.submit(fn, *args)
+            try:
+                return await asyncio.wrap_future(self._last)
+            finally:
+                self.seconds += loop.time() - start
 
     async def write(self, frames: np.ndarray) -> bytes:
         """Write ``(f, H, W, 3)`` uint8 frames; the MP4 bytes ready so far (fragmented writers)."""
@@ -61,34 +66,43 @@ class PooledWriter:
 
 
 class Mp4Pool:
-    """``workers`` MP4 writers at once; ``writer(...)`` waits for a free one, in arrival order."""
+    """``workers`` H.264 encodes at once; ``writer(...)`` gives a video its writer, whose calls wait
+    for a free slot in arrival order."""
 
     def __init__(self, workers: int, metrics: Metrics):
         self.workers = workers
         self._metrics = metrics
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vaeserve-mp4")
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vaeserve-mp4")
         self._slots = asyncio.Semaphore(workers)
+
+    @asynccontextmanager
+    async def encoding(self) -> AsyncIterator[None]:
+        """One slot of the pool, held while one writer call runs. (A call whose waiter was cancelled
+        gives the slot back while its thread finishes: the executor's threads bound the work.)"""
+        async with self._slots:
+            self._metrics.encoders_busy.inc()
+            try:
+                yield
+            finally:
+                self._metrics.encoders_busy.dec()
 
     @asynccontextmanager
     async def writer(self, height: int, width: int, *, fps: int, crf: int,
                      fragmented: bool = False) -> AsyncIterator[PooledWriter]:
-        """A free writer for one video of ``height`` x ``width``, given back (and discarded) on the
-        way out, whatever happened."""
-        async with self._slots:
-            self._metrics.encoders_busy.inc()
-            writer = PooledWriter(self._executor, Mp4Writer(height, width, fps=fps, crf=crf, fragmented=fragmented))
-            try:
-                yield writer
-            finally:
-                writer.discard()
-                self._metrics.encoders_busy.dec()
-                self._metrics.serialize_seconds.labels("mp4").observe(writer.seconds)
+        """The writer of one video of ``height`` x ``width``, discarded on the way out, whatever
+        happened. Holding it holds no slot."""
+        writer = PooledWriter(self, Mp4Writer(height, width, fps=fps, crf=crf, fragmented=fragmented))
+        try:
+            yield writer
+        finally:
+            writer.discard()
+            self._metrics.serialize_seconds.labels("mp4").observe(writer.seconds)
 
     async def mp4_bytes(self, frames: np.ndarray, *, fps: int, crf: int) -> bytes:
-        """A whole video ``(F, H, W, 3)`` uint8 as a faststart MP4, on a free writer."""
+        """A whole video ``(F, H, W, 3)`` uint8 as a faststart MP4."""
         async with self.writer(int(frames.shape[1]), int(frames.shape[2]), fps=fps, crf=crf) as writer:
             await writer.write(frames)
             return await writer.close()
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.executor.shutdown(wait=False, cancel_futures=True)

@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ..codecs.latents import LATENT_MEDIA_TYPES, scale_latents, serialize_latents
-from ..codecs.tensors import NPY_CONTENT_TYPE, npy_bytes
+from ..codecs.tensors import NPY_CONTENT_TYPE, check_finite, npy_bytes
 from ..codecs.video import png_bytes
 from ..engine.errors import DeadlineExceeded, EngineError, NonFiniteOutput
 from ..engine.jobs import Job
@@ -41,16 +41,10 @@ async def wait_for(request: Request, job: Job, work: Awaitable[T]) -> T:
         raise DeadlineExceeded(f"no result within the deadline (request id {job.request_id})") from None
 
 
-def scaling_text(params: DecodeParams) -> str:
-    """How a decode request scaled its latents, for the problem of a non-finite decode."""
-    return (f"scaling_factor={params.scaling_factor}, shift_factor={params.shift_factor}, "
-            f"denormalize={str(params.denormalize).lower()}")
-
-
 def decode_problem(error: EngineError, params: DecodeParams, job: Job, retry_after_s: int) -> Problem:
     """The problem a decode's engine error is answered with (a non-finite decode names the request's scaling)."""
     return engine_problem(error, retry_after_s=retry_after_s, request_id=job.request_id,
-                          scaling=scaling_text(params) if isinstance(error, NonFiniteOutput) else None)
+                          scaling=params.scaling if isinstance(error, NonFiniteOutput) else None)
 
 
 def timing_headers(job: Job, *, serialize_s: float | None = None) -> dict[str, str]:
@@ -79,9 +73,13 @@ def _frames_body(array: np.ndarray, params: DecodeParams, batched: bool) -> tupl
 
 
 def _latents_body(latents: np.ndarray, params: EncodeParams) -> tuple[bytes, str, dict[str, str]]:
-    """Encoded latents from the worker → ``pt`` / ``npy`` / ``safetensors``, scaled as asked on the way out."""
-    body, headers = serialize_latents(scale_latents(latents, params.scaling_factor, params.shift_factor),
-                                      params.output_type)
+    """Encoded latents from the worker → ``pt`` / ``npy`` / ``safetensors``, scaled as asked on the
+    way out; 422 ``non-finite`` when the factors make them overflow, as a decode's scaled latents."""
+    with np.errstate(over="ignore", invalid="ignore"):  # check_finite reports it
+        scaled = scale_latents(latents, params.scaling_factor, params.shift_factor)
+    # Checked scaled or not: latents of NaN/Inf are never answered 200.
+    check_finite(scaled, "latents", where=f" after scaling ({params.scaling})" if scaled is not latents else "")
+    body, headers = serialize_latents(scaled, params.output_type)
     return body, LATENT_MEDIA_TYPES[params.output_type], headers
 
 

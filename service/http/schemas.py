@@ -41,6 +41,12 @@ class DecodeParams:
         return "uint8"
 
     @property
+    def scaling(self) -> str:
+        """How the latents were scaled, for the problems of values that came out non-finite."""
+        return (f"scaling_factor={self.scaling_factor}, shift_factor={self.shift_factor}, "
+                f"denormalize={str(self.denormalize).lower()}")
+
+    @property
     def one_video(self) -> bool:
         """The answer holds one video (B = 1): an MP4 (streamed or not) or a PNG."""
         return self.mp4_stream or (not self.stream and self.output_type in ("mp4", "png"))
@@ -59,6 +65,11 @@ class EncodeParams:
     scaling_factor: float | None
     shift_factor: float | None
     timeout_s: float
+
+    @property
+    def scaling(self) -> str:
+        """How the latents are scaled on the way out, for the problem of values that come out non-finite."""
+        return f"scaling_factor={self.scaling_factor}, shift_factor={self.shift_factor}"
 
 
 class Health(BaseModel):

@@ -6,22 +6,35 @@
   within ``read_timeout_s`` of the connection opening or of their first byte, else 408 and close;
   a body the app did not read (an early 4xx) must finish arriving in that time too, else close.
   The app bounds the body it reads itself (``service.http.admission.read_body``).
-* a write deadline uvicorn lacks too: a client that takes none of its answer for
-  ``write_timeout_s`` while the server has bytes for it (the socket's buffer full) is dropped:
+* a write deadline uvicorn lacks too, which measures progress: while the server has bytes for a
+  client that the socket does not take (the transport paused), the bytes the client has taken are
+  watched (:func:`unsent_bytes`: the transport's buffer plus what the kernel holds unacknowledged);
+  any taken restart the clock, and a client that takes none for ``write_timeout_s`` is dropped:
   the connection is aborted, which frees what was buffered for it, and the app sees the client
-  gone (a stream stops, counted as 499).
-* SIGTERM: the app turns draining at once (``/readyz`` 503) while uvicorn closes the listening
-  socket, closes idle connections, lets requests in progress finish (up to ``drain_timeout_s``),
-  then runs the lifespan shutdown, which drains the queue. The process exits 0.
+  gone (a stream stops, counted as 499). A slow but steady reader is never dropped, whatever the
+  sizes of the pieces written and of the kernel's buffers.
+* SIGTERM: the app turns draining at once (``/readyz`` 503, new work 503) and the service's drain
+  begins (``ServiceState.drain``: queued and running work finishes up to ``drain_timeout_s``, then
+  whatever is left is answered 503 ``unavailable``) while uvicorn closes the listening socket and
+  the idle connections and waits for the answers to be written. uvicorn's own graceful timeout
+  (:func:`graceful_timeout_s`) is longer than the drain, so it never cuts the drain short: it only
+  ends answers still being written past it (a reader taking its answer slowly). The lifespan
+  shutdown then awaits the same drain. The process exits 0, even when a device call (a compile, a
+  long decode) is still running: its requests were answered, and the interpreter's exit would
+  tear the device thread down from under XLA (SIGABRT).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
+import os
 import signal
+import struct
 import sys
+import termios
 from typing import Any
 
 import h11
@@ -63,24 +76,40 @@ class DeadlineProtocol(H11Protocol):
         self._arm()
 
     def pause_writing(self) -> None:
-        """The transport holds more than its high-water mark: the client is not reading."""
+        """The transport holds more than its high-water mark: watch what the client takes."""
         super().pause_writing()
         if self._write_deadline is None:
-            self._write_deadline = self.loop.call_later(self.write_timeout_s, self._write_expired)
+            self._unsent = unsent_bytes(self.transport)
+            self._taken_at = self.loop.time()
+            self._write_deadline = self.loop.call_later(self._write_check_s, self._check_writing)
 
     def resume_writing(self) -> None:
-        super().resume_writing()
+        super().resume_writing()  # the client took enough for the transport to drain
         self._stop_write_deadline()
+
+    @property
+    def _write_check_s(self) -> float:
+        return min(1.0, self.write_timeout_s / 4)
+
+    def _check_writing(self) -> None:
+        """Every ``_write_check_s`` while paused (nothing new is written then: uvicorn waits for the
+        transport to drain): fewer bytes unsent is the client taking some."""
+        now, unsent = self.loop.time(), unsent_bytes(self.transport)
+        if unsent < self._unsent:
+            self._unsent, self._taken_at = unsent, now
+        idle = now - self._taken_at
+        if idle >= self.write_timeout_s:
+            self._write_deadline = None
+            log.info("%s took none of its answer for %g s: dropped", _peer(self.client), self.write_timeout_s)
+            self.transport.abort()  # close() would wait for the buffer to be read first
+            return
+        self._write_deadline = self.loop.call_later(min(self._write_check_s, self.write_timeout_s - idle),
+                                                    self._check_writing)
 
     def _stop_write_deadline(self) -> None:
         if self._write_deadline is not None:
             self._write_deadline.cancel()
             self._write_deadline = None
-
-    def _write_expired(self) -> None:
-        self._write_deadline = None
-        log.info("%s took none of its answer for %g s: dropped", _peer(self.client), self.write_timeout_s)
-        self.transport.abort()  # close() would wait for the buffer to be read first
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -125,6 +154,22 @@ class DeadlineProtocol(H11Protocol):
         self.transport.close()
 
 
+def unsent_bytes(transport: asyncio.BaseTransport) -> int:
+    """Bytes written for a client that it has not taken yet: the transport's buffer plus, on
+    Linux, the socket's send queue that the client has not acknowledged (``SIOCOUTQ``; its kernel
+    acknowledges only what fits its receive buffer, which frees as the client reads). Elsewhere,
+    the transport's buffer alone."""
+    buffered = transport.get_write_buffer_size()  # type: ignore[attr-defined]
+    sock = transport.get_extra_info("socket")
+    if sock is None or not hasattr(termios, "TIOCOUTQ"):
+        return buffered
+    try:
+        queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    except OSError:
+        return buffered
+    return buffered + queued
+
+
 def _peer(client: tuple[str, int] | None) -> str:
     return f"client {client[0]}:{client[1]}" if client else "a client"
 
@@ -134,11 +179,19 @@ def protocol_for(settings: Settings) -> type[H11Protocol]:
                                                           "write_timeout_s": settings.write_timeout_s})
 
 
+def graceful_timeout_s(settings: Settings) -> float:
+    """How long uvicorn waits for the requests in progress at SIGTERM before it cancels them: the
+    drain, then the time the last of them may still need — an upload under way finishing (or its
+    408), and its answer taken by a reader that keeps taking it (one that stops is dropped at the
+    write deadline)."""
+    return settings.drain_timeout_s + settings.read_timeout_s + settings.write_timeout_s
+
+
 def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicorn.Config:
     options: dict[str, Any] = dict(
         host=settings.host, port=settings.port, log_level=settings.log_level, lifespan="on",
         http=protocol_for(settings), limit_concurrency=settings.max_connections,
-        timeout_keep_alive=settings.keepalive_timeout_s, timeout_graceful_shutdown=settings.drain_timeout_s)
+        timeout_keep_alive=settings.keepalive_timeout_s, timeout_graceful_shutdown=graceful_timeout_s(settings))
     return uvicorn.Config(app, **{**options, **overrides})
 
 
@@ -158,6 +211,13 @@ class DrainingServer(uvicorn.Server):
             if model is not None and model.cluster is not None and not model.cluster.is_leader:
                 model.cluster.request_stop(f"signal {signal.Signals(sig).name}")  # process 0 stops the slice
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        """uvicorn's shutdown, with the service's drain running beside it from its first step."""
+        service = _service(self.config.app)
+        if service is not None:
+            service.drain()
+        await super().shutdown(sockets)
 
     def stop(self) -> None:
         """Stop as on SIGTERM (from any thread: uvicorn's main loop polls ``should_exit``); what the
@@ -189,4 +249,20 @@ def serve(app: FastAPI, settings: Settings) -> int:
     if refusal is not None:
         print(f"vaeserve serve: {refusal}", file=sys.stderr)
         return 3
-    return 0 if server.started else 1
+    code = 0 if server.started else 1
+    # (A multi-host slice's processes leave by their own exit: service.slice.member.)
+    if service is not None and service.worker is not None and service.worker.alive and not settings.multi_process:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """End the process without the interpreter's teardown: the device thread is still inside a
+    device call the drain did not wait for (its requests were answered 503). Python's exit would
+    unwind that thread from under XLA's C++ frames, which aborts the process (SIGABRT, "terminate
+    called after throwing an instance of ''")."""
+    log.warning("exiting while a device call is still running (its requests were answered)")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -6,16 +6,20 @@ the lifespan gives it, which hop onto the loop (``call_soon_threadsafe``); route
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+import anyio
 
 from ..engine.errors import Unavailable
 from ..engine.model import ModelState
 from ..engine.worker import Worker
 from ..metrics import Metrics
 from ..settings import Settings
+from ..slice.boot import FOLLOWER_STOP_MARGIN_S
 from .admission import ByteBudget, MemoryBudget
 from .mp4_pool import Mp4Pool
 
@@ -37,6 +41,7 @@ class ServiceState:
     error: str | None = None
     refused: bool = False  # start-up refused to serve as configured: the process exits non-zero
     stop_server: Callable[[], None] | None = None  # set by the server that runs the app (service.http.server)
+    _drain: asyncio.Future[None] | None = field(default=None, repr=False)  # begun once (drain())
 
     # -- transitions (event loop only) -----------------------------------------------------------
     def set_ready(self, model: ModelState) -> None:
@@ -56,6 +61,26 @@ class ServiceState:
     def set_draining(self) -> None:
         if self.phase != "failed":
             self.phase = "draining"
+
+    def drain(self) -> asyncio.Future[None]:
+        """The drain, begun at the first call (event loop): readyz and new work 503 at once; the
+        worker finishes what is queued and running up to ``drain_timeout_s``, then answers what is
+        left 503 ``unavailable`` (a stream in-band) and stops. The server begins it when the signal
+        lands, beside its own shutdown (``service.http.server``); the lifespan's shutdown awaits it
+        (an embedded app's drain begins there)."""
+        if self._drain is None:
+            self.set_draining()
+            self._drain = asyncio.ensure_future(self._stop_worker())
+        return self._drain
+
+    async def _stop_worker(self) -> None:
+        worker = self.worker
+        if worker is None:
+            return
+        timeout = self.settings.drain_timeout_s
+        if worker.model is not None and worker.model.follower:  # its device loop ends with process 0's STOP
+            timeout += FOLLOWER_STOP_MARGIN_S
+        await anyio.to_thread.run_sync(worker.stop, timeout)
 
     def fail_slice(self, reason: str) -> None:
         """The multi-host slice failed: unhealthy with the reason, and every request waiting or in

@@ -163,6 +163,27 @@ def test_scaling_and_shift_factors_give_diffusers_scaled_latents(server, tiny_va
     assert np.abs(scaled - plain).max() > 0.1  # the factors did something
 
 
+@pytest.mark.parametrize("factors", [{"scaling_factor": "3e38", "shift_factor": "-1"},
+                                     {"scaling_factor": "10", "shift_factor": "-3e38"}], ids=["some", "all"])
+def test_factors_that_overflow_the_latents_are_422_naming_them(server, factors):
+    # The hostile run: 200 with non-finite latents (26 of 2048 for scaling_factor=3e38, whose
+    # latents reached 1.13; with shift_factor=-3e38&scaling_factor=10, all of them). The tiny
+    # model's latents stay below 1.1, so the first case shifts them first. Decode refuses such
+    # factors with 422.
+    x = frames(seed=6)
+    query = {"shape": ",".join(map(str, VIDEO)), "dtype": "float32"}
+    problem = assert_problem(post(server, x.tobytes(), **query, **factors), 422, "non-finite")
+    named = f"scaling_factor={float(factors['scaling_factor'])}, shift_factor={float(factors['shift_factor'])}"
+    assert problem["detail"].endswith(f"after scaling ({named})"), problem
+    assert problem["expected"] == "finite values" and problem["received"].endswith("non-finite of 192")
+    # The same shape of problem as a decode's latents that overflow once scaled.
+    decoded = httpx.post(server.url + "/v1/decode", content=np.full((1, 16, 2, 2, 3), 10, np.float32).tobytes(),
+                         params={"shape": "1,16,2,2,3", "dtype": "float32", "scaling_factor": "1e-38"}, timeout=120,
+                         headers={"Content-Type": "application/octet-stream"})
+    assert set(assert_problem(decoded, 422, "non-finite")) == set(problem)
+    assert latents_of(post(server, x.tobytes(), **query, scaling_factor="1e30")).shape == (1, 16, 2, 2, 3)
+
+
 def test_requests_with_different_options_share_one_device_batch(tiny_vae):
     """What the worker does with two queued encode jobs of one shape: one runner call, each
     request's rows with its own options, each equal to encoding that request alone."""

@@ -13,7 +13,10 @@ import httpx
 import numpy as np
 import pytest
 
+from service.client import read_stream
+from service.codecs.video import mp4_boxes
 from tests.helpers.frames import assert_uint8_frames_match
+from tests.helpers.raw_http import read_all, read_head, send_request
 from tests.helpers.service_helpers import WARM, latents, launch_server, start_server, wait_until
 
 KEY = "s3cret-key"
@@ -216,3 +219,84 @@ def test_sigterm_while_warming_up_exits_0_without_waiting_for_the_warm_up(tiny_m
     compiled = text.count("warm-up 16x")
     assert compiled < len(warmups), f"every warm-up compiled before the exit ({compiled}):\n{text}"
     assert "Application shutdown complete" in text
+
+
+# ---- SIGTERM past the drain time ------------------------------------------------------------------
+
+SLOW = (1, 16, 9, 32, 32)  # 33 frames of 256x256: a cold compile, then seconds of device work each
+
+
+def _stream_messages(body: bytes) -> list[dict]:
+    return [header for header, _ in read_stream(iter([body]))]
+
+
+def test_sigterm_past_the_drain_time_answers_every_request_503_and_exits_0(tiny_model_dir, tmp_path):
+    """Work that outlasts the drain: a raw stream and a fragmented MP4 begun (their readers
+    stalled), six decodes queued behind a cold compile, and an encode. At the drain's end each gets
+    the documented answer — an ordinary 503 problem, the stream's in-band error message, the MP4
+    cut off — and the process exits 0. (Before: uvicorn's graceful timeout, equal to the drain's,
+    cancelled the handlers first: 500 text/plain for all, and SIGABRT, exit 134.)"""
+    server = launch_server(tiny_model_dir, tmp_path / "log", "--max-batch", "1", "--drain-timeout-s", "3",
+                           "--max-frames", "33", "--max-height", "256", "--max-width", "256",
+                           "--stream-buffer-bytes", "1")
+    try:
+        wait_until(lambda: _ready(server.url), "the server is ready", timeout=120)
+        x = latents(SLOW, seed=30)
+        query = {"shape": ",".join(map(str, SLOW)), "dtype": "float32"}
+        host, port = server.url.removeprefix("http://").split(":")
+        address = (host, int(port))
+        streams = {kind: send_request(address, "/v1/decode", x.tobytes(), params={**query, **params})
+                   for kind, params in (("raw", {"stream": "true"}),
+                                        ("mp4", {"stream": "true", "output_type": "mp4", "crf": "0"}))}
+        began = {kind: read_head(sock) for kind, sock in streams.items()}  # their first step left the device
+        answers: dict[str, httpx.Response | str] = {}
+
+        def call(name: str, path: str, body: bytes, params: dict) -> None:
+            try:
+                answers[name] = httpx.post(server.url + path, content=body, params=params, timeout=120,
+                                           headers={"Content-Type": "application/octet-stream"})
+            except httpx.HTTPError as exc:
+                answers[name] = repr(exc)
+
+        frames = np.random.default_rng(31).uniform(-1, 1, (1, 3, 5, 16, 16)).astype(np.float32)
+        calls = [threading.Thread(target=call, args=(f"decode{i}", "/v1/decode", x.tobytes(),
+                                                     {**query, "output_type": "npy"})) for i in range(6)]
+        calls.append(threading.Thread(target=call, args=("encode", "/v1/encode", frames.tobytes(),
+                                                         {"shape": "1,3,5,16,16", "dtype": "float32"})))
+        for thread in calls:
+            thread.start()
+        wait_until(lambda: server.metric("vaeserve_queue_depth") >= 6, "the decodes and the encode queued")
+        server.process.send_signal(15)
+        for thread in calls:
+            thread.join(120)
+        exit_code = server.process.wait(120)
+        streamed = {kind: read_all(sock, began[kind]) for kind, sock in streams.items()}
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+    assert exit_code == 0, server.log()
+    statuses = {name: getattr(answer, "status_code", answer) for name, answer in answers.items()}
+    assert set(statuses.values()) <= {200, 503} and len(statuses) == 7, statuses
+    for answer in answers.values():
+        assert isinstance(answer, httpx.Response)
+        if answer.status_code == 503:
+            assert answer.headers["content-type"] == "application/problem+json" and answer.headers["retry-after"]
+            assert answer.json()["type"].endswith("/unavailable"), answer.text
+    # The streams had begun: the raw one ends with its error message, the MP4 is cut off.
+    raw = streamed["raw"]
+    assert raw.status == 200 and raw.complete, raw
+    messages = _stream_messages(raw.body)
+    assert messages[0]["type"] == "frames" and messages[-1]["type"] == "error", messages
+    assert messages[-1]["problem"]["status"] == 503 and messages[-1]["problem"]["type"].endswith("/unavailable")
+    mp4 = streamed["mp4"]
+    assert mp4.status == 200 and mp4.headers["content-type"] == "video/mp4" and not mp4.complete
+    assert not mp4.body or mp4_boxes(mp4.body)[:2] == ["ftyp", "moov"]  # a prefix (libx264 holds its first frames)
+    log = server.log()
+    assert "Internal Server Error" not in log and "Cancel" not in log, log
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,8 +1,9 @@
 """Answers written while the decode runs, on a real uvicorn server (in a thread, so a test can give
 it a runner): MP4 encoded step by step and fragmented MP4 give the frames of the MP4 made from the
 whole decode; fragments leave before the decode ends; an error mid-stream cuts a fragmented MP4
-off; slow readers hold bounded memory, do not hold up the device, and are dropped at the write
-deadline (raw sockets)."""
+off; slow readers hold bounded memory, do not hold up the device, hold no MP4 writer, are dropped at
+the write deadline when they take nothing, and get their whole answer when they take it slowly
+(raw sockets)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import httpx
 import numpy as np
 import pytest
 
+from service.client import read_stream
 from service.codecs.video import mp4_boxes, mp4_bytes, read_mp4
 from service.engine.runner import DeviceRunner
 from sharding import Decoded
+from tests.helpers.raw_http import read_all, read_head, send_request
 from tests.helpers.service_helpers import (
     HeldRunner,
     PoisonRunner,
@@ -138,28 +141,14 @@ class BigStepRunner(DeviceRunner):
             yield Decoded(np.full(STEP, index, np.uint8), np.zeros(1, np.int32))
 
 
-def stalled_stream(address: tuple[str, int], x: np.ndarray) -> socket.socket:
+def stalled_stream(address: tuple[str, int], x: np.ndarray, **params) -> socket.socket:
     """Send a stream request, then read nothing (a receive buffer as small as the OS allows)."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(address)
-    query = "&".join(f"{k}={v}" for k, v in raw(x, stream="true").items())
-    body = x.tobytes()
-    sock.sendall(f"POST /v1/decode?{query} HTTP/1.1\r\nHost: test\r\nContent-Type: application/octet-stream\r\n"
-                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    return sock
+    return send_request(address, "/v1/decode", x.tobytes(), params=raw(x, stream="true", **params))
 
 
 def read_to_the_end(sock: socket.socket) -> int:
     """Bytes the server had sent before it closed the connection (EOF or reset)."""
-    sock.settimeout(30)
-    received = 0
-    try:
-        while data := sock.recv(2**20):
-            received += len(data)
-    except ConnectionResetError:
-        pass
-    return received
+    return len(read_all(sock, timeout=30).body)
 
 
 def wait_until(condition, timeout: float = 60) -> bool:
@@ -201,3 +190,70 @@ def test_slow_readers_hold_bounded_memory_and_are_dropped_at_the_write_deadline(
         r = httpx.post(srv.url + "/v1/decode", content=x.tobytes(), params=raw(x, stream="true"), timeout=120,
                        headers={"Content-Type": "application/octet-stream"})
         assert r.status_code == 200 and len(r.content) > STEPS * np.prod(STEP)
+
+
+class NoiseRunner(DeviceRunner):
+    """Streams of noise, whatever the model (the HTTP side is under test): latents with T = 2 give
+    ``NOISE_STEPS`` steps of four 512x512 frames (an MP4 of megabytes, more than the kernel buffers
+    for a reader), any other T two steps of four 32x32 frames."""
+
+    def decode_stream(self, latents, *, framewise=False):
+        big = latents.shape[2] == 2
+        rng = np.random.default_rng(int(latents.shape[2]))
+        for _ in range(NOISE_STEPS if big else 2):
+            frames = rng.integers(0, 256, (1, 4, *((512, 512) if big else (32, 32)), 3), dtype=np.uint8)
+            yield Decoded(frames, np.zeros(1, np.int32))
+
+
+NOISE_STEPS = 12
+
+
+def test_readers_that_never_read_hold_no_mp4_writer(tiny_vae):
+    # The hostile run: two fragmented-MP4 streams whose sockets were never read held both MP4
+    # writers until the write deadline; another client's 5-frame MP4 waited for it (29.3 s, 37.1 s).
+    stalled_x, quick_x = latents((1, 16, 2, 4, 4), seed=16), latents((1, 16, 3, 4, 4), seed=17)
+    with thread_server(tiny_vae, runner_factory=NoiseRunner, max_batch=1, mp4_writers=2,
+                       stream_buffer_bytes=4 * 2**20, write_timeout_s=30, max_queue=8, **LIMITS) as srv:
+        # Lossless noise: megabytes of MP4 after a few frames, more than the kernel holds for them.
+        stalled = [stalled_stream(srv.address, stalled_x, output_type="mp4", crf=0) for _ in range(2)]
+        for sock in stalled:
+            assert read_head(sock).startswith(b"HTTP/1.1 200")  # their MP4s began: each has its writer
+        answer = post(srv.url, quick_x, output_type="mp4", fps=8)
+        # Answered while both are held: neither was dropped nor finished.
+        assert srv.metric("vaeserve_requests_total", route="/v1/decode", status="499") == 0
+        assert answer.status_code == 200 and read_mp4(answer.content).shape == (8, 32, 32, 3)
+        # Blocked on their sockets, they encode nothing and hold no slot of the pool (their frames
+        # wait in their jobs, within the stream buffer).
+        assert wait_until(lambda: srv.metric("vaeserve_encoders_busy") == 0
+                          and srv.metric("vaeserve_stream_buffered_bytes") >= 2 * 4 * 2**20)
+        assert srv.metric("vaeserve_requests_total", route="/v1/decode", status="499") == 0
+        for sock in stalled:
+            sock.close()
+        assert wait_until(lambda: srv.metric("vaeserve_requests_total", route="/v1/decode", status="499") == 2)
+
+
+STEADY_STEP = (1, 4, 128, 128, 3)  # 192 KiB
+STEADY_STEPS = 20  # 3.75 MiB: more than the kernel holds for a reader (about 3 MB on loopback)
+
+
+class SteadyRunner(DeviceRunner):
+    def decode_stream(self, latents, *, framewise=False):
+        for index in range(STEADY_STEPS):
+            yield Decoded(np.full(STEADY_STEP, index, np.uint8), np.zeros(1, np.int32))
+
+
+def test_a_slow_but_steady_reader_gets_its_whole_answer(tiny_vae):
+    # The hostile run: a reader at 16 KiB/s (write_timeout_s 4) was cut off after 298 KiB: the
+    # deadline ran from the transport's pause until its resume, which waits for the kernel's send
+    # buffer to drain by a third (about a megabyte), not for the first byte taken. Here: 512 KiB/s,
+    # write_timeout_s 1, so taking that megabyte lasts twice the deadline; the old timer cut it.
+    x = latents((1, 16, 2, 4, 4), seed=18)
+    with thread_server(tiny_vae, runner_factory=SteadyRunner, max_batch=1, write_timeout_s=1.0,
+                       stream_buffer_bytes=2**20, **LIMITS) as srv:
+        answer = read_all(stalled_stream(srv.address, x), rate=512 * 2**10)
+        assert srv.metric("vaeserve_requests_total", route="/v1/decode", status="499") == 0
+    assert answer.status == 200 and answer.complete
+    messages = list(read_stream(iter([answer.body])))
+    assert [header["type"] for header, _ in messages] == ["frames"] * STEADY_STEPS + ["end"]
+    assert all(payload == bytes([index]) * int(np.prod(STEADY_STEP))
+               for index, (_, payload) in enumerate(messages[:-1]))

@@ -1,23 +1,31 @@
-"""The page of ``GET /ui`` in a real browser: Debian's Chromium (``apt-get install chromium
-chromium-driver``, which ``.ci/run`` installs), driven by Selenium, against a real uvicorn server
-with the tiny model. A ``.pt`` file of latents goes in; the fragmented MP4 plays (its
-``currentTime`` advancing) while the last decode step is still held back, so before the answer
-has ended; the page reports no error and the browser logs none."""
+"""The pages the service serves, against a real uvicorn server with the tiny model: their security
+headers (a strict Content-Security-Policy, no framing, no sniffing) and, in a real browser
+(Debian's Chromium, ``apt-get install chromium chromium-driver``, which ``.ci/run`` installs,
+driven by Selenium), that they work under them with no error logged — the browser logs every CSP
+violation — and load nothing from another origin (air-gapped hosts).
+
+``GET /ui``: a ``.pt`` file of latents goes in; the fragmented MP4 plays (its ``currentTime``
+advancing) while the last decode step is still held back, so before the answer has ended; the page
+reports no error. ``GET /docs`` (Swagger UI) and ``GET /redoc`` (Redoc) render the operations
+from the package's own copies of their scripts."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
+from service.http.middleware import PAGE_POLICY, REDOC_POLICY
 from tests.helpers.service_helpers import HeldRunner, latents, thread_server
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
-                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+needs_browser = pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
+                                   reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--autoplay-policy=no-user-gesture-required"]
 
@@ -48,7 +56,45 @@ def wait_for(browser, script: str, timeout: float = 60):
     return value
 
 
-def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(tiny_vae, tmp_path):
+@pytest.fixture(scope="module")
+def page_server(tiny_vae):
+    with thread_server(tiny_vae, runner_factory=HeldRunner, max_batch=1, max_frames=41) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if CHROMIUM is None or DRIVER is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (.ci/run installs them)")
+    with chromium(tmp_path_factory.mktemp("profile")) as browser:
+        yield browser
+
+
+PAGES = {"/ui": PAGE_POLICY, "/docs": PAGE_POLICY, "/redoc": REDOC_POLICY}
+
+
+@pytest.mark.parametrize("path", list(PAGES))
+def test_every_page_carries_a_strict_policy_and_no_inline_script(page_server, path):
+    page = httpx.get(page_server.url + path)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.headers["content-security-policy"] == PAGES[path]
+    assert "frame-ancestors 'none'" in PAGES[path] and "script-src 'self';" in PAGES[path]
+    assert page.headers["x-frame-options"] == "DENY" and page.headers["x-content-type-options"] == "nosniff"
+    # No inline script, style element, style attribute or event handler (the policy would block them).
+    html = page.text
+    scripts = re.findall(r"<script\b([^>]*)>(.*?)</script>", html, re.S)
+    assert scripts and all("src=" in attributes and not body.strip() for attributes, body in scripts), scripts
+    assert not re.search(r"<style\b|\sstyle=|\son[a-z]+=", html), html
+    # What it loads is served here, with the type the browser will insist on (nosniff).
+    for url in re.findall(r'(?:src|href)="([^"]+\.(?:js|css))"', html):
+        asset = httpx.get(f"{page_server.url}/{url}")
+        kind = "javascript" if url.endswith(".js") else "css"
+        assert asset.status_code == 200 and kind in asset.headers["content-type"], url
+        assert asset.headers["x-content-type-options"] == "nosniff"
+
+
+@needs_browser
+def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(page_server, browser, tmp_path):
     torch = pytest.importorskip("torch")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -56,25 +102,42 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(tiny_vae, tmp_pa
     x = latents((1, 16, 11, 4, 4), seed=21)  # 41 frames of 32x32: 2.6 s at 16 fps
     torch.save(torch.from_numpy(x), tmp_path / "latents.pt")
     HeldRunner.release.clear()
-    with thread_server(tiny_vae, runner_factory=HeldRunner, max_batch=1, max_frames=41) as srv, \
-            chromium(tmp_path / "profile") as browser:
-        browser.get(srv.url + "/ui")
-        browser.find_element(By.ID, "file").send_keys(str(tmp_path / "latents.pt"))
-        wait_for(browser, "return !document.getElementById('decode').disabled")
-        assert browser.execute_script("return window.vaeserveUi.latents.shape") == [1, 16, 11, 4, 4]
-        Select(browser.find_element(By.ID, "output")).select_by_value("mp4-stream")
-        browser.find_element(By.ID, "decode").click()
-        # Playing while the last step is held: the answer cannot have ended.
-        first = wait_for(browser, "return document.getElementById('video').currentTime")
-        wait_for(browser, f"return document.getElementById('video').currentTime > {first}")
-        assert browser.execute_script("return window.vaeserveUi.responseEnded") is False
-        HeldRunner.release.set()
-        wait_for(browser, "return window.vaeserveUi.responseEnded")
-        ui = browser.execute_script("const ui = window.vaeserveUi; return {status: ui.status, errors: ui.errors}")
-        duration = browser.execute_script("return document.getElementById('video').duration")
-        logs = browser.get_log("browser")
+    browser.get(page_server.url + "/ui")
+    browser.find_element(By.ID, "file").send_keys(str(tmp_path / "latents.pt"))
+    wait_for(browser, "return !document.getElementById('decode').disabled")
+    assert browser.execute_script("return window.vaeserveUi.latents.shape") == [1, 16, 11, 4, 4]
+    Select(browser.find_element(By.ID, "output")).select_by_value("mp4-stream")
+    browser.find_element(By.ID, "decode").click()
+    # Playing while the last step is held: the answer cannot have ended.
+    first = wait_for(browser, "return document.getElementById('video').currentTime")
+    wait_for(browser, f"return document.getElementById('video').currentTime > {first}")
+    assert browser.execute_script("return window.vaeserveUi.responseEnded") is False
+    HeldRunner.release.set()
+    wait_for(browser, "return window.vaeserveUi.responseEnded")
+    ui = browser.execute_script("const ui = window.vaeserveUi; return {status: ui.status, errors: ui.errors}")
+    duration = browser.execute_script("return document.getElementById('video').duration")
+    logs = browser.get_log("browser")
     assert ui == {"status": 200, "errors": []}
     # The whole video arrived (the media timeline starts at the first frame's composition time,
     # which B-frames put two frames in: MSE does not apply the file's edit list).
     assert 41 / 16 <= duration <= 44 / 16
     assert [entry for entry in logs if entry["level"] == "SEVERE"] == []
+    assert _foreign_resources(browser, page_server.url) == []
+
+
+@needs_browser
+@pytest.mark.parametrize("path,rendered", [("/docs", ".opblock"), ("/redoc", "[data-section-id]")])
+def test_the_api_docs_render_offline_under_their_policy(page_server, browser, path, rendered):
+    browser.get_log("browser")  # what earlier pages logged
+    browser.get(page_server.url + path)
+    # Every operation of the OpenAPI document is on the page (from /openapi.json, read here).
+    operations = sum(len(methods) for methods in httpx.get(page_server.url + "/openapi.json").json()["paths"].values())
+    wait_for(browser, f"return document.querySelectorAll('{rendered}').length >= {operations}")
+    assert _foreign_resources(browser, page_server.url) == []
+    assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []
+
+
+def _foreign_resources(browser, origin: str) -> list[str]:
+    """What the page loaded from anywhere but the service (blob: and data: URLs aside)."""
+    loaded = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    return [url for url in loaded if not url.startswith((origin + "/", "blob:", "data:"))]
