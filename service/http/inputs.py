@@ -34,7 +34,12 @@ def _stepped(shape: tuple[int, ...], params: DecodeParams, model: ModelState) ->
     """Whether the decode runs step by step (the stream programs) or whole; ``ShapeNotServed``
     when ``--shapes`` serves neither. An MP4 is encoded while it decodes wherever the stream
     programs are served, else made from the whole decode. A framewise decode is a whole decode
-    (HunyuanVideo 1.0's only), streamed in pieces when asked to."""
+    (HunyuanVideo 1.0's only), streamed in pieces when asked to. An image decodes whole: no stream,
+    no MP4."""
+    if model.vae.config.is_image and (params.stream or params.output_type == "mp4"):
+        received = "stream=true" if params.stream else "output_type=mp4"
+        raise Problem(422, "invalid-parameter", f"the {model.vae.config.class_name} VAE decodes images, which are "
+                      "answered whole", expected="output_type png, jpeg, pil, pt or npy", received=received)
     if params.framewise:
         if not model.framewise:
             raise Problem(422, "invalid-parameter", "framewise=true is diffusers' default decode of HunyuanVideo "
