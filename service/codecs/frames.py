@@ -48,8 +48,8 @@ from .mp4 import ALL_CODECS, decode_mp4, mp4_header
 from .sniff import sniff
 from .tensors import (
     NPY_CONTENT_TYPE,
-    SHAPE_SLUGS,
     SAFETENSORS_CONTENT_TYPE,
+    SHAPE_SLUGS,
     TENSOR_CONTENT_TYPES,
     check_dims,
     check_finite,

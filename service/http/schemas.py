@@ -53,7 +53,7 @@ class DecodeParams:
         """The image format the answer is (one image, or one frame of a video), or None."""
         if self.output_type == "pil":
             return None if self.pil_tensor else "png" if self.image_format == "png" else "jpeg"
-        return self.output_type if self.output_type in ("png", "jpeg") else None  # type: ignore[return-value]
+        return self.output_type if self.output_type in ("png", "jpeg") else None
 
     @property
     def one_video(self) -> bool:
