@@ -119,7 +119,9 @@ def check_limits(latents: np.ndarray, limits: Limits, rules: ShapeRules) -> np.n
     try:
         check_latents_shape(latents.shape, rules)
     except LatentsError as error:
-        raise Problem(422, SHAPE_SLUGS.get(error.what, "invalid-shape"), str(error), expected=error.expected,
+        detail = (f"latents need {error.expected} channels, got {error.received}" if error.what == "channels"
+                  else str(error))
+        raise Problem(422, SHAPE_SLUGS.get(error.what, "invalid-shape"), detail, expected=error.expected,
                       received=error.received) from None
     b, _, t, h, w = clip_shape(latents.shape)
     limits.check(batch=b, frames=limits.output_frames(t), height=limits.spatial_scale * h,
