@@ -36,7 +36,7 @@ import argparse
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 MODELS = ("wan2.1", "wan2.2", "hunyuan1.0", "hunyuan1.5", "sd", "sdxl", "flux1")
 IMAGE_MODELS = ("sd", "sdxl", "flux1")
@@ -106,7 +106,7 @@ def near(size: int, lines: list[int]) -> np.ndarray:
     return (np.abs(index - np.asarray(lines)[None]) < INTERIOR_MARGIN).any(axis=1) if lines else np.zeros(size, bool)
 
 
-def row_errors(frames: np.ndarray, reference: np.ndarray, seams: list[int], seam_columns: list[int] = ()) -> dict:
+def row_errors(frames: np.ndarray, reference: np.ndarray, seams: list[int], seam_columns: Sequence[int] = ()) -> dict:
     """Errors of float ``(B, 3, F, H, W)`` frames (or images ``(B, 3, H, W)``) against the reference:
     on the seam rows (and ``seam_columns``) and on the pixels at least ``INTERIOR_MARGIN`` from all."""
     error = frames.astype(np.float64) - reference.astype(np.float64)
@@ -235,15 +235,15 @@ def main(args: argparse.Namespace) -> None:
 
     runs = {
         "(a) sharded, 1-row halos": (lambda: np.asarray(sharding.sharded_decode(vae, latents, mesh, split="height")),
-                                     seams),
+                                     seams, []),
         "(b) diffusers enable_tiling()": (lambda: diffusers_decode(reference_model, latents, tiling=tiling),
                                           tile_rows, tile_columns),
-        "(c) shard_map, no halo": (with_control("none"), seams),
-        **{name: (with_control(control), seams) for name, control in controls.items()},
+        "(c) shard_map, no halo": (with_control("none"), seams, []),
+        **{name: (with_control(control), seams, []) for name, control in controls.items()},
         **({} if args.skip_full else {
-            "(-) diffusers full decode": (lambda: diffusers_decode(reference_model, latents, tiling=None), [])}),
+            "(-) diffusers full decode": (lambda: diffusers_decode(reference_model, latents, tiling=None), [], [])}),
     }
-    results = {name: (timed(name, run), lines) for name, (run, *lines) in runs.items()}
+    results = {name: (timed(name, run), (rows, columns)) for name, (run, rows, columns) in runs.items()}
 
     progress.close()
     print(f"\nreference: full single-device JAX decode ({timings['full']:.1f} s incl. compile)")

@@ -12,7 +12,6 @@ from models.shapes import Output
 OutputType = Literal["mp4", "pt", "npy", "png", "jpeg", "pil"]
 # pil: an image file, its format from image_format (diffusers' remote_decode names JPEG "jpg").
 ImageFormat = Literal["png", "jpg", "jpeg"]
-IMAGE_OUTPUT_TYPES = ("png", "jpeg", "pil")
 EncodeOutputType = Literal["pt", "npy", "safetensors"]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import threading
+from typing import Any
 
 import httpx
 import numpy as np
@@ -37,7 +38,7 @@ remote_utils = pytest.importorskip("diffusers.utils.remote_utils")
 from diffusers.image_processor import VaeImageProcessor  # noqa: E402  (after the importorskip)
 
 # name → (case, how its pipelines call remote_decode / remote_encode)
-SERVED = {"sd": ("sd_tiny", {"scaling_factor": 0.18215}),
+SERVED: dict[str, tuple[str, dict[str, Any]]] = {"sd": ("sd_tiny", {"scaling_factor": 0.18215}),
           "flux1": ("flux1_tiny", {"scaling_factor": 0.3611, "shift_factor": 0.1159}),
           "flux2": ("flux2_tiny", {"do_scaling": False}),
           "qwen-image": ("qwen_tiny", {})}
