@@ -1,10 +1,13 @@
-"""Decode speed: ours vs diffusers (AutoencoderKLWan, AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15)
-on the same weights and latents.
+"""Decode speed: ours vs diffusers (AutoencoderKLWan, AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15,
+and the image VAEs: AutoencoderKL as SD/SDXL/Flux.1, AutoencoderKLFlux2, AutoencoderKLQwenImage) on the same
+weights and latents.
 
     .venv/bin/python -m bench.decode                       # real Wan 2.1 config, latents (1,16,3,16,16)
     .venv/bin/python -m bench.decode --model wan2.2        # real Wan 2.2 config, latents (1,48,3,8,8)
     .venv/bin/python -m bench.decode --model hunyuan1.0    # real HunyuanVideo config, latents (1,16,3,16,16)
     .venv/bin/python -m bench.decode --model hunyuan1.5    # real HunyuanVideo 1.5 config, latents (1,32,3,8,8)
+    .venv/bin/python -m bench.decode --model sdxl          # real SDXL VAE, latents (1,4,32,32): one 256x256 image
+    .venv/bin/python -m bench.decode --model flux1 --shape 1,16,64,64   # real Flux.1 VAE, one 512x512 image
     .venv/bin/python -m bench.decode --shape 1,16,21,60,104 --dtype bfloat16 --skip-diffusers   # 480x832x81
     .venv/bin/python -m bench.decode --skip-diffusers --inner-frames 4,1 --runs 5   # whole steps vs frame by frame
 
@@ -38,7 +41,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="wan2.1", choices=sorted(models.MODEL_NAMES),
                         help="the real architecture to time (random weights)")
-    parser.add_argument("--shape", help="latents B,C,T,H,W (default: 9 frames of 128x128)")
+    parser.add_argument("--shape", help="latents B,C,T,H,W, an image model's B,C,H,W (default: 9 frames of "
+                        "128x128; one 256x256 image)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--chunk", type=int, default=1, help="latent frames per scan step")
@@ -48,8 +52,9 @@ def main() -> None:
     parser.add_argument("--skip-diffusers", action="store_true", help="time ours only (no torch needed)")
     args = parser.parse_args()
     config = models.MODEL_NAMES[args.model]()
-    side = 128 // config.spatial_scale
-    shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else (1, config.z_dim, 3, side, side)
+    side = (256 if config.is_image else 128) // config.spatial_scale
+    default = (1, config.z_dim, side, side) if config.is_image else (1, config.z_dim, 3, side, side)
+    shape = tuple(int(s) for s in args.shape.split(",")) if args.shape else default
     latents = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     flops = decode_flops(config, shape)
     fns, names = {}, {}
@@ -59,11 +64,14 @@ def main() -> None:
             import torch
 
             reference = diffusers_reference(config, folder)
-            z = torch.from_numpy(latents)
+            # diffusers' Qwen-Image class takes one-frame clips (B, C, 1, H, W) only
+            clips = config.takes_one_frame_clips and latents.ndim == 4
+            z = torch.from_numpy(latents[:, :, None] if clips else latents)
 
             def run_reference():
                 with torch.no_grad():  # clamped as ours (diffusers' Wan clamps, its HunyuanVideo does not)
-                    return reference.decode(z).sample.clamp(-1, 1).numpy()
+                    frames = reference.decode(z).sample.clamp(-1, 1).numpy()
+                return frames[:, :, 0] if clips else frames
 
             fns["diffusers"] = run_reference
             names["diffusers"] = "diffusers (PyTorch CPU, float32)"

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Per-chip memory of the Wan 2.1 and HunyuanVideo 1.0 / 1.5 decodes on TPU v5e-8, v6e-8 and v5p-8
+"""Per-chip memory of the Wan 2.1 and HunyuanVideo 1.0 / 1.5 decodes (and SDXL's and Flux.1's of a
+4096x4096 image) on TPU v5e-8, v6e-8 and v5p-8
 (libtpu's compiler) or on 8-GPU H100 and H200 hosts (XLA's CUDA compiler), compiled on this host:
 no TPU, no GPU.
 
@@ -16,6 +17,7 @@ too (it does not fit), with the bytes the compiler says it needs.
     nice -n 19 python -m bench.plan_table --only hunyuan1.0:1280x720x129:v6e-8:bfloat16:8   # MODEL:VIDEO:…
     nice -n 19 python -m bench.plan_table --models hunyuan1.5 --descending   # tp = 8, 4, … down to the last fit
     nice -n 19 python -m bench.plan_table --first-fit --slices v6e-8   # per (video, dtype): tp up to the first fit
+    nice -n 19 python -m bench.plan_table --models sdxl,flux1 --descending   # 4096x4096 images
     python -m bench.plan_table --render                   # the docs' tables + docs/tpu-plan/memory.png
     python -m bench.plan_table --platform gpu             # every GPU row (needs the `cuda` extra; seconds each)
     python -m bench.plan_table --platform gpu --render    # docs/gpu-plan/memory.png
@@ -46,8 +48,12 @@ MODELS = {
     "wan2.1": (VIDEOS, None, DTYPES),
     "hunyuan1.0": (("1280x720x129",), ("v5e-8", "v6e-8"), DTYPES),
     "hunyuan1.5": (("1280x720x121",), ("v5e-8", "v6e-8"), DTYPES),
+    # The image VAEs at the size an upscale hits (an image is a video of one frame here), bfloat16.
+    "sdxl": (("4096x4096x1",), ("v5e-8", "v6e-8", "h100-8"), ("bfloat16",)),
+    "flux1": (("4096x4096x1",), ("v5e-8", "v6e-8", "h100-8"), ("bfloat16",)),
 }
-MODEL_TITLES = {"wan2.1": "Wan 2.1", "hunyuan1.0": "HunyuanVideo", "hunyuan1.5": "HunyuanVideo 1.5"}
+MODEL_TITLES = {"wan2.1": "Wan 2.1", "hunyuan1.0": "HunyuanVideo", "hunyuan1.5": "HunyuanVideo 1.5",
+                "sdxl": "SDXL (VAE decode of one image)", "flux1": "Flux.1 (VAE decode of one image)"}
 
 
 class Table(NamedTuple):

@@ -1,16 +1,17 @@
 #!/usr/bin/env python
 """Why the halo matters: seams of split decodes against the full single-device decode.
 
-Same weights (a diffusers VAE — ``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo`` or
-``AutoencoderKLHunyuanVideo15`` — with perturbed random weights, written with ``save_pretrained``
-and read back with ``models.load_vae``) and the same latents, decoded by:
+Same weights (a diffusers VAE — ``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo``,
+``AutoencoderKLHunyuanVideo15`` or, for images, ``AutoencoderKL`` as SD, SDXL or Flux.1 — with
+perturbed random weights, written with ``save_pretrained`` and read back with ``models.load_vae``)
+and the same latents, decoded by:
 
   (a) our sharded decode: ``tp`` horizontal bands with one-row halos (``sharding.sharded_decode``);
   (b) diffusers' tiled decode (``enable_tiling()``), tiles small enough to split the frame
       (height only, so that its seams are rows like ours);
   (c) the same shard_map decode with no halo (each band padded alone);
-  (d) HunyuanVideo 1.0 only: the sharded decode with each band's own GroupNorm statistics (no
-      sum over the bands);
+  (d) HunyuanVideo 1.0 and the image models: the sharded decode with each band's own GroupNorm
+      statistics (no sum over the bands);
   (e) HunyuanVideo only: the sharded decode with zeros at the image's edges where the model
       repeats its edge rows;
   (-) diffusers' full decode, as a check that the reference is the reference.
@@ -18,12 +19,15 @@ and read back with ``models.load_vae``) and the same latents, decoded by:
 Each is compared with the full single-device JAX decode: max abs error, PSNR (peak-to-peak 2 for
 [-1, 1] frames) and the mean abs error on *seam rows* (the two rows at each band cut for a/c; the
 blend rows of each tile for b) vs *interior rows* (≥ 8 rows from any cut or blend of that method).
+An image model's tiles (b) are square, ``enable_tiling()``'s own (the config's ``sample_size``,
+overlap 1/4): their seams are the blend rows and columns, and the interior is ≥ 8 pixels from both.
 
     python -m bench.seams                       # real Wan 2.1 architecture, 128x128, 5 frames, tp=4
     python -m bench.seams --model wan2.2 --height 8 --width 8   # real Wan 2.2, 128x128, 5 frames, tp=4
     python -m bench.seams --model hunyuan1.0    # real HunyuanVideo, 128x128, 5 frames, tp=4
     python -m bench.seams --model hunyuan1.5 --height 8 --width 8   # real HunyuanVideo 1.5, 128x128
     python -m bench.seams --config tiny --height 32 --width 32
+    python -m bench.seams --model sd --height 128 --width 128   # real SD VAE, one 1024x1024 image, tp=4
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ import argparse
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-MODELS = ("wan2.1", "wan2.2", "hunyuan1.0", "hunyuan1.5")
+MODELS = ("wan2.1", "wan2.2", "hunyuan1.0", "hunyuan1.5", "sd", "sdxl", "flux1")
+IMAGE_MODELS = ("sd", "sdxl", "flux1")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -43,14 +48,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--config", choices=("real", "tiny"), default="real",
                         help="real: the model's architecture (Wan 2.1: 73 M decoder parameters, Wan 2.2: 555 M); "
                              "tiny: the tests' small configs (Wan: decoder width 8)")
-    parser.add_argument("--frames", type=int, default=2, help="latent frames T (output 1+4(T-1))")
+    parser.add_argument("--frames", type=int, default=2, help="latent frames T (output 1+4(T-1)); image models: none")
     parser.add_argument("--height", type=int, default=16, help="latent height (frame height / 8, or / 16 for wan2.2)")
     parser.add_argument("--width", type=int, default=16, help="latent width")
     parser.add_argument("--tp", type=int, default=4, help="bands for (a) and (c)")
-    parser.add_argument("--tile", type=int, default=64, help="diffusers tile height in pixels")
-    parser.add_argument("--stride", type=int, default=48, help="diffusers tile stride in pixels (overlap = tile - stride)")
+    parser.add_argument("--tile", type=int, default=None, help="diffusers tile height in pixels (image models: "
+                        "enable_tiling()'s own square tiles, sample_size, unless given)")
+    parser.add_argument("--stride", type=int, default=None, help="diffusers tile stride in pixels (overlap = tile - stride; "
+                        "image models: 3/4 of the tile)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--platform", default="cpu", help="JAX platform (cpu forces --tp host devices)")
+    parser.add_argument("--skip-full", action="store_true", help="leave out diffusers' full decode (the check row): "
+                        "it holds the whole image's activations, and its attention's scores, at once")
     return parser.parse_args(argv)
 
 
@@ -81,6 +90,7 @@ def band_seams(height_px: int, tp: int, latent_height: int, scale: int) -> list[
 
 
 def tile_seams(height_px: int, tile: int, stride: int, latent_height: int, scale: int) -> list[int]:
+    # (also the columns of an image model's square tiles: width for height)
     """Frame rows of diffusers' tiled decode that are blends of two tiles (or, without overlap, cuts)."""
     blend = tile - stride
     rows = []
@@ -90,22 +100,27 @@ def tile_seams(height_px: int, tile: int, stride: int, latent_height: int, scale
     return [r for r in rows if r < height_px]
 
 
-def interior(height_px: int, seams: list[int]) -> list[int]:
-    if not seams:
-        return list(range(height_px))
-    return [r for r in range(height_px) if min(abs(r - s) for s in seams) >= INTERIOR_MARGIN]
+def near(size: int, lines: list[int]) -> np.ndarray:
+    """Per index of an axis of ``size``: whether it is within ``INTERIOR_MARGIN`` of one of ``lines``."""
+    index = np.arange(size)[:, None]
+    return (np.abs(index - np.asarray(lines)[None]) < INTERIOR_MARGIN).any(axis=1) if lines else np.zeros(size, bool)
 
 
-def row_errors(frames: np.ndarray, reference: np.ndarray, seams: list[int]) -> dict:
-    """Errors of float ``(B, 3, F, H, W)`` frames against the reference."""
+def row_errors(frames: np.ndarray, reference: np.ndarray, seams: list[int], seam_columns: Sequence[int] = ()) -> dict:
+    """Errors of float ``(B, 3, F, H, W)`` frames (or images ``(B, 3, H, W)``) against the reference:
+    on the seam rows (and ``seam_columns``) and on the pixels at least ``INTERIOR_MARGIN`` from all."""
     error = frames.astype(np.float64) - reference.astype(np.float64)
-    per_row = np.abs(error).mean(axis=(0, 1, 2, 4))
-    inner = interior(frames.shape[3], seams)
+    per_pixel = np.abs(error).mean(axis=tuple(range(error.ndim - 2)))  # (H, W)
+    height, width = per_pixel.shape
+    seam = np.zeros((height, width), bool)
+    seam[seams, :] = True
+    seam[:, list(seam_columns)] = True
+    inner = ~near(height, seams)[:, None] & ~near(width, list(seam_columns))[None, :]
     return {
         "max": float(np.abs(error).max()),
         "psnr": psnr(error),
-        "seam": float(per_row[seams].mean()) if seams else float("nan"),
-        "interior": float(per_row[inner].mean()) if inner else float("nan"),
+        "seam": float(per_pixel[seam].mean()) if seam.any() else float("nan"),
+        "interior": float(per_pixel[inner].mean()) if inner.any() else float("nan"),
     }
 
 
@@ -113,6 +128,10 @@ def model_config(name: str, size: str):
     """The model's config object: the real architecture or the tests' small one."""
     import models
 
+    if name in IMAGE_MODELS:
+        from tests.helpers.image_reference import FLUX1_TINY, SD_TINY
+
+        return (FLUX1_TINY if name == "flux1" else SD_TINY) if size == "tiny" else models.MODEL_NAMES[name]()
     if name.startswith("hunyuan"):
         tiny = {"hunyuan1.0": hunyuan_reference.HY10_TINY, "hunyuan1.5": hunyuan_reference.HY15_TINY}[name]
         return tiny if size == "tiny" else models.MODEL_NAMES[name]()
@@ -132,7 +151,11 @@ def reference_vae(config, seed: int):
 
 def tiling_options(config, tile: int, stride: int, width_px: int, width: int) -> dict:
     """``enable_tiling`` arguments for tiles of ``tile`` rows every ``stride`` rows, as wide as the
-    frame (HunyuanVideo 1.5 names its tiles in latent rows and an overlap factor)."""
+    frame (HunyuanVideo 1.5 names its tiles in latent rows and an overlap factor); an image model's
+    square tiles of ``tile`` pixels every ``stride`` (``AutoencoderKL`` takes them as attributes)."""
+    if config.is_image:
+        return dict(tile_sample_min_size=tile, tile_latent_min_size=tile // config.spatial_scale,
+                    tile_overlap_factor=(tile - stride) / tile)
     if config.family == "hunyuan1.5":
         return dict(tile_sample_min_height=tile, tile_latent_min_height=tile // config.spatial_scale,
                     tile_overlap_factor=(tile - stride) / tile, tile_sample_min_width=width_px,
@@ -146,7 +169,11 @@ def diffusers_decode(model, latents: np.ndarray, *, tiling: dict | None) -> np.n
 
     if hasattr(model, "use_framewise_decoding"):  # HunyuanVideo 1.0: the whole clip, as the model
         model.use_framewise_decoding = False
-    if tiling:
+    if tiling and "tile_sample_min_size" in tiling:  # AutoencoderKL: enable_tiling() takes no sizes
+        model.enable_tiling()
+        for name, value in tiling.items():
+            setattr(model, name, value)
+    elif tiling:
         model.enable_tiling(**tiling)
     else:
         model.disable_tiling()
@@ -163,13 +190,19 @@ def main(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(os.cpu_count() or 1)
     config = model_config(args.model, args.config)
-    scale = config.spatial_scale
+    scale, images = config.spatial_scale, config.is_image
+    time_axis = () if images else (args.frames,)
     latents = np.random.default_rng(args.seed).standard_normal(
-        (1, config.z_dim, args.frames, args.height, args.width)).astype(np.float32)
+        (1, config.z_dim, *time_axis, args.height, args.width)).astype(np.float32)
     height_px, width_px = args.height * scale, args.width * scale
-    print(f"{args.model}: latents {latents.shape} → frames (1, 3, {1 + 4 * (args.frames - 1)}, {height_px}, {width_px}); "
-          f"config {args.config}; tp={args.tp}; tiles {args.tile}px stride {args.stride}px "
-          f"(overlap {args.tile - args.stride}px); JAX on {args.platform}")
+    # diffusers' own tiles for an image model (enable_tiling(): sample_size, overlap 1/4); rows for a video
+    tile = args.tile or (config.sample_size if images else 64)
+    stride = args.stride or (tile * 3 // 4 if images else 48)
+    out = f"image (1, 3, {height_px}, {width_px})" if images else \
+        f"frames (1, 3, {1 + 4 * (args.frames - 1)}, {height_px}, {width_px})"
+    print(f"{args.model}: latents {latents.shape} → {out}; config {args.config}; tp={args.tp}; "
+          f"tiles {tile}px stride {stride}px (overlap {tile - stride}px{', square' if images else ''}); "
+          f"JAX on {args.platform}")
 
     reference_model = reference_vae(config, args.seed)
     with tempfile.TemporaryDirectory() as folder:
@@ -177,11 +210,11 @@ def main(args: argparse.Namespace) -> None:
         vae = models.load_vae(folder)
 
     # Each family's extra negative controls (sharding._controls), as the table's rows name them.
+    statistics = {"(d) per-band GroupNorm stats": "band-statistics"}
     controls = {"wan": {}, "hunyuan1.5": {"(e) zero image edges": "zero-edge"},
-                "hunyuan1.0": {"(d) per-band GroupNorm stats": "band-statistics",
-                               "(e) zero image edges": "zero-edge"}}[config.family]
+                "hunyuan1.0": {**statistics, "(e) zero image edges": "zero-edge"}}.get(config.family, statistics)
     timings: dict[str, float] = {}
-    progress = tqdm(total=5 + len(controls), desc="decodes", unit="decode", leave=False)
+    progress = tqdm(total=5 + len(controls) - args.skip_full, desc="decodes", unit="decode", leave=False)
 
     def timed(name, fn):
         progress.set_postfix_str(name)
@@ -194,31 +227,35 @@ def main(args: argparse.Namespace) -> None:
     full = timed("full", lambda: np.asarray(vae.decode(latents)))
     mesh = sharding.make_mesh(args.tp)
     seams = band_seams(height_px, args.tp, args.height, scale)
-    tiling = tiling_options(config, args.tile, args.stride, width_px, args.width)
+    tiling = tiling_options(config, tile, stride, width_px, args.width)
+    tile_rows = tile_seams(height_px, tile, stride, args.height, scale)
+    tile_columns = tile_seams(width_px, tile, stride, args.width, scale) if images else []
     def with_control(control: str) -> Callable[[], np.ndarray]:
         return lambda: np.asarray(decode_with(control, vae, latents, mesh, split="height"))
 
     runs = {
         "(a) sharded, 1-row halos": (lambda: np.asarray(sharding.sharded_decode(vae, latents, mesh, split="height")),
-                                     seams),
+                                     seams, []),
         "(b) diffusers enable_tiling()": (lambda: diffusers_decode(reference_model, latents, tiling=tiling),
-                                          tile_seams(height_px, args.tile, args.stride, args.height, scale)),
-        "(c) shard_map, no halo": (with_control("none"), seams),
-        **{name: (with_control(control), seams) for name, control in controls.items()},
-        "(-) diffusers full decode": (lambda: diffusers_decode(reference_model, latents, tiling=None), []),
+                                          tile_rows, tile_columns),
+        "(c) shard_map, no halo": (with_control("none"), seams, []),
+        **{name: (with_control(control), seams, []) for name, control in controls.items()},
+        **({} if args.skip_full else {
+            "(-) diffusers full decode": (lambda: diffusers_decode(reference_model, latents, tiling=None), [], [])}),
     }
-    results = {name: (timed(name, run), rows) for name, (run, rows) in runs.items()}
+    results = {name: (timed(name, run), (rows, columns)) for name, (run, rows, columns) in runs.items()}
 
     progress.close()
     print(f"\nreference: full single-device JAX decode ({timings['full']:.1f} s incl. compile)")
-    print(f"seam rows: the 2 rows at each band cut (a, c: {len(seams)} rows) or each tile's blend rows (b); "
-          f"interior: ≥ {INTERIOR_MARGIN} rows from any of them\n")
+    blends = "blend rows and columns" if images else "blend rows"
+    print(f"seam rows: the 2 rows at each band cut (a, c: {len(seams)} rows) or each tile's {blends} (b); "
+          f"interior: ≥ {INTERIOR_MARGIN} rows (columns) from any of them\n")
     header = f"| {'method':<30} | {'max abs err':>11} | {'PSNR dB':>7} | {'mean err seam rows':>18} | {'mean err interior':>17} | {'time s':>6} |"
     print(header)
     print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
-    for name, (frames, rows) in results.items():
-        e = row_errors(frames, full, rows)
-        seam = f"{e['seam']:.2e}" if rows else "—"
+    for name, (frames, lines) in results.items():
+        e = row_errors(frames, full, *lines)
+        seam = f"{e['seam']:.2e}" if any(lines) else "—"
         print(f"| {name:<30} | {e['max']:>11.2e} | {e['psnr']:>7.1f} | {seam:>18} | {e['interior']:>17.2e} | {timings[name]:>6.1f} |")
     print("\ntimes include compilation for the JAX rows; the forced CPU devices share this machine's cores.")
 

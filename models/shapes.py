@@ -63,13 +63,16 @@ def shape_text(shape: tuple[int, ...] | list[int]) -> str:
     return "x".join(map(str, shape))
 
 
-def parse_shape_text(text: str, count: int, what: str) -> tuple[int, ...]:
-    """``"1280x720x81"`` → ``(1280, 720, 81)``: ``count`` positive integers joined by ``x`` (or
-    ``×``, or commas), spaces around them allowed; ``ValueError`` naming ``what`` otherwise."""
+def parse_shape_text(text: str, count: int | tuple[int, ...], what: str) -> tuple[int, ...]:
+    """``"1280x720x81"`` → ``(1280, 720, 81)``: ``count`` positive integers (or any of the counts a
+    tuple lists) joined by ``x`` (or ``×``, or commas), spaces around them allowed; ``ValueError``
+    naming ``what`` otherwise."""
+    counts = (count,) if isinstance(count, int) else count
     parts = re.split(r"[x×,]", text.strip().lower())
     dims = tuple(int(p) for p in (part.strip() for part in parts) if p.isascii() and p.isdigit())
-    if len(dims) != len(parts) or len(dims) != count or min(dims, default=0) < 1:
-        raise ValueError(f"{what} must be {count} positive integers joined by 'x'; received {text!r}")
+    if len(dims) != len(parts) or len(dims) not in counts or min(dims, default=0) < 1:
+        allowed = " or ".join(map(str, counts))
+        raise ValueError(f"{what} must be {allowed} positive integers joined by 'x'; received {text!r}")
     return dims
 
 

@@ -18,8 +18,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from models.shapes import parse_shape_text, shape_text
 
-LatentShape = tuple[int, int, int, int]  # (C, T, H, W) of one latent, without the batch dim
-FrameShape = tuple[int, int, int, int]  # (3, F, H, W) of one video to encode, without the batch dim
+# Shapes without the batch dim: a video model's latents (C, T, H, W) and frames (3, F, H, W); an
+# image model's latents (C, H, W) and images (3, H, W).
+LatentShape = tuple[int, ...]
+FrameShape = tuple[int, ...]
 # What a warm-up compiles for a shape: the uint8 frames (mp4, png, npy, pt + partial_postprocess),
 # the float tensor (pt) and the step programs of stream=true — every one by default — and, only
 # where named, HunyuanVideo 1.0's framewise decode (framewise=true: its uint8 frames and float tensor).
@@ -31,20 +33,22 @@ VideoCodec = Literal["h264", "hevc", "mpeg4", "av1", "vp9"]
 DEFAULT_VIDEO_CODECS: tuple[VideoCodec, ...] = ("h264", "hevc", "mpeg4")
 
 def parse_latent_shape(text: str | tuple | list) -> LatentShape:
-    """``"16x21x60x104"`` (or ``"16,21,60,104"``, or a 4-sequence) -> ``(16, 21, 60, 104)``."""
-    return _four(text, "a latent shape CxTxHxW (e.g. 16x21x60x104)")
+    """``"16x21x60x104"`` (or ``"16,21,60,104"``, or a sequence) -> ``(16, 21, 60, 104)``; an image
+    model's ``"16x128x128"`` -> ``(16, 128, 128)``."""
+    return _dims(text, "a latent shape CxTxHxW (e.g. 16x21x60x104), or an image model's CxHxW (e.g. 16x128x128)")
 
 
 def parse_frame_shape(text: str | tuple | list) -> FrameShape:
-    """``"3x81x480x832"`` (or ``"3,81,480,832"``, or a 4-sequence) -> ``(3, 81, 480, 832)``."""
-    return _four(text, "a frame shape 3xFxHxW (e.g. 3x81x480x832)")
+    """``"3x81x480x832"`` (or ``"3,81,480,832"``, or a sequence) -> ``(3, 81, 480, 832)``; an image
+    model's ``"3x1024x1024"`` -> ``(3, 1024, 1024)``."""
+    return _dims(text, "a frame shape 3xFxHxW (e.g. 3x81x480x832), or an image model's 3xHxW (e.g. 3x1024x1024)")
 
 
-def _four(text: str | tuple | list, what: str) -> tuple[int, int, int, int]:
+def _dims(text: str | tuple | list, what: str) -> tuple[int, ...]:
+    """Three or four dims (which the model takes is checked when it is loaded)."""
     if isinstance(text, (tuple, list)):
         text = shape_text([int(v) for v in text])
-    c, t, h, w = parse_shape_text(text, 4, what)
-    return c, t, h, w
+    return parse_shape_text(text, (3, 4), what)
 
 
 class Warmup(BaseModel):
@@ -73,6 +77,17 @@ class Warmup(BaseModel):
     def __str__(self) -> str:
         return "x".join(map(str, self.shape)) + ":" + ",".join(self.outputs)
 
+    def outputs_for(self, *, images: bool) -> tuple[WarmupOutput, ...]:
+        """The outputs compiled for this entry: an image is answered whole (no stream), so an image
+        model's default (every output) is its uint8 and float decodes; a stream named for one is an
+        error (``ValueError``)."""
+        if not images or "stream" not in self.outputs:
+            return self.outputs
+        if self.outputs != WARMUP_OUTPUTS:
+            raise ValueError(f"--warmup {self}: an image model decodes whole images (no stream); warm up uint8 and "
+                             "float")
+        return tuple(output for output in self.outputs if output != "stream")
+
 
 SECTIONS = {
     "model": "Model and mesh",
@@ -99,10 +114,11 @@ class Settings(BaseSettings):
 
     # --- model and mesh -------------------------------------------------------------------
     model: str | None = Field(
-        None, description="diffusers-format VAE folder (or a pipeline folder with vae/) of Wan 2.1/2.2 or "
-        "HunyuanVideo 1.0/1.5, a .safetensors file, an original release's checkpoint (Wan2.x_VAE.pth, "
-        "HunyuanVideo's vae/pytorch_model.pt), or an embedded model with random weights: wan2.1 (the default), "
-        "wan2.2, hunyuan1.0, hunyuan1.5",
+        None, description="diffusers-format VAE folder (or a pipeline folder with vae/) of Wan 2.1/2.2, "
+        "HunyuanVideo 1.0/1.5, Stable Diffusion/SDXL/Flux.1 (AutoencoderKL), Flux.2 or Qwen-Image, a .safetensors "
+        "file, an original release's checkpoint (Wan2.x_VAE.pth, HunyuanVideo's vae/pytorch_model.pt), or an "
+        "embedded model with random weights: wan2.1 (the default), wan2.2, hunyuan1.0, hunyuan1.5, sd, sdxl, flux1, "
+        "flux2, qwen-image",
         json_schema_extra=_in("model", "PATH|NAME"))
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="weights and activations (float32 matches the PyTorch reference)",
@@ -116,11 +132,13 @@ class Settings(BaseSettings):
     warmup: list[Warmup] = Field(
         default_factory=list,
         description="latent shape compiled before /readyz is 200 (repeatable); outputs: uint8, float, stream "
-        "(default all three), framewise (HunyuanVideo 1.0's framewise=true), e.g. 16x21x60x104 or 16x21x60x104:uint8,stream", json_schema_extra=_in("model", "CxTxHxW[:OUTPUTS]"))
+        "(default all three; an image model's: uint8 and float), framewise (HunyuanVideo 1.0's framewise=true), "
+        "e.g. 16x21x60x104 or 16x21x60x104:uint8,stream; an image model's CxHxW, e.g. 16x128x128",
+        json_schema_extra=_in("model", "CxTxHxW|CxHxW[:OUTPUTS]"))
     encode_warmup: list[FrameShape] = Field(
         default_factory=list,
         description="frame shape whose encode is compiled before /readyz is 200 (repeatable; needs an encoder), "
-        "e.g. 3x81x480x832", json_schema_extra=_in("model", "3xFxHxW"))
+        "e.g. 3x81x480x832; an image model's 3xHxW, e.g. 3x1024x1024", json_schema_extra=_in("model", "3xFxHxW|3xHxW"))
     compile_cache: str | None = Field(None, description="JAX persistent compilation cache directory",
                                       json_schema_extra=_in("model", "DIR"))
     embedded_weights_cache: str | None = Field(
@@ -130,7 +148,7 @@ class Settings(BaseSettings):
     shapes: list[LatentShape] | Literal["any", "warmed"] = Field(
         "any", description="latent shapes served (repeatable): any, warmed (the warm-up shapes and outputs only), "
         "or a list; others get 422. Unless any, encode serves only the encode-warmup frame shapes",
-        json_schema_extra=_in("model", "any|warmed|CxTxHxW"))
+        json_schema_extra=_in("model", "any|warmed|CxTxHxW|CxHxW"))
     max_programs: int = Field(
         64, ge=0, description="compiled programs kept (least recently used dropped); 0 = no limit",
         json_schema_extra=_in("model", "N"))

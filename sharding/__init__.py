@@ -19,6 +19,7 @@ from .decode import (
     sharded_decode,
     sharded_decode_stream,
     to_host,
+    to_host_cropped,
 )
 from .encode import compile_encode, put_frames, replicated_encoder_state, sharded_encode
 from .fits import WontFitError, check_fits
@@ -59,5 +60,6 @@ __all__ = [
     "sharded_decode_stream",
     "sharded_encode",
     "to_host",
+    "to_host_cropped",
     "topology_devices",
 ]

@@ -10,6 +10,9 @@ contexts in place of ``BandContext``.
 * ``CyclicHaloContext``: the halo permutation wraps around (``(i + 1) % tp``), so the first band's
   top edge receives the last band's bottom row (wrong at the image's top and bottom edges only).
 
+And one of the program's edge: ``decode_cropped_on_devices``, the crop of an uneven split's padding
+inside the program (moving the cropped image's rows between devices).
+
 HunyuanVideo's three things that cross bands each have their own (the first also AutoencoderKL's):
 
 * ``BandStatisticsContext``: GroupNorm with each band's own statistics (no sum over the bands).
@@ -39,7 +42,16 @@ from models.spatial import (
 from models.vae import VAE
 
 from .bands import Split
-from .decode import ContextType, _full, _latents_aval, _state_aval, decode_layout, put_latents, replicated_state
+from .decode import (
+    ContextType,
+    _full,
+    _latents_aval,
+    _state_aval,
+    crop_decoded,
+    decode_layout,
+    put_latents,
+    replicated_state,
+)
 from .encode import _encoder, encode_avals, encode_layout, put_frames, put_options, replicated_encoder_state
 from .halo import BandContext
 
@@ -104,7 +116,7 @@ def decode_with(control: str, vae: VAE, latents, mesh: Mesh, *, output: Output =
                 query_chunk=query_chunk, context_type=CONTROLS[control], rank=len(shape))
     compiled = jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh)).compile()
     frames, _ = compiled(replicated_state(vae, mesh), put_latents(latents, mesh))
-    return frames
+    return crop_decoded(frames, shape, vae.config.spatial_scale, output)
 
 
 def encode_with(control: str, vae: VAE, frames, mesh: Mesh, *, split: Split | None = None,
@@ -118,3 +130,19 @@ def encode_with(control: str, vae: VAE, frames, mesh: Mesh, *, split: Split | No
     compiled = jax.jit(run).lower(*encode_avals(vae, shape, mesh, layout)).compile()
     return compiled(replicated_encoder_state(vae, mesh), put_frames(frames, layout, mesh, vae.config.spatial_scale),
                     put_options(posterior_options(shape[0]), mesh))
+
+
+def decode_cropped_on_devices(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "float",
+                              split: Split | None = None) -> jax.stages.Compiled:
+    """The decode of latents ``shape`` with the padding of an uneven split cropped inside the
+    program (``crop_decoded`` on the sharded frames), compiled, not cached: the cropped image's
+    shards do not line up with the bands, so XLA moves its rows between the devices."""
+    output = check_output(output)
+    layout = decode_layout(vae, tuple(shape), mesh, split)
+    run = _full(vae, mesh, layout, denormalize=False, output=output, chunk=resolve_chunk(None), inner_frames=None,
+                query_chunk=4096, rank=len(shape))
+
+    def cropped(state, latents):
+        frames, counts = run(state, latents)
+        return crop_decoded(frames, tuple(shape), vae.config.spatial_scale, output), counts
+    return jax.jit(cropped).lower(_state_aval(vae, mesh), _latents_aval(tuple(shape), mesh)).compile()

@@ -73,13 +73,22 @@ def pad_latents(latents: jax.Array, layout: BandLayout) -> jax.Array:
     return jnp.pad(latents, widths)
 
 
-def crop_frames(frames: jax.Array, layout: BandLayout, output: Output) -> jax.Array:
-    """Drop the frame rows (columns) that came from padded latent rows."""
-    if layout.pad == 0:
-        return frames
-    axis = split_axis(layout, frames.ndim, channels_last=output == "uint8")
-    factor = frames.shape[axis] // layout.padded
-    return jax.lax.slice_in_dim(frames, 0, layout.size * factor, axis=axis)
+def crop_decoded(frames, latents_shape: tuple[int, ...], spatial_scale: int, output: Output):
+    """Frames (or a stream step's) decoded from latents ``latents_shape`` without the rows or columns
+    that came from latent rows padded for an uneven split: ``(…, H', W')`` (uint8 ``(…, H', W', 3)``)
+    cropped to ``s·H x s·W``. NumPy or JAX arrays.
+
+    The programs leave the padding on their bands and the host crops it (``to_host_cropped``): on a
+    sharded array the crop moves rows between devices, because the cropped image's even shards do
+    not line up with the bands, and XLA gathers almost the whole image onto every device for it."""
+    height, width = (spatial_scale * n for n in latents_shape[-2:])
+    return frames[..., :height, :width, :] if output == "uint8" else frames[..., :height, :width]
+
+
+def to_host_cropped(frames: jax.Array, latents_shape: tuple[int, ...], spatial_scale: int,
+                    output: Output) -> np.ndarray:
+    """A decode program's frames on the host, cropped there (``crop_decoded``)."""
+    return crop_decoded(to_host(frames), latents_shape, spatial_scale, output)
 
 
 # -- checks -----------------------------------------------------------------------------------------
@@ -193,8 +202,7 @@ def _full(vae: VAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output
                      (frames_spec(layout, output, rank), COUNTS_SPEC))
 
     def run(state, latents):
-        frames, counts = sharded(state, pad_latents(latents, layout))
-        return crop_frames(frames, layout, output), counts
+        return sharded(state, pad_latents(latents, layout))  # frames still padded: crop_decoded
     return run
 
 
@@ -209,8 +217,7 @@ def _step(vae: VAE, mesh: Mesh, layout: BandLayout, *, first: bool, denormalize:
                      (frames_spec(layout, "uint8"), caches, COUNTS_SPEC))
 
     def run(state, step_caches, latents):
-        out, new_caches, counts = sharded(state, step_caches, pad_latents(latents, layout))
-        return crop_frames(out, layout, "uint8"), new_caches, counts
+        return sharded(state, step_caches, pad_latents(latents, layout))  # frames still padded: crop_decoded
     return run
 
 
@@ -231,9 +238,10 @@ def compile_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Outp
     Compiled ahead of time from abstract weights and latents, so ``mesh`` may hold abstract devices
     (a TPU topology compiled on a CPU host); the convolution path follows the mesh's platform.
     Cached in ``vae.programs``: ``compiled(replicated_state(vae, mesh), put_latents(x, mesh))`` returns
-    the frames and their ``(B, tp)`` non-finite counts per band (``models.decode.nonfinite_count``;
-    ``band_total`` sums them on the host),
-    or read ``memory_analysis()`` / ``as_text()`` without running it.
+    the frames, still with the rows (columns) of an uneven split's padding (``to_host_cropped``
+    takes them to the host without), and their ``(B, tp)`` non-finite counts per band
+    (``models.decode.nonfinite_count``; ``band_total`` sums them on the host), or read
+    ``memory_analysis()`` / ``as_text()`` without running it.
     """
     shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
     inner_frames = check_inner_frames(inner_frames)
@@ -329,12 +337,14 @@ def sharded_decode(
       framewise: HunyuanVideo 1.0 only: diffusers' default tiled decode instead of the whole clip
         (see ``VAE.decode``).
     Returns:
-      A ``jax.Array`` sharded over the mesh (batch over dp, the split axis over tp).
+      A ``jax.Array`` sharded over the mesh (batch over dp, the split axis over tp). An uneven
+      split's padding is cropped off after the program, on the devices (which moves rows between
+      them, see ``crop_decoded``); a server takes the frames to the host first, where it is free.
     """
     run = compile_decode(vae, np.shape(latents), mesh, output=output, denormalize=denormalize, split=split,
                          chunk=chunk, inner_frames=inner_frames, query_chunk=query_chunk, framewise=framewise)
     frames, _ = run(replicated_state(vae, mesh), put_latents(latents, mesh))
-    return frames
+    return crop_decoded(frames, np.shape(latents), vae.config.spatial_scale, output)
 
 
 class Decoded(NamedTuple):
@@ -371,17 +381,18 @@ def sharded_decode_stream(
     """
     latents = np.asarray(latents, np.float32)
     check_framewise(vae.config, framewise)
+    scale = vae.config.spatial_scale
     if is_image_shape(latents.shape):
         run = compile_decode(vae, latents.shape, mesh, output="uint8", denormalize=denormalize, split=split,
                              query_chunk=query_chunk)
         images, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh))
-        yield Decoded(to_host(images)[:, None], band_total(counts))
+        yield Decoded(to_host_cropped(images, latents.shape, scale, "uint8")[:, None], band_total(counts))
         return
     if not vae.config.causal:
         run = compile_decode(vae, latents.shape, mesh, output="uint8", denormalize=denormalize, split=split,
                              query_chunk=query_chunk, framewise=framewise)
         frames, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh))
-        frames, nonfinite = to_host(frames), band_total(counts)
+        frames, nonfinite = to_host_cropped(frames, latents.shape, scale, "uint8"), band_total(counts)
         for index, piece in enumerate(split_stream(frames, latents.shape[2], resolve_chunk(chunk),
                                                    vae.config.temporal_scale)):
             yield Decoded(piece, nonfinite if index == 0 else np.zeros_like(nonfinite))
@@ -392,4 +403,4 @@ def sharded_decode_stream(
     caches = None
     for (start, stop), step in programs.items():
         frames, caches, nonfinite = step(state, caches, put_latents(latents[:, :, start:stop], mesh))
-        yield Decoded(to_host(frames), band_total(nonfinite))
+        yield Decoded(to_host_cropped(frames, latents.shape, scale, "uint8"), band_total(nonfinite))

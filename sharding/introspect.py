@@ -15,6 +15,7 @@ from jax.sharding import Mesh
 
 from models.decode import decode_step, resolve_chunk
 from models.families import DecoderModule
+from models.shapes import clip_shape
 from models.vae import DTYPES, VAE
 
 from .bands import Split, band_layout
@@ -122,7 +123,7 @@ def halo_bytes(vae: VAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, split:
     slabs per conv, times ``dp``). ``tp = 1`` exchanges nothing. A model that is not causal in time
     decodes the whole clip in its one step: ``"first"`` is the whole decode, ``"next"`` 0.
     """
-    batch, _, frames_in_clip, height, width = shape
+    batch, _, frames_in_clip, height, width = clip_shape(shape)
     layout = band_layout(height, width, tp, split)
     chunk = resolve_chunk(chunk)
     dtype = DTYPES[vae.dtype]

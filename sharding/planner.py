@@ -44,22 +44,26 @@ class PlanError(ValueError):
 
 
 # -- shapes -------------------------------------------------------------------------------------
-def latent_shape_for_video(config: VAEConfig, width: int, height: int, frames: int) -> tuple[int, int, int, int]:
-    """Latents ``(C, T, H, W)`` that decode to ``frames`` frames of ``width x height``.
+def latent_shape_for_video(config: VAEConfig, width: int, height: int, frames: int) -> tuple[int, ...]:
+    """Latents ``(C, T, H, W)`` that decode to ``frames`` frames of ``width x height``; an image
+    model's ``(C, H, W)`` for one frame (an image).
 
     The decoder yields ``1 + temporal_scale·(T − 1)`` frames of ``spatial_scale`` times the latent
     size; other sizes are refused (``PlanError``) with the nearest ones that exist.
     """
     spatial, temporal = config.spatial_scale, config.temporal_scale
+    if config.is_image and frames != 1:
+        raise PlanError(f"the {config.class_name} VAE decodes images: one frame, received {frames}")
     problems = misfits(width, height, frames, spatial=spatial, temporal=temporal)
     if problems:
         raise PlanError("; ".join(map(str, problems)))
-    return config.z_dim, latents_for_frames(frames, temporal), height // spatial, width // spatial
+    time_axis = () if config.is_image else (latents_for_frames(frames, temporal),)
+    return config.z_dim, *time_axis, height // spatial, width // spatial
 
 
 def video_for_latents(config: VAEConfig, shape: Sequence[int]) -> tuple[int, int, int]:
-    """``(width, height, frames)`` decoded from latents ``(C, T, H, W)``."""
-    _, t, h, w = shape
+    """``(width, height, frames)`` decoded from latents ``(C, T, H, W)`` (an image's ``(C, H, W)``: one frame)."""
+    _, t, h, w = clip_shape((1, *shape))[1:]
     return w * config.spatial_scale, h * config.spatial_scale, config.num_output_frames(t)
 
 
@@ -120,11 +124,11 @@ def device_flops(config: VAEConfig, shape: tuple[int, ...], tp: int, dp: int, sp
 def plan_mesh(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: ChipFacts, *,
               hbm_bytes: int, output: Output = "uint8", headroom: float | None = None,
               inner_frames: int | None = None) -> MeshPlan:
-    """Compile the decode of NCTHW latents ``shape`` on ``mesh`` and report one device's needs
-    (``inner_frames``: as in ``compile_decode``; None is what a server runs)."""
+    """Compile the decode of NCTHW latents ``shape`` (an image model's NCHW) on ``mesh`` and report
+    one device's needs (``inner_frames``: as in ``compile_decode``; None is what a server runs)."""
     tp, dp = mesh.shape[TP_AXIS], mesh.shape[DP_AXIS]
     usable = int(hbm_bytes * (1 - (chip.headroom if headroom is None else headroom)))
-    bands = band_layout(shape[3], shape[4], tp)
+    bands = band_layout(shape[-2], shape[-1], tp)
     flops = device_flops(vae.config, shape, tp, dp, bands.split, bands.band)
     start = time.perf_counter()
     try:
@@ -150,7 +154,7 @@ def plan_mesh(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: C
         total_bytes=total, hbm_bytes=hbm_bytes, usable_bytes=usable,
         fits=total <= usable, flops=flops, cost_analysis_flops=float(cost.get("flops", 0.0)),
         bytes_accessed=bytes_accessed,
-        halo_bytes=halo["first_per_device"] + (shape[2] - 1) * halo["next_per_device"],
+        halo_bytes=halo["first_per_device"] + (clip_shape(shape)[2] - 1) * halo["next_per_device"],
         collectives=collective_summary(collectives(compiled.as_text() or "")), compile_s=round(compile_s, 3),
         bound_s=max(flops / chip.peak_bf16_flops, bytes_accessed / chip.hbm_bytes_per_s),
     )
@@ -244,7 +248,8 @@ def recommend(meshes: Sequence[MeshPlan], devices: int) -> dict[str, Any]:
 def plan_decode(vae: VAE, latents: Sequence[int], devices: Sequence[jax.Device], *, topology: str,
                 tps: Sequence[int] = (1, 2, 4, 8), dp: int = 1, batch: int = 1, output: Output = "uint8",
                 headroom: float | None = None, inner_frames: int | None = None, progress: bool = False) -> Plan:
-    """Plan the decode of latents ``(C, T, H, W)``, ``batch`` per dp replica, on ``devices``.
+    """Plan the decode of latents ``(C, T, H, W)`` (an image model's ``(C, H, W)``), ``batch`` per dp
+    replica, on ``devices``.
 
     Every ``tp`` in ``tps`` with ``dp·tp`` ≤ the devices is compiled (the others are listed in
     ``skipped``). ``devices`` are those of one slice (``chips.topology_devices``) or any others whose

@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from models.shapes import clip_shape
+
 from ..codecs.frames import BodyFormat, read_frames_header
-from ..codecs.latents import check_latent_dims, serialize_latents
+from ..codecs.latents import check_latent_dims, model_layout, serialize_latents
 from ..codecs.mp4 import ALL_CODECS
 from ..codecs.tensors import npy_bytes, parse_npy, parse_safetensors
-from ..codecs.video import mp4_bytes
+from ..codecs.video import jpeg_bytes, mp4_bytes, png_bytes
 from ..engine.batches import pad_batch
 from ..limits import Limits
 from ..problem import Problem
@@ -32,8 +34,9 @@ def add_parsers(sub) -> None:
 def _decode_parser(sub) -> None:
     p = sub.add_parser("decode", help="decode a latents file offline on the local devices")
     p.add_argument("input", help=".npy or .safetensors latents (B,C,T,H,W) or (C,T,H,W); C = 16 (Wan 2.1, "
-                   "HunyuanVideo), 48 (Wan 2.2), 32 (HunyuanVideo 1.5)")
-    p.add_argument("-o", "--output", required=True, help=".mp4 (first video) or .npy (uint8 frames)")
+                   "HunyuanVideo), 48 (Wan 2.2), 32 (HunyuanVideo 1.5); an image model's (B,C,H,W) or (C,H,W)")
+    p.add_argument("-o", "--output", required=True, help=".mp4 (first video) or .npy (uint8 frames); an image "
+                   "model's .png or .jpg (first image) or .npy (uint8 images)")
     _model_arguments(p)
     p.add_argument("--denormalize", action="store_true", help="z * latents_std + latents_mean first")
     p.add_argument("--framewise", action="store_true",
@@ -47,8 +50,9 @@ def _encode_parser(sub) -> None:
     p.add_argument("input", help=".mp4/.mov, .png, .jpg/.jpeg (pixels -> [-1, 1]), or .npy/.safetensors frames "
                    "(B,3,F,H,W) or (B,3,H,W) in [-1, 1]")
     p.add_argument("-o", "--output", required=True,
-                   help=".safetensors (tensor 'latents') or .npy: float32 (B,z,T,H/s,W/s), "
-                        "z, s = 16, 8 (Wan 2.1, HunyuanVideo), 48, 16 (Wan 2.2) or 32, 16 (HunyuanVideo 1.5)")
+                   help=".safetensors (tensor 'latents') or .npy: float32 (B,z,T,H/s,W/s) (an image model's "
+                        "(B,z,H/s,W/s)), z, s = 16, 8 (Wan 2.1, HunyuanVideo), 48, 16 (Wan 2.2) or 32, 16 "
+                        "(HunyuanVideo 1.5)")
     _model_arguments(p)
     p.add_argument("--normalize", action="store_true", help="(z - latents_mean) / latents_std after (as pipelines do)")
     p.add_argument("--sample", action="store_true", help="draw from the posterior instead of taking its mean")
@@ -71,7 +75,8 @@ def _convert_parser(sub) -> None:
                    "the key names belong to)")
 
 
-def _load_latents(path: Path) -> np.ndarray:
+def _load_latents(path: Path, config) -> np.ndarray:
+    """A latents file → float32 latents in the model's batched layout (``model_layout``)."""
     data = path.read_bytes()
     if path.suffix == ".npy":
         array = parse_npy(data, check=check_latent_dims)
@@ -79,8 +84,8 @@ def _load_latents(path: Path) -> np.ndarray:
         array = parse_safetensors(data, check=check_latent_dims)
     else:
         raise SystemExit(f"unsupported input {path.name}: use .npy or .safetensors")
-    array = np.asarray(array, np.float32)
-    return array if array.ndim == 5 else array[None]
+    batched, _ = model_layout(np.asarray(array, np.float32), config)
+    return batched
 
 
 def _devices(cpu_devices: int | None):
@@ -103,11 +108,11 @@ def decode(args: argparse.Namespace) -> int:
     import models
     import sharding
 
-    latents = _load_latents(Path(args.input))
     vae = models.load_vae(args.model, dtype=args.dtype)
+    latents = _load_latents(Path(args.input), vae.config)
     mesh = sharding.make_mesh(args.tp, dp=args.dp)
     padded = _pad_to_dp(latents, args.dp)
-    total = vae.config.num_output_frames(latents.shape[2])
+    total = vae.config.num_output_frames(clip_shape(latents.shape)[2])
     chunks, nonfinite = [], 0
     with tqdm(total=total, unit="frame", desc="decode") as bar:
         for step in sharding.sharded_decode_stream(vae, padded, mesh, denormalize=args.denormalize,
@@ -120,13 +125,17 @@ def decode(args: argparse.Namespace) -> int:
                          "model (check their scale; --denormalize?)")
     frames = np.concatenate(chunks, axis=1)
     out = Path(args.output)
-    if out.suffix == ".mp4":
-        out.write_bytes(mp4_bytes(frames[0], fps=args.default_fps, crf=args.default_crf))
+    images = vae.config.is_image
+    writers = {".png": png_bytes, ".jpg": jpeg_bytes, ".jpeg": jpeg_bytes} if images else \
+        {".mp4": lambda video: mp4_bytes(video, fps=args.default_fps, crf=args.default_crf)}
+    if out.suffix in writers:
+        out.write_bytes(writers[out.suffix](frames[0, 0] if images else frames[0]))
     elif out.suffix == ".npy":
-        out.write_bytes(npy_bytes(frames))
+        out.write_bytes(npy_bytes(frames[:, 0] if images else frames))
     else:
-        raise SystemExit(f"unsupported output {out.name}: use .mp4 or .npy")
-    print(f"wrote {out} ({frames.shape[1]} frames {frames.shape[2]}x{frames.shape[3]}, batch {frames.shape[0]})")
+        raise SystemExit(f"unsupported output {out.name}: use {', '.join(writers)} or .npy")
+    what = "images" if images else f"{frames.shape[1]} frames"
+    print(f"wrote {out} ({what} {frames.shape[2]}x{frames.shape[3]}, batch {frames.shape[0]})")
     return 0
 
 

@@ -4,6 +4,7 @@ compiler (libtpu, or XLA's CUDA compiler), no TPU and no GPU.
     vaeserve plan --topology v5e:2x4 --video 1280x720x81 --dtype bfloat16
     vaeserve plan --topology v6e-8 --shape 16x21x90x160 --tp 4,8 --json
     vaeserve plan --topology h100-8 --video 1920x1080x81 --dtype bfloat16   # needs the `cuda` extra
+    vaeserve plan --topology v6e-8 --model sdxl --image 4096x4096 --dtype bfloat16   # an image model
 
 Compiles the sharded decode for each candidate mesh over the slice's abstract devices (see
 ``sharding.planner``) and prints per-device memory, fit, FLOPs, traffic, collectives, compile time
@@ -27,10 +28,12 @@ def add_parser(sub) -> None:
                         "(v6e-8); or a GPU host: h100-N or h200-N, N in 1, 2, 4, 8 (needs the `cuda` extra)")
     shape = p.add_mutually_exclusive_group(required=True)
     shape.add_argument("--video", metavar="WxHxF", help="decoded video, e.g. 1280x720x81 (F = 1 + 4k)")
-    shape.add_argument("--shape", metavar="CxTxHxW", help="latents, e.g. 16x21x90x160")
+    shape.add_argument("--image", metavar="WxH", help="an image model's decoded image, e.g. 4096x4096")
+    shape.add_argument("--shape", metavar="CxTxHxW", help="latents, e.g. 16x21x90x160 (an image model's CxHxW, "
+                       "e.g. 4x512x512)")
     p.add_argument("--model", default="wan2.1",
-                   help="wan2.1 (default), wan2.2, hunyuan1.0, hunyuan1.5, or a model path as `serve --model` takes; "
-                        "only its config is read")
+                   help="wan2.1 (default), wan2.2, hunyuan1.0, hunyuan1.5, sd, sdxl, flux1, flux2, qwen-image, or a "
+                        "model path as `serve --model` takes; only its config is read")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--tp", default="1,2,4,8", help="candidate tp sizes, comma-separated (default 1,2,4,8)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of each candidate mesh")
@@ -119,11 +122,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = models.load_config(args.model)
         latents: tuple[int, ...]
-        if args.video:
-            width, height, frames = dims(args.video, 3, "--video WxHxF")
+        if args.video or args.image:
+            width, height, frames = dims(args.video, 3, "--video WxHxF") if args.video else \
+                (*dims(args.image, 2, "--image WxH"), 1)
             latents = latent_shape_for_video(config, width, height, frames)
         else:
-            latents = dims(args.shape, 4, "--shape CxTxHxW")
+            latents = dims(args.shape, 3 if config.is_image else 4, "--shape CxHxW" if config.is_image else
+                           "--shape CxTxHxW")
             if latents[0] != config.z_dim:
                 raise PlanError(f"latent channels: expected {config.z_dim}, received {latents[0]}")
         devices = topology_devices(args.topology)

@@ -13,14 +13,16 @@ them) and :meth:`FramesHeader.read` then decodes into one array allocated for th
 
 Body formats (:func:`body_format`; the bytes must be what the Content-Type says, 415 otherwise):
 
-* PNG or JPEG (``images``): one image, one frame ``(1, 3, 1, H, W)``; pixels ``x`` become
+* PNG or JPEG (``images``): one image, one frame ``(1, 3, 1, H, W)`` (for an image model
+  ``(1, 3, H, W)``); pixels ``x`` become
   ``2 · (x / 255) − 1`` in float32, exactly as diffusers' ``VaeImageProcessor`` does (decoded with
   Pillow, like the PIL images a pipeline holds). Palette, grey and RGBA images are converted to
   RGB (alpha dropped); 16-bit images are refused.
 * MP4 or QuickTime MOV (``mp4``): every frame of the first video stream, in one of the promised
-  codecs, converted like images: ``(1, 3, F, H, W)``.
+  codecs, converted like images: ``(1, 3, F, H, W)`` (an image model takes none: 415).
 * Tensors: raw little-endian bytes (``shape`` and ``dtype`` in the query), ``.npy`` or
-  safetensors, ``(B, 3, F, H, W)`` or ``(B, 3, H, W)`` (one frame each), float32/float16/bfloat16.
+  safetensors, ``(B, 3, F, H, W)`` or ``(B, 3, H, W)`` (one frame each; for an image model, images
+  in the layouts it takes), float32/float16/bfloat16.
 
 A body without a Content-Type (diffusers' ``remote_encode`` sends none), or with a generic one, is
 a raw tensor when ``shape`` is given, else it is recognized by its first bytes (``sniff``).
@@ -36,7 +38,7 @@ from typing import Literal
 import numpy as np
 
 from models.config import VAEConfig
-from models.shapes import FramesError, check_frames_shape
+from models.shapes import FramesError, check_frames_shape, clip_shape
 
 from ..limits import Limits
 from ..problem import Problem
@@ -47,6 +49,7 @@ from .sniff import sniff
 from .tensors import (
     NPY_CONTENT_TYPE,
     SAFETENSORS_CONTENT_TYPE,
+    SHAPE_SLUGS,
     TENSOR_CONTENT_TYPES,
     check_dims,
     check_finite,
@@ -66,9 +69,6 @@ FRAME_LAYOUTS = ["(B, 3, F, H, W)", "(B, 3, H, W)"]
 # What a media format's bytes must sniff as, and how a detail names it.
 _SNIFFED_AS = {"png": ("png", "a PNG image"), "jpeg": ("jpeg", "a JPEG image"), "mp4": ("isobmff", "an MP4/MOV video")}
 _READ_FROM_BYTES = {"png": "png", "jpeg": "jpeg", "isobmff": "mp4", "npy": "npy", "safetensors": "safetensors"}
-
-_SLUGS = {"ndim": "invalid-ndim", "channels": "invalid-channels", "sizes": "invalid-shape",
-          "frames": "invalid-frame-count", "height": "invalid-height", "width": "invalid-width"}
 
 
 def check_frames_content_type(content_type: str | None) -> str:
@@ -126,13 +126,21 @@ def to_unit_range(pixels: np.ndarray, out: np.ndarray) -> None:
 
 def check_shape(shape: tuple[int, ...], config: VAEConfig, limits: Limits) -> None:
     """The model's shape rules (422 with the nearest valid frame count or size), then the
-    configured limits, for frames ``(B, 3, F, H, W)`` — from a header, before anything is decoded."""
+    configured limits, for frames ``(B, 3, F, H, W)`` (an image model's ``(B, 3, H, W)``) — from a
+    header, before anything is decoded."""
     try:
         check_frames_shape(shape, config)
     except FramesError as error:
-        raise Problem(422, _SLUGS.get(error.what, "invalid-shape"), str(error), expected=error.expected,
+        raise Problem(422, SHAPE_SLUGS.get(error.what, "invalid-shape"), str(error), expected=error.expected,
                       received=error.received) from None
-    limits.check(batch=shape[0], frames=shape[2], height=shape[3], width=shape[4])
+    b, _, f, h, w = clip_shape(shape)
+    limits.check(batch=b, frames=f, height=h, width=w)
+
+
+def model_frames(shape: tuple[int, ...], config: VAEConfig) -> tuple[int, ...]:
+    """Frames of ``shape`` in the layout the model takes: a video model's ``(B, 3, F, H, W)`` (an
+    image ``(B, 3, H, W)`` is one frame), an image model's as they are (its shape rules decide)."""
+    return shape if config.is_image or len(shape) == 5 else (*shape[:2], 1, *shape[2:])
 
 
 def check_frame_dims(shape: tuple[int, ...]) -> None:
@@ -142,10 +150,11 @@ def check_frame_dims(shape: tuple[int, ...]) -> None:
 
 @dataclass(frozen=True)
 class FramesHeader:
-    """A body whose headers passed every check: the frames ``shape`` ``(B, 3, F, H, W)`` it becomes,
-    and how to decode them (``fill(out, deadline)`` writes every value of ``out``)."""
+    """A body whose headers passed every check: the frames ``shape`` ``(B, 3, F, H, W)`` it becomes
+    (an image model's ``(B, 3, H, W)``), and how to decode them (``fill(out, deadline)`` writes
+    every value of ``out``)."""
 
-    shape: tuple[int, int, int, int, int]
+    shape: tuple[int, ...]
     fill: Callable[[np.ndarray, float | None], None]
     checks_finite: bool  # tensors can hold NaN/Inf; decoded pixels cannot
 
@@ -165,15 +174,20 @@ class FramesHeader:
 
 
 def _image_header(body: bytes, kind: Literal["png", "jpeg"], config: VAEConfig, limits: Limits) -> FramesHeader:
-    header = image_header(body, kind, lambda height, width: check_shape((1, 3, 1, height, width), config, limits))
+    header = image_header(body, kind, lambda height, width: check_shape(model_frames((1, 3, height, width), config),
+                                                                         config, limits))
 
     def fill(out: np.ndarray, deadline: float | None) -> None:
-        to_unit_range(read_image(body, kind), out[0, :, 0])
+        to_unit_range(read_image(body, kind), out.reshape(3, header.height, header.width))
 
-    return FramesHeader((1, 3, 1, header.height, header.width), fill, checks_finite=False)
+    return FramesHeader(model_frames((1, 3, header.height, header.width), config), fill, checks_finite=False)
 
 
 def _mp4_header(body: bytes, config: VAEConfig, limits: Limits, codecs: tuple[VideoCodec, ...]) -> FramesHeader:
+    if config.is_image:
+        raise Problem(415, "unsupported-media-type", f"the {config.class_name} VAE encodes images: send a PNG, a "
+                      "JPEG or a tensor", expected=["image/png", "image/jpeg", *TENSOR_CONTENT_TYPES],
+                      received="video/mp4")
     header = mp4_header(body, codecs, limits.max_frames)
     shape = (1, 3, header.frames, header.height, header.width)
     check_shape(shape, config, limits)
@@ -196,7 +210,7 @@ def _tensor_header(body: bytes, body_type: BodyFormat, shape: tuple[int, ...] | 
                           "send an image, an MP4, .npy or safetensors", expected="shape=B,3,F,H,W&dtype=float32",
                           received=None)
         array = parse_raw(body, shape, dtype, check=check_frame_dims)
-    view = array[:, :, None] if array.ndim == 4 else array  # a view of the body: nothing copied yet
+    view = array.reshape(model_frames(array.shape, config))  # a view of the body: nothing copied yet
     check_shape(view.shape, config, limits)
 
     def fill(out: np.ndarray, deadline: float | None) -> None:

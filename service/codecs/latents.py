@@ -4,8 +4,9 @@ Parsing validates everything a client can get wrong (media type, shape, dtype, b
 sizes, NaN/Inf) and raises :class:`service.problem.Problem` with what was expected and what was
 received, so the device never sees a malformed request.
 
-Layout: latents are ``(B, C, T, H, W)`` (NCTHW, diffusers' layout); ``C`` is the model's latent
-channels (16 for Wan 2.1, 48 for Wan 2.2), ``limits.channels``.
+Layout: latents are ``(B, C, T, H, W)`` (NCTHW, diffusers' layout) for a video model, ``(B, C, H,
+W)`` for an image model (or Flux's packed ``(B, H·W/4, 4C)``); ``C`` is the model's latent channels
+(16 for Wan 2.1, 48 for Wan 2.2, 4 for SD and SDXL), ``limits.channels``.
 
 Scaling follows diffusers' remote VAE convention, in both directions:
 
@@ -20,11 +21,14 @@ import json
 import numpy as np
 from safetensors.numpy import save as save_safetensors
 
+from models.shapes import LatentsError, ShapeRules, check_latents_shape, clip_shape
+
 from ..limits import Limits
 from ..problem import Problem
 from .tensors import (
     NPY_CONTENT_TYPE,
     SAFETENSORS_CONTENT_TYPE,
+    SHAPE_SLUGS,
     TENSOR_CONTENT_TYPES,
     check_dims,
     media_type,
@@ -34,7 +38,9 @@ from .tensors import (
     parse_safetensors,
 )
 
-LATENT_LAYOUTS = ["(C, T, H, W)", "(B, C, T, H, W)"]
+LATENT_LAYOUTS = ["(C, T, H, W)", "(B, C, T, H, W)", "images: (C, H, W)", "(B, C, H, W)",
+                  "packed images: (B, H·W/4, 4C) with height and width"]
+LATENT_RANKS = (3, 4, 5)
 # Latents out, by the encode's output_type.
 LATENT_MEDIA_TYPES = {"pt": "application/octet-stream", "npy": NPY_CONTENT_TYPE,
                       "safetensors": SAFETENSORS_CONTENT_TYPE}
@@ -50,14 +56,17 @@ def check_latents_content_type(content_type: str | None) -> str:
 
 
 def check_latent_dims(shape: tuple[int, ...]) -> None:
-    """Latents are ``(C, T, H, W)`` or ``(B, C, T, H, W)``, every size at least 1."""
-    check_dims(shape, what="latents", layouts=LATENT_LAYOUTS, example="1,16,21,60,104")
+    """Latents of any model: 3, 4 or 5 dims (``LATENT_LAYOUTS``), every size at least 1; which
+    layouts a model takes is checked once the body is read (:func:`check_limits`)."""
+    check_dims(shape, what="latents", layouts=LATENT_LAYOUTS, example="1,16,21,60,104", ranks=LATENT_RANKS)
 
 
-def parse_latents(
-    body: bytes, content_type: str, shape: tuple[int, ...] | None, dtype: str | None, limits: Limits
-) -> tuple[np.ndarray, bool]:
-    """Body -> ``(latents (B, C, T, H, W) float32, had_batch_dim)``; raises Problem on bad input.
+def parse_latents(body: bytes, content_type: str, shape: tuple[int, ...] | None, dtype: str | None, limits: Limits,
+                  rules: ShapeRules, *, packed_size: tuple[int | None, int | None] = (None, None)
+                  ) -> tuple[np.ndarray, bool]:
+    """Body -> ``(latents float32 in the model's batched layout, had_batch_dim)``; raises Problem
+    on bad input. ``packed_size``: the image's ``(height, width)`` in pixels when the body may be
+    packed latents (see :func:`model_layout`).
 
     Values are not checked here: NaN/Inf are refused by :func:`service.codecs.tensors.check_finite` once scaling and
     denormalizing are applied (finite inputs can overflow there)."""
@@ -68,22 +77,56 @@ def parse_latents(
         array = parse_safetensors(body, check=check_latent_dims)
     else:
         array = parse_raw(body, shape, dtype, check=check_latent_dims)
-    return check_limits(array, limits)
+    latents, batched = model_layout(array, rules, packed_size)
+    return check_limits(latents, limits, rules), batched
 
 
-def check_limits(array: np.ndarray, limits: Limits) -> tuple[np.ndarray, bool]:
-    """Channels and the configured size limits; returns float32 ``(B, C, T, H, W)`` and whether
-    the input had the batch dimension."""
-    check_latent_dims(array.shape)
-    batched = array.ndim == 5
-    latents = array if batched else array[None]
-    b, c, t, h, w = latents.shape
-    if c != limits.channels:
-        raise Problem(422, "invalid-channels", f"latents need {limits.channels} channels, got {c}",
-                      expected=limits.channels, received=c)
+def model_layout(array: np.ndarray, rules: ShapeRules,
+                 packed_size: tuple[int | None, int | None] = (None, None)) -> tuple[np.ndarray, bool]:
+    """A body's latents in the layout the model takes, with the batch dim, and whether the body had it.
+
+    A video model takes ``(B, C, T, H, W)``; ``(C, T, H, W)`` is one video. An image model takes
+    ``(B, C, H, W)`` (Qwen-Image also ``(B, C, 1, H, W)``); ``(C, H, W)`` is one image, and with
+    ``packed_size`` (the image's height and width in pixels, as diffusers' ``remote_decode`` sends
+    them) a 3-dim body is Flux's packed latents ``(B, H·W/4, 4C)``, unpacked here."""
+    height, width = packed_size
+    if rules.is_image and array.ndim == 3 and (height is not None or width is not None):
+        if height is None or width is None:
+            raise Problem(422, "missing-size", "packed latents need both height and width (the image's, in pixels)",
+                          expected="height=H&width=W", received={"height": height, "width": width})
+        return unpack_latents(array, height, width, rules.spatial_scale), True
+    unbatched = 3 if rules.is_image else 4
+    return (array[None], False) if array.ndim == unbatched else (array, True)
+
+
+def unpack_latents(packed: np.ndarray, height: int, width: int, spatial_scale: int) -> np.ndarray:
+    """Flux's packed latents ``(B, h/2 · w/2, 4C)`` (2x2 patches of ``C`` channels, row by row) →
+    ``(B, C, h, w)``, ``h = 2 · ⌊height / 2s⌋`` as Flux's pipelines compute it from the image's
+    ``height`` (``s``: the spatial scale). A view where the layout allows it; 422 when the token or
+    channel count does not fit the size."""
+    b, tokens, packed_channels = packed.shape
+    h, w = 2 * (height // (2 * spatial_scale)), 2 * (width // (2 * spatial_scale))
+    if h == 0 or w == 0 or tokens != (h // 2) * (w // 2) or packed_channels % 4:
+        raise Problem(422, "invalid-shape", f"packed latents of a {height}x{width} image are (B, {h // 2 * (w // 2)}, 4C)",
+                      expected=[b, (h // 2) * (w // 2), "4C"], received=list(packed.shape))
+    channels = packed_channels // 4
+    return packed.reshape(b, h // 2, w // 2, channels, 2, 2).transpose(0, 3, 1, 4, 2, 5).reshape(b, channels, h, w)
+
+
+def check_limits(latents: np.ndarray, limits: Limits, rules: ShapeRules) -> np.ndarray:
+    """The model's shape rules and the configured size limits (on the output, in pixels) for
+    batched ``latents``; returns them float32 and contiguous."""
+    try:
+        check_latents_shape(latents.shape, rules)
+    except LatentsError as error:
+        detail = (f"latents need {error.expected} channels, got {error.received}" if error.what == "channels"
+                  else str(error))
+        raise Problem(422, SHAPE_SLUGS.get(error.what, "invalid-shape"), detail, expected=error.expected,
+                      received=error.received) from None
+    b, _, t, h, w = clip_shape(latents.shape)
     limits.check(batch=b, frames=limits.output_frames(t), height=limits.spatial_scale * h,
                  width=limits.spatial_scale * w, what="output ")
-    return np.ascontiguousarray(latents, dtype=np.float32), batched
+    return np.ascontiguousarray(latents, dtype=np.float32)
 
 
 def unscale_latents(latents: np.ndarray, scaling_factor: float | None, shift_factor: float | None) -> np.ndarray:

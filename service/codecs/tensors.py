@@ -41,14 +41,16 @@ def media_type(content_type: str | None) -> str:
     return (content_type or "").split(";")[0].strip().lower()
 
 
-def check_dims(shape: tuple[int, ...], *, what: str, layouts: list[str], example: str) -> None:
-    """The one dimension check of every tensor body, before any reshape or allocation: 4 or 5
-    dims (``layouts``), every size at least 1 (numpy would accept zeros, and negative pairs
+def check_dims(shape: tuple[int, ...], *, what: str, layouts: list[str], example: str,
+               ranks: tuple[int, ...] = (4, 5)) -> None:
+    """The one dimension check of every tensor body, before any reshape or allocation: one of
+    ``ranks`` dims (``layouts``), every size at least 1 (numpy would accept zeros, and negative pairs
     multiply to a positive byte count). ``what`` names the tensor in the detail."""
     # A hostile shape can have thousands of entries: echo short ones, count long ones.
     received = list(shape) if len(shape) <= 8 else f"{len(shape)} dimensions"
-    if len(shape) not in (4, 5):
-        raise Problem(422, "invalid-ndim", f"{what} must have 4 or 5 dims, got {len(shape)}", expected=layouts,
+    if len(shape) not in ranks:
+        allowed = " or ".join(map(str, ranks))
+        raise Problem(422, "invalid-ndim", f"{what} must have {allowed} dims, got {len(shape)}", expected=layouts,
                       received=received)
     if min(shape) < 1:
         raise Problem(422, "invalid-shape", f"every {what} size must be at least 1",
@@ -71,6 +73,11 @@ def parse_shape(values: list[str] | None, *, check: ShapeCheck) -> tuple[int, ..
     shape = tuple(int(part) for part in parts)
     check(shape)
     return shape
+
+
+# The slug of a 422 for each way a shape misfits the model (``models.shapes.ShapeError.what``).
+SHAPE_SLUGS = {"ndim": "invalid-ndim", "channels": "invalid-channels", "sizes": "invalid-shape",
+               "frames": "invalid-frame-count", "height": "invalid-height", "width": "invalid-width"}
 
 
 def _raw_dtype(dtype: str | None) -> np.dtype:

@@ -94,8 +94,8 @@ class ModelState:
     vae: Any
     runner: Runner
     limits: Limits
-    mean: np.ndarray  # (1, C, 1, 1, 1) float32: latents_mean
-    std: np.ndarray  # (1, C, 1, 1, 1) float32: latents_std
+    mean: np.ndarray  # (C,) float32: latents_mean
+    std: np.ndarray  # (C,) float32: latents_std
     devices: list[str]
     platform: str
     warmed: tuple[Any, ...]  # the settings' Warmup entries compiled at start-up
@@ -137,5 +137,7 @@ class ModelState:
                              received=shape_text(shape), allowed=sorted(shape_text(s) for s in self.encode_served))
 
     def denormalize(self, latents: np.ndarray) -> np.ndarray:
-        """``z · latents_std + latents_mean`` per channel, on the host (float32)."""
-        return latents * self.std + self.mean
+        """``z · latents_std + latents_mean`` per channel of NCTHW (or an image's NCHW) latents, on
+        the host (float32)."""
+        per_channel = (1, -1) + (1,) * (latents.ndim - 2)
+        return latents * self.std.reshape(per_channel) + self.mean.reshape(per_channel)

@@ -20,7 +20,7 @@ import sharding
 from models.encode import PosteriorOptions, posterior_options
 from models.programs import ProgramKey
 from models.shapes import Output
-from sharding.decode import Decoded, band_total
+from sharding.decode import Decoded, band_total, to_host_cropped
 from sharding.fits import program_total_bytes
 from sharding.introspect import program_memory
 from sharding.mesh import mesh_key
@@ -74,8 +74,9 @@ class DeviceRunner:
         program = sharding.compile_decode(self.vae, padded.shape, self.mesh, output=output, framewise=framewise)
         frames, nonfinite = program(sharding.replicated_state(self.vae, self.mesh),
                                     sharding.put_latents(padded, self.mesh))
-        # all-gathered when the mesh spans processes
-        return Decoded(sharding.to_host(frames)[:n], band_total(nonfinite)[:n])
+        # all-gathered when the mesh spans processes; an uneven split's padding cropped on the host
+        host = to_host_cropped(frames, padded.shape, self.vae.config.spatial_scale, output)
+        return Decoded(host[:n], band_total(nonfinite)[:n])
 
     def decode_stream(self, latents: np.ndarray, *, framewise: bool = False) -> Iterator[Decoded]:
         """Yields ``Decoded`` uint8 chunks ``(B, f, sH, sW, 3)`` as each decode step finishes."""

@@ -55,9 +55,6 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
     """The model (``vae`` if given, else ``settings.model``), its mesh and runner, and the request
     limits and normalization taken from its config. Nothing is compiled yet."""
     vae = vae if vae is not None else _load_vae(settings)
-    if vae.config.is_image:  # its (B, C, H, W) bodies and image answers are not served yet
-        raise StartupRefused(f"{vae.config.class_name} is an image VAE: the service serves the video VAEs so far; "
-                             "decode and encode images with the Python API (models, sharding)")
     if vae.metadata.get("random_weights"):
         log.warning("the model has RANDOM weights: outputs are noise-like, for testing only")
     mesh = sharding.make_mesh(settings.tp, settings.dp)
@@ -66,13 +63,11 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
     limits = Limits(channels=config.z_dim, max_batch=settings.max_batch, max_frames=settings.max_frames,
                     max_height=settings.max_height, max_width=settings.max_width,
                     temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale)
-    per_channel = (1, config.z_dim, 1, 1, 1)
     device_memory = settings.device_memory_bytes or device_bytes_limit(list(mesh.devices.flat))
     framewise = has_framewise(config)
     return ModelState(
         vae=vae, runner=runner, limits=limits,
-        mean=np.asarray(config.latents_mean, np.float32).reshape(per_channel),
-        std=np.asarray(config.latents_std, np.float32).reshape(per_channel),
+        mean=np.asarray(config.latents_mean, np.float32), std=np.asarray(config.latents_std, np.float32),
         devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
         warmed=tuple(settings.warmup), served=served_shapes(settings, framewise=framewise),
         device_memory_bytes=device_memory, framewise=framewise,
@@ -123,7 +118,7 @@ def warm_up(model: ModelState, settings: Settings) -> None:
         log.info("no per-device memory limit known (CPU devices): warm-up programs are not checked against one")
     for warmup in settings.warmup:
         start = time.monotonic()
-        for output in warmup.outputs:
+        for output in warmup.outputs_for(images=model.vae.config.is_image):
             if output == "framewise":  # both of its outputs; its stream is its uint8 decode in pieces
                 programs = [program for frames in ("uint8", "float")
                             for program in model.runner.compile(warmup.shape, output=frames, stream=False, framewise=True)]

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from models.shapes import Output
+from models.shapes import Output, clip_shape
 
 from ..metrics import Metrics
 from .errors import DeadlineExceeded, DeviceFailed, EngineError, NonFiniteOutput, QueueFull, Unavailable
@@ -60,7 +60,10 @@ class Ticket:
 
 
 def _frames(out: np.ndarray, output: Output) -> int:
-    """Output frames in a decode result: uint8 ``(B, F, H, W, 3)`` or float ``(B, 3, F, H, W)``."""
+    """Output frames in a decode result: uint8 ``(B, F, H, W, 3)`` or float ``(B, 3, F, H, W)``;
+    images (``(B, H, W, 3)``, ``(B, 3, H, W)``) count one each."""
+    if out.ndim == 4:
+        return out.shape[0]
     return out.shape[0] * out.shape[1 if output == "uint8" else 2]
 
 
@@ -370,7 +373,7 @@ class Worker:
         operation = batch[0].operation
         self.metrics.device_seconds.labels(operation).observe(seconds)
         if operation == "encode":
-            self.metrics.frames_encoded.inc(sum(job.size * job.inputs.shape[2] for job in batch))
+            self.metrics.frames_encoded.inc(sum(job.size * clip_shape(job.inputs.shape)[2] for job in batch))
         else:
             self.metrics.frames_decoded.inc(_frames(out, batch[0].output))
 

@@ -11,9 +11,9 @@ from fastapi import Depends, Header, Query, Request
 
 from ..codecs.frames import check_frame_dims, check_frames_content_type
 from ..codecs.latents import check_latent_dims, check_latents_content_type
-from ..codecs.tensors import parse_shape
+from ..codecs.tensors import TENSOR_CONTENT_TYPES, media_type, parse_shape
 from ..problem import Problem
-from .schemas import DecodeParams, EncodeOutputType, EncodeParams, OutputType
+from .schemas import DecodeParams, EncodeOutputType, EncodeParams, ImageFormat, OutputType
 from .state import ServiceState
 
 
@@ -93,8 +93,10 @@ TimeoutQuery = Annotated[float | None, Query(gt=0, allow_inf_nan=False, descript
 
 def decode_params(
     state: StateDep,
-    output_type: Annotated[OutputType | None, Query(description="default mp4; with stream=true, mp4 asks for "
-                                                    "fragmented MP4 instead of raw frames")] = None,
+    output_type: Annotated[OutputType | None, Query(description="default mp4 (an image model: png); with "
+                                                    "stream=true, mp4 asks for fragmented MP4 instead of raw frames; "
+                                                    "pil: an image file in image_format")] = None,
+    image_format: Annotated[ImageFormat, Query(description="output_type=pil: png or jpg")] = "png",
     denormalize: Annotated[bool | None, Query(description="z * latents_std + latents_mean first")] = None,
     do_scaling: Annotated[bool | None, Query(description="diffusers' name for denormalize")] = None,
     partial_postprocess: Annotated[bool, Query(description="pt: uint8 frames instead of float16")] = False,
@@ -103,25 +105,30 @@ def decode_params(
     fps: Annotated[int | None, Query(ge=1, le=240)] = None,
     crf: Annotated[int | None, Query(ge=0, le=51)] = None,
     frame: Annotated[int, Query(ge=0, description="png: which output frame")] = 0,
-    shape: Annotated[list[str] | None, Query(description="raw bodies: B,C,T,H,W or C,T,H,W")] = None,
+    shape: Annotated[list[str] | None, Query(description="raw bodies: B,C,T,H,W or C,T,H,W (images: B,C,H,W)")] = None,
     dtype: DtypeQuery = None,
     scaling_factor: ScalingQuery = None,
     shift_factor: ShiftQuery = None,
     timeout_s: TimeoutQuery = None,
+    height: Annotated[int | None, Query(ge=1, description="packed latents (B, H·W/4, 4C): the image's height")] = None,
+    width: Annotated[int | None, Query(ge=1, description="packed latents: the image's width")] = None,
     framewise: Annotated[bool, Query(description="HunyuanVideo 1.0 only: decode as diffusers does by default "
                                      "(tiles of 16 frames, blended), not the whole clip")] = False,
+    accept: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> DecodeParams:
     settings = state.settings
     if denormalize is None:
         denormalize = bool(do_scaling)
     cap = settings.request_timeout_s
+    images = state.model is not None and state.model.vae.config.is_image  # (no model yet: 503 follows)
     return DecodeParams(
-        output_type=output_type or "mp4", denormalize=denormalize, partial_postprocess=partial_postprocess,
+        output_type=output_type or ("png" if images else "mp4"), denormalize=denormalize, partial_postprocess=partial_postprocess,
         stream=stream, mp4_stream=stream and output_type == "mp4", fps=fps or settings.default_fps, crf=settings.default_crf if crf is None else crf,
         frame=frame, shape=parse_shape(shape, check=check_latent_dims), dtype=dtype,
         scaling_factor=_float32("scaling_factor", scaling_factor, positive=True),
         shift_factor=_float32("shift_factor", shift_factor), timeout_s=min(timeout_s or cap, cap),
-        framewise=framewise,
+        framewise=framewise, image_format=image_format, packed_size=(height, width),
+        pil_tensor=output_type == "pil" and media_type(accept) in TENSOR_CONTENT_TYPES,
     )
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.shapes import clip_shape
+
 from ..codecs.frames import FramesHeader, frames_header
 from ..codecs.latents import parse_latents, unscale_latents
 from ..codecs.tensors import check_finite
@@ -19,8 +21,9 @@ from .schemas import DecodeParams, EncodeParams
 
 @dataclass(frozen=True)
 class DecodeInputs:
-    """A decode request's latents ``(B, C, T, H, W)`` float32, whether the body had the batch dim,
-    and whether it decodes step by step (a stream, or an MP4 encoded while it decodes)."""
+    """A decode request's latents ``(B, C, T, H, W)`` float32 (an image model's ``(B, C, H, W)``),
+    whether the body had the batch dim, and whether it decodes step by step (a stream, or an MP4
+    encoded while it decodes)."""
 
     latents: np.ndarray
     batched: bool
@@ -31,7 +34,12 @@ def _stepped(shape: tuple[int, ...], params: DecodeParams, model: ModelState) ->
     """Whether the decode runs step by step (the stream programs) or whole; ``ShapeNotServed``
     when ``--shapes`` serves neither. An MP4 is encoded while it decodes wherever the stream
     programs are served, else made from the whole decode. A framewise decode is a whole decode
-    (HunyuanVideo 1.0's only), streamed in pieces when asked to."""
+    (HunyuanVideo 1.0's only), streamed in pieces when asked to. An image decodes whole: no stream,
+    no MP4."""
+    if model.vae.config.is_image and (params.stream or params.output_type == "mp4"):
+        received = "stream=true" if params.stream else "output_type=mp4"
+        raise Problem(422, "invalid-parameter", f"the {model.vae.config.class_name} VAE decodes images, which are "
+                      "answered whole", expected="output_type png, jpeg, pil, pt or npy", received=received)
     if params.framewise:
         if not model.framewise:
             raise Problem(422, "invalid-parameter", "framewise=true is diffusers' default decode of HunyuanVideo "
@@ -49,21 +57,25 @@ def _stepped(shape: tuple[int, ...], params: DecodeParams, model: ModelState) ->
 
 
 def _check_output(latents: np.ndarray, params: DecodeParams, model: ModelState) -> None:
+    images = model.vae.config.is_image
     if params.one_video and latents.shape[0] != 1:
-        raise Problem(422, "batch-not-supported", f"{params.output_type} holds one video",
-                      expected="batch size 1", received=latents.shape[0])
-    frames = model.limits.output_frames(latents.shape[2])
-    if params.output_type == "png" and params.frame >= frames:
+        one = "image" if images or params.image_file else "video"
+        raise Problem(422, "batch-not-supported", f"{params.image_file or params.output_type} holds one {one}: "
+                      "decode a batch as pt or npy", expected="batch size 1", received=latents.shape[0])
+    frames = model.limits.output_frames(clip_shape(latents.shape)[2])
+    if params.image_file and params.frame >= frames:
         raise Problem(422, "invalid-frame", f"frame {params.frame} does not exist",
                       expected=f"frame < {frames}", received=params.frame)
 
 
 def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: ModelState,
                   metrics: Metrics) -> DecodeInputs:
-    """Body → latents ``(B, C, T, H, W)`` float32: parsed, checked against the limits, scaled
+    """Body → latents ``(B, C, T, H, W)`` (images ``(B, C, H, W)``) float32: parsed (Flux's packed
+    latents unpacked), checked against the model and the limits, scaled
     (``/ scaling_factor + shift_factor``), denormalized if asked, then checked for NaN/Inf — after
     the arithmetic, because finite inputs and factors can overflow float32."""
-    latents, batched = parse_latents(body, media_type, params.shape, params.dtype, model.limits)
+    latents, batched = parse_latents(body, media_type, params.shape, params.dtype, model.limits, model.vae.config,
+                                     packed_size=params.packed_size)
     try:
         stepped = _stepped(latents.shape[1:], params, model)
     except ShapeNotServed:

@@ -16,7 +16,7 @@ from fastapi.responses import Response
 
 from ..codecs.latents import LATENT_MEDIA_TYPES, scale_latents, serialize_latents
 from ..codecs.tensors import NPY_CONTENT_TYPE, check_finite, npy_bytes
-from ..codecs.video import png_bytes
+from ..codecs.video import jpeg_bytes, png_bytes
 from ..engine.errors import DeadlineExceeded, EngineError, NonFiniteOutput
 from ..engine.jobs import Job
 from ..metrics import Metrics
@@ -57,16 +57,25 @@ def timing_headers(job: Job, *, serialize_s: float | None = None) -> dict[str, s
     return headers
 
 
+IMAGE_FILES = {"png": (png_bytes, "image/png"), "jpeg": (jpeg_bytes, "image/jpeg")}
+
+
 def _frames_body(array: np.ndarray, params: DecodeParams, batched: bool) -> tuple[bytes, str, dict[str, str]]:
-    """Decoded frames from the worker -> (body, media type, extra headers), all but MP4. Runs in a thread."""
-    if params.output_type == "png":
-        return png_bytes(array[0, params.frame]), "image/png", {}
+    """Decoded frames from the worker -> (body, media type, extra headers), all but MP4. Runs in a
+    thread. ``array``: uint8 ``(B, F, H, W, 3)`` or float ``(B, 3, F, H, W)``; an image model's
+    ``(B, H, W, 3)`` or ``(B, 3, H, W)``."""
+    if params.image_file is not None:
+        write, media_type = IMAGE_FILES[params.image_file]
+        return write(array[0] if array.ndim == 4 else array[0, params.frame]), media_type, {}
     out = array if batched else array[0]
     if params.output_type == "npy":
         return npy_bytes(out), NPY_CONTENT_TYPE, {}
-    # pt: raw little-endian bytes, described by headers the way diffusers' client reads them.
-    if out.dtype != np.uint8:
+    if params.pil_tensor:  # what diffusers' client turns into PIL images itself: (N, 3, H, W) in [0, 1]
+        images = array.reshape(-1, *array.shape[-3:]).transpose(0, 3, 1, 2)
+        out = (images.astype(np.float32) / np.float32(255)).astype("<f2")
+    elif out.dtype != np.uint8:  # pt: float16, as diffusers' client takes it
         out = out.astype("<f2")
+    # Raw little-endian bytes, described by headers the way diffusers' client reads them.
     dtype = "uint8" if out.dtype == np.uint8 else "float16"
     headers = {"shape": json.dumps(list(out.shape)), "dtype": dtype}
     return np.ascontiguousarray(out).tobytes(), "application/octet-stream", headers

@@ -9,7 +9,9 @@ from pydantic import BaseModel
 
 from models.shapes import Output
 
-OutputType = Literal["mp4", "pt", "npy", "png"]
+OutputType = Literal["mp4", "pt", "npy", "png", "jpeg", "pil"]
+# pil: an image file, its format from image_format (diffusers' remote_decode names JPEG "jpg").
+ImageFormat = Literal["png", "jpg", "jpeg"]
 EncodeOutputType = Literal["pt", "npy", "safetensors"]
 
 
@@ -31,6 +33,11 @@ class DecodeParams:
     shift_factor: float | None
     timeout_s: float
     framewise: bool = False  # HunyuanVideo 1.0: diffusers' default tiling in time instead of the whole clip
+    image_format: ImageFormat = "png"  # of output_type=pil
+    packed_size: tuple[int | None, int | None] = (None, None)  # (height, width) of Flux's packed latents
+    # output_type=pil asked for a tensor (Accept: tensor/binary, as diffusers' client sends it with a
+    # processor): the images or frames as float16 (N, 3, H, W) in [0, 1] instead of an image file.
+    pil_tensor: bool = False
 
     @property
     def output(self) -> Output:
@@ -47,9 +54,16 @@ class DecodeParams:
                 f"denormalize={str(self.denormalize).lower()}")
 
     @property
+    def image_file(self) -> Literal["png", "jpeg"] | None:
+        """The image format the answer is (one image, or one frame of a video), or None."""
+        if self.output_type == "pil":
+            return None if self.pil_tensor else "png" if self.image_format == "png" else "jpeg"
+        return self.output_type if self.output_type in ("png", "jpeg") else None
+
+    @property
     def one_video(self) -> bool:
-        """The answer holds one video (B = 1): an MP4 (streamed or not) or a PNG."""
-        return self.mp4_stream or (not self.stream and self.output_type in ("mp4", "png"))
+        """The answer holds one video or image (B = 1): an MP4 (streamed or not) or an image file."""
+        return self.mp4_stream or (not self.stream and (self.output_type == "mp4" or self.image_file is not None))
 
 
 @dataclass(frozen=True)
@@ -98,9 +112,13 @@ class WarmedShape(BaseModel):
 class LatentsInfo(BaseModel):
     """What the loaded model takes and gives, and the largest request served (from its config)."""
 
-    channels: int  # latent channels C of (B, C, T, H, W): 16 (Wan 2.1, HunyuanVideo), 48 (Wan 2.2), 32 (HunyuanVideo 1.5)
-    spatial_scale: int  # output pixels per latent row/column: 8 (Wan 2.1, HunyuanVideo), 16 (Wan 2.2, HunyuanVideo 1.5)
-    temporal_scale: int  # output frames per latent frame after the first (4)
+    # An image model (SD, SDXL, Flux.1, Flux.2, Qwen-Image): latents (B, C, H, W) without a time
+    # axis, images out; temporal_scale and max_latent_frames are then None.
+    is_image: bool
+    layout: str  # of the latents: "(B, C, T, H, W)" or "(B, C, H, W)"
+    channels: int  # latent channels C: 16 (Wan 2.1, HunyuanVideo, Flux.1), 48 (Wan 2.2), 32 (HunyuanVideo 1.5, Flux.2), 4 (SD, SDXL)
+    spatial_scale: int  # output pixels per latent row/column: 8 (Wan 2.1, HunyuanVideo, the image models), 16 (Wan 2.2, HunyuanVideo 1.5)
+    temporal_scale: int | None  # output frames per latent frame after the first (4)
     # denormalize (diffusers' do_scaling): z · latents_std + latents_mean per channel. Wan: its
     # published statistics; HunyuanVideo: 0 and 1 / scaling_factor (pipelines divide by it).
     latents_mean: list[float]
@@ -110,9 +128,11 @@ class LatentsInfo(BaseModel):
     causal: bool
     framewise: bool  # framewise=true offered: diffusers' default tiling in time (HunyuanVideo 1.0)
     max_batch: int
-    max_latent_frames: int  # largest T with 1 + temporal_scale (T - 1) ≤ max_frames
+    max_latent_frames: int | None  # largest T with 1 + temporal_scale (T - 1) ≤ max_frames
     max_latent_height: int  # largest H with spatial_scale H ≤ max_height
     max_latent_width: int
+    max_height: int  # of the output, in pixels
+    max_width: int
 
 
 class ProgramMemory(BaseModel):
@@ -184,7 +204,8 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
 DECODE_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "description": "latents (B, C, T, H, W) or (C, T, H, W); C: the model's latent channels (/v1/models)",
+        "description": "latents (B, C, T, H, W) or (C, T, H, W); an image model's (B, C, H, W), (C, H, W) or Flux's "
+        "packed (B, H·W/4, 4C) with height and width; C: the model's latent channels (/v1/models)",
         "content": {media: _BINARY for media in (
             "application/octet-stream", "tensor/binary", "application/x-npy", "application/x-safetensors")},
     }
@@ -192,10 +213,10 @@ DECODE_OPENAPI: dict[str, Any] = {
 
 DECODE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
-        "description": "by output_type: video/mp4, application/x-npy, image/png, application/octet-stream (pt); "
-        "application/x-vaeserve-stream with stream=true",
+        "description": "by output_type: video/mp4, application/x-npy, image/png, image/jpeg (pil: by image_format), "
+        "application/octet-stream (pt); application/x-vaeserve-stream with stream=true",
         "content": {media: _BINARY for media in (
-            "video/mp4", "application/x-npy", "image/png", "application/octet-stream",
+            "video/mp4", "application/x-npy", "image/png", "image/jpeg", "application/octet-stream",
             "application/x-vaeserve-stream")},
     },
     **PROBLEM_RESPONSES,
@@ -214,8 +235,8 @@ ENCODE_OPENAPI: dict[str, Any] = {
 
 ENCODE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
-        "description": "float32 latents (B, z, T, H/s, W/s) (s = 8 for Wan 2.1, 16 for Wan 2.2): raw bytes with "
-        "shape/dtype headers (pt), .npy or safetensors",
+        "description": "float32 latents (B, z, T, H/s, W/s) (an image model's (B, z, H/s, W/s); s = 8 for Wan 2.1 "
+        "and the image models, 16 for Wan 2.2): raw bytes with shape/dtype headers (pt), .npy or safetensors",
         "content": {media: _BINARY for media in (
             "application/octet-stream", "application/x-npy", "application/x-safetensors")},
     },

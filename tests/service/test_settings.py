@@ -69,8 +69,9 @@ def test_settings_from_env_and_overrides(monkeypatch):
     assert s.api_key.get_secret_value() == "zq-secret-91" and "zq-secret-91" not in repr(s)
     (only,) = Settings(warmup=["16x1x2x2:uint8,stream"]).warmup
     assert only.shape == (16, 1, 2, 2) and only.outputs == ("uint8", "stream")
+    assert parse_latent_shape("16x128x96") == (16, 128, 96)  # an image model's CxHxW
     with pytest.raises(ValueError):
-        parse_latent_shape("16x2x4")
+        parse_latent_shape("16x2")
     with pytest.raises(ValueError):
         Settings(warmup=["16x2x4x4:gif"])
     with pytest.raises(ValueError):  # a body of max_body_bytes could never be read

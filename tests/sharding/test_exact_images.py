@@ -16,7 +16,8 @@ import pytest
 
 import models
 import sharding
-from sharding._controls import decode_with, encode_with
+from sharding._controls import decode_cropped_on_devices, decode_with, encode_with
+from sharding.introspect import program_memory
 from tests.helpers.image_reference import KL_SHARD, QWEN_TINY, seeded_images
 from tests.helpers.sharding_helpers import assert_halo_and_statistics_collectives, make_latents
 
@@ -64,17 +65,40 @@ def test_width_split_and_batch_over_dp(kl, reference):
     assert _max_diff(got, reference((2, WIDTH, HEIGHT))) <= TOLERANCE
 
 
+def _moves_image_rows(collective: dict) -> bool:
+    """A collective of image-resolution pixels: float NCHW with 3 channels, or uint8 NHWC."""
+    return collective["dtype"] == "u8" or (len(collective["shape"]) == 4 and collective["shape"][1] == 3)
+
+
 def test_bands_exchange_halos_statistics_and_keys_only(kl):
     """What crosses bands in the tp = 3 program above (from the cache): one-row halos, the K/V of
     the mid-block attention at latent resolution (padded to 15 rows), and (B, groups) float32
-    GroupNorm statistics — never an activation. (After the bands, cropping the padded rows off the
-    image moves rows of the image, NCHW with its 3 channels: XLA's resharding of an uneven crop.)"""
+    GroupNorm statistics — never an activation, and no pixel of the image."""
     program = sharding.compile_decode(kl, (1, CHANNELS, HEIGHT, WIDTH), sharding.make_mesh(3), split="height")
     found = sharding.collectives(program.as_text())
-    inside = [c for c in found if not (len(c["shape"]) == 4 and c["shape"][1] == 3)]
-    assert len(inside) < len(found)  # the crop's, which the even splits of the video tests do not have
-    reduces = assert_halo_and_statistics_collectives(inside, (15, WIDTH), batch=1, groups=KL_SHARD.norm_num_groups)
+    assert not [c for c in found if _moves_image_rows(c)]
+    reduces = assert_halo_and_statistics_collectives(found, (15, WIDTH), batch=1, groups=KL_SHARD.norm_num_groups)
     assert len(reduces) >= 2  # a mean, then centred squares, per GroupNorm
+
+
+def test_an_uneven_split_leaves_each_band_on_its_device(kl, reference):
+    """13 latent rows over tp = 4 (padded to 16): each device's output is its band of the padded
+    image (8 of 32 rows) and no collective moves a pixel; the host crops the padding (the served
+    and the public decode alike). Control: the crop inside the program (as it once was) makes XLA
+    gather the image onto every device, whose output then holds all of it."""
+    shape, mesh = (1, CHANNELS, HEIGHT, WIDTH), sharding.make_mesh(4)
+    band_bytes = 3 * (2 * 16 // 4) * (2 * WIDTH) * 4  # float32 (1, 3, 8, 8): a quarter of the padded image
+    image_bytes = 3 * (2 * HEIGHT) * (2 * WIDTH) * 4
+    served = sharding.compile_decode(kl, shape, mesh, split="height")  # the tp = 4 program above, from the cache
+    assert band_bytes <= program_memory(served)["output_bytes"] < band_bytes + 64  # + the (1, 1) count
+    assert not [c for c in sharding.collectives(served.as_text()) if _moves_image_rows(c)]
+    frames, _ = served(sharding.replicated_state(kl, mesh), sharding.put_latents(_latents(1, HEIGHT, WIDTH), mesh))
+    assert frames.shape == (1, 3, 2 * 16, 2 * WIDTH)  # the padded rows leave the program
+    host = sharding.to_host_cropped(frames, shape, KL_SHARD.spatial_scale, "float")
+    assert _max_diff(host, reference((1, HEIGHT, WIDTH))) <= TOLERANCE
+    control = decode_cropped_on_devices(kl, shape, mesh, split="height")
+    assert program_memory(control)["output_bytes"] >= image_bytes
+    assert [c for c in sharding.collectives(control.as_text()) if _moves_image_rows(c)]
 
 
 def test_an_image_streams_as_one_frame(kl, reference):

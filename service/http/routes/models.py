@@ -17,12 +17,15 @@ async def list_models(state: StateDep) -> ModelList:
     settings, vae = state.settings, model.vae
     meta, limits = dict(vae.metadata), model.limits
     config = vae.config
+    images = config.is_image
     latents = LatentsInfo(
-        channels=limits.channels, spatial_scale=limits.spatial_scale, temporal_scale=limits.temporal_scale,
+        is_image=images, layout="(B, C, H, W)" if images else "(B, C, T, H, W)", channels=limits.channels,
+        spatial_scale=limits.spatial_scale, temporal_scale=None if images else limits.temporal_scale,
         latents_mean=list(config.latents_mean), latents_std=list(config.latents_std), causal=config.causal,
         framewise=model.framewise,
-        max_batch=limits.max_batch, max_latent_frames=limits.max_latent_frames,
-        max_latent_height=limits.max_latent_height, max_latent_width=limits.max_latent_width)
+        max_batch=limits.max_batch, max_latent_frames=None if images else limits.max_latent_frames,
+        max_latent_height=limits.max_latent_height, max_latent_width=limits.max_latent_width,
+        max_height=limits.max_height, max_width=limits.max_width)
     return ModelList(data=[ModelInfo(
         id=settings.model or meta.get("name", "vae"), source=meta.get("source"),
         random_weights=meta.get("random_weights"), dtype=vae.dtype, encodes=vae.has_encoder, latents=latents,
@@ -30,7 +33,8 @@ async def list_models(state: StateDep) -> ModelList:
         metadata=meta, mesh=MeshInfo(dp=settings.dp, tp=settings.tp, devices=model.devices,
                                      processes=model.cluster.num_processes if model.cluster else 1),
         batch_buckets=model.runner.buckets, warmed_shapes=[list(w.shape) for w in model.warmed],
-        warmed=[WarmedShape(shape=list(w.shape), outputs=list(w.outputs)) for w in model.warmed],
+        warmed=[WarmedShape(shape=list(w.shape), outputs=list(w.outputs_for(images=config.is_image)))
+                for w in model.warmed],
         compiled=model.runner.programs(),
         program_memory=[ProgramMemory(**row) for row in model.runner.program_memory()],
         device_memory_bytes=model.device_memory_bytes)])

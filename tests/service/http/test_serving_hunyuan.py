@@ -65,9 +65,9 @@ def test_models_describe_the_latents(served):
     config = vae.config
     assert info["config"]["_class_name"] == config.class_name
     assert info["latents"] == {
-        "channels": 16, "spatial_scale": config.spatial_scale, "temporal_scale": 4, "max_batch": 1,
-        "max_latent_frames": 3, "max_latent_height": 64 // config.spatial_scale,
-        "max_latent_width": 64 // config.spatial_scale,
+        "is_image": False, "layout": "(B, C, T, H, W)", "channels": 16, "spatial_scale": config.spatial_scale,
+        "temporal_scale": 4, "max_batch": 1, "max_latent_frames": 3, "max_latent_height": 64 // config.spatial_scale,
+        "max_latent_width": 64 // config.spatial_scale, "max_height": 64, "max_width": 64,
         "latents_mean": [0.0] * 16, "latents_std": [pytest.approx(1 / config.scaling_factor)] * 16,
         "causal": name == "hy15", "framewise": name == "hy10"}
     assert info["encodes"] is True

@@ -59,8 +59,9 @@ def _post(server, x: np.ndarray, **params) -> httpx.Response:
 def test_models_shows_the_2_2_latents_and_limits(server):
     info = httpx.get(server.url + "/v1/models").json()["data"][0]
     config = models.WanVAEConfig.wan22(base_dim=8, decoder_base_dim=8, num_res_blocks=1)
-    assert info["latents"] == {"channels": 48, "spatial_scale": 16, "temporal_scale": 4, "max_batch": 2,
-                               "max_latent_frames": 3, "max_latent_height": 4, "max_latent_width": 4,
+    assert info["latents"] == {"is_image": False, "layout": "(B, C, T, H, W)", "channels": 48, "spatial_scale": 16,
+                               "temporal_scale": 4, "max_batch": 2, "max_latent_frames": 3, "max_latent_height": 4,
+                               "max_latent_width": 4, "max_height": 64, "max_width": 64,
                                "latents_mean": list(config.latents_mean), "latents_std": list(config.latents_std),
                                "causal": True, "framewise": False}
     assert info["config"]["is_residual"] is True and info["config"]["patch_size"] == 2
