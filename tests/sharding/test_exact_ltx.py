@@ -2,8 +2,8 @@
 
 The model pads by reflection (LTX-2.0): the band at the top reflects its own rows, interior bands
 take halos, and the last real row reflects the row above it — in its band or in the halo from the
-band above, never a padded row, with uneven splits (tp = 4: the last band wholly padded; 34 and 22
-latent rows over 8 bands, as 1088 and 704 pixel frames give). It also sees one frame ahead (the
+band above, never a padded row, with uneven splits (34 and 22 latent rows over 8 bands, as 1088 and
+704 pixel frames give; the last band wholly padded). It also sees one frame ahead (the
 stream runs past the clip's end) and injects seeded noise, drawn for the whole frame and kept per
 band. Matrix: tp ∈ {2, 3, 4, 8} with latent heights that do not divide, a width split, dp = 2, a
 stream; negative controls (zeros where reflection is due, no halo) must break it.
@@ -21,9 +21,10 @@ from tests.sharding.conftest import LTX_CONDITIONS
 TOLERANCE = 1e-5
 FRAMES = 2  # one step: the first takes 1 + lookahead (7) latent frames, zeros past the clip's end
 WIDTH = 2  # reflection needs two columns; the frames are 8 pixels wide
-# (tp, dp, (B, T, H, W)): uneven for every tp (tp=3: 3+3+1; tp=4: 2+2+1+pad; 34 = 8 x 5 − 6; 22 = 8 x 3 − 2).
-CASES = {"tp2-dp2": (2, 2, (2, FRAMES, 5, WIDTH)), "tp3": (3, 1, (1, FRAMES, 7, WIDTH)),
-         "tp4": (4, 1, (2, FRAMES, 5, WIDTH)), "tp8-34rows": (8, 1, (1, FRAMES, 34, WIDTH)),
+# (tp, dp, (B, T, H, W)): uneven for every tp (7 rows: 4+3 over 2, 3+3+1 over 3, 2+2+2+1 over 4; 34 = 8 x 5 − 6
+# and 22 = 8 x 3 − 2 over 8, the last band wholly padded); one reference decode serves the first three.
+CASES = {"tp2-dp2": (2, 2, (2, FRAMES, 7, WIDTH)), "tp3": (3, 1, (2, FRAMES, 7, WIDTH)),
+         "tp4": (4, 1, (2, FRAMES, 7, WIDTH)), "tp8-34rows": (8, 1, (1, FRAMES, 34, WIDTH)),
          "tp8-22rows": (8, 1, (1, FRAMES, 22, WIDTH))}
 
 
