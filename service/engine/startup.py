@@ -58,6 +58,10 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
     if vae.config.is_image:  # its (B, C, H, W) bodies and image answers are not served yet
         raise StartupRefused(f"{vae.config.class_name} is an image VAE: the service serves the video VAEs so far; "
                              "decode and encode images with the Python API (models, sharding)")
+    if vae.config.decode_conditions:  # a decode needs a timestep and seeded noise, which requests cannot give yet
+        raise StartupRefused(f"this {vae.config.class_name} decoder is timestep-conditioned or injects noise: the "
+                             "service does not take a decode's timestep and seed yet; decode it with the Python API "
+                             "(vae.decode(latents, timestep=..., seed=...), sharding.sharded_decode)")
     if vae.metadata.get("random_weights"):
         log.warning("the model has RANDOM weights: outputs are noise-like, for testing only")
     mesh = sharding.make_mesh(settings.tp, settings.dp)
