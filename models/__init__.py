@@ -1,5 +1,6 @@
-"""The VAEs (video: Wan 2.1 / 2.2, HunyuanVideo 1.0 / 1.5; image: AutoencoderKL for SD, SDXL and
-Flux.1, Flux.2, Qwen-Image) in Flax nnx: configuration, shape rules, weight loading and compiled programs.
+"""The VAEs (video: Wan 2.1 / 2.2, HunyuanVideo 1.0 / 1.5, LTX-Video, LTX-2; image: AutoencoderKL for SD,
+SDXL and Flux.1, Flux.2, Qwen-Image) in Flax nnx: configuration, shape rules, weight loading and compiled
+programs.
 
 ``models.config`` and ``models.shapes`` (and this package itself) import without JAX, so a caller
 that only checks request shapes against a model's rules (the HTTP layer) never starts it. The
@@ -20,6 +21,8 @@ from .config import (
     ConfigError as ConfigError,
     HunyuanVideo15Config as HunyuanVideo15Config,
     HunyuanVideoConfig as HunyuanVideoConfig,
+    LTX2VideoConfig as LTX2VideoConfig,
+    LTXVideoConfig as LTXVideoConfig,
     QwenImageConfig as QwenImageConfig,
     VAEConfig as VAEConfig,
     WanVAEConfig as WanVAEConfig,

@@ -1,7 +1,9 @@
 """VAE configurations, read from (and written to) a diffusers ``config.json``: Wan 2.1 / 2.2
 (``AutoencoderKLWan``), HunyuanVideo (``AutoencoderKLHunyuanVideo``), HunyuanVideo 1.5
-(``AutoencoderKLHunyuanVideo15``) and the image VAEs: ``AutoencoderKL`` (SD, SDXL, Flux.1),
-``AutoencoderKLFlux2`` and ``AutoencoderKLQwenImage``. No JAX here: the HTTP layer reads configs too.
+(``AutoencoderKLHunyuanVideo15``), LTX-Video / LTX-2 (``AutoencoderKLLTXVideo``,
+``AutoencoderKLLTX2Video``: ``models.ltx_config``) and the image VAEs: ``AutoencoderKL`` (SD, SDXL,
+Flux.1), ``AutoencoderKLFlux2`` and ``AutoencoderKLQwenImage``. No JAX here: the HTTP layer reads
+configs too.
 
 Every family answers the same questions (``VAEConfig``): latent channels, spatial and temporal
 scale, the output frame count, the latents' normalisation, whether decoding is causal in time and
@@ -62,8 +64,8 @@ class VAEConfig(ShapeRules, Protocol):
     """What the rest of vaeserve reads from a model's config, the same for every family.
 
     Attributes:
-      family: ``"wan"``, ``"hunyuan1.0"``, ``"hunyuan1.5"``, ``"autoencoder-kl"``, ``"flux2"`` or
-        ``"qwen-image"`` (which modules implement it).
+      family: ``"wan"``, ``"hunyuan1.0"``, ``"hunyuan1.5"``, ``"ltx-video"``, ``"ltx2"``,
+        ``"autoencoder-kl"``, ``"flux2"`` or ``"qwen-image"`` (which modules implement it).
       z_dim: latent channels.
       spatial_scale: output pixels per latent row/column.
       temporal_scale: output frames per latent frame after the first.
@@ -73,7 +75,11 @@ class VAEConfig(ShapeRules, Protocol):
         std ``1 / scaling_factor``), and encode back with the inverse.
       causal: decoding latent frames ``0..t`` gives exactly the first frames of the whole decode,
         so a decode can stream step by step (Wan, HunyuanVideo 1.5); HunyuanVideo 1.0's GroupNorm
-        statistics span the whole clip, so it cannot.
+        statistics span the whole clip, so it cannot. Released LTX decoders are not causal either
+        (each conv sees one frame ahead) but stream ``lookahead`` latent frames behind their input.
+      lookahead: None for a decoder that streams frame 0 alone, then chunks (or not at all); for
+        an LTX decoder, the latent frames beyond frame 0 a stream's first step takes.
+      decode_conditions: whether a decode takes a timestep and noise (``models.ltx.DecodeConditions``).
       is_image: an image model: latents ``(B, C, H, W)`` in, images ``(B, 3, H, W)`` out (inside, a
         one-frame clip ``(B, 1, H, W, C)`` runs through the same programs as a video).
       takes_one_frame_clips: an image model that also takes diffusers' video layout with one frame,
@@ -84,6 +90,12 @@ class VAEConfig(ShapeRules, Protocol):
     class_name: ClassVar[str]
     is_image: ClassVar[bool]
     takes_one_frame_clips: ClassVar[bool]
+
+    @property
+    def lookahead(self) -> int | None: ...
+
+    @property
+    def decode_conditions(self) -> bool: ...
 
     @property
     def latents_mean(self) -> tuple[float, ...]: ...
@@ -114,6 +126,9 @@ class WanVAEConfig:
     causal: ClassVar[bool] = True  # causal convs and per-pixel norms: it streams exactly
     is_image: ClassVar[bool] = False
     takes_one_frame_clips: ClassVar[bool] = False
+    lookahead: ClassVar[int | None] = None
+    min_latent_size: ClassVar[int] = 1
+    decode_conditions: ClassVar[bool] = False
 
     base_dim: int = 96
     decoder_base_dim: int | None = None
@@ -296,6 +311,9 @@ class HunyuanVideoConfig:
     causal: ClassVar[bool] = False
     is_image: ClassVar[bool] = False
     takes_one_frame_clips: ClassVar[bool] = False
+    lookahead: ClassVar[int | None] = None
+    min_latent_size: ClassVar[int] = 1
+    decode_conditions: ClassVar[bool] = False
 
     in_channels: int = 3
     out_channels: int = 3
@@ -407,6 +425,9 @@ class HunyuanVideo15Config:
     causal: ClassVar[bool] = True
     is_image: ClassVar[bool] = False
     takes_one_frame_clips: ClassVar[bool] = False
+    lookahead: ClassVar[int | None] = None
+    min_latent_size: ClassVar[int] = 1
+    decode_conditions: ClassVar[bool] = False
 
     in_channels: int = 3
     out_channels: int = 3
@@ -547,13 +568,15 @@ def _downsample_problem(block: int, cin: int, cout: int | None, temporal: bool) 
 
 
 # -- every family -----------------------------------------------------------------------------------
-# The image configs build on the helpers above: imported here, after them, so that
-# ``models.image_config`` (which imports this module) finds them whichever module is imported first.
+# The image and LTX configs build on the helpers above: imported here, after them, so that
+# ``models.image_config`` and ``models.ltx_config`` (which import this module) find them whichever
+# module is imported first.
 from .image_config import AutoencoderKLConfig, AutoencoderKLFlux2Config, QwenImageConfig  # noqa: E402
+from .ltx_config import LTX2VideoConfig, LTXVideoConfig  # noqa: E402
 
 CONFIG_CLASSES: dict[str, Any] = {cls.class_name: cls for cls in (
-    WanVAEConfig, HunyuanVideoConfig, HunyuanVideo15Config, AutoencoderKLConfig, AutoencoderKLFlux2Config,
-    QwenImageConfig)}
+    WanVAEConfig, HunyuanVideoConfig, HunyuanVideo15Config, LTXVideoConfig, LTX2VideoConfig, AutoencoderKLConfig,
+    AutoencoderKLFlux2Config, QwenImageConfig)}
 
 
 def config_from_dict(raw: dict[str, Any]) -> VAEConfig:

@@ -1,5 +1,7 @@
 """Decode programs: frame 0 outside, the remaining latent frames in a ``lax.scan`` — or, for a
-model that is not causal in time (HunyuanVideo 1.0), the whole clip in one call.
+model that is not causal in time (HunyuanVideo 1.0), the whole clip in one call; for an LTX decoder,
+a first step of ``1 + lookahead`` latent frames, then a scan of steps that run on past the clip's
+end until every frame is out (``models.ltx``).
 
 These are pure functions of a merged decoder (any family's: ``models.families``) and a spatial
 context, so the single-device path (``VAE.decode``) and the sharded path (``sharding``) run the
@@ -10,16 +12,22 @@ an image model's latents ``(B, z, H, W)`` run as one-frame clips and come out as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import lax
 
 from .config import VAEConfig
 from .decoder import DecoderCache
+from .encode import prng_key
 from .families import DecoderModule, family_of
+from .ltx import DecodeConditions
+from .ltx_config import DEFAULT_DECODE_TIMESTEP
 from .shapes import Output, one_frame_clip, output_frames, without_time
 from .spatial import SpatialContext
 
@@ -34,9 +42,37 @@ def resolve_chunk(chunk: int | None) -> int:
     return chunk
 
 
-def stream_steps(latent_frames: int, chunk: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` latent frames of each streaming step: frame 0 alone, then ``chunk`` at a time."""
-    return [(0, 1)] + [(start, min(start + chunk, latent_frames)) for start in range(1, latent_frames, chunk)]
+def stream_steps(latent_frames: int, chunk: int, config: VAEConfig | None = None) -> list[tuple[int, int]]:
+    """``[start, stop)`` latent frames of each streaming step: frame 0 alone, then ``chunk`` at a time.
+    For a decoder with a ``lookahead`` (``config``: LTX), the first step takes ``1 + lookahead``
+    frames and later steps ``chunk`` each, past the clip's end (zeros there: ``step_latents``) until
+    the steps have given every frame (``stream_frames``)."""
+    lookahead = None if config is None else config.lookahead
+    if lookahead is None:
+        return [(0, 1)] + [(start, min(start + chunk, latent_frames)) for start in range(1, latent_frames, chunk)]
+    first, per_step = 1 + lookahead, config.temporal_scale * chunk  # type: ignore[union-attr]
+    later = max(0, config.num_output_frames(latent_frames) - config.first_step_frames(first))  # type: ignore[union-attr]
+    return [(0, first)] + [(first + i * chunk, first + (i + 1) * chunk) for i in range(-(-later // per_step))]
+
+
+def stream_frames(config: VAEConfig, latent_frames: int, chunk: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` output frames each ``stream_steps`` step gives: frame 0, then
+    ``temporal_scale`` per latent frame; an LTX decoder's steps give theirs behind their input (the
+    first ``config.first_step_frames``), all cropped to the clip's frames."""
+    total, scale = config.num_output_frames(latent_frames), config.temporal_scale
+    steps = stream_steps(latent_frames, chunk, config)
+    if config.lookahead is None:
+        return [(0 if start == 0 else 1 + scale * (start - 1), 1 + scale * (stop - 1)) for start, stop in steps]
+    ends = [config.first_step_frames(steps[0][1])]  # type: ignore[attr-defined]
+    ends += [ends[0] + scale * (stop - steps[0][1]) for _, stop in steps[1:]]
+    return [(min(a, total), min(b, total)) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def step_latents(latents, start: int, stop: int):
+    """Latent frames ``[start, stop)`` of NCTHW ``latents``, zeros past the clip's end (a host array)."""
+    piece = np.asarray(latents[:, :, start:stop], np.float32)
+    missing = stop - start - piece.shape[2]
+    return np.pad(piece, [(0, 0), (0, 0), (0, missing), (0, 0), (0, 0)]) if missing else piece
 
 
 def to_uint8(frames: jax.Array) -> jax.Array:
@@ -84,16 +120,18 @@ def _time_axis(output: Output) -> int:
 
 
 def decode_step(model: DecoderModule, caches: DecoderCache | None, z: jax.Array, ctx: SpatialContext, *,
-                output: Output, inner_frames: int | None = None,
-                clip_frames: int | None = None) -> tuple[jax.Array, DecoderCache, jax.Array]:
+                output: Output, inner_frames: int | None = None, clip_frames: int | None = None,
+                conditions: DecodeConditions | None = None) -> tuple[jax.Array, DecoderCache, jax.Array]:
     """One decode step: latents ``(B, c, H, W, z)`` and the previous step's caches (None for latent
-    frame 0, then ``c`` must be 1) → (frames in the output layout, the new caches, the ``(B,)``
-    non-finite count of its frames). ``inner_frames``: frames per inner step after each temporal
-    upsampler (``models.decoder.Decoder3d``); ``clip_frames``: the clip's latent frames (the first
-    step of a model that ``needs_clip_frames``). A model that is not ``causal`` takes the whole clip
-    in one step."""
+    frame 0, then ``c`` must be 1 — ``1 + lookahead`` for an LTX decoder) → (frames in the output
+    layout, the new caches, the ``(B,)`` non-finite count of its frames). ``inner_frames``: frames per
+    inner step after each temporal upsampler (``models.decoder.Decoder3d``); ``clip_frames``: the
+    clip's latent frames (the first step of a model that ``needs_clip_frames``); ``conditions``: the
+    rows' timestep and noise (a decoder whose config takes ``decode_conditions``). A model that is
+    not ``causal`` takes the whole clip in one step."""
     with jax.named_scope("decode_step"):
-        frames, caches = model(z, caches, ctx, inner_frames=inner_frames, clip_frames=clip_frames)
+        frames, caches = model(z, caches, ctx, inner_frames=inner_frames, clip_frames=clip_frames,
+                               conditions=conditions)
         return _layout(finish_frames(frames, output), output), caches, nonfinite_count(frames)
 
 
@@ -106,6 +144,7 @@ def decode_frames(
     output: Output = "float",
     inner_frames: int | None = None,
     framewise: bool = False,
+    conditions: DecodeConditions | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Decode channels-last latents ``(B, T, H, W, z)``.
 
@@ -118,9 +157,12 @@ def decode_frames(
     temporal upsampler run ``inner_frames`` frames at a time (None: automatic; see ``Decoder3d``).
     A model that is not causal (HunyuanVideo 1.0) decodes the whole clip in one step: its memory
     grows with ``T``; with ``framewise``, it decodes as diffusers does by default instead
-    (``HunyuanVideoDecoder.decode_framewise``: tiles of the clip, blended).
+    (``HunyuanVideoDecoder.decode_framewise``: tiles of the clip, blended). An LTX decoder (a
+    ``lookahead``) runs ``decode_ahead``: its memory too is one step's, whatever ``T`` is.
     """
     num_latent = z.shape[1]
+    if model.lookahead is not None:
+        return decode_ahead(model, z, ctx, chunk=chunk, output=output, conditions=conditions)
     if framewise:
         with jax.named_scope("decode_framewise"):
             frames = model.decode_framewise(z, ctx)  # type: ignore[attr-defined]  # checked by check_framewise
@@ -158,6 +200,67 @@ def decode_frames(
     return buffer, bad
 
 
+def decode_ahead(model: DecoderModule, z: jax.Array, ctx: SpatialContext, *, chunk: int, output: Output,
+                 conditions: DecodeConditions | None) -> tuple[jax.Array, jax.Array]:
+    """An LTX decode (``models.ltx``): the first step on latent frames ``[0, 1 + lookahead)``, then a
+    ``lax.scan`` of steps of ``chunk`` latent frames, zeros past the clip's end, until the steps have
+    given every frame (they come behind their input); frames past the clip's end are cropped.
+    ``z (B, T, H, W, z)`` → frames in the output layout and their ``(B,)`` non-finite count."""
+    num_latent, first = z.shape[1], 1 + (model.lookahead or 0)
+    total, per_step = output_frames(num_latent, model.temporal_scale), model.temporal_scale * chunk
+    padded = jnp.pad(z, [(0, 0), (0, max(0, first - num_latent))] + [(0, 0)] * 3)
+    frames, caches, bad = decode_step(model, None, padded[:, :first], ctx, output=output, clip_frames=num_latent,
+                                      conditions=conditions)
+    axis = _time_axis(output)
+    emitted = frames.shape[axis]
+    steps = -(-max(0, total - emitted) // per_step)
+    if steps:
+        padded = jnp.pad(padded, [(0, 0), (0, first + steps * chunk - padded.shape[1])] + [(0, 0)] * 3)
+        shape = list(frames.shape)
+        shape[axis] = emitted + steps * per_step
+        buffer = lax.dynamic_update_slice_in_dim(jnp.zeros(shape, frames.dtype), frames, 0, axis)
+
+        def body(carry, index):
+            caches, buffer, bad = carry
+            z_chunk = lax.dynamic_slice_in_dim(padded, first + index * chunk, chunk, axis=1)
+            out, caches, step_bad = decode_step(model, caches, z_chunk, ctx, output=output, conditions=conditions)
+            return (caches, lax.dynamic_update_slice_in_dim(buffer, out, emitted + index * per_step, axis),
+                    bad + step_bad), None
+
+        (_, frames, bad), _ = lax.scan(body, (caches, buffer, bad), jnp.arange(steps))
+    return lax.slice_in_dim(frames, 0, total, axis=axis), bad
+
+
+def decode_conditions(config: VAEConfig, batch: int, *, timestep: float | None = None,
+                      noise_scale: float | None = None, seed: int | None = None,
+                      defaults: dict[str, Any] | None = None) -> DecodeConditions | None:
+    """The host ``DecodeConditions`` of ``batch`` rows for a decoder that takes them (None for one that
+    does not, which refuses them). ``timestep`` (a timestep-conditioned decoder): default the
+    checkpoint's pipeline's ``decode_timestep`` (``defaults``), else 0.05. ``noise_scale``: the
+    pipelines' ``decode_noise_scale``, default the pipeline's, else 0 (the latents as given).
+    ``seed``: the noise's (a fresh one when None): one seed gives one answer."""
+    defaults = defaults or {}
+    given = {name: value for name, value in (("timestep", timestep), ("noise_scale", noise_scale), ("seed", seed))
+             if value is not None}
+    if not config.decode_conditions:
+        if given:
+            raise ValueError(f"the {config.family} decoder takes no timestep and draws no noise; "
+                             f"received {sorted(given)}")
+        return None
+    conditioned = getattr(config, "timestep_conditioning", False)
+    if timestep is not None and not conditioned:
+        raise ValueError(f"the {config.family} decoder is not timestep-conditioned; received timestep={timestep}")
+    timestep = float(defaults.get("decode_timestep", DEFAULT_DECODE_TIMESTEP) if timestep is None else timestep)
+    noise_scale = float(defaults.get("decode_noise_scale", 0.0) if noise_scale is None else noise_scale)
+    if not (math.isfinite(timestep) and timestep >= 0):
+        raise ValueError(f"timestep must be a finite number ≥ 0; received {timestep}")
+    if not 0 <= noise_scale <= 1:
+        raise ValueError(f"noise_scale must be in [0, 1]; received {noise_scale}")
+    key = prng_key(seed)
+    return DecodeConditions(np.full(batch, timestep, np.float32), np.full(batch, noise_scale, np.float32),
+                            np.tile(key, (batch, 1)))
+
+
 Program = Callable[..., tuple[jax.Array, jax.Array]]
 StepProgram = Callable[..., tuple[jax.Array, DecoderCache, jax.Array]]
 
@@ -182,14 +285,15 @@ def check_framewise(config: VAEConfig, framewise: bool) -> dict[str, bool]:
 def full_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
                  denormalize: bool, output: Output, chunk: int, inner_frames: int | None = None,
                  framewise: bool = False) -> Program:
-    """``(state, latents NCTHW) → (frames, (B,) non-finite count)``: the whole decode on one device
-    (or one band: the single-device and the sharded decode differ only in ``make_context``). Image
+    """``(state, latents NCTHW[, conditions]) → (frames, (B,) non-finite count)``: the whole decode on
+    one device (or one band: the single-device and the sharded decode differ only in
+    ``make_context``); ``conditions`` for a decoder that takes them (``decode_conditions``). Image
     latents ``(B, z, H, W)`` give images: float ``(B, 3, sH, sW)`` or uint8 ``(B, sH, sW, 3)``."""
 
-    def run(state, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def run(state, latents: jax.Array, conditions: DecodeConditions | None = None) -> tuple[jax.Array, jax.Array]:
         z = prepare_latents(one_frame_clip(latents), config, dtype, denormalize=denormalize)
         frames, bad = decode_frames(nnx.merge(graphdef, state), z, make_context(), chunk=chunk, output=output,
-                                    inner_frames=inner_frames, framewise=framewise)
+                                    inner_frames=inner_frames, framewise=framewise, conditions=conditions)
         return (without_time(frames, output) if latents.ndim == 4 else frames), bad
 
     return run
@@ -198,13 +302,15 @@ def full_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], 
 def step_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
                  denormalize: bool, output: Output, inner_frames: int | None = None,
                  clip_frames: int | None = None) -> StepProgram:
-    """``(state, caches, latents NCTHW) → (frames, caches, (B,) non-finite count)``: one streaming
-    decode step, with ``caches=None`` for latent frame 0 (``clip_frames``: the stream's latent
+    """``(state, caches, latents NCTHW[, conditions]) → (frames, caches, (B,) non-finite count)``: one
+    streaming decode step, with ``caches=None`` for the first (``clip_frames``: the stream's latent
     frames, for a model that ``needs_clip_frames``)."""
 
-    def run(state, caches: DecoderCache | None, latents: jax.Array) -> tuple[jax.Array, DecoderCache, jax.Array]:
+    def run(state, caches: DecoderCache | None, latents: jax.Array,
+            conditions: DecodeConditions | None = None) -> tuple[jax.Array, DecoderCache, jax.Array]:
         z = prepare_latents(latents, config, dtype, denormalize=denormalize)
         return decode_step(nnx.merge(graphdef, state), caches, z, make_context(), output=output,
-                           inner_frames=inner_frames, clip_frames=clip_frames if caches is None else None)
+                           inner_frames=inner_frames, clip_frames=clip_frames if caches is None else None,
+                           conditions=conditions)
 
     return run

@@ -264,6 +264,7 @@ class WanDecoder(nnx.Module):
     """
 
     causal = True  # latent frame 0, then later chunks with the caches (models.families)
+    lookahead = None
     needs_clip_frames = False
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
@@ -274,8 +275,9 @@ class WanDecoder(nnx.Module):
 
     @scoped
     def __call__(self, z: jax.Array, caches: DecoderCache | None, ctx: SpatialContext, *,
-                 inner_frames: int | None = None, clip_frames: int | None = None) -> tuple[jax.Array, DecoderCache]:
-        del clip_frames  # its caches hold two frames whatever the clip's length
+                 inner_frames: int | None = None, clip_frames: int | None = None,
+                 conditions: None = None) -> tuple[jax.Array, DecoderCache]:
+        del clip_frames, conditions  # its caches hold two frames whatever the clip's length; no timestep
         first_chunk = caches is None  # latent frame 0: the reference's first_chunk=True
         if first_chunk and z.shape[1] != 1:
             raise ValueError(f"the first decode step takes exactly 1 latent frame; got {z.shape[1]}")

@@ -26,9 +26,9 @@ from flax import nnx
 from jax import lax
 
 from .config import VAEConfig
-from .encoder import FRAMES_PER_CHUNK, EncoderCache
+from .encoder import EncoderCache
 from .families import EncoderModule
-from .shapes import one_frame_clip, without_time
+from .shapes import frames_per_step, latents_for_frames, one_frame_clip, without_time
 from .spatial import SpatialContext
 
 DEFAULT_ENCODE_CHUNK = 1  # 4-frame groups per encode step: 1 is the reference's chunking and the least memory
@@ -37,15 +37,16 @@ SEED_RANGE = 2**32  # jax.random.PRNGKey keeps 32 bits of a seed without x64
 
 
 def latent_frames(frames: int, config: VAEConfig) -> int:
-    """Latent frames for ``frames = 1 + 4k`` input frames: ``1 + k`` for Wan 2.1."""
-    return 1 + (frames - 1) // FRAMES_PER_CHUNK * (FRAMES_PER_CHUNK // config.temporal_scale)
+    """Latent frames for ``frames = 1 + 4k`` input frames: ``1 + k`` for Wan 2.1 (``1 + s·k``: ``1 + k``
+    for LTX's ``1 + 8k``)."""
+    return latents_for_frames(frames, config.temporal_scale)
 
 
 def resolve_encode_chunk(chunk: int | None) -> int:
-    """4-frame groups per encode step: ``None`` means ``DEFAULT_ENCODE_CHUNK``; otherwise ≥ 1."""
+    """Frame groups (4 frames, 8 for LTX) per encode step: ``None`` means ``DEFAULT_ENCODE_CHUNK``; otherwise ≥ 1."""
     chunk = DEFAULT_ENCODE_CHUNK if chunk is None else chunk
     if not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be an integer ≥ 1 (groups of {FRAMES_PER_CHUNK} frames); received {chunk!r}")
+        raise ValueError(f"chunk must be an integer ≥ 1 (groups of frames); received {chunk!r}")
     return chunk
 
 
@@ -61,7 +62,7 @@ def encode_moments(model: EncoderModule, frames: jax.Array, ctx: SpatialContext,
                    chunk: int = DEFAULT_ENCODE_CHUNK) -> jax.Array:
     """The posterior moments of frames ``(B, 3, F, H, W)``, ``F = 1 + 4k``: ``(B, T, H/s, W/s, 2z)``.
 
-    Frame 0 runs alone, then ``4 · chunk`` frames per ``lax.scan`` step (a shorter last step if
+    Frame 0 runs alone, then ``4 · chunk`` frames (LTX: ``8 · chunk``) per ``lax.scan`` step (a shorter last step if
     ``k`` is not a multiple of ``chunk``), each step slicing its frames out of the input, so the
     working memory is one step's activations and the fixed-shape caches, whatever ``F`` is. A model
     that is not causal (HunyuanVideo 1.0) encodes all frames in one step.
@@ -71,7 +72,7 @@ def encode_moments(model: EncoderModule, frames: jax.Array, ctx: SpatialContext,
         return moments
     clip_frames = 1 + (frames.shape[2] - 1) // model.temporal_scale
     first, caches = encode_step(model, None, frames[:, :, :1], ctx, dtype, clip_frames=clip_frames)
-    step_frames = FRAMES_PER_CHUNK * chunk
+    step_frames = frames_per_step(model.temporal_scale) * chunk
     num_steps, remainder = divmod(frames.shape[2] - 1, step_frames)
     pieces = [first]
     if num_steps:

@@ -16,6 +16,8 @@ from .config import (
     AutoencoderKLFlux2Config,
     HunyuanVideo15Config,
     HunyuanVideoConfig,
+    LTX2VideoConfig,
+    LTXVideoConfig,
     QwenImageConfig,
     VAEConfig,
     WanVAEConfig,
@@ -64,6 +66,8 @@ def decode_flops(config: VAEConfig, shape: tuple[int, ...]) -> float:
         return b * _hunyuan_decode_flops(config, t, h, w)
     if isinstance(config, HunyuanVideo15Config):
         return b * _hunyuan15_decode_flops(config, t, h, w)
+    if isinstance(config, LTXVideoConfig | LTX2VideoConfig):
+        return b * _ltx_decode_flops(config, t, h, w)
     if isinstance(config, AutoencoderKLConfig | AutoencoderKLFlux2Config):
         return b * _kl_decode_flops(config, h, w)
     if isinstance(config, QwenImageConfig):
@@ -231,3 +235,24 @@ def encode_flops(config: VAEConfig, shape: tuple[int, ...]) -> float:
         raise NotImplementedError(f"encoder FLOPs are counted for Wan and the image configs; received {config.family}")
     h, w = h // config.patch, w // config.patch
     return b * (_encode_step_flops(config, h, w, 1, True) + (f - 1) // 4 * _encode_step_flops(config, h, w, 4, False))
+
+
+def _ltx_decode_flops(config: LTXVideoConfig | LTX2VideoConfig, t: int, h: int, w: int) -> float:
+    """The whole clip's convs (a stream's steps past the clip's end add a few latent frames more)."""
+    plan = config.decoder_plan()
+    clip = _Clip(t, h, w)
+    clip.conv(plan.latent_channels, plan.mid_channels)
+    for _ in range(plan.mid_layers):
+        clip.resnet(plan.mid_channels, plan.mid_channels)
+    for block in plan.up_blocks:
+        if block.cin != block.cout:
+            clip.resnet(block.cin, block.cout)
+        if block.stride:
+            frames, pixels = block.stride
+            width = block.cout * block.factor
+            clip.conv(width, width * frames * pixels * pixels // block.factor)  # at the coarse scale, then unpacked
+            clip.upsample(frames == 2, pixels == 2)
+        for _ in range(block.layers):
+            clip.resnet(block.cout, block.cout)
+    clip.conv(plan.head_channels, 3 * plan.patch ** 2)
+    return clip.total

@@ -240,6 +240,7 @@ class HunyuanVideoDecoder(nnx.Module):
     3)``, the whole clip in one call (``caches`` must be None; none are returned)."""
 
     causal = False  # every GroupNorm spans the clip: no exact frame-by-frame decode
+    lookahead = None
     needs_clip_frames = False
 
     def __init__(self, config: HunyuanVideoConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
@@ -249,10 +250,10 @@ class HunyuanVideoDecoder(nnx.Module):
 
     @scoped
     def __call__(self, z: jax.Array, caches: None, ctx: SpatialContext, *, inner_frames: int | None = None,
-                 clip_frames: int | None = None) -> tuple[jax.Array, None]:
+                 clip_frames: int | None = None, conditions: None = None) -> tuple[jax.Array, None]:
         """``inner_frames``: frames per block of the whole-clip convs (None: automatic; see the
         module docstring)."""
-        del clip_frames  # the whole clip runs at once
+        del clip_frames, conditions  # the whole clip runs at once
         if caches is not None:
             raise ValueError("HunyuanVideo decodes a whole clip at once; it takes no caches")
         with jax.named_scope("post_quant_conv"):

@@ -262,6 +262,7 @@ class HunyuanVideo15Decoder(nnx.Module):
     """
 
     causal = True
+    lookahead = None
     needs_clip_frames = True  # the first step sizes the attention's KVCache
 
     def __init__(self, config: HunyuanVideo15Config, *, rngs: nnx.Rngs, dtype=jnp.float32):
@@ -270,8 +271,9 @@ class HunyuanVideo15Decoder(nnx.Module):
 
     @scoped
     def __call__(self, z: jax.Array, caches: DecoderCache | None, ctx: SpatialContext, *,
-                 inner_frames: int | None = None, clip_frames: int | None = None) -> tuple[jax.Array, DecoderCache]:
-        del inner_frames
+                 inner_frames: int | None = None, clip_frames: int | None = None,
+                 conditions: None = None) -> tuple[jax.Array, DecoderCache]:
+        del inner_frames, conditions
         if caches is None and z.shape[1] != 1:
             raise ValueError(f"the first decode step takes exactly 1 latent frame; got {z.shape[1]}")
         with jax.named_scope("decoder"):

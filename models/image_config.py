@@ -64,6 +64,9 @@ class AutoencoderKLConfig:
     causal: ClassVar[bool] = False  # its GroupNorm statistics span the image: decoded at once
     is_image: ClassVar[bool] = True
     takes_one_frame_clips: ClassVar[bool] = False
+    lookahead: ClassVar[int | None] = None
+    min_latent_size: ClassVar[int] = 1
+    decode_conditions: ClassVar[bool] = False
 
     in_channels: int = 3
     out_channels: int = 3
@@ -189,6 +192,9 @@ class AutoencoderKLFlux2Config:
     causal: ClassVar[bool] = False
     is_image: ClassVar[bool] = True
     takes_one_frame_clips: ClassVar[bool] = False
+    lookahead: ClassVar[int | None] = None
+    min_latent_size: ClassVar[int] = 1
+    decode_conditions: ClassVar[bool] = False
 
     in_channels: int = 3
     out_channels: int = 3
@@ -265,6 +271,9 @@ class QwenImageConfig:
     causal: ClassVar[bool] = True
     is_image: ClassVar[bool] = True
     takes_one_frame_clips: ClassVar[bool] = True
+    lookahead: ClassVar[int | None] = None
+    min_latent_size: ClassVar[int] = 1
+    decode_conditions: ClassVar[bool] = False
 
     base_dim: int = 96
     z_dim: int = 16

@@ -18,7 +18,9 @@ channels-last:
   pointwise2d  Conv2d 1x1     (O, I, 1, 1)    → (I, O)
   linear       Linear         (O, I)          → (I, O)
   vector       bias, GroupNorm weight (C,)   → (C,)
-  gamma2d / gamma3d  RMS gamma (C, 1, 1) / (C, 1, 1, 1) → (C,)
+  gamma2d / gamma3d  RMS gamma (C, 1, 1) / (C, 1, 1, 1) → (C,)  (also LTX's per-channel noise scales)
+  table        LTX's scale/shift tables (4 or 2, C) → the same
+  scalar       LTX's timestep multiplier ()          → ()
 
 Original Wan release (``Wan2.1_VAE.pth``) → diffusers, decoder side, with R = num_res_blocks:
   conv2.*                          → post_quant_conv.*        (conv1.* → quant_conv.*)
@@ -55,7 +57,7 @@ _RESIDUAL_BACK = {v: k for k, v in _RESIDUAL.items()}
 _PARAM_RENAMES = {"kernel": "weight", "resample_kernel": "resample.1.weight", "resample_bias": "resample.1.bias",
                   "time_kernel": "time_conv.weight", "time_bias": "time_conv.bias"}
 TORCH_LAYOUTS = ("conv3d", "conv2d", "timeconv", "pointwise3d", "pointwise2d", "linear", "vector", "gamma2d",
-                 "gamma3d")
+                 "gamma3d", "table", "scalar")
 
 
 # -- ours ↔ diffusers ----------------------------------------------------------------------------
@@ -77,7 +79,7 @@ def torch_shape(var) -> tuple[int, ...]:
     kind, shape = layout(var), tuple(var.shape)
     if kind in ("gamma2d", "gamma3d"):
         return (shape[0],) + (1,) * (2 if kind == "gamma2d" else 3)
-    if kind == "vector":
+    if kind in ("vector", "table", "scalar"):
         return shape
     if kind == "conv2d":
         return (shape[3], shape[2], shape[0], shape[1])
@@ -91,7 +93,7 @@ def torch_shape(var) -> tuple[int, ...]:
 def from_torch(var, array: np.ndarray) -> np.ndarray:
     """A diffusers tensor (already checked to be ``torch_shape(var)``) in our layout."""
     kind = layout(var)
-    if kind in ("gamma2d", "gamma3d", "vector"):
+    if kind in ("gamma2d", "gamma3d", "vector", "table", "scalar"):
         return array.reshape(var.shape)
     if kind == "conv2d":
         return array.transpose(2, 3, 1, 0)
@@ -106,7 +108,7 @@ def to_torch(var, array: np.ndarray) -> np.ndarray:
     """Our parameter ``var``'s value ``array`` in the diffusers layout (inverse of ``from_torch``)."""
     kind = layout(var)
     target = torch_shape(var)
-    if kind in ("gamma2d", "gamma3d", "vector"):
+    if kind in ("gamma2d", "gamma3d", "vector", "table", "scalar"):
         return array.reshape(target)
     if kind == "conv2d":
         return array.transpose(3, 2, 0, 1)
@@ -321,3 +323,76 @@ def diffusers_to_ldm(key: str, blocks: int) -> str:
     if match := re.fullmatch(attention, key):
         return f"{match[1]}.mid.attn_1.{_LDM_ATTENTION_BACK[match[2]]}.{match[3]}"
     return key
+# -- original LTX-Video / LTX-2 (Lightricks' single files) ↔ diffusers -----------------------------------
+# Lightricks' checkpoints hold the VAE under ``vae.`` (beside the transformer, and for LTX-2 the audio
+# VAE), its blocks in one flat list per side: ``decoder.up_blocks.{k}`` is the mid block (k = 0), then
+# each up block's parts in order — its width-changing resnet (``conv_in``), its upsampler, its
+# resnets — and ``encoder.down_blocks.{k}`` each down block's resnets, downsampler and ``conv_out``,
+# then the mid block. A resnet list is ``res_blocks``; the decoder's last time embedding and table are
+# ``last_time_embedder`` / ``last_scale_shift_table``; the latents' statistics are
+# ``per_channel_statistics.{mean,std}-of-means``. LTX-Video's width-changing resnets hold their
+# LayerNorm under ``norm3.norm`` and their shortcut conv unwrapped (diffusers: ``conv_shortcut.conv``).
+LTX_PREFIX = "vae."
+_LTX_STATISTICS = {"per_channel_statistics.mean-of-means": "latents_mean",
+                   "per_channel_statistics.std-of-means": "latents_std"}
+_LTX_DROPPED = ("per_channel_statistics.channel", "per_channel_statistics.mean-of-stds")
+_LTX_LAST = {"decoder.last_time_embedder.": "decoder.time_embedder.",
+             "decoder.last_scale_shift_table": "decoder.scale_shift_table"}
+
+
+def ltx_block_prefixes(decoder_plan, encoder_plan) -> dict[str, list[str]]:
+    """Each flat original block's diffusers prefix, per side (``"decoder"``, ``"encoder"``)."""
+    decoder = ["mid_block"]
+    for i, block in enumerate(decoder_plan.up_blocks):
+        decoder += ([f"up_blocks.{i}.conv_in"] if block.cin != block.cout else [])
+        decoder += ([f"up_blocks.{i}.upsamplers.0"] if block.stride else []) + [f"up_blocks.{i}"]
+    encoder = []
+    for i, block in enumerate(encoder_plan.down_blocks):
+        encoder += [f"down_blocks.{i}"] + ([f"down_blocks.{i}.downsamplers.0"] if block.kind else [])
+        encoder += [f"down_blocks.{i}.conv_out"] if block.kind in ("conv", None) and block.cin != block.cout else []
+    return {"decoder": decoder, "encoder": [*encoder, "mid_block"]}
+
+
+def _ltx_rename_parts(rest: str, table: tuple[tuple[str, str], ...]) -> str:
+    for old, new in table:
+        rest = rest.replace(old, new)
+    return rest
+
+
+def _ltx_parts(wrapped_shortcut: bool) -> tuple[tuple[str, str], ...]:
+    parts: tuple[tuple[str, str], ...] = (("res_blocks.", "resnets."), ("norm3.norm.", "norm3."))
+    return parts + ((("conv_shortcut.", "conv_shortcut.conv."),) if wrapped_shortcut else ())
+
+
+def ltx_original_to_diffusers(key: str, prefixes: dict[str, list[str]], *, wrapped_shortcut: bool) -> str | None:
+    """One key of a Lightricks checkpoint's VAE (``vae.`` already removed) under its diffusers name,
+    or None for a tensor diffusers does not keep (the other statistics)."""
+    if key.startswith(_LTX_DROPPED):
+        return None
+    if key in _LTX_STATISTICS:
+        return _LTX_STATISTICS[key]
+    for old, new in _LTX_LAST.items():
+        if key.startswith(old):
+            return new + key[len(old):]
+    match = re.fullmatch(r"(decoder|encoder)\.(up|down)_blocks\.(\d+)\.(.*)", key)
+    if match and int(match.group(3)) < len(prefixes[match.group(1)]):
+        side, index, rest = match.group(1), int(match.group(3)), match.group(4)
+        key = f"{side}.{prefixes[side][index]}.{rest}"
+    return _ltx_rename_parts(key, _ltx_parts(wrapped_shortcut))
+
+
+def ltx_diffusers_to_original(key: str, prefixes: dict[str, list[str]], *, wrapped_shortcut: bool) -> str:
+    """Inverse of ``ltx_original_to_diffusers`` (to write original-format test checkpoints), with
+    ``vae.`` in front."""
+    back = {v: k for k, v in _LTX_STATISTICS.items()}
+    if key in back:
+        return LTX_PREFIX + back[key]
+    for old, new in _LTX_LAST.items():
+        if key.startswith(new):
+            return LTX_PREFIX + old + key[len(new):]
+    key = _ltx_rename_parts(key, tuple((new, old) for old, new in _ltx_parts(wrapped_shortcut)))
+    side, _, rest = key.partition(".")
+    for index, prefix in sorted(enumerate(prefixes.get(side, [])), key=lambda p: -len(p[1])):
+        if rest.startswith(prefix + "."):
+            return f"{LTX_PREFIX}{side}.{'up' if side == 'decoder' else 'down'}_blocks.{index}.{rest[len(prefix) + 1:]}"
+    return LTX_PREFIX + key

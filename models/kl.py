@@ -209,6 +209,7 @@ class KLDecoder(nnx.Module):
     the whole image in one call (``caches`` must be None; none are returned)."""
 
     causal = False  # every GroupNorm spans the image (models.families)
+    lookahead = None
     needs_clip_frames = False
     temporal_scale = 1
 
@@ -218,8 +219,8 @@ class KLDecoder(nnx.Module):
 
     @scoped
     def __call__(self, z: jax.Array, caches: None, ctx: SpatialContext, *, inner_frames: int | None = None,
-                 clip_frames: int | None = None) -> tuple[jax.Array, None]:
-        del inner_frames, clip_frames  # one frame: nothing to stream
+                 clip_frames: int | None = None, conditions: None = None) -> tuple[jax.Array, None]:
+        del inner_frames, clip_frames, conditions  # one frame: nothing to stream; no timestep
         if caches is not None:
             raise ValueError("an AutoencoderKL decodes a whole image at once; it takes no caches")
         if self.post_quant_conv is not None:

@@ -1,5 +1,6 @@
-"""Load a VAE — Wan 2.1 / 2.2, HunyuanVideo 1.0 / 1.5, and the image VAEs (AutoencoderKL: SD, SDXL,
-Flux.1; Flux.2; Qwen-Image) — from diffusers folders, safetensors files or the original releases' checkpoints.
+"""Load a VAE — Wan 2.1 / 2.2, HunyuanVideo 1.0 / 1.5, LTX-Video, LTX-2, and the image VAEs (AutoencoderKL:
+SD, SDXL, Flux.1; Flux.2; Qwen-Image) — from diffusers folders, safetensors files or the original releases'
+checkpoints.
 
 The family comes from the config's ``_class_name`` (``models.config.config_from_dict``), or, for a
 checkpoint file without a diffusers config beside it, from its tensor names. The decoder's
@@ -10,19 +11,23 @@ decoding, and ``encode`` then says that it has no encoder.
 Accepted ``path``s:
   * a diffusers folder: ``config.json`` + ``diffusion_pytorch_model.safetensors`` (or the sharded
     ``diffusion_pytorch_model.safetensors.index.json`` form);
-  * a pipeline folder (``model_index.json`` + ``vae/``), or any folder with a ``vae/`` subfolder;
+  * a pipeline folder (``model_index.json`` + ``vae/``), or any folder with a ``vae/`` subfolder; the
+    pipeline's decode defaults come along (``pipeline_defaults``: an LTX pipeline's
+    ``decode_timestep`` and ``decode_noise_scale``, in ``vae.metadata``);
   * a checkpoint file: ``.safetensors`` or a PyTorch file (``.pth``/``.pt``/``.ckpt``: needs torch,
     read with ``weights_only=True``) in diffusers' naming or an original release's: Wan's
     ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth``, HunyuanVideo's ``vae/pytorch_model.pt`` (diffusers'
     names, maybe under ``vae.``), HunyuanVideo 1.5's ``vae/diffusion_pytorch_model.safetensors``
-    (``decoder.up.{i}.block.{j}`` names), and latent diffusion's names (``models.keys.ldm_to_diffusers``)
+    (``decoder.up.{i}.block.{j}`` names), Lightricks' LTX-Video and LTX-2 single files (``vae.*``
+    among the transformer's tensors), and latent diffusion's names (``models.keys.ldm_to_diffusers``)
     of SD/SDXL single-file checkpoints (the VAE under ``first_stage_model.``, the rest passed over),
     their stand-alone VAE files and Flux's ``ae.safetensors``. A diffusers ``config.json`` beside it
     is used when present, else the real config of the family (and release) its names belong to;
   * an embedded model name (``MODEL_NAMES``): ``"wan2.1"`` (also ``None``), ``"wan2.2"``,
-    ``"hunyuan1.0"``, ``"hunyuan1.5"``, ``"sd"``, ``"sdxl"``, ``"flux1"``, ``"flux2"``, ``"qwen-image"``:
-    the real architecture with deterministic seeded random weights. It decodes noise and says so
-    (logs, ``vae.metadata["random_weights"]``). A folder with such a name loads as ``"./wan2.2"``.
+    ``"hunyuan1.0"``, ``"hunyuan1.5"``, ``"ltx-video"`` (0.9.5 – 0.9.8), ``"ltx2"`` (LTX-2), ``"sd"``,
+    ``"sdxl"``, ``"flux1"``, ``"flux2"``, ``"qwen-image"``: the real architecture with deterministic
+    seeded random weights. It decodes noise and says so (logs, ``vae.metadata["random_weights"]``). A
+    folder with such a name loads as ``"./wan2.2"``.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ from .config import (
     ConfigError,
     HunyuanVideo15Config,
     HunyuanVideoConfig,
+    LTX2VideoConfig,
+    LTXVideoConfig,
     QwenImageConfig,
     VAEConfig,
     WanVAEConfig,
@@ -55,6 +62,7 @@ from .config import (
     read_config,
 )
 from .families import family_of
+from .ltx_config import STATISTICS_TENSORS
 from .vae import VAE, abstract_module, init_vae, resolve_dtype
 
 log = logging.getLogger("vaeserve.models")
@@ -64,12 +72,17 @@ DEFAULT_SEED = 0
 # ``load_vae(name)`` builds them with seeded random weights (the embedded models).
 MODEL_NAMES: dict[str, Callable[[], VAEConfig]] = {
     "wan2.1": WanVAEConfig, "wan2.2": WanVAEConfig.wan22, "hunyuan1.0": HunyuanVideoConfig,
-    "hunyuan1.5": HunyuanVideo15Config, "sd": AutoencoderKLConfig.sd, "sdxl": AutoencoderKLConfig.sdxl,
-    "flux1": AutoencoderKLConfig.flux1, "flux2": AutoencoderKLFlux2Config, "qwen-image": QwenImageConfig}
+    "hunyuan1.5": HunyuanVideo15Config, "ltx-video": LTXVideoConfig.v095, "ltx2": LTX2VideoConfig.ltx2,
+    "sd": AutoencoderKLConfig.sd, "sdxl": AutoencoderKLConfig.sdxl, "flux1": AutoencoderKLConfig.flux1,
+    "flux2": AutoencoderKLFlux2Config, "qwen-image": QwenImageConfig}
 # What each embedded name is, in words (logs and metadata).
 MODEL_TITLES = {"wan2.1": "Wan 2.1", "wan2.2": "Wan 2.2", "hunyuan1.0": "HunyuanVideo",
-                "hunyuan1.5": "HunyuanVideo 1.5", "sd": "Stable Diffusion 1.x/2.x", "sdxl": "SDXL",
-                "flux1": "Flux.1", "flux2": "Flux.2", "qwen-image": "Qwen-Image"}
+                "hunyuan1.5": "HunyuanVideo 1.5", "ltx-video": "LTX-Video 0.9.5", "ltx2": "LTX-2",
+                "sd": "Stable Diffusion 1.x/2.x", "sdxl": "SDXL", "flux1": "Flux.1", "flux2": "Flux.2",
+                "qwen-image": "Qwen-Image"}
+# A pipeline's decode defaults, read from its ``model_index.json`` when it states them (the names of
+# the LTX pipelines' call arguments), kept in ``vae.metadata`` and used by ``VAE.decode``.
+PIPELINE_DEFAULTS = ("decode_timestep", "decode_noise_scale")
 DEFAULT_MODEL = "wan2.1"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
@@ -192,6 +205,36 @@ def original_release_config(names) -> WanVAEConfig:
     return WanVAEConfig.wan22() if any(nested.match(n) for n in names) else WanVAEConfig()
 
 
+def _is_original_ltx_naming(names) -> bool:
+    """Lightricks' LTX-Video / LTX-2 names (``vae.decoder.up_blocks.0.res_blocks.0.*``)."""
+    return any(n.startswith("vae.") and ".res_blocks." in n for n in names)
+
+
+def ltx_release_config(names) -> VAEConfig:
+    """The real config of the LTX release whose (original) tensor names these are: LTX-Video 0.9.0
+    (ten decoder blocks), 0.9.1 (a timestep embedding, strided-conv encoder), 0.9.5 – 0.9.8 (a
+    timestep embedding, space-to-depth encoder), LTX-2.3 / 2.5 (nine decoder blocks) or LTX-2."""
+    names = {n.removeprefix("vae.") for n in names}
+    if "decoder.up_blocks.9.res_blocks.0.conv1.conv.weight" in names:
+        return LTXVideoConfig()
+    if "decoder.last_time_embedder.timestep_embedder.linear_1.weight" in names:
+        return LTXVideoConfig.v095() if "encoder.down_blocks.1.conv.conv.weight" in names else LTXVideoConfig.v091()
+    if any(n.startswith("decoder.up_blocks.8.") for n in names):
+        return LTX2VideoConfig.ltx23()
+    return LTX2VideoConfig.ltx2()
+
+
+def _ltx_diffusers_release(names: set[str]) -> VAEConfig:
+    """``ltx_release_config`` for diffusers' names: four up blocks are LTX-Video 0.9.0 (strided-conv
+    encoder) or LTX-2.3; a decoder time embedding LTX-Video 0.9.1 (strided-conv encoder) or 0.9.5."""
+    strided = "encoder.down_blocks.0.downsamplers.0.conv.weight" in names
+    if "decoder.time_embedder.timestep_embedder.linear_1.weight" in names:
+        return LTXVideoConfig.v091() if strided else LTXVideoConfig.v095()
+    if any(n.startswith("decoder.up_blocks.3.") for n in names):
+        return LTXVideoConfig() if strided else LTX2VideoConfig.ltx23()
+    return LTX2VideoConfig.ltx2()
+
+
 def _without_vae_prefix(names) -> bool:
     """HunyuanVideo's original checkpoint may hold its VAE under ``vae.`` (its loader keeps those)."""
     return any(n.startswith("vae.") for n in names)
@@ -202,8 +245,9 @@ def config_for_names(names) -> VAEConfig:
     without a diffusers ``config.json``: an original release's names (latent diffusion's for the
     AutoencoderKL family), else diffusers' names of AutoencoderKL (GroupNorm ``conv_norm_out`` and a
     plain ``conv_in``), HunyuanVideo (GroupNorm ``conv_norm_out``, wrapped ``conv_in.conv``),
-    HunyuanVideo 1.5 (``norm_out.gamma`` and wrapped ``conv_in.conv``) or, by default, Wan (whose
-    names Qwen-Image's share: a Qwen-Image file needs its config.json beside it)."""
+    HunyuanVideo 1.5 (``norm_out.gamma`` and wrapped ``conv_in.conv``), LTX (the ``latents_mean``
+    tensor beside a wrapped ``conv_in.conv``) or, by default, Wan (whose names Qwen-Image's share: a
+    Qwen-Image file needs its config.json beside it)."""
     names = list(names)
     if (prefix := _ldm_prefix(names)) is not None:
         return kl_config_for_names(names, prefix)
@@ -211,9 +255,13 @@ def config_for_names(names) -> VAEConfig:
         return original_release_config(names)
     if _is_original_hunyuan15_naming(names):
         return HunyuanVideo15Config()
+    if _is_original_ltx_naming(names):
+        return ltx_release_config(names)
     if {"decoder.conv_norm_out.weight", "decoder.conv_in.weight"} <= set(names):
         return kl_config_for_names(names)
     names = [n.removeprefix("vae.") for n in names]
+    if "latents_mean" in names and "decoder.conv_in.conv.weight" in names:  # diffusers' LTX buffers
+        return _ltx_diffusers_release(set(names))
     if "decoder.conv_norm_out.weight" in names:
         return HunyuanVideoConfig()
     if "decoder.conv_in.conv.weight" in names:
@@ -231,9 +279,44 @@ def to_diffusers_names(tensors: dict[str, Any], config: VAEConfig) -> dict[str, 
         return {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
     if _is_original_hunyuan15_naming(tensors):
         return {keys.hunyuan15_original_to_diffusers(n): t for n, t in tensors.items()}
+    if _is_original_ltx_naming(tensors) and isinstance(config, LTXVideoConfig | LTX2VideoConfig):
+        return ltx_to_diffusers_names(tensors, config)
     if _without_vae_prefix(tensors):
         return {n.removeprefix("vae."): t for n, t in tensors.items() if n.startswith("vae.")}
     return tensors
+
+
+def ltx_to_diffusers_names(tensors: dict[str, Any], config: LTXVideoConfig | LTX2VideoConfig) -> dict[str, Any]:
+    """A Lightricks checkpoint's ``vae.*`` tensors under diffusers' names (``keys.ltx_original_to_diffusers``);
+    the transformer's, the audio VAE's and the statistics diffusers does not keep are left out."""
+    prefixes = keys.ltx_block_prefixes(config.decoder_plan(), config.encoder_plan())
+    wrapped = config.decoder_plan().conv_shortcut_wrapped
+    renamed = {}
+    for name, tensor in tensors.items():
+        if name.startswith(keys.LTX_PREFIX):
+            new = keys.ltx_original_to_diffusers(name[len(keys.LTX_PREFIX):], prefixes, wrapped_shortcut=wrapped)
+            if new is not None:
+                renamed[new] = tensor
+    return renamed
+
+
+def pipeline_defaults(path: Path) -> dict[str, float]:
+    """The decode defaults a pipeline folder's ``model_index.json`` states (``PIPELINE_DEFAULTS``);
+    empty for a VAE folder or a pipeline that states none."""
+    index = path / "model_index.json"
+    if not index.is_file():
+        return {}
+    raw = json.loads(index.read_text(encoding="utf-8"))
+    defaults = {}
+    for name in PIPELINE_DEFAULTS:
+        value = raw.get(name)
+        if isinstance(value, list) and value:  # a pipeline may state one per row; all rows take the first
+            value = value[0]
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            defaults[name] = float(value)
+        elif value is not None:
+            raise ConfigError(f"{index}: {name}={value!r}; expected a number")
+    return defaults
 
 
 def _diffusers_folder(path: Path) -> Path:
@@ -279,6 +362,17 @@ def _assemble(graphdef, expected: dict[str, tuple], tensors: dict[str, Any], tar
     return nnx.merge(graphdef, nnx.from_flat_state(leaves))
 
 
+def _with_statistics(config: VAEConfig, tensors: dict[str, Any]) -> tuple[VAEConfig, dict[str, Any]]:
+    """An LTX checkpoint's ``latents_mean`` / ``latents_std`` tensors (diffusers' buffers) moved into
+    its config; the other tensors. Other families keep their statistics in the config itself."""
+    if not hasattr(config, "with_statistics"):
+        return config, tensors
+    rest = {n: t for n, t in tensors.items() if n not in STATISTICS_TENSORS}
+    if all(n in tensors for n in STATISTICS_TENSORS):
+        config = config.with_statistics(*(np.asarray(tensors[n], np.float32).reshape(-1) for n in STATISTICS_TENSORS))
+    return config, rest
+
+
 def build_vae(config: VAEConfig, tensors: dict[str, Any], *, dtype: str, metadata: dict[str, Any]) -> VAE:
     """Assemble a ``VAE`` of the config's family from diffusers-named tensors; every key problem is
     reported at once.
@@ -289,6 +383,7 @@ def build_vae(config: VAEConfig, tensors: dict[str, Any], *, dtype: str, metadat
     target = resolve_dtype(dtype)
     family = family_of(config)
     tensors = {n: t for n, t in tensors.items() if n not in IGNORED_TENSORS}
+    config, tensors = _with_statistics(config, tensors)
     graphdef, expected = _parameters(family.decoder, config, target)
     with_encoder = any(n.startswith(ENCODER_PREFIXES) for n in tensors)
     if with_encoder:
@@ -387,7 +482,8 @@ def _checkpoint_config(config_file: Path, read_names: Callable[[], Iterable[str]
         if raw.get("_class_name", WanVAEConfig.class_name) in CONFIG_CLASSES:
             return config_from_dict(raw)
         names = list(read_names())
-        if not (_is_original_naming(names) or _is_original_hunyuan15_naming(names) or _ldm_prefix(names) is not None):
+        if not (_is_original_naming(names) or _is_original_hunyuan15_naming(names) or _is_original_ltx_naming(names)
+                or _ldm_prefix(names) is not None):
             return config_from_dict(raw)  # its own error names the class it expected
         log.warning("%s is no diffusers VAE config (_class_name %r): using the release its tensor names belong to",
                     config_file, raw.get("_class_name"))
@@ -404,10 +500,12 @@ def load_vae(path: str | Path | None = None, dtype: str = "float32", *,
     if name is not None:
         return embedded_vae(name, dtype, weights_cache=embedded_weights_cache)
     path = Path(path)  # type: ignore[arg-type]
+    metadata: dict[str, Any] = {"source": str(path), "random_weights": False}
     if path.is_dir():
         folder = _diffusers_folder(path)
         tensors = _read_safetensors(_folder_weights(folder))
         config_file = folder / "config.json"
+        metadata.update(pipeline_defaults(path))
     elif path.is_file():
         tensors = _read_pth(path) if path.suffix in PYTORCH_SUFFIXES else _read_safetensors([path])
         config_file = path.parent / "config.json"
@@ -415,8 +513,7 @@ def load_vae(path: str | Path | None = None, dtype: str = "float32", *,
         raise FileNotFoundError(f"no model at {path}")
     config = _checkpoint_config(config_file, lambda: tensors)
     log.info("loading %s VAE from %s (%s)", config.family, path, dtype)
-    return build_vae(config, to_diffusers_names(tensors, config), dtype=dtype,
-                     metadata={"source": str(path), "random_weights": False})
+    return build_vae(config, to_diffusers_names(tensors, config), dtype=dtype, metadata=metadata)
 
 
 def load_config(path: str | Path | None = None) -> VAEConfig:
@@ -459,15 +556,23 @@ def _write_folder(out_dir: Path, config: VAEConfig, tensors: dict[str, Any]) -> 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    save_file({n: np.ascontiguousarray(t) for n, t in tensors.items()}, str(out_dir / WEIGHTS_NAME))
+    # reshape: ascontiguousarray makes a 0-d array (LTX's timestep multiplier) 1-d.
+    save_file({n: np.ascontiguousarray(t).reshape(np.shape(t)) for n, t in tensors.items()},
+              str(out_dir / WEIGHTS_NAME))
     return out_dir
 
 
 def iter_diffusers_tensors(vae: VAE) -> Iterator[tuple[str, np.ndarray]]:
-    """Every weight (decoder, then encoder if any) in diffusers' names and layouts, float32."""
+    """Every weight (decoder, then encoder if any) in diffusers' names and layouts, float32; for
+    LTX, then the latents' statistics (diffusers' ``latents_mean`` / ``latents_std`` buffers)."""
     for state in (vae.state, vae.encoder_state):
         for path, var in nnx.to_flat_state(state) if state is not None else ():
             yield keys.diffusers_key(path), keys.to_torch(var, np.asarray(var[...], np.float32))
+    if hasattr(vae.config, "with_statistics"):
+        statistics = getattr(vae.config, "statistics", None)
+        z = vae.config.z_dim
+        mean, std = statistics if statistics else ((0.0,) * z, (1.0,) * z)
+        yield from zip(STATISTICS_TENSORS, (np.asarray(mean, np.float32), np.asarray(std, np.float32)), strict=True)
 
 
 def save_vae(vae: VAE, out_dir: str | Path) -> Path:
@@ -479,8 +584,9 @@ def save_vae(vae: VAE, out_dir: str | Path) -> Path:
 def convert_checkpoint(in_path: str | Path, out_dir: str | Path, *, config: VAEConfig | None = None) -> Path:
     """Turn an original release's checkpoint — Wan's ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth``,
     HunyuanVideo's ``vae/pytorch_model.pt``, HunyuanVideo 1.5's ``vae/diffusion_pytorch_model.safetensors``,
-    an SD/SDXL/Flux checkpoint in latent diffusion's names — into a diffusers folder that loads
-    without torch (``config``: default, the real config of the release the names belong to).
+    Lightricks' LTX-Video / LTX-2 single files (``ltx_release_config``), an SD/SDXL/Flux checkpoint in
+    latent diffusion's names — into a diffusers folder that loads without torch (``config``: default,
+    the real config of the release the names belong to).
 
     Every tensor (encoder included) is renamed to diffusers' names and kept in its dtype, so the
     folder also loads in diffusers' ``from_pretrained``.
@@ -489,10 +595,10 @@ def convert_checkpoint(in_path: str | Path, out_dir: str | Path, *, config: VAEC
     tensors = _read_pth(in_path) if in_path.suffix in PYTORCH_SUFFIXES else _read_safetensors([in_path])
     names = list(tensors)
     if not (_is_original_naming(names) or _is_original_hunyuan15_naming(names) or _without_vae_prefix(names)
-            or _ldm_prefix(names) is not None or in_path.suffix in PYTORCH_SUFFIXES):
+            or _is_original_ltx_naming(names) or _ldm_prefix(names) is not None or in_path.suffix in PYTORCH_SUFFIXES):
         raise ValueError(f"{in_path} does not look like an original release's VAE state dict (no Wan "
-                         "decoder.middle.*, HunyuanVideo 1.5 or latent diffusion decoder.mid.* or vae.* keys; "
-                         "nor a PyTorch file)")
+                         "decoder.middle.*, HunyuanVideo 1.5 or latent diffusion decoder.mid.*, LTX vae.*.res_blocks.* "
+                         "or vae.* keys; nor a PyTorch file)")
     config = config or config_for_names(names)
     renamed = to_diffusers_names(tensors, config)
     build_vae(config, renamed, dtype="float32", metadata={"source": str(in_path)})  # fail before writing

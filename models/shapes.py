@@ -19,8 +19,15 @@ from typing import Any, Literal, Protocol
 Output = Literal["float", "uint8"]
 OUTPUTS: tuple[Output, ...] = ("float", "uint8")
 
-# diffusers' ``_encode`` hard-codes frame 0 alone, then 4 frames per encoder call: clips are 1 + 4k frames.
+# diffusers' ``_encode`` hard-codes frame 0 alone, then 4 frames per encoder call: clips are 1 + 4k frames
+# (LTX's encoders, 8x in time, take 8: ``frames_per_step``).
 FRAMES_PER_CHUNK = 4
+
+
+def frames_per_step(temporal_scale: int) -> int:
+    """Frames an encode step takes after frame 0, and the step of valid clip lengths ``1 + k·step``:
+    4 (Wan, HunyuanVideo), or the temporal scale when larger (LTX: 8)."""
+    return max(FRAMES_PER_CHUNK, temporal_scale)
 
 
 class ShapeRules(Protocol):
@@ -44,6 +51,11 @@ class ShapeRules(Protocol):
 
     @property
     def temporal_scale(self) -> int: ...
+
+    @property
+    def min_latent_size(self) -> int:
+        """The fewest latent rows and columns the decoder takes (2 where it pads by reflection: LTX-2.0)."""
+        ...
 
 
 def output_frames(latent_frames: int, temporal_scale: int) -> int:
@@ -168,6 +180,10 @@ def check_latents_shape(shape: tuple[int, ...], config: ShapeRules) -> None:
     if config.is_image and len(shape) == 5 and shape[TIME_AXIS] != 1:
         raise LatentsError("an image model decodes one latent frame", expected=1, received=shape[TIME_AXIS],
                            what="frames")
+    least = config.min_latent_size
+    if min(shape[-2:]) < least:
+        raise LatentsError(f"this decoder pads by reflection: latents need ≥ {least} rows and columns",
+                           expected=f"H, W ≥ {least}", received=tuple(shape[-2:]), what="sizes")
 
 
 def nearest_valid(value: int, step: int, offset: int = 0) -> list[int]:
@@ -192,9 +208,9 @@ def misfits(width: int, height: int, frames: int, *, spatial: int, temporal: int
 
 
 def check_frames_shape(shape: tuple[int, ...], config: ShapeRules) -> None:
-    """Frames ``(B, 3, F, H, W)`` with ``F = 1 + 4k`` (the encoder's chunks) and ``H``, ``W``
-    multiples of the spatial scale (8 for Wan 2.1, HunyuanVideo and the image models, 16 for Wan 2.2
-    and HunyuanVideo 1.5); an image model's images ``(B, 3, H, W)`` (or, where it also takes
+    """Frames ``(B, 3, F, H, W)`` with ``F = 1 + 4k`` (the encoder's chunks; LTX: ``1 + 8k``) and ``H``,
+    ``W`` multiples of the spatial scale (8 for Wan 2.1, HunyuanVideo and the image models, 16 for
+    Wan 2.2 and HunyuanVideo 1.5, 32 for LTX); an image model's images ``(B, 3, H, W)`` (or, where it also takes
     one-frame clips, ``(B, 3, 1, H, W)``).
 
     diffusers silently drops frames beyond ``1 + 4k`` and crops sizes; we refuse them and name the
@@ -213,6 +229,7 @@ def check_frames_shape(shape: tuple[int, ...], config: ShapeRules) -> None:
     shape = clip_shape(tuple(shape))
     if config.is_image and shape[TIME_AXIS] != 1:
         raise FramesError("an image model encodes one frame", expected=1, received=shape[TIME_AXIS], what="frames")
-    problems = misfits(shape[4], shape[3], shape[2], spatial=config.spatial_scale, temporal=FRAMES_PER_CHUNK)
+    problems = misfits(shape[4], shape[3], shape[2], spatial=config.spatial_scale,
+                       temporal=frames_per_step(config.temporal_scale))
     if problems:
         raise problems[0]

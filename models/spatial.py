@@ -7,8 +7,12 @@ locally. Inside ``shard_map`` the sharded context (``sharding.halo``) exchanges 
 its neighbours, all-gathers K/V for attention and sums statistics over the bands, so the very same
 model code decodes a band of the frame exactly.
 
-Two edge modes: ``"zero"`` (Wan: zero padding) and ``"replicate"`` (HunyuanVideo: the edge row
-or column repeated, PyTorch's ``F.pad(mode="replicate")``).
+Three edge modes: ``"zero"`` (Wan, LTX-Video: zero padding), ``"replicate"`` (HunyuanVideo: the
+edge row or column repeated, PyTorch's ``F.pad(mode="replicate")``) and ``"reflect"`` (LTX-2.0's
+decoder: the row or column next to the edge, ``mode="reflect"``).
+
+The context also draws noise (LTX decoders inject it): ``frame_noise`` gives a band the values the
+whole frame's noise has at its pixels, so a seeded decode is the same however the frame is split.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-Edge = Literal["zero", "replicate"]
-EDGES: tuple[Edge, ...] = ("zero", "replicate")
+Edge = Literal["zero", "replicate", "reflect"]
+EDGES: tuple[Edge, ...] = ("zero", "replicate", "reflect")
 
 # Keys per block of the frame-causal attention's online softmax: a block of scores is
 # ``query_chunk x KEY_CHUNK`` floats (256 MB at 4096 x 16384). Attention over fewer keys (one Wan
@@ -40,7 +44,8 @@ class SpatialContext(Protocol):
 
     def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
         """``(..., H, W, C)`` → ``(..., H+2, W+2, C)``: one row/column of context on every side; at
-        the image's edges zeros or (``edge="replicate"``) the edge row/column."""
+        the image's edges zeros, the edge row/column (``edge="replicate"``) or the one next to it
+        (``edge="reflect"``)."""
 
     def pad_hw_after(self, x: jax.Array) -> jax.Array:
         """``(..., H, W, C)`` → ``(..., H+1, W+1, C)``: one row below and one column to the right
@@ -58,6 +63,11 @@ class SpatialContext(Protocol):
         """GroupNorm statistics over the whole clip and frame: ``x (B, T, H, W, C)`` → mean and
         variance ``(B, groups)`` in float32 over (T, H, W, C/groups)."""
 
+    def frame_noise(self, keys: jax.Array, shape: tuple[int, int, int]) -> jax.Array:
+        """Standard normal noise of the whole frame, at this context's pixels: ``keys (B, 2)`` uint32
+        (one per row), ``shape`` the local ``(h, w, C)`` → float32 ``(B, h, w, C)``. Row ``b`` of the
+        whole ``(H, W, C)`` frame is ``frame_normal(keys[b], (H, W, C))``."""
+
 
 def matmul_precision(dtype) -> lax.Precision | None:
     """float32 means float32: forbid TF32/bf16 passes on accelerators so parity holds there too."""
@@ -74,6 +84,25 @@ def zero_pad_hw_after(x: jax.Array) -> jax.Array:
     """Zero-pad the two spatial axes (``-3`` and ``-2``) by one at their far end only."""
     widths = [(0, 0)] * (x.ndim - 3) + [(0, 1), (0, 1), (0, 0)]
     return jnp.pad(x, widths)
+
+
+def reflect_pad_hw(x: jax.Array) -> jax.Array:
+    """Pad the two spatial axes (``-3`` and ``-2``) by one on each side with the row/column next to
+    the edge (PyTorch's ``mode="reflect"``: needs two rows and two columns)."""
+    widths = [(0, 0)] * (x.ndim - 3) + [(1, 1), (1, 1), (0, 0)]
+    return jnp.pad(x, widths, mode="reflect")
+
+
+def pad_edges(x: jax.Array, edge: Edge) -> jax.Array:
+    """Pad both spatial axes by one, as the whole frame's edges ask (``edge``)."""
+    if check_edge(edge) == "replicate":
+        return replicate_pad_hw(x)
+    return reflect_pad_hw(x) if edge == "reflect" else zero_pad_hw(x)
+
+
+def frame_normal(keys: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """``(B, *shape)`` float32 standard normal values, row ``b`` drawn from ``keys[b]`` (``(B, 2)`` uint32)."""
+    return jax.vmap(lambda key: jax.random.normal(key, shape, jnp.float32))(keys)
 
 
 def replicate_pad_hw(x: jax.Array) -> jax.Array:
@@ -246,7 +275,7 @@ class SingleDeviceContext:
         self.query_chunk = query_chunk
 
     def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
-        return replicate_pad_hw(x) if check_edge(edge) == "replicate" else zero_pad_hw(x)
+        return pad_edges(x, edge)
 
     def pad_hw_after(self, x: jax.Array) -> jax.Array:
         return zero_pad_hw_after(x)
@@ -262,3 +291,6 @@ class SingleDeviceContext:
 
     def group_moments(self, x: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
         return group_moments(x, groups, count=x[0].size // groups)
+
+    def frame_noise(self, keys: jax.Array, shape: tuple[int, int, int]) -> jax.Array:
+        return frame_normal(keys, shape)

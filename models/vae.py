@@ -1,6 +1,6 @@
 """``VAE``: a loaded decoder (and encoder, when the checkpoint has one) of any family (Wan 2.1 / 2.2,
-HunyuanVideo 1.0 / 1.5, and the image VAEs: AutoencoderKL, Flux.2, Qwen-Image), its config and
-metadata, and its compiled programs."""
+HunyuanVideo 1.0 / 1.5, LTX-Video, LTX-2, and the image VAEs: AutoencoderKL, Flux.2, Qwen-Image), its
+config and metadata, and its compiled programs."""
 
 from __future__ import annotations
 
@@ -14,10 +14,20 @@ from flax import nnx
 
 from .config import ConfigError, VAEConfig, WanVAEConfig
 from .conv import native_conv_for
-from .decode import check_framewise, full_program, resolve_chunk, step_program, stream_steps
+from .decode import (
+    check_framewise,
+    decode_conditions,
+    full_program,
+    resolve_chunk,
+    step_latents,
+    step_program,
+    stream_frames,
+    stream_steps,
+)
 from .decoder import check_inner_frames, inner_frames_option
 from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
 from .families import family_of
+from .ltx import DecodeConditions
 from .programs import ProgramCache, program_key
 from .shapes import (
     NoEncoderError,
@@ -72,6 +82,24 @@ class VAE:
     @property
     def has_encoder(self) -> bool:
         return self.encoder_state is not None
+
+    @property
+    def steps(self) -> bool:
+        """Whether the decoder streams step by step with caches (Wan, HunyuanVideo 1.5, LTX); else
+        it decodes the whole clip at once (HunyuanVideo 1.0)."""
+        return bool(family_of(self.config).decoder.causal)
+
+    def conditions(self, batch: int, *, timestep: float | None = None, noise_scale: float | None = None,
+                   seed: int | None = None) -> DecodeConditions | None:
+        """The host ``DecodeConditions`` of a decode of ``batch`` rows (None for a decoder that takes
+        none), defaults from the checkpoint's pipeline (``metadata``): ``models.decode.decode_conditions``."""
+        return decode_conditions(self.config, batch, timestep=timestep, noise_scale=noise_scale, seed=seed,
+                                 defaults=self.metadata)
+
+    def conditions_avals(self, batch: int, sharding=None) -> tuple[DecodeConditions, ...]:
+        """``(DecodeConditions.avals(batch),)`` for a decoder that takes them, else ``()``: what a decode
+        program's compile takes after the latents."""
+        return (DecodeConditions.avals(batch, sharding),) if self.config.decode_conditions else ()
 
     def clip_frames_option(self, latent_frames: int) -> dict[str, int]:
         """``{"clip_frames": T}`` for a model whose stream steps depend on the clip's length (the first
@@ -130,7 +158,8 @@ class VAE:
             run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
                                denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
                                framewise=framewise)
-            return jax.jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32))
+            return jax.jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
+                                      *self.conditions_avals(shape[0]))
 
         return self.programs.get(key, lower)
 
@@ -144,7 +173,8 @@ class VAE:
         def lower():
             run = step_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
                                denormalize=denormalize, output="uint8", inner_frames=inner_frames, **clip)
-            return jax.jit(run).lower(self.state_avals(), caches, jax.ShapeDtypeStruct(shape, jnp.float32))
+            return jax.jit(run).lower(self.state_avals(), caches, jax.ShapeDtypeStruct(shape, jnp.float32),
+                                      *self.conditions_avals(shape[0]))
 
         return self.programs.get(key, lower)
 
@@ -183,7 +213,8 @@ class VAE:
         return program(self.encoder_state, jnp.asarray(frames, jnp.float32), options)
 
     def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None,
-               inner_frames: int | None = None, framewise: bool = False):
+               inner_frames: int | None = None, framewise: bool = False, timestep: float | None = None,
+               noise_scale: float | None = None, seed: int | None = None):
         """Decode ``(B, z, T, H, W)`` latents.
 
         Returns float32 ``(B, 3, 1+4(T-1), sH, sW)`` in ``[-1, 1]`` (``output="float"``) or uint8 frames
@@ -196,20 +227,31 @@ class VAE:
         decodes it as diffusers does by default instead (overlapping tiles of 16 frames, blended: an
         approximation of the model, for comparing with a pipeline's frames). An image model's latents
         ``(B, z, H, W)`` give images: float32 ``(B, 3, sH, sW)`` or uint8 ``(B, sH, sW, 3)``.
+
+        LTX decoders from 0.9.1 on take a ``timestep`` (default: the checkpoint's pipeline's
+        ``decode_timestep``, else 0.05), and some inject noise; ``noise_scale`` mixes noise into the
+        latents first, as pipelines do (``decode_noise_scale``; default the pipeline's, else 0);
+        ``seed`` makes the noise reproducible (``models.decode.decode_conditions``). Other decoders
+        refuse them.
         """
         program = self.compile(np.shape(latents), denormalize=denormalize, output=output, chunk=chunk,
                                inner_frames=inner_frames, framewise=framewise)
-        frames, _ = program(self.state, jnp.asarray(latents, jnp.float32))
+        conditions = self.conditions(np.shape(latents)[0], timestep=timestep, noise_scale=noise_scale, seed=seed)
+        frames, _ = program(self.state, jnp.asarray(latents, jnp.float32), *([conditions] if conditions else []))
         return frames
 
     def decode_stream(self, latents, *, denormalize: bool = False, chunk: int | None = None,
-                      inner_frames: int | None = None, framewise: bool = False) -> Iterator[np.ndarray]:
+                      inner_frames: int | None = None, framewise: bool = False, timestep: float | None = None,
+                      noise_scale: float | None = None, seed: int | None = None) -> Iterator[np.ndarray]:
         """Yield uint8 frames ``(B, f, sH, sW, 3)`` on the host as each decode step finishes.
 
         A model that is not causal in time (HunyuanVideo 1.0: its statistics span the clip) decodes
         the whole clip first (``framewise``: as diffusers does by default, see ``decode``), then
         yields it in the same pieces (frame 0, then ``temporal_scale · chunk`` frames at a time).
-        Images ``(B, z, H, W)`` decode in one step, yielded as one frame ``(B, 1, sH, sW, 3)``."""
+        Images ``(B, z, H, W)`` decode in one step, yielded as one frame ``(B, 1, sH, sW, 3)``. An
+        LTX decoder's first step takes ``1 + lookahead`` latent frames; its steps then give their
+        frames that far behind (``models.decode.stream_frames``). ``timestep``, ``noise_scale``,
+        ``seed``: as in ``decode``."""
         chunk, inner_frames = resolve_chunk(chunk), check_inner_frames(inner_frames)
         latents = np.asarray(latents, np.float32)
         check_latents_shape(latents.shape, self.config)
@@ -217,18 +259,21 @@ class VAE:
         if is_image_shape(latents.shape):
             yield np.asarray(self.decode(latents, denormalize=denormalize, output="uint8"))[:, None]
             return
-        if not self.config.causal:
+        conditions = self.conditions(latents.shape[0], timestep=timestep, noise_scale=noise_scale, seed=seed)
+        if not self.steps:
             frames = self.decode(latents, denormalize=denormalize, output="uint8", framewise=framewise)
             yield from split_stream(np.asarray(frames), latents.shape[2], chunk, self.config.temporal_scale)
             return
         clip = self.clip_frames_option(latents.shape[2])
         caches = None
-        for start, stop in stream_steps(latents.shape[2], chunk):
-            z = latents[:, :, start:stop]
+        steps = stream_steps(latents.shape[2], chunk, self.config)
+        kept = stream_frames(self.config, latents.shape[2], chunk)
+        for (start, stop), (first, end) in zip(steps, kept, strict=True):
+            z = step_latents(latents, start, stop)
             step = self._compile_step(z.shape, None if caches is None else _avals(caches), denormalize=denormalize,
                                       inner_frames=inner_frames, clip=clip)
-            frames, caches, _ = step(self.state, caches, z)
-            yield np.asarray(frames)
+            frames, caches, _ = step(self.state, caches, z, *([conditions] if conditions else []))
+            yield np.asarray(frames)[:, : end - first]
 
 
 def split_stream(frames: np.ndarray, latent_frames: int, chunk: int, temporal_scale: int) -> Iterator[np.ndarray]:
@@ -262,7 +307,8 @@ def abstract_module(module_type, config: VAEConfig, dtype):
 def seeded_module(module_type, config: VAEConfig, rng: np.random.Generator, dtype):
     """``module_type(config)`` with random weights drawn on the host from ``rng``: kernels
     N(0, 1/fan-in) (fan-in: every axis but the last, the output), biases N(0, 0.02²), RMS gammas and
-    GroupNorm weights 1 (Flux.2's BatchNorm statistics: mean 0, variance 1).
+    GroupNorm weights 1 (Flux.2's BatchNorm statistics: mean 0, variance 1), and a parameter declared
+    with a ``fill`` (LTX's timestep multiplier) that value.
 
     Drawn with NumPy, not ``jax.random``: that compiles one small program per distinct parameter
     shape, which takes tens of seconds for the real model (both halves) on a 2-core host.
@@ -271,7 +317,9 @@ def seeded_module(module_type, config: VAEConfig, rng: np.random.Generator, dtyp
     leaves = []
     for path, var in nnx.to_flat_state(state):
         name, shape = str(path[-1]), var.shape
-        if name in ("gamma", "running_var") or (name == "weight" and len(shape) == 1):  # RMS gammas, GroupNorm
+        if getattr(var, "fill", None) is not None:
+            value = np.full(shape, var.fill, np.float32)
+        elif name in ("gamma", "running_var") or (name == "weight" and len(shape) == 1):  # RMS gammas, GroupNorm
             value = np.ones(shape, np.float32)
         elif name == "running_mean":  # Flux.2's BatchNorm statistics: mean 0, variance 1
             value = np.zeros(shape, np.float32)

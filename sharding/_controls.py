@@ -16,7 +16,8 @@ inside the program (moving the cropped image's rows between devices).
 HunyuanVideo's three things that cross bands each have their own (the first also AutoencoderKL's):
 
 * ``BandStatisticsContext``: GroupNorm with each band's own statistics (no sum over the bands).
-* ``ZeroEdgeContext``: zeros at the image's edges where the model repeats its edge rows.
+* ``ZeroEdgeContext``: zeros at the image's edges where the model repeats (HunyuanVideo) or
+  reflects (LTX-2.0) its edge rows.
 * ``NoFrameMaskContext``: the mid-block attention without the frame-causal mask (every token sees
   every frame's).
 """
@@ -35,7 +36,7 @@ from models.spatial import (
     check_edge,
     dot_product_attention,
     group_moments,
-    replicate_pad_hw,
+    pad_edges,
     zero_pad_hw,
     zero_pad_hw_after,
 )
@@ -44,11 +45,13 @@ from models.vae import VAE
 from .bands import Split
 from .decode import (
     ContextType,
+    _conditions,
     _full,
     _latents_aval,
     _state_aval,
     crop_decoded,
     decode_layout,
+    put_conditions,
     put_latents,
     replicated_state,
 )
@@ -60,7 +63,7 @@ class NoHaloContext(BandContext):
     """Each band padded on its own (zeros, or its own edge rows): no rows cross devices."""
 
     def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
-        return replicate_pad_hw(x) if check_edge(edge) == "replicate" else zero_pad_hw(self.mask_padding(x))
+        return zero_pad_hw(self.mask_padding(x)) if check_edge(edge) == "zero" else pad_edges(x, edge)
 
     def pad_hw_after(self, x: jax.Array) -> jax.Array:
         return zero_pad_hw_after(self.mask_padding(x))
@@ -83,7 +86,7 @@ class BandStatisticsContext(BandContext):
 
 
 class ZeroEdgeContext(BandContext):
-    """Zeros at the image's edges even where the model asks for its edge rows repeated."""
+    """Zeros at the image's edges even where the model asks for its edge rows repeated or reflected."""
 
     def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
         return super().pad_hw(x)
@@ -107,15 +110,18 @@ CONTROLS: dict[str, ContextType] = {"none": NoHaloContext, "cyclic": CyclicHaloC
 
 
 def decode_with(control: str, vae: VAE, latents, mesh: Mesh, *, output: Output = "float",
-                split: Split | None = None, query_chunk: int = 4096) -> jax.Array:
-    """``sharded_decode(vae, latents, mesh, output=, split=)`` with the control ``control`` (a key of
-    ``CONTROLS``) in place of the band context (compiled for this call, not cached)."""
+                split: Split | None = None, query_chunk: int = 4096, **conditions) -> jax.Array:
+    """``sharded_decode(vae, latents, mesh, output=, split=, **conditions)`` with the control
+    ``control`` (a key of ``CONTROLS``) in place of the band context (compiled for this call, not
+    cached); ``conditions``: an LTX decoder's ``timestep``, ``noise_scale``, ``seed``."""
     shape, output = tuple(np.shape(latents)), check_output(output)
     layout = decode_layout(vae, shape, mesh, split)
     run = _full(vae, mesh, layout, denormalize=False, output=output, chunk=resolve_chunk(None), inner_frames=None,
                 query_chunk=query_chunk, context_type=CONTROLS[control], rank=len(shape))
-    compiled = jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh)).compile()
-    frames, _ = compiled(replicated_state(vae, mesh), put_latents(latents, mesh))
+    avals = _conditions(vae, mesh, shape[0])[1]
+    compiled = jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh), *avals).compile()
+    placed = put_conditions(vae.conditions(shape[0], **conditions), mesh)
+    frames, _ = compiled(replicated_state(vae, mesh), put_latents(latents, mesh), *placed)
     return crop_decoded(frames, shape, vae.config.spatial_scale, output)
 
 

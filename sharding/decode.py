@@ -8,7 +8,8 @@ from the array's rank). Inside the mesh, the batch is split over
 ``dp`` and the split axis (height or width, see ``layout.choose_split``) over ``tp``; causal caches
 stay on the device of their band, and time is never split. A model that is not causal in time
 (HunyuanVideo 1.0, the AutoencoderKL image models) decodes the whole clip (image) on each band, its
-statistics summed over the bands.
+statistics summed over the bands. An LTX decoder steps with a look-ahead (``models.ltx``); its
+per-row timestep and noise (``DecodeConditions``) are split over ``dp`` with the batch.
 """
 
 from __future__ import annotations
@@ -24,8 +25,17 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from models.conv import native_conv_for
-from models.decode import check_framewise, full_program, resolve_chunk, step_program, stream_steps
+from models.decode import (
+    check_framewise,
+    full_program,
+    resolve_chunk,
+    step_latents,
+    step_program,
+    stream_frames,
+    stream_steps,
+)
 from models.decoder import check_inner_frames, inner_frames_option
+from models.ltx import DecodeConditions
 from models.programs import program_key
 from models.shapes import Output, check_latents_shape, check_output, is_image_shape
 from models.vae import DTYPES, VAE, split_stream
@@ -139,6 +149,27 @@ def latents_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(DP_AXIS))
 
 
+def put_conditions(conditions: DecodeConditions | None, mesh: Mesh) -> tuple[DecodeConditions, ...]:
+    """A decode's host ``DecodeConditions`` onto the mesh, rows over dp (``()`` for none: the
+    programs of a decoder that takes none have no such argument)."""
+    if conditions is None:
+        return ()
+    placement = latents_sharding(mesh)
+    leaves = [jax.make_array_from_single_device_arrays(
+        np.shape(leaf), placement, [jax.device_put(np.asarray(leaf)[index], device) for device, index in
+                                    placement.addressable_devices_indices_map(np.shape(leaf)).items()])
+        for leaf in conditions]
+    return (DecodeConditions(*leaves),)
+
+
+def _conditions(vae: VAE, mesh: Mesh, batch: int) -> tuple[tuple, tuple]:
+    """``(in_specs, avals)`` of a decode program's conditions on ``mesh``: empty for a decoder that
+    takes none."""
+    if not vae.config.decode_conditions:
+        return (), ()
+    return (DecodeConditions(P(DP_AXIS), P(DP_AXIS), P(DP_AXIS)),), vae.conditions_avals(batch, latents_sharding(mesh))
+
+
 def replicated_state(vae: VAE, mesh: Mesh):
     """The model weights on every device of ``mesh`` (placed once per mesh, kept by the model)."""
     return vae.placed_state(NamedSharding(mesh, P()))
@@ -198,11 +229,12 @@ def _full(vae: VAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output
     context = _band_context(mesh, layout, query_chunk, context_type)
     local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], context, denormalize=denormalize,
                          output=output, chunk=chunk, inner_frames=inner_frames, framewise=framewise)
-    sharded = _shard(mesh, band_counts(local), (P(), latents_spec(layout, rank)),
+    conditions, _ = _conditions(vae, mesh, 0)
+    sharded = _shard(mesh, band_counts(local), (P(), latents_spec(layout, rank), *conditions),
                      (frames_spec(layout, output, rank), COUNTS_SPEC))
 
-    def run(state, latents):
-        return sharded(state, pad_latents(latents, layout))  # frames still padded: crop_decoded
+    def run(state, latents, *conditions):
+        return sharded(state, pad_latents(latents, layout), *conditions)  # frames still padded: crop_decoded
     return run
 
 
@@ -213,11 +245,12 @@ def _step(vae: VAE, mesh: Mesh, layout: BandLayout, *, first: bool, denormalize:
     local = step_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, layout, query_chunk),
                          denormalize=denormalize, output="uint8", inner_frames=inner_frames, **clip)
     caches = cache_spec(layout)
-    sharded = _shard(mesh, band_counts(local), (P(), None if first else caches, latents_spec(layout)),
+    conditions, _ = _conditions(vae, mesh, 0)
+    sharded = _shard(mesh, band_counts(local), (P(), None if first else caches, latents_spec(layout), *conditions),
                      (frames_spec(layout, "uint8"), caches, COUNTS_SPEC))
 
-    def run(state, step_caches, latents):
-        return sharded(state, step_caches, pad_latents(latents, layout))  # frames still padded: crop_decoded
+    def run(state, step_caches, latents, *conditions):
+        return sharded(state, step_caches, pad_latents(latents, layout), *conditions)  # frames still padded: crop_decoded
     return run
 
 
@@ -253,7 +286,8 @@ def compile_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Outp
     def lower():
         run = _full(vae, mesh, layout, denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
                     query_chunk=query_chunk, framewise=framewise, rank=len(shape))
-        return jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh))
+        return jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh),
+                                  *_conditions(vae, mesh, shape[0])[1])
 
     return vae.programs.get(key, lower)
 
@@ -274,7 +308,8 @@ def _stream_programs(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormaliz
     cache_sharding = NamedSharding(mesh, cache_spec(layout))
     programs: dict[tuple[int, int], jax.stages.Compiled] = {}
     caches: Any = None  # abstract caches: None for the first step, then what it returns
-    for start, stop in stream_steps(shape[2], chunk):
+    conditions = _conditions(vae, mesh, shape[0])[1]
+    for start, stop in stream_steps(shape[2], chunk, vae.config):
         z = _latents_aval((*shape[:2], stop - start, *shape[3:]), mesh)
         first = caches is None
         run = _step(vae, mesh, layout, first=first, denormalize=denormalize, inner_frames=inner_frames,
@@ -282,9 +317,9 @@ def _stream_programs(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormaliz
         key = program_key("stream-step", z.shape, "first" if first else "next", mesh=mesh_key(mesh), layout=layout,
                           denormalize=denormalize, query_chunk=query_chunk,
                           **inner_frames_option(inner_frames), **clip)
-        programs[start, stop] = vae.programs.get(key, functools.partial(_lower, run, state, caches, z))
+        programs[start, stop] = vae.programs.get(key, functools.partial(_lower, run, state, caches, z, *conditions))
         if first:
-            _, out, _ = jax.eval_shape(run, state, None, z)
+            _, out, _ = jax.eval_shape(run, state, None, z, *conditions)
             caches = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cache_sharding), out)
     return programs
 
@@ -296,7 +331,7 @@ def compile_decode_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denor
     steps, a shorter last step), compiled now and cached in ``vae.programs`` (for a model that is not
     causal in time: its whole uint8 decode, ``framewise`` or not)."""
     check_framewise(vae.config, framewise)
-    if not vae.config.causal:
+    if not vae.steps:
         return (compile_decode(vae, shape, mesh, output="uint8", denormalize=denormalize, split=split,
                                query_chunk=query_chunk, framewise=framewise),)
     programs = _stream_programs(vae, tuple(shape), mesh, denormalize=denormalize, split=split,
@@ -317,6 +352,10 @@ def sharded_decode(
     inner_frames: int | None = None,
     query_chunk: int = 4096,
     framewise: bool = False,
+    timestep: float | None = None,
+    noise_scale: float | None = None,
+    seed: int | None = None,
+    conditions: DecodeConditions | None = None,
 ) -> jax.Array:
     """Decode ``(B, C, T, H, W)`` latents on ``mesh``; the same frames as ``vae.decode``.
 
@@ -336,6 +375,10 @@ def sharded_decode(
       query_chunk: attention queries per score block on each device.
       framewise: HunyuanVideo 1.0 only: diffusers' default tiled decode instead of the whole clip
         (see ``VAE.decode``).
+      timestep, noise_scale, seed: an LTX decoder's timestep and noise, as in ``VAE.decode`` (the
+        same seed gives the same frames, however the frame is split).
+      conditions: per-row ``DecodeConditions`` instead of ``timestep``/``noise_scale``/``seed`` (a
+        server batching several requests passes each request's rows).
     Returns:
       A ``jax.Array`` sharded over the mesh (batch over dp, the split axis over tp). An uneven
       split's padding is cropped off after the program, on the devices (which moves rows between
@@ -343,7 +386,9 @@ def sharded_decode(
     """
     run = compile_decode(vae, np.shape(latents), mesh, output=output, denormalize=denormalize, split=split,
                          chunk=chunk, inner_frames=inner_frames, query_chunk=query_chunk, framewise=framewise)
-    frames, _ = run(replicated_state(vae, mesh), put_latents(latents, mesh))
+    if conditions is None:
+        conditions = vae.conditions(np.shape(latents)[0], timestep=timestep, noise_scale=noise_scale, seed=seed)
+    frames, _ = run(replicated_state(vae, mesh), put_latents(latents, mesh), *put_conditions(conditions, mesh))
     return crop_decoded(frames, np.shape(latents), vae.config.spatial_scale, output)
 
 
@@ -367,6 +412,10 @@ def sharded_decode_stream(
     inner_frames: int | None = None,
     query_chunk: int = 4096,
     framewise: bool = False,
+    timestep: float | None = None,
+    noise_scale: float | None = None,
+    seed: int | None = None,
+    conditions: DecodeConditions | None = None,
 ) -> Iterator[Decoded]:
     """Yield each sharded decode step's host frames (``Decoded``) as soon as it finishes.
 
@@ -377,21 +426,27 @@ def sharded_decode_stream(
     whole clip first and yields it in the same pieces, the whole clip's non-finite count with the
     first (nothing is sent before the whole clip is known to be finite); ``framewise``: that whole
     clip decoded as diffusers does by default (see ``sharded_decode``). Images ``(B, C, H, W)`` decode
-    in one step, yielded as one frame ``(B, 1, sH, sW, 3)``.
+    in one step, yielded as one frame ``(B, 1, sH, sW, 3)``. An LTX decoder's first step takes
+    ``1 + lookahead`` latent frames and its steps give their frames that far behind
+    (``models.decode.stream_frames``); ``timestep``, ``noise_scale``, ``seed``, ``conditions``: as in
+    ``sharded_decode``.
     """
     latents = np.asarray(latents, np.float32)
     check_framewise(vae.config, framewise)
     scale = vae.config.spatial_scale
+    if conditions is None:
+        conditions = vae.conditions(latents.shape[0], timestep=timestep, noise_scale=noise_scale, seed=seed)
+    placed = put_conditions(conditions, mesh)
     if is_image_shape(latents.shape):
         run = compile_decode(vae, latents.shape, mesh, output="uint8", denormalize=denormalize, split=split,
                              query_chunk=query_chunk)
-        images, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh))
+        images, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh), *placed)
         yield Decoded(to_host_cropped(images, latents.shape, scale, "uint8")[:, None], band_total(counts))
         return
-    if not vae.config.causal:
+    if not vae.steps:
         run = compile_decode(vae, latents.shape, mesh, output="uint8", denormalize=denormalize, split=split,
                              query_chunk=query_chunk, framewise=framewise)
-        frames, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh))
+        frames, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh), *placed)
         frames, nonfinite = to_host_cropped(frames, latents.shape, scale, "uint8"), band_total(counts)
         for index, piece in enumerate(split_stream(frames, latents.shape[2], resolve_chunk(chunk),
                                                    vae.config.temporal_scale)):
@@ -401,6 +456,7 @@ def sharded_decode_stream(
                                 chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk)
     state = replicated_state(vae, mesh)
     caches = None
-    for (start, stop), step in programs.items():
-        frames, caches, nonfinite = step(state, caches, put_latents(latents[:, :, start:stop], mesh))
-        yield Decoded(to_host_cropped(frames, latents.shape, scale, "uint8"), band_total(nonfinite))
+    kept = stream_frames(vae.config, latents.shape[2], resolve_chunk(chunk))
+    for ((start, stop), step), (first, end) in zip(programs.items(), kept, strict=True):
+        frames, caches, nonfinite = step(state, caches, put_latents(step_latents(latents, start, stop), mesh), *placed)
+        yield Decoded(to_host_cropped(frames, latents.shape, scale, "uint8")[:, : end - first], band_total(nonfinite))

@@ -12,6 +12,13 @@ at the end of the one before the padded bands, and it is that row, never a padde
 bottom edge repeats. Its GroupNorm statistics span the whole frame: each band sums its own rows
 and ``band_sum`` adds the sums over ``tp`` (mean first, then centred squares: two sums).
 
+LTX-2.0's decoder pads with ``edge="reflect"``: the image's first row takes row 1 above it and
+its last real row ``R − 1`` takes row ``R − 2`` below it — a band at the top reflects its own rows,
+interior bands take halos, and with an uneven split the row reflected is a real one (in the band,
+or in its halo from above), never a padded one. LTX decoders also inject noise: ``frame_noise``
+draws the whole frame's noise on every band and keeps the band's rows, so a seeded decode does
+not depend on the split.
+
 Uneven splits: rows that exist only because the split axis was padded up to a multiple of ``tp``
 are set to zero (or, with replicate edges, to the last real row) at every conv input (before their
 edge rows are sent anywhere), left out of the statistics and masked out of the attention keys, so
@@ -32,7 +39,9 @@ from models.spatial import (
     attend_frames_local,
     check_edge,
     dot_product_attention,
+    frame_normal,
     group_moments,
+    pad_edges,
     replicate_pad_hw,
     zero_pad_hw,
     zero_pad_hw_after,
@@ -47,11 +56,13 @@ def _positive(axis: int, ndim: int) -> int:
 
 
 def _pad_other_axis(x: jax.Array, split_axis: int, width: tuple[int, int] = (1, 1), edge: Edge = "zero") -> jax.Array:
-    """Pad the spatial axis that is *not* split by ``width`` (before, after): zeros or edge values."""
+    """Pad the spatial axis that is *not* split by ``width`` (before, after): zeros, edge values or
+    reflected ones."""
     other = x.ndim - 2 if split_axis == x.ndim - 3 else x.ndim - 3
     widths = [(0, 0)] * x.ndim
     widths[other] = width
-    return jnp.pad(x, widths, mode="edge") if edge == "replicate" else jnp.pad(x, widths)
+    mode = {"zero": "constant", "replicate": "edge", "reflect": "reflect"}[edge]
+    return jnp.pad(x, widths, mode=mode)
 
 
 def band_sum(partial_sums: jax.Array, axis_name: str) -> jax.Array:
@@ -100,6 +111,8 @@ class BandContext:
         at the image's edges zeros, or the image's own edge rows (``edge="replicate"``)."""
         if check_edge(edge) == "replicate":
             return self._replicate_pad(x)
+        if edge == "reflect":
+            return self._reflect_pad(x)
         x = self.mask_padding(x)
         if self.layout.tp == 1:
             return zero_pad_hw(x)
@@ -138,6 +151,48 @@ class BandContext:
         first = lax.slice_in_dim(banded, 1, 2, axis=axis)
         last = lax.dynamic_slice_in_dim(banded, jnp.clip(real - 1 - start, 0, n + 1), 1, axis=axis)
         return jnp.where(rows < 0, first, jnp.where(rows >= real, last, banded))
+
+    def _reflect_pad(self, x: jax.Array) -> jax.Array:
+        """``pad_hw`` with reflect edges: halos between bands, the image's rows 1 and ``R − 2``
+        reflected at its edges (``reflect_to_image``), reflected columns on the other axis."""
+        if self.layout.tp == 1:  # one band holds the whole frame (no padded rows)
+            return pad_edges(x, "reflect")
+        axis = _positive(self.layout.axis, x.ndim)
+        return _pad_other_axis(self.reflect_to_image(self._with_halos(x, axis), axis), axis, edge="reflect")
+
+    def reflect_to_image(self, banded: jax.Array, axis: int) -> jax.Array:
+        """``banded``: this band with one halo row on each side along ``axis``. The row above the
+        image (−1) becomes row 1, the row below its real rows (``R``) row ``R − 2``, and padded rows
+        further down row ``R − 1`` (their outputs are cropped; they only need to be finite). Rows
+        1 and ``R − 2`` are in ``banded`` whenever this band holds real rows: the top band holds row
+        1 (or takes it as its halo from below when one row high), and ``R − 2`` lies at most one row
+        above the band's first row that is past the image."""
+        n = banded.shape[axis] - 2
+        real = self.layout.size * self.layout.scale(n)
+        start = lax.axis_index(self.axis_name) * n - 1  # the global row of banded's row 0
+        shape = [1] * banded.ndim
+        shape[axis] = n + 2
+        rows = (start + jnp.arange(n + 2)).reshape(shape)
+
+        def row(global_row):
+            return lax.dynamic_slice_in_dim(banded, jnp.clip(global_row - start, 0, n + 1), 1, axis=axis)
+
+        below = jnp.where(rows == real, row(real - 2), row(real - 1))
+        return jnp.where(rows < 0, row(1), jnp.where(rows >= real, below, banded))
+
+    def frame_noise(self, keys: jax.Array, shape: tuple[int, int, int]) -> jax.Array:
+        """The whole frame's noise drawn on every band (real rows only, so it does not depend on the
+        padding), the band's rows kept: ``keys (B, 2)``, local ``(h, w, C)`` → ``(B, h, w, C)``."""
+        axis = 1 if self.layout.split == "height" else 2  # of the (B, H, W, C) noise
+        local = shape[axis - 1]
+        real = self.layout.size * self.layout.scale(local)
+        whole = list(shape)
+        whole[axis - 1] = real
+        noise = frame_normal(keys, tuple(whole))
+        widths = [(0, 0)] * 4
+        widths[axis] = (0, self.layout.tp * local - real)
+        noise = jnp.pad(noise, widths)
+        return lax.dynamic_slice_in_dim(noise, lax.axis_index(self.axis_name) * local, local, axis=axis)
 
     def pad_hw_after(self, x: jax.Array) -> jax.Array:
         """``(..., h, w, C)`` band → ``(..., h+1, w+1, C)``: the next band's first row below it.
@@ -244,6 +299,9 @@ class HaloRecorder:
     def group_moments(self, x: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
         zeros = jnp.zeros((x.shape[0], groups), jnp.float32)  # shapes only: statistics are no halo
         return zeros, zeros
+
+    def frame_noise(self, keys: jax.Array, shape: tuple[int, int, int]) -> jax.Array:
+        return jnp.zeros((keys.shape[0], *shape), jnp.float32)  # shapes only: noise is drawn, not sent
 
     def slab_bytes(self) -> int:
         """Bytes of the slabs one device sends in one direction over the traced step."""

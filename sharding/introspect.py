@@ -118,7 +118,7 @@ def halo_bytes(vae: VAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, split:
     """Halo traffic of one decode step, from tracing the band program (no mesh, no compile).
 
     Returns bytes for step 0 (``"first"``, latent frame 0) and a later step (``"next"``, ``chunk``
-    latent frames): ``"*_per_device"`` is the most one device sends (a one-row slab to each of its
+    latent frames; an LTX decoder's first step takes ``1 + lookahead``): ``"*_per_device"`` is the most one device sends (a one-row slab to each of its
     at most two neighbours per 3x3 conv), ``"*_total"`` what the whole mesh sends (``2 (tp-1)``
     slabs per conv, times ``dp``). ``tp = 1`` exchanges nothing. A model that is not causal in time
     decodes the whole clip in its one step: ``"first"`` is the whole decode, ``"next"`` 0.
@@ -134,19 +134,22 @@ def halo_bytes(vae: VAE, shape: tuple[int, ...], tp: int, *, dp: int = 1, split:
     # exchanged are the same however a step's frames are grouped.
     whole_step = vae.config.temporal_scale * chunk
 
-    def step(state, caches, z):
+    def step(state, caches, z, *conditions):
         model = cast(DecoderModule, nnx.merge(vae.graphdef, state))
         return decode_step(model, caches, z, recorder, output="uint8", inner_frames=whole_step,
-                           clip_frames=frames_in_clip if caches is None else None)
+                           clip_frames=frames_in_clip if caches is None else None,
+                           conditions=conditions[0] if conditions else None)
 
-    causal = vae.config.causal
+    lookahead = vae.config.lookahead
+    first = (1 + lookahead if lookahead is not None else 1) if vae.steps else frames_in_clip
+    conditions = vae.conditions_avals(batch // dp)
     slabs = {}
     caches = None
-    for name, frames in (("first", 1 if causal else frames_in_clip), ("next", chunk if causal else 0)):
+    for name, frames in (("first", first), ("next", chunk if vae.steps else 0)):
         recorder = HaloRecorder(layout)
         if frames:
             z = jax.ShapeDtypeStruct((batch // dp, frames, *band_hw, z_dim), dtype)
-            _, caches, _ = jax.eval_shape(step, vae.state, caches, z)
+            _, caches, _ = jax.eval_shape(step, vae.state, caches, z, *conditions)
         slabs[name] = recorder.slab_bytes()
     result = {}
     for name, slab in slabs.items():

@@ -76,6 +76,8 @@ PAD_HW_AFTER = ("tests/sharding/test_halo.py::test_pad_hw_after_equals_bottom_ri
 DECODE_EXACT = ("tests/sharding/test_exact.py::test_height_split_matches_single_device[tp2-h8-t1]",)
 ENCODE_EXACT = ("tests/sharding/test_encode_exact.py::test_sharded_encode_matches_single_device[tp8-h8-one-row-bands]",)
 SCALING = ("tests/service/codecs/test_codec.py::test_scaling_follows_diffusers_remote_convention",)
+PAD_REFLECT = ("tests/sharding/test_halo.py::test_pad_hw_reflect_equals_reflect_padding_of_the_whole_frame[height-7-4]",
+               "tests/sharding/test_halo.py::test_pad_hw_reflect_equals_reflect_padding_of_the_whole_frame[height-34-8]")
 UINT8 = ("tests/models/test_numerics.py::test_to_uint8_rounds_and_clamps",
          "tests/models/test_parity.py::test_uint8_output_is_rounded_float_output")
 
@@ -112,6 +114,12 @@ MUTANTS = (
             "tests/sharding/test_halo.py::test_pad_hw_after_equals_bottom_right_zero_padding_of_the_whole_frame"
             "[height-5-4]",
             "tests/sharding/test_exact.py::test_height_split_matches_single_device[tp4-h5-t1]")),
+    Mutant("reflect-top-replicates", "the image's top edge repeats row 0 where it reflects row 1", HALO,
+           "return jnp.where(rows < 0, row(1), jnp.where(rows >= real, below, banded))",
+           "return jnp.where(rows < 0, row(0), jnp.where(rows >= real, below, banded))", PAD_REFLECT),
+    Mutant("reflect-bottom-takes-a-padded-row", "the row below the last real one is the padded row there, not R − 2",
+           HALO, "below = jnp.where(rows == real, row(real - 2), row(real - 1))",
+           "below = jnp.where(rows == real, row(real), row(real - 1))", PAD_REFLECT),
     Mutant("encoder-bands-on-odd-rows", "the encoder's bands start one frame row off the even rows",
            "sharding/encode.py", "jax.device_put(np.pad(frames, widths), NamedSharding(",
            "jax.device_put(np.roll(np.pad(frames, widths), 1, axis), NamedSharding(", ENCODE_EXACT),

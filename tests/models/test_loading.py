@@ -118,7 +118,7 @@ def test_save_vae_writes_both_halves_and_they_load_back(tmp_path):
      ({"patch_size": 2}, "out_channels=3; expected 12 (RGB x patch_size²)"),
      ({"is_residual": True, "dim_mult": [1, 2, 3, 3]}, "up block 2: DupUp3D needs 24 | 16·4"),
      ({"new_knob": 1}, "unknown AutoencoderKLWan config keys: ['new_knob']"),
-     ({"_class_name": "AutoencoderKLLTXVideo"}, "config _class_name is 'AutoencoderKLLTXVideo'; expected one of"),
+     ({"_class_name": "AutoencoderKLMochi"}, "config _class_name is 'AutoencoderKLMochi'; expected one of"),
      ({"latents_mean": [0.0] * 4}, "latents_mean/latents_std")],
 )
 def test_unsupported_configs_are_refused(tmp_path, weights, change, message):

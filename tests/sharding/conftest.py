@@ -52,3 +52,29 @@ def hunyuan_reference(hunyuan):
         return np.asarray(hunyuan[name].decode(make_latents(*shape, channels=16), output=output))
 
     return decode
+
+
+# The LTX decode's timestep and noise in the sharding tests: latent noise mixed in and injected noise,
+# all from one seed, so every exactness test also checks that the noise is the same however it is split.
+LTX_CONDITIONS = {"timestep": 0.05, "noise_scale": 0.2, "seed": 3}
+
+
+@pytest.fixture(scope="session")
+def ltx():
+    """The small LTX-2.0-style decoder (``tests/helpers/ltx_reference.LTX2_SHARD``: reflect padding,
+    sees one frame ahead, timestep-conditioned, injects noise), seeded weights (noise scales ≠ 0)."""
+    from tests.helpers.ltx_reference import LTX2_SHARD
+
+    return models.init_vae(LTX2_SHARD, seed=0, encoder=False)
+
+
+@pytest.fixture(scope="session")
+def ltx_reference(ltx):
+    """``ltx_reference((B, T, H, W))``: the single-device decode of ``make_latents(B, T, H, W,
+    channels=8)`` with ``LTX_CONDITIONS``, as numpy (cached)."""
+
+    @functools.cache
+    def decode(shape):
+        return np.asarray(ltx.decode(make_latents(*shape, channels=8), **LTX_CONDITIONS))
+
+    return decode

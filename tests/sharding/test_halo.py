@@ -85,3 +85,33 @@ def test_pad_hw_after_equals_bottom_right_zero_padding_of_the_whole_frame(split,
     plan = sharding.band_layout(size, size, tp, split)
     _assert_bands_equal_padded_whole(plan, tp, lambda ctx, band: ctx.pad_hw_after(band), zero_pad_hw_after,
                                      scale=4, extra=1, seed=2)  # at the encoder's scale 4 (after one downsampler)
+
+
+@pytest.mark.parametrize("split, size, tp", [("height", 7, 4), ("height", 34, 8), ("height", 22, 8), ("width", 5, 3)])
+def test_pad_hw_reflect_equals_reflect_padding_of_the_whole_frame(split, size, tp):
+    """LTX-2.0's reflect padding: every row a real output reads (the image's rows and one beyond each
+    edge) is the whole frame's reflect padding — the top band reflects its own row 1, the last real
+    row takes row R − 2 (in its band or its halo from above), never a padded row (uneven splits: 7 over
+    4; 34 and 22 latent rows over 8, as 1088 and 704 pixel frames give; the last bands wholly padded)."""
+    from models.spatial import reflect_pad_hw
+
+    plan = sharding.band_layout(size, size, tp, split)
+    scale = 2  # at upsampling scale 2
+    shape = [2, 3, 6, 6, 5]
+    axis = len(shape) + plan.axis
+    shape[axis] = plan.padded * scale
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    real = size * scale
+    expected = np.asarray(reflect_pad_hw(jnp.asarray(np.take(x, np.arange(real), axis=axis))))
+    got = _bands(plan, sharding.make_mesh(tp), lambda ctx, band: ctx.pad_hw(band, edge="reflect"), x, axis)
+    local = scale * plan.band
+    checked = 0
+    for rank in range(tp):
+        for row in range(local + 2):
+            global_row = rank * local - 1 + row  # of banded row ``row``; expected holds rows −1 … R
+            if -1 <= global_row <= real:
+                np.testing.assert_array_equal(np.take(got, rank * (local + 2) + row, axis=axis),
+                                              np.take(expected, global_row + 1, axis=axis),
+                                              err_msg=f"rank {rank}, row {global_row}")
+                checked += 1
+    assert checked >= real + 2
