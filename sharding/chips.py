@@ -16,6 +16,7 @@ fits there.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import pkgutil
 from collections import Counter
@@ -195,18 +196,18 @@ def platforms_without_absent_tpu() -> str | None:
     chip is there is JAX's own check (the PCI bus); without one the TPU is left out: GPU plugins
     that are installed, then the CPU (JAX passes over ``cuda`` where no NVIDIA GPU is visible).
     Call before JAX starts its backends."""
-    if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
+    if os.environ.get("JAX_PLATFORMS") or jax.config.values.get("jax_platforms"):
         return None
     from jax._src import cloud_tpu_init, hardware_utils
 
     if cloud_tpu_init.get_tpu_library_path() is None or hardware_utils.num_available_tpu_chips_and_device_id()[0]:
         return None
     try:
-        import jax_plugins  # the namespace JAX's GPU plugins install into
+        namespace = importlib.import_module("jax_plugins")  # where JAX's GPU plugins install themselves
     except ImportError:
         plugins: list[str] = []
     else:
-        plugins = [module.name for module in pkgutil.iter_modules(jax_plugins.__path__)]
+        plugins = [module.name for module in pkgutil.iter_modules(namespace.__path__)]
     gpus = [platform for platform in ("cuda", "rocm") if any(name.startswith(f"xla_{platform}") for name in plugins)]
     return ",".join([*gpus, "cpu"])
 

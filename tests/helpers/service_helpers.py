@@ -181,12 +181,22 @@ class HeldRunner(DeviceRunner):
     pass): a test sees what the service did while the decode had not ended."""
 
     release = threading.Event()
+    steps_before_the_hold: int | None = None  # None: every step but the last
 
     def decode_stream(self, latents, *, framewise=False):
         steps = list(super().decode_stream(latents, framewise=framewise))
-        yield from steps[:-1]
+        split = len(steps) - 1 if self.steps_before_the_hold is None else self.steps_before_the_hold
+        yield from steps[:split]
         self.release.wait(60)
-        yield steps[-1]
+        yield from steps[split:]
+
+
+class FirstStepRunner(HeldRunner):
+    """A real runner that yields the first step of every stream and holds the others until
+    ``release`` is set (or 60 s pass): what a test sees came from the first step alone."""
+
+    release = threading.Event()
+    steps_before_the_hold = 1
 
 
 def poisoned(x: np.ndarray) -> np.ndarray:
