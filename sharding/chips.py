@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 import pkgutil
 from collections import Counter
@@ -105,6 +106,17 @@ def chip_facts(device_kind: str) -> ChipFacts:
 def _slice_chip(name: str) -> ChipFacts | None:
     """The chip of a single-host slice name (``"v5e-8"``, ``"h100-8"``); None for other names."""
     return next((chip for chip in CHIPS if name in chip.slices), None)
+
+
+def slice_facts(topology: str) -> tuple[ChipFacts, str, int] | None:
+    """The chip, the single-host slice name and the chips of a slice the chip table names, by either
+    name (``"v5e:2x4"`` or ``"v5e-8"`` → v5e, ``"v5e-8"``, 8; ``"h100-8"`` → h100, ``"h100-8"``, 8);
+    None for any other topology."""
+    for chip in CHIPS:
+        for name, shape in chip.slices.items():
+            if topology == name or (chip.platform == "tpu" and topology == shape):
+                return chip, name, math.prod(int(size) for size in shape.split(":")[-1].split("x"))
+    return None
 
 
 def topology_name(text: str) -> str:

@@ -1,20 +1,38 @@
 """``GET /ui``: a page that decodes a dropped latents file and plays the video while it decodes
-(fragmented MP4 through Media Source Extensions), with the queue, the mesh's bands and the
-compiled programs beside it. The page is a static file shipped in the package; it calls the
-public API like any client (with the API key typed into it, when one is set)."""
+(fragmented MP4 through Media Source Extensions), showing this request's progress and offering
+the result for download, with the model, the mesh's bands, the queue and the compiled programs
+beside it. The page is three static files shipped in the package (``static/``: the HTML, its
+script ``/ui/app.js`` and its style ``/ui/app.css``; nothing inline, so a strict
+Content-Security-Policy holds); it calls the public API like any client (with the API key typed
+into it, when one is set)."""
 
 from __future__ import annotations
 
 from importlib.resources import files
 
 from fastapi import APIRouter
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 
 router = APIRouter()
 
-_PAGE = files("service.http").joinpath("static/ui.html").read_text(encoding="utf-8")
+_STATIC = files("service.http").joinpath("static")
+_PAGE = _STATIC.joinpath("ui.html").read_text(encoding="utf-8")
+_ASSETS = {"app.js": ("text/javascript", _STATIC.joinpath("app.js").read_bytes()),
+           "app.css": ("text/css", _STATIC.joinpath("app.css").read_bytes())}
 
 
 @router.get("/ui", include_in_schema=False)
 async def ui() -> HTMLResponse:
     return HTMLResponse(_PAGE)
+
+
+@router.get("/ui/app.js", include_in_schema=False)
+async def script() -> Response:
+    media_type, body = _ASSETS["app.js"]
+    return Response(body, media_type=media_type)
+
+
+@router.get("/ui/app.css", include_in_schema=False)
+async def style() -> Response:
+    media_type, body = _ASSETS["app.css"]
+    return Response(body, media_type=media_type)

@@ -2,15 +2,20 @@
 chromium-driver``, which ``.ci/run`` installs), driven by Selenium, against a real uvicorn server
 with the tiny model. A ``.pt`` file of latents goes in; the fragmented MP4 plays (its
 ``currentTime`` advancing) while the last decode step is still held back, so before the answer
-has ended; the page reports no error and the browser logs none."""
+has ended, and the page counts this request's frames as they arrive, then offers the video for
+download; it says the model has random weights, scales the video to the page, shows no canvas,
+and draws the mesh for one device and for eight. The page reports no error and the browser logs
+none; it holds nothing inline (a strict Content-Security-Policy runs it)."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from tests.helpers.service_helpers import HeldRunner, latents, thread_server
@@ -58,7 +63,12 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(tiny_vae, tmp_pa
     HeldRunner.release.clear()
     with thread_server(tiny_vae, runner_factory=HeldRunner, max_batch=1, max_frames=41) as srv, \
             chromium(tmp_path / "profile") as browser:
+        page = httpx.get(srv.url + "/ui").text
+        assets = [httpx.get(srv.url + f"/ui/app.{kind}").headers["content-type"] for kind in ("js", "css")]
         browser.get(srv.url + "/ui")
+        wait_for(browser, "return window.vaeserveUi.model")
+        banner = browser.find_element(By.ID, "banner")
+        assert banner.is_displayed() and "random weights" in banner.text  # the tiny model's
         browser.find_element(By.ID, "file").send_keys(str(tmp_path / "latents.pt"))
         wait_for(browser, "return !document.getElementById('decode').disabled")
         assert browser.execute_script("return window.vaeserveUi.latents.shape") == [1, 16, 11, 4, 4]
@@ -68,13 +78,39 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(tiny_vae, tmp_pa
         first = wait_for(browser, "return document.getElementById('video').currentTime")
         wait_for(browser, f"return document.getElementById('video').currentTime > {first}")
         assert browser.execute_script("return window.vaeserveUi.responseEnded") is False
+        # This request's frames, counted from the stream: some of the 41, not all (the last step is held).
+        held = browser.execute_script("const ui = window.vaeserveUi; return [ui.framesReceived, ui.framesTotal, "
+                                      "document.getElementById('progress').max]")
+        assert 1 <= held[0] < 41 and held[1:] == [41, 41]
         HeldRunner.release.set()
         wait_for(browser, "return window.vaeserveUi.responseEnded")
-        ui = browser.execute_script("const ui = window.vaeserveUi; return {status: ui.status, errors: ui.errors}")
+        ui = browser.execute_script("const ui = window.vaeserveUi; return {status: ui.status, errors: ui.errors, "
+                                    "frames: ui.framesReceived, download: ui.download}")
         duration = browser.execute_script("return document.getElementById('video').duration")
+        link = browser.find_element(By.ID, "download")
+        shown = browser.execute_script(
+            "const px = id => document.getElementById(id).getBoundingClientRect().width; return {"
+            "canvas: getComputedStyle(document.getElementById('canvas')).display, video: px('video'), "
+            "column: document.querySelector('main').clientWidth}")
+        one_device = browser.execute_script(
+            "return [document.getElementById('mesh').textContent, [...document.getElementById('bands').children]"
+            ".map(band => band.textContent), document.getElementById('mesh-note').textContent]")
+        # Eight devices (drawn from what GET /v1/models says of a mesh): 720p latents, split by width.
+        eight = browser.execute_script(
+            "window.vaeserveUi.drawMesh({dp: 1, tp: 8, devices: [...Array(8).keys()].map(i => `TPU_${i}`)}, "
+            "[1, 16, 21, 90, 160]); const bands = document.getElementById('bands'); return [bands.className, "
+            "bands.children.length, document.getElementById('mesh-note').textContent]")
         logs = browser.get_log("browser")
-    assert ui == {"status": 200, "errors": []}
-    # The whole video arrived (the media timeline starts at the first frame's composition time,
-    # which B-frames put two frames in: MSE does not apply the file's edit list).
-    assert 41 / 16 <= duration <= 44 / 16
+    assert ui == {"status": 200, "errors": [], "frames": 41, "download": {"name": "video.mp4", "bytes": ui["download"]["bytes"]}}
+    assert link.is_displayed() and link.get_attribute("href").startswith("blob:") and ui["download"]["bytes"] > 1000
+    # The whole video arrived: 41 frames at 16 fps (no B-frames: the timeline starts at 0).
+    assert duration == pytest.approx(41 / 16, abs=0.01)
+    # No phantom canvas; the 32-pixel video scaled to the column.
+    assert shown["canvas"] == "none" and shown["column"] * 0.8 <= shown["video"] <= shown["column"]
+    assert one_device[0].startswith("dp = 1 × tp = 1 on 1 device") and one_device[1] == ["device 0: the whole frame"]
+    assert "One device decodes" in one_device[2]
+    assert eight[:2] == ["bands by-width", 8] and "split by width into 8 bands of 20 latent columns" in eight[2]
     assert [entry for entry in logs if entry["level"] == "SEVERE"] == []
+    # Nothing inline: the script and the style are files of their own, as a strict CSP asks.
+    assert re.findall(r"<script(?![^>]*\bsrc=)|<style|\sstyle=|\son[a-z]+=", page) == []
+    assert assets[0].startswith("text/javascript") and assets[1].startswith("text/css")
