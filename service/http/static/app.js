@@ -440,6 +440,8 @@ function showModel(model) {
   drawMesh();
 }
 
+ui.showModel = showModel;
+
 async function refresh() {
   try {
     const text = await (await fetch("/metrics")).text();

@@ -67,8 +67,7 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(tiny_vae, tmp_pa
         assets = [httpx.get(srv.url + f"/ui/app.{kind}").headers["content-type"] for kind in ("js", "css")]
         browser.get(srv.url + "/ui")
         wait_for(browser, "return window.vaeserveUi.model")
-        banner = browser.find_element(By.ID, "banner")
-        assert banner.is_displayed() and "random weights" in banner.text  # the tiny model's
+        assert not browser.find_element(By.ID, "banner").is_displayed()  # a checkpoint's weights
         browser.find_element(By.ID, "file").send_keys(str(tmp_path / "latents.pt"))
         wait_for(browser, "return !document.getElementById('decode').disabled")
         assert browser.execute_script("return window.vaeserveUi.latents.shape") == [1, 16, 11, 4, 4]
@@ -88,6 +87,7 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(tiny_vae, tmp_pa
                                     "frames: ui.framesReceived, download: ui.download}")
         duration = browser.execute_script("return document.getElementById('video').duration")
         link = browser.find_element(By.ID, "download")
+        link = [link.is_displayed(), link.get_attribute("href"), link.get_attribute("download")]
         shown = browser.execute_script(
             "const px = id => document.getElementById(id).getBoundingClientRect().width; return {"
             "canvas: getComputedStyle(document.getElementById('canvas')).display, video: px('video'), "
@@ -100,9 +100,14 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(tiny_vae, tmp_pa
             "window.vaeserveUi.drawMesh({dp: 1, tp: 8, devices: [...Array(8).keys()].map(i => `TPU_${i}`)}, "
             "[1, 16, 21, 90, 160]); const bands = document.getElementById('bands'); return [bands.className, "
             "bands.children.length, document.getElementById('mesh-note').textContent]")
+        # A model with random weights (what GET /v1/models says of the embedded default) is flagged.
+        banner = browser.execute_script(
+            "const ui = window.vaeserveUi; ui.showModel({...ui.model, random_weights: true}); "
+            "const banner = document.getElementById('banner'); return [banner.checkVisibility(), banner.textContent]")
         logs = browser.get_log("browser")
+    assert banner[0] is True and "has random weights: it decodes noise, not video" in banner[1]
     assert ui == {"status": 200, "errors": [], "frames": 41, "download": {"name": "video.mp4", "bytes": ui["download"]["bytes"]}}
-    assert link.is_displayed() and link.get_attribute("href").startswith("blob:") and ui["download"]["bytes"] > 1000
+    assert link[0] is True and link[1].startswith("blob:") and link[2] == "video.mp4" and ui["download"]["bytes"] > 1000
     # The whole video arrived: 41 frames at 16 fps (no B-frames: the timeline starts at 0).
     assert duration == pytest.approx(41 / 16, abs=0.01)
     # No phantom canvas; the 32-pixel video scaled to the column.
