@@ -403,18 +403,19 @@ function drawMesh(mesh = ui.model && ui.model.mesh, shape = ui.latents && ui.lat
   for (let rank = 0; rank < tp; rank++) {
     const rows = Math.max(0, Math.min(band(size), size - rank * band(size)));
     const cell = document.createElement("div");
-    cell.style.background = `hsl(${(rank * 360) / tp}, 45%, ${rank % 2 ? 38 : 46}%)`;
+    cell.style.background = `hsl(${210 + (rank * 360) / tp}, 35%, ${rank % 2 ? 38 : 46}%)`;
     cell.textContent = tp === 1 ? `device 0: the whole frame` : tp <= 4 ? `device ${rank}: ${rows} ${unit}` : `${rank}`;
     cell.title = `device ${rank}: latent ${unit} ${rank * band(size)}–${rank * band(size) + rows - 1} ` +
       `(${rows * scale} pixel ${unit})`;
     bands.appendChild(cell);
   }
-  const frame = shape ? `these latents' ${width}×${height}` : "a 160×90 (1280×720 pixels, 16:9)";
+  const frame = `${width}×${height} latents, ${width * scale}×${height * scale} pixels` +
+    (shape ? "" : ": 720p, before any latents are loaded");
   $("mesh-note").textContent = tp === 1
-    ? `One device decodes ${frame} latent frame whole. With tp = N, N devices would each decode a band of ` +
+    ? `One device decodes the whole frame (${frame}). With tp = N, N devices would each decode a band of ` +
       "every frame, exchanging one-row halos with their neighbours: each holds 1/N of the activations, and the " +
       "frames are the same."
-    : `Each frame (${frame} latents) is split by ${split} into ${tp} bands of ${band(size)} latent ${unit} ` +
+    : `Each frame (${frame}) is split by ${split} into ${tp} bands of ${band(size)} latent ${unit} ` +
       `(${band(size) * scale} pixel ${unit})${pad(size) ? `, the last padded by ${pad(size)}` : ""}: one per device, ` +
       "each exchanging one-row halos with its neighbours." +
       (dp > 1 ? ` ${dp} replicas (dp) decode different latents, each on its own ${tp} devices.` : "");
