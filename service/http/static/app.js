@@ -404,7 +404,9 @@ function drawMesh(mesh = ui.model && ui.model.mesh, shape = ui.latents && ui.lat
     const rows = Math.max(0, Math.min(band(size), size - rank * band(size)));
     const cell = document.createElement("div");
     cell.style.background = `hsl(${210 + (rank * 360) / tp}, 35%, ${rank % 2 ? 38 : 46}%)`;
-    cell.textContent = tp === 1 ? `device 0: the whole frame` : tp <= 4 ? `device ${rank}: ${rows} ${unit}` : `${rank}`;
+    const padded = rows < band(size) ? ` (${band(size) - rows} padding)` : "";
+    cell.textContent = tp === 1 ? "device 0: the whole frame" : tp <= 4 ? `device ${rank}: ${rows} ${unit}${padded}`
+      : `${rank}${padded}`;
     cell.title = `device ${rank}: latent ${unit} ${rank * band(size)}–${rank * band(size) + rows - 1} ` +
       `(${rows * scale} pixel ${unit})`;
     bands.appendChild(cell);
@@ -416,8 +418,8 @@ function drawMesh(mesh = ui.model && ui.model.mesh, shape = ui.latents && ui.lat
       "every frame, exchanging one-row halos with their neighbours: each holds 1/N of the activations, and the " +
       "frames are the same."
     : `Each frame (${frame}) is split by ${split} into ${tp} bands of ${band(size)} latent ${unit} ` +
-      `(${band(size) * scale} pixel ${unit})${pad(size) ? `, the last padded by ${pad(size)}` : ""}: one per device, ` +
-      "each exchanging one-row halos with its neighbours." +
+      `(${band(size) * scale} pixel ${unit}), one per device, each exchanging one-row halos with its neighbours` +
+      (pad(size) ? `; the last ${pad(size)} latent ${unit} are padding.` : ".") +
       (dp > 1 ? ` ${dp} replicas (dp) decode different latents, each on its own ${tp} devices.` : "");
 }
 ui.drawMesh = drawMesh;
