@@ -62,6 +62,7 @@ def imported_modules(path: str, source: str) -> Iterator[str]:
                 yield name.replace(".", "/") + ".py"
 
 
+@cache
 def _normalized(source: str) -> str:
     """The code without what does not change a program: comments, formatting and docstrings."""
     tree = ast.parse(source)

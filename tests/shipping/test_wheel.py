@@ -92,7 +92,9 @@ def test_sdist_and_wheel_hold_every_module(dist):
     assert {"service/http/routes/decode.py", "service/cli/serve.py", "models/loading.py"} <= expected
     wheel_names = zipfile.ZipFile(dist["wheel"]).namelist()
     assert missing_from(wheel_names, expected) == []
-    assert "service/http/static/ui.html" in wheel_names  # package data: the page of GET /ui
+    # Package data: the page of GET /ui (its HTML, script and style) and the compiled plans.
+    assert {"service/http/static/ui.html", "service/http/static/app.js", "service/http/static/app.css",
+            "sharding/plans/tpu.jsonl", "sharding/plans/gpu.jsonl"} <= set(wheel_names)
     with tarfile.open(dist["sdist"]) as sdist:
         top = f"{dist['sdist'].name.removesuffix('.tar.gz')}/"
         assert missing_from(sdist.getnames(), expected, prefix=top) == []
