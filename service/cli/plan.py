@@ -143,24 +143,16 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def run(args: argparse.Namespace) -> int:
-    # Planning runs nothing on the host; keep JAX off any local accelerator (and off libtpu's
-    # hardware probe: the TPU devices planned for are compile-only descriptions).
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import models
-    import sharding
+def _say(text: str) -> None:
+    """Progress, on stderr: ``--json`` stays one document on stdout."""
+    print(f"vaeserve plan: {text}", file=sys.stderr, flush=True)
+
+
+def _latents(args: argparse.Namespace, config: Any) -> tuple[int, ...]:
+    """Latents ``(C, T, H, W)`` from ``--video`` or ``--shape`` (``PlanError`` for sizes the model
+    does not decode, naming the nearest that it does)."""
     from models.shapes import parse_shape_text
-    from sharding.chips import TopologyError, slice_facts, topology_devices
-    from sharding.plan_table import estimate_compile_s
-    from sharding.planner import (
-        PlanError,
-        describe_slice,
-        latent_shape_for_video,
-        plan_decode,
-        table_meshes,
-        table_model,
-        video_for_latents,
-    )
+    from sharding.planner import PlanError, latent_shape_for_video
 
     def dims(text: str, count: int, what: str) -> tuple[int, ...]:
         try:
@@ -168,52 +160,74 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise PlanError(str(error)) from None
 
-    def say(text: str) -> None:  # progress: stderr, so that --json stays one document on stdout
-        print(f"vaeserve plan: {text}", file=sys.stderr, flush=True)
+    if args.video:
+        return latent_shape_for_video(config, *dims(args.video, 3, "--video WxHxF"))
+    latents = dims(args.shape, 4, "--shape CxTxHxW")
+    if latents[0] != config.z_dim:
+        raise PlanError(f"latent channels: expected {config.z_dim}, received {latents[0]}")
+    return latents
+
+
+def _announce(args: argparse.Namespace, config: Any, latents: tuple[int, ...], tps: list[int]) -> None:
+    """Before any compile: how many meshes will be compiled, and about how long each takes (the
+    table's nearest row of the same model, dtype and tp)."""
+    from sharding.chips import slice_facts
+    from sharding.plan_table import estimate_compile_s
+    from sharding.planner import table_model, video_for_latents
+
+    facts, model = slice_facts(args.topology), table_model(config)
+    video = "x".join(map(str, video_for_latents(config, latents)))
+    parts = []
+    for tp in tps:
+        estimate = estimate_compile_s(model, video, facts[1], args.dtype, tp) if model and facts else None
+        parts.append(f"tp={tp} about {_minutes(estimate[0])} of CPU ({estimate[1]} took that long for the table, "
+                     "on a 2-core host)" if estimate else f"tp={tp} (no estimate: the table has no row of this model)")
+    _say(f"{len(tps)} mesh(es) to compile here: " + "; ".join(parts))
+
+
+def _meta(args: argparse.Namespace, where: Any, config: Any, latents: tuple[int, ...]) -> dict[str, Any]:
+    """What the table's header needs, before any mesh is answered (``Plan.to_dict``'s fields)."""
+    from sharding.planner import video_for_latents
+
+    return {"topology": args.topology, "devices": where.devices, "devices_per_chip": where.devices_per_chip,
+            "chip": {"name": where.chip.name, "hbm_bytes": where.chip.hbm_bytes},
+            "video": dict(zip(("width", "height", "frames"), video_for_latents(config, latents), strict=True)),
+            "latents": [args.batch, *latents], "dtype": args.dtype, "output": args.output,
+            "inner_frames": args.inner_frames, "headroom": where.chip.headroom if args.headroom is None
+            else args.headroom}
+
+
+def run(args: argparse.Namespace) -> int:
+    # Planning runs nothing on the host; keep JAX off any local accelerator (and off libtpu's
+    # hardware probe: the TPU devices planned for are compile-only descriptions).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import models
+    import sharding
+    from sharding.chips import TopologyError, slice_facts, topology_devices
+    from sharding.planner import PlanError, describe_slice, plan_decode, table_meshes
+
+    def printed(mesh: Any) -> None:
+        if not args.json:
+            print(mesh_line(dataclasses.asdict(mesh)), flush=True)
 
     try:
         config = models.load_config(args.model)
-        latents: tuple[int, ...]
-        if args.video:
-            width, height, frames = dims(args.video, 3, "--video WxHxF")
-            latents = latent_shape_for_video(config, width, height, frames)
-        else:
-            latents = dims(args.shape, 4, "--shape CxTxHxW")
-            if latents[0] != config.z_dim:
-                raise PlanError(f"latent channels: expected {config.z_dim}, received {latents[0]}")
+        latents = _latents(args, config)
         tps, inner_frames = _tps(args.tp), _inner_frames(args.inner_frames)
         as_in_table = args.dp == args.batch == 1 and args.output == "uint8" and inner_frames is None
         known = {} if args.compile or not as_in_table else table_meshes(
             config, latents, args.topology, args.dtype, tps, headroom=args.headroom)
         facts = slice_facts(args.topology)
-        to_compile = [tp for tp in sorted(set(tps)) if tp not in known
-                      and (facts is None or tp * args.dp <= facts[2])]
+        to_compile = [tp for tp in sorted(set(tps)) if tp not in known and (facts is None or tp * args.dp <= facts[2])]
         devices = topology_devices(args.topology) if to_compile or facts is None else None
-        vae = models.abstract_vae(config, dtype=args.dtype)
-        model, video = table_model(config), "x".join(map(str, video_for_latents(config, latents)))
-        estimates = {tp: estimate_compile_s(model, video, facts[1], args.dtype, tp) if model and facts else None
-                     for tp in to_compile}
         if to_compile:
-            say(f"{len(to_compile)} mesh(es) to compile here: " + "; ".join(
-                f"tp={tp} about {_minutes(e[0])} ({e[1]} took that long in the table, on a 2-core host)"
-                if e else f"tp={tp} (no estimate: the table has no row of this model)" for tp, e in estimates.items()))
-        where = describe_slice(args.topology, devices)
-        meta = {"topology": args.topology, "devices": where.devices, "devices_per_chip": where.devices_per_chip,
-                "chip": {"name": where.chip.name, "hbm_bytes": where.chip.hbm_bytes},
-                "video": dict(zip(("width", "height", "frames"), video_for_latents(config, latents), strict=True)),
-                "latents": [args.batch, *latents], "dtype": args.dtype, "output": args.output,
-                "inner_frames": inner_frames,
-                "headroom": where.chip.headroom if args.headroom is None else args.headroom}
+            _announce(args, config, latents, to_compile)
         if not args.json:
-            print(header(meta), flush=True)
-
-        def printed(mesh) -> None:
-            if not args.json:
-                print(mesh_line(dataclasses.asdict(mesh)), flush=True)
-
-        plan = plan_decode(vae, latents, devices, topology=args.topology, tps=tps, dp=args.dp, batch=args.batch,
-                           output=args.output, headroom=args.headroom, inner_frames=inner_frames, known=known,
-                           on_mesh=printed, before_compile=lambda tp: say(f"compiling tp={tp} dp={args.dp} …"))
+            print(header(_meta(args, describe_slice(args.topology, devices), config, latents)), flush=True)
+        plan = plan_decode(models.abstract_vae(config, dtype=args.dtype), latents, devices, topology=args.topology,
+                           tps=tps, dp=args.dp, batch=args.batch, output=args.output, headroom=args.headroom,
+                           inner_frames=inner_frames, known=known, on_mesh=printed,
+                           before_compile=lambda tp: _say(f"compiling tp={tp} dp={args.dp} …"))
     except (PlanError, TopologyError, models.ConfigError, FileNotFoundError, sharding.SplitError) as e:
         print(f"vaeserve plan: error: {e}", file=sys.stderr)
         return 2
