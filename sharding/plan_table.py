@@ -35,8 +35,9 @@ TABLES = {"tpu": "plans/tpu.jsonl", "gpu": "plans/gpu.jsonl"}
 DEFAULT_MODEL = "wan2.1"  # rows of Wan 2.1 name no model
 # What a table row is: a decode at batch 1, dp 1, uint8 frames out, automatic inner frames.
 ROW_SETTINGS = {"batch": 1, "dp": 1, "output": "uint8", "inner_frames": None}
-# The package whose version is the compiler's, besides jax and jaxlib.
-COMPILER_PACKAGES = {"tpu": "libtpu", "gpu": "jax-cuda12-plugin"}
+# The package whose version is the compiler's, besides jax and jaxlib: libtpu, and the CUDA plugin
+# of the `cuda` extra (rows compiled before it moved to CUDA 13 name jax-cuda12-plugin).
+COMPILER_PACKAGES = {"tpu": "libtpu", "gpu": "jax-cuda13-plugin"}
 # Where the decode program's code starts: the module that builds the program.
 PROGRAM_BUILDER = "sharding/decode.py"
 # The registry that imports every family's modules: only the decoding family's are followed from it.
