@@ -23,6 +23,11 @@ too (it does not fit), with the bytes the compiler says it needs.
     python -m bench.plan_table --platform gpu --render    # docs/gpu-plan/memory.png
 
 Real-size TPU compiles take minutes each and some need many GB of host memory: run it alone.
+
+The tables are shipped with the package (``sharding/plans/*.jsonl``): ``vaeserve plan`` answers
+their rows at once. Each row records the compiler's versions and the fingerprint of the decode
+code it was compiled from (``sharding.plan_table``), so a row of older code says it is stale;
+``--recompile`` compiles the rows named by ``--only`` again (the new row replaces the old).
 """
 
 from __future__ import annotations
@@ -65,10 +70,10 @@ class Table(NamedTuple):
 
 TABLES = {
     "tpu": Table({"v5e-8": (8, 4, 2, 1), "v6e-8": (8, 4, 2, 1), "v5p-8": (4, 2, 1)},
-                 REPO / "docs" / "tpu-plan" / "results.jsonl", REPO / "docs" / "tpu-plan" / "memory.png",
+                 REPO / "sharding" / "plans" / "tpu.jsonl", REPO / "docs" / "tpu-plan" / "memory.png",
                  "TPU by libtpu (no TPU)"),
     "gpu": Table({"h100-8": (8, 4, 2, 1), "h200-8": (8, 4, 2, 1)},
-                 REPO / "docs" / "gpu-plan" / "results.jsonl", REPO / "docs" / "gpu-plan" / "memory.png",
+                 REPO / "sharding" / "plans" / "gpu.jsonl", REPO / "docs" / "gpu-plan" / "memory.png",
                  "NVIDIA GPUs by XLA's CUDA compiler (no GPU)"),
 }
 SLICE_STYLES = (("o", "-"), ("s", "--"), ("^", ":"))  # marker and line of each slice in the plot
@@ -131,9 +136,12 @@ def run(args: argparse.Namespace) -> None:
     import sharding
     from models.shapes import parse_shape_text
     from sharding.chips import chip_facts, topology_devices
+    from sharding.plan_table import code_fingerprint, compiler_versions
     from sharding.planner import latent_shape_for_video, plan_mesh
 
     finished = done(args.results)
+    if args.recompile:  # the rows named are compiled again; each replaces its old line when done
+        finished = {k: r for k, r in finished.items() if k not in (args.only or ())}
     todo = [r for r in rows(args.platform, tuple(args.models or MODELS)) if key(r) not in finished
             and (not args.only or key(r) in args.only) and (not args.slices or r["slice"] in args.slices)]
     if args.first_fit or args.descending:
@@ -144,13 +152,17 @@ def run(args: argparse.Namespace) -> None:
         todo = todo[: args.limit]
     args.results.parent.mkdir(parents=True, exist_ok=True)
     print(f"{len(finished)} rows done, {len(todo)} to compile → {args.results}", file=sys.stderr)
+    compiler = compiler_versions(args.platform)
     for row in (bar := tqdm(todo, unit="compile")):
+        config = models.MODEL_NAMES[key(row)[0]]()
+        code = code_fingerprint(config.family)
         latest = done(args.results)  # another process (``--only``, another ``--slices``) may have finished it
+        if args.recompile:  # an old row is not done; one of this code is
+            latest = {k: r for k, r in latest.items() if k not in (args.only or ()) or r.get("code") == code}
         if key(row) in latest or (args.first_fit and fits_below(latest, row)) or (
                 args.descending and fails_above(latest, row)):
             continue
         bar.set_postfix_str(" ".join(map(str, key(row))))
-        config = models.MODEL_NAMES[key(row)[0]]()
         vae = models.abstract_vae(config, dtype=row["dtype"])  # a fresh program cache: one program at a time
         devices = topology_devices(row["slice"])
         latents = latent_shape_for_video(config, *parse_shape_text(row["video"], 3, "video"))
@@ -163,8 +175,7 @@ def run(args: argparse.Namespace) -> None:
                 result = {**row, "error": plan.refused[:300], "required_bytes": plan.total_bytes,
                           "usable_bytes": plan.usable_bytes, "fits": False, "compile_s": plan.compile_s,
                           "compile_cpu_s": round(time.process_time() - cpu, 1)}
-                with args.results.open("a") as f:
-                    f.write(json.dumps(result) + "\n")
+                record(args.results, {**result, "compiler": compiler, "code": code})
                 continue
             result = {**row, **{k: getattr(plan, k) for k in (
                 "split", "argument_bytes", "output_bytes", "temp_bytes", "code_bytes", "total_bytes", "hbm_bytes",
@@ -173,8 +184,18 @@ def run(args: argparse.Namespace) -> None:
         except Exception as e:  # noqa: BLE001 - the compiler's refusal (out of HBM) is a result too
             result = {**row, "error": str(e).splitlines()[0][:300],
                       "compile_s": round(time.perf_counter() - start, 1)}
-        with args.results.open("a") as f:
+        record(args.results, {**result, "compiler": compiler, "code": code})
+
+
+def record(path: Path, result: dict) -> None:
+    """Append a row, or replace the row of the same key (a row compiled again)."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    kept = [line for line in lines if key(json.loads(line)) != key(result)]
+    if len(kept) == len(lines):
+        with path.open("a") as f:
             f.write(json.dumps(result) + "\n")
+        return
+    path.write_text("".join(f"{line}\n" for line in [*kept, json.dumps(result)]))
 
 
 def coverage(platform: str, results: dict[tuple, dict], model: str = DEFAULT_MODEL) -> str:
@@ -284,7 +305,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--platform", choices=sorted(TABLES), default="tpu", help="which table (default tpu)")
     parser.add_argument("--results", type=Path, help="JSON lines, appended to (resumable); default "
-                        "docs/tpu-plan/results.jsonl or docs/gpu-plan/results.jsonl")
+                        "sharding/plans/tpu.jsonl or sharding/plans/gpu.jsonl")
     parser.add_argument("--render", action="store_true", help="print the table and write the PNG; compile nothing")
     parser.add_argument("--limit", type=int, help="compile at most this many rows now")
     parser.add_argument("--only", type=parse_row, action="append", metavar="[MODEL:]VIDEO:SLICE:DTYPE:TP",
@@ -297,6 +318,8 @@ def main(argv=None) -> None:
                              "does not fit (for models whose small tps surely do not)")
     parser.add_argument("--slices", type=lambda text: text.split(","), metavar="v5e-8,v6e-8",
                         help=f"compile only rows of these slices (of {', '.join(SLICES)})")
+    parser.add_argument("--recompile", action="store_true",
+                        help="with --only: compile those rows again although the table has them (stale rows)")
     parser.add_argument("--first-fit", action="store_true",
                         help="per video, slice and dtype, compile tp = 1, 2, … only up to the first that fits")
     args = parser.parse_args(argv)

@@ -28,7 +28,7 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the TPU device is compile-only
 
 
-def per_tap_causal_conv(past, x_padded, kernel, bias, *, native, start="zero", block_bytes=None):
+def per_tap_causal_conv(past, x_padded, kernel, bias, *, native, start="zero", block_bytes=None, method=None):
     """The experiment: one frame after its past as a 2-D conv per time tap, summed in float32."""
     import jax.numpy as jnp
     from jax import lax

@@ -16,7 +16,10 @@ fits there.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import math
 import os
+import pkgutil
 from collections import Counter
 from collections.abc import Sequence
 
@@ -105,6 +108,17 @@ def _slice_chip(name: str) -> ChipFacts | None:
     return next((chip for chip in CHIPS if name in chip.slices), None)
 
 
+def slice_facts(topology: str) -> tuple[ChipFacts, str, int] | None:
+    """The chip, the single-host slice name and the chips of a slice the chip table names, by either
+    name (``"v5e:2x4"`` or ``"v5e-8"`` → v5e, ``"v5e-8"``, 8; ``"h100-8"`` → h100, ``"h100-8"``, 8);
+    None for any other topology."""
+    for chip in CHIPS:
+        for name, shape in chip.slices.items():
+            if topology == name or (chip.platform == "tpu" and topology == shape):
+                return chip, name, math.prod(int(size) for size in shape.split(":")[-1].split("x"))
+    return None
+
+
 def topology_name(text: str) -> str:
     """``"v5e-8"`` (a single-host slice) → ``"v5e:2x4"``; topology names pass through."""
     chip = _slice_chip(text)
@@ -182,6 +196,32 @@ def topology_devices(topology: str) -> list[jax.Device]:
             f"'v5e:2x4', 'v6e:2x4', 'v5p:2x2x1', a single-host slice {slices} or a GPU host {gpus}; "
             "the TPU compiler comes with `pip install \"vaeserve[aot]\"`"
         ) from e
+
+
+def platforms_without_absent_tpu() -> str | None:
+    """The JAX platforms for this host when libtpu is installed but no TPU chip is on it; None
+    where JAX's own choice is right (a TPU host, no libtpu, or ``JAX_PLATFORMS`` set).
+
+    JAX tries every backend it has a plugin for: with libtpu installed (the ``aot`` extra, for
+    ``vaeserve plan``) and no TPU, that try fails, and says so in alarming words (libtpu's
+    ``unexpected worker hostname``, JAX's ``Unable to initialize backend 'tpu'``). Whether a TPU
+    chip is there is JAX's own check (the PCI bus); without one the TPU is left out: GPU plugins
+    that are installed, then the CPU (JAX passes over ``cuda`` where no NVIDIA GPU is visible).
+    Call before JAX starts its backends."""
+    if os.environ.get("JAX_PLATFORMS") or jax.config.values.get("jax_platforms"):
+        return None
+    from jax._src import cloud_tpu_init, hardware_utils
+
+    if cloud_tpu_init.get_tpu_library_path() is None or hardware_utils.num_available_tpu_chips_and_device_id()[0]:
+        return None
+    try:
+        namespace = importlib.import_module("jax_plugins")  # where JAX's GPU plugins install themselves
+    except ImportError:
+        plugins: list[str] = []
+    else:
+        plugins = [module.name for module in pkgutil.iter_modules(namespace.__path__)]
+    gpus = [platform for platform in ("cuda", "rocm") if any(name.startswith(f"xla_{platform}") for name in plugins)]
+    return ",".join([*gpus, "cpu"])
 
 
 def devices_per_chip(devices: Sequence[jax.Device]) -> int:

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-from tqdm import tqdm
 
 from models.config import VAEConfig
 from models.flops import decode_flops
@@ -32,7 +30,7 @@ from models.shapes import Output, check_output, clip_shape, latents_for_frames, 
 from models.vae import VAE
 
 from .bands import band_layout
-from .chips import ChipFacts, chip_facts, devices_per_chip
+from .chips import ChipFacts, chip_facts, devices_per_chip, slice_facts
 from .decode import compile_decode
 from .fits import program_total_bytes
 from .introspect import collective_summary, collectives, halo_bytes, program_memory
@@ -82,6 +80,11 @@ class MeshPlan:
     program against the chip's HBM while compiling). Such a row does not fit; its ``temp_bytes`` and
     ``total_bytes`` are the bytes the compiler names (at least what the program needs), its other
     byte and cost fields are 0.
+
+    ``source``: ``"compiled"`` here, or ``"table"``: read from the compiled plans shipped with the
+    package (``sharding.plan_table``), where ``compiler`` and ``code`` say what made it, ``stale``
+    why it may differ from what this checkout compiles (None: it does not), and what the table
+    does not keep is None (``cost_analysis_flops``, ``halo_bytes``) or empty (``collectives``).
     """
 
     tp: int
@@ -97,13 +100,17 @@ class MeshPlan:
     usable_bytes: int
     fits: bool
     flops: float
-    cost_analysis_flops: float
+    cost_analysis_flops: float | None
     bytes_accessed: float
-    halo_bytes: int
+    halo_bytes: int | None
     collectives: dict[str, dict[str, int]]
     compile_s: float
     bound_s: float
     refused: str | None = None
+    source: str = "compiled"
+    compiler: dict[str, str] | None = None
+    code: str | None = None
+    stale: str | None = None
 
 
 def _cost(compiled: jax.stages.Compiled) -> dict[str, float]:
@@ -177,7 +184,87 @@ def compiler_refusal_bytes(message: str) -> int | None:
     return int(float(match["size"]) * _UNITS[match["unit"]])
 
 
+# -- the table of compiled plans --------------------------------------------------------------------
+def table_model(config: VAEConfig) -> str | None:
+    """The name the table gives ``config``'s model (``"wan2.1"``, …): its rows answer for it when
+    ``config`` is that model's config (a checkpoint folder of Wan 2.1 is ``"wan2.1"``); else None."""
+    from models.loading import MODEL_NAMES
+
+    return next((name for name, make in MODEL_NAMES.items() if make() == config), None)
+
+
+def mesh_from_row(row: dict[str, Any], latents: Sequence[int], *, chip: ChipFacts, per_chip: int,
+                  headroom: float | None, stale: str | None) -> MeshPlan | None:
+    """A table row as the candidate mesh it describes (``headroom`` may differ from the row's:
+    ``fits`` is read again from its bytes), or None for a row that holds no answer (a compile
+    that failed for another reason than memory)."""
+    hbm = chip.hbm_bytes // per_chip
+    usable = int(hbm * (1 - (chip.headroom if headroom is None else headroom)))
+    refused = row.get("error") if "required_bytes" in row else None
+    if "error" in row and refused is None:
+        return None
+    split = row.get("split") or band_layout(latents[2], latents[3], row["tp"]).split
+    if refused:  # the bytes the compiler named, as temporaries
+        total = row["required_bytes"]
+        parts = {"argument_bytes": 0, "output_bytes": 0, "temp_bytes": total, "code_bytes": 0}
+    else:
+        total = row["total_bytes"]
+        parts = {name: row[name] for name in ("argument_bytes", "output_bytes", "temp_bytes", "code_bytes")}
+    return MeshPlan(
+        tp=row["tp"], dp=1, split=split, **parts, alias_bytes=sum(parts.values()) - total, total_bytes=total,
+        hbm_bytes=hbm, usable_bytes=usable, fits=not refused and total <= usable, flops=row.get("flops", 0.0),
+        cost_analysis_flops=None, bytes_accessed=row.get("bytes_accessed", 0.0), halo_bytes=None, collectives={},
+        compile_s=row["compile_s"], bound_s=row.get("bound_s", 0.0), refused=refused, source="table",
+        compiler=row.get("compiler"), code=row.get("code"), stale=stale)
+
+
+def table_meshes(config: VAEConfig, latents: Sequence[int], topology: str, dtype: str, tps: Sequence[int], *,
+                 headroom: float | None = None) -> dict[int, MeshPlan]:
+    """The candidate meshes the table answers for: tp → mesh, for a decode of latents ``(C, T, H,
+    W)`` at batch 1 (dp 1, uint8 out, automatic inner frames) on a single-host slice it holds."""
+    from .plan_table import lookup, platform_of, staleness
+
+    facts, model = slice_facts(topology), table_model(config)
+    if facts is None or model is None:
+        return {}
+    chip, name, _ = facts
+    width, height, frames = video_for_latents(config, latents)
+    found = {}
+    for tp in tps:
+        row = lookup(model, f"{width}x{height}x{frames}", name, dtype, tp)
+        if row is not None:
+            mesh = mesh_from_row(row, latents, chip=chip, per_chip=1, headroom=headroom,
+                                 stale=staleness(row, config.family, platform_of(name)))
+            if mesh is not None:
+                found[tp] = mesh
+    return found
+
+
 # -- every candidate ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SliceInfo:
+    """What a plan says of the devices it plans for: the topology as given, its chip, its devices
+    and how many of them share a chip."""
+
+    topology: str
+    chip: ChipFacts
+    devices: int
+    devices_per_chip: int
+
+
+def describe_slice(topology: str, devices: Sequence[jax.Device] | None) -> SliceInfo:
+    """The slice of ``devices`` (``chips.topology_devices``), or without them, of a single-host
+    slice the chip table names (one device per chip): what a plan answered from the table needs."""
+    if devices is not None:
+        devices = list(devices)
+        return SliceInfo(topology, chip_facts(devices[0].device_kind), len(devices), devices_per_chip(devices))
+    facts = slice_facts(topology)
+    if facts is None:
+        raise PlanError(f"{topology!r} is not a slice the chip table names: its devices are needed")
+    chip, _, count = facts
+    return SliceInfo(topology, chip, count, 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Every candidate mesh for one decode on one TPU slice, and the recommendation."""
@@ -245,41 +332,52 @@ def recommend(meshes: Sequence[MeshPlan], devices: int) -> dict[str, Any]:
                       f"hold dp={dp} replicas"}
 
 
-def plan_decode(vae: VAE, latents: Sequence[int], devices: Sequence[jax.Device], *, topology: str,
+def plan_decode(vae: VAE, latents: Sequence[int], devices: Sequence[jax.Device] | None, *, topology: str,
                 tps: Sequence[int] = (1, 2, 4, 8), dp: int = 1, batch: int = 1, output: Output = "uint8",
-                headroom: float | None = None, inner_frames: int | None = None, progress: bool = False) -> Plan:
+                headroom: float | None = None, inner_frames: int | None = None,
+                known: Mapping[int, MeshPlan] | None = None, on_mesh: Callable[[MeshPlan], None] | None = None,
+                before_compile: Callable[[int], None] | None = None) -> Plan:
     """Plan the decode of latents ``(C, T, H, W)`` (an image model's ``(C, H, W)``), ``batch`` per dp
     replica, on ``devices``.
 
     Every ``tp`` in ``tps`` with ``dp·tp`` ≤ the devices is compiled (the others are listed in
-    ``skipped``). ``devices`` are those of one slice (``chips.topology_devices``) or any others whose
-    ``device_kind`` has chip facts.
+    ``skipped``), unless ``known`` answers it already (tp → mesh: the table's, ``table_meshes``).
+    ``devices`` are those of one slice (``chips.topology_devices``) or any others whose
+    ``device_kind`` has chip facts; None when ``known`` answers every tp of a slice the chip table
+    names. ``before_compile(tp)`` is called as a compile starts, ``on_mesh(mesh)`` as each mesh is
+    answered (compiled or known), in tp order.
     """
     output = check_output(output)
     if headroom is not None and not 0 <= headroom < 1:
         raise PlanError(f"headroom must be in [0, 1); received {headroom}")
     if batch < 1 or dp < 1:
         raise PlanError(f"batch and dp must be ≥ 1; received batch={batch}, dp={dp}")
-    devices = list(devices)
-    chip = chip_facts(devices[0].device_kind)
+    where = describe_slice(topology, devices)
+    chip, per_chip, known = where.chip, where.devices_per_chip, known or {}
     headroom = chip.headroom if headroom is None else headroom
-    per_chip = devices_per_chip(devices)
     shape = (batch * dp, *tuple(latents))
     meshes, skipped = [], []
-    candidates = sorted(set(tps))
-    for tp in (bar := tqdm(candidates, desc="plan", unit="mesh", file=sys.stderr, disable=not progress)):
-        if tp * dp > len(devices):
-            skipped.append({"tp": tp, "dp": dp, "reason": f"needs {tp * dp} devices; the slice has {len(devices)}"})
+    for tp in sorted(set(tps)):
+        if tp * dp > where.devices:
+            skipped.append({"tp": tp, "dp": dp, "reason": f"needs {tp * dp} devices; the slice has {where.devices}"})
             continue
-        bar.set_postfix_str(f"compiling tp={tp} dp={dp}")
-        mesh = make_mesh(tp, dp, devices=devices)
-        meshes.append(plan_mesh(vae, shape, mesh, chip, hbm_bytes=chip.hbm_bytes // per_chip, output=output,
-                                headroom=headroom, inner_frames=inner_frames))
+        if tp in known:
+            meshes.append(known[tp])
+        else:
+            if devices is None:
+                raise PlanError(f"tp={tp} is not in the table: the slice's devices are needed to compile it")
+            if before_compile is not None:
+                before_compile(tp)
+            mesh = make_mesh(tp, dp, devices=list(devices))
+            meshes.append(plan_mesh(vae, shape, mesh, chip, hbm_bytes=chip.hbm_bytes // per_chip, output=output,
+                                    headroom=headroom, inner_frames=inner_frames))
+        if on_mesh is not None:
+            on_mesh(meshes[-1])
     return Plan(
-        topology=topology, chip=chip, devices=len(devices), devices_per_chip=per_chip,
+        topology=topology, chip=chip, devices=where.devices, devices_per_chip=per_chip,
         model={"source": vae.metadata.get("source"), "parameters": vae.metadata.get("parameters"),
                "config": vae.config.to_dict()},
         dtype=vae.dtype, output=output, latents=(batch, *tuple(latents)), inner_frames=inner_frames,
         video=video_for_latents(vae.config, latents), headroom=headroom, meshes=meshes, skipped=skipped,
-        recommendation=recommend(meshes, len(devices)),
+        recommendation=recommend(meshes, where.devices),
     )

@@ -93,6 +93,9 @@ def _devices(cpu_devices: int | None):
     here, when a command that runs a model starts, not by ``vaeserve serve`` or ``vaeserve plan``."""
     import jax
 
+    from ..engine.startup import choose_platforms
+
+    choose_platforms()
     if cpu_devices:
         jax.config.update("jax_num_cpu_devices", cpu_devices)
     return jax

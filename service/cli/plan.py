@@ -6,14 +6,20 @@ compiler (libtpu, or XLA's CUDA compiler), no TPU and no GPU.
     vaeserve plan --topology h100-8 --video 1920x1080x81 --dtype bfloat16   # needs the `cuda` extra
     vaeserve plan --topology v6e-8 --model sdxl --image 4096x4096 --dtype bfloat16   # an image model
 
-Compiles the sharded decode for each candidate mesh over the slice's abstract devices (see
-``sharding.planner``) and prints per-device memory, fit, FLOPs, traffic, collectives, compile time
-and a roofline lower bound, then the smallest tp that fits. ``--json`` prints one JSON document.
+Each candidate mesh the package's table of compiled plans holds (``sharding/plans``: the common
+videos of Wan 2.1 and HunyuanVideo on v5e-8, v6e-8, v5p-8, H100 and H200 hosts, batch 1, uint8
+frames) is answered at once from it, saying which compiler made it and whether the decode code
+changed since (a *stale* row); the others are compiled here for the slice's abstract devices (see
+``sharding.planner``), each announced with the compile time the table suggests (minutes each on a
+small host) and printed as it finishes. ``--compile`` compiles every mesh. Per-device memory, fit,
+FLOPs, traffic, collectives, compile time and a roofline lower bound, then the smallest tp that
+fits. ``--json`` prints one JSON document.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -46,6 +52,8 @@ def add_parser(sub) -> None:
     p.add_argument("--inner-frames", type=int, default=None, metavar="N",
                    help="frames per inner step of the stages after each temporal upsampler (default: automatic, "
                         "as a server runs: 1 once a full-resolution frame per device holds ≥ 4 MB; 4: whole steps)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile every candidate mesh here, also those the table of compiled plans holds")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
 
 
@@ -69,38 +77,130 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:,.2f}"
 
 
-def format_table(plan: dict[str, Any]) -> str:
-    """The plan as a Markdown table with a header and the recommendation."""
+TABLE_HEAD = ("| tp | dp | split | args GB | out GB | temp GB | code GB | total GB | fits | TFLOP | "
+              "bytes accessed GB (scan body once) | halo MB | collectives | compile s | bound s | from |")
+
+
+def header(plan: dict[str, Any]) -> str:
+    """What the plan is of, and the table's head (``plan``: ``Plan.to_dict()`` less its meshes)."""
     video, chip = plan["video"], plan["chip"]
-    lines = [
+    return "\n".join([
         f"{plan['topology']}: {plan['devices']} x {chip['name']} devices "
         f"({_gb(chip['hbm_bytes'] / plan['devices_per_chip'])} GB HBM each); "
         f"{video['width']}x{video['height']}x{video['frames']} from latents {plan['latents']} per replica, "
-        f"{plan['dtype']}, {plan['output']} out, inner frames {plan.get('inner_frames') or 'automatic'}; fits = total ≤ {1 - plan['headroom']:.0%} of HBM",
-        "",
-        "| tp | dp | split | args GB | out GB | temp GB | code GB | total GB | fits | TFLOP | "
-        "bytes accessed GB (scan body once) | halo MB | collectives | compile s | bound s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for m in plan["meshes"]:
-        if m["refused"]:
-            lines.append(f"| {m['tp']} | {m['dp']} | {m['split']} | — | — | ≥ {_gb(m['temp_bytes'])} | — "
-                         f"| ≥ {_gb(m['total_bytes'])} | NO | {m['flops'] / 1e12:,.1f} | — | — | — "
-                         f"| {m['compile_s']:.1f} | refused by the compiler: {m['refused']} |")
-            continue
-        found = ", ".join(f"{n} {op}" for op, n in ((op, c["count"]) for op, c in sorted(m["collectives"].items())))
-        lines.append(
-            f"| {m['tp']} | {m['dp']} | {m['split']} | {_gb(m['argument_bytes'])} | {_gb(m['output_bytes'])} "
+        f"{plan['dtype']}, {plan['output']} out, inner frames {plan.get('inner_frames') or 'automatic'}; "
+        f"fits = total ≤ {1 - plan['headroom']:.0%} of HBM",
+        "", TABLE_HEAD, "|" + "---|" * TABLE_HEAD.count(" | ") + "---|"])
+
+
+def _source(m: dict[str, Any]) -> str:
+    if m["source"] != "table":
+        return "compiled now"
+    return "table, STALE" if m["stale"] else "table"
+
+
+def mesh_line(m: dict[str, Any]) -> str:
+    """One candidate mesh as a row of the table (``m``: ``dataclasses.asdict(MeshPlan)``)."""
+    if m["refused"]:
+        return (f"| {m['tp']} | {m['dp']} | {m['split']} | — | — | ≥ {_gb(m['temp_bytes'])} | — "
+                f"| ≥ {_gb(m['total_bytes'])} | NO | {m['flops'] / 1e12:,.1f} | — | — | — "
+                f"| {m['compile_s']:.1f} | refused by the compiler: {m['refused']} | {_source(m)} |")
+    found = ", ".join(f"{c['count']} {op}" for op, c in sorted(m["collectives"].items()))
+    halo = "—" if m["halo_bytes"] is None else f"{m['halo_bytes'] / 1e6:,.1f}"
+    return (f"| {m['tp']} | {m['dp']} | {m['split']} | {_gb(m['argument_bytes'])} | {_gb(m['output_bytes'])} "
             f"| {_gb(m['temp_bytes'])} | {_gb(m['code_bytes'])} | {_gb(m['total_bytes'])} "
             f"| {'yes' if m['fits'] else 'NO'} | {m['flops'] / 1e12:,.1f} | {_gb(m['bytes_accessed'])} "
-            f"| {m['halo_bytes'] / 1e6:,.1f} | {found or 'none'} | {m['compile_s']:.1f} | ≥ {m['bound_s']:.3f} |"
-        )
-    for s in plan["skipped"]:
-        lines.append(f"| {s['tp']} | {s['dp']} | — | skipped: {s['reason']} |")
-    rec = plan["recommendation"]
-    lines += ["", f"recommendation: {rec['reason']}", "",
-              *(f"* {name}: {text}" for name, text in plan["notes"].items())]
+            f"| {halo} | {found or ('—' if m['source'] == 'table' else 'none')} | {m['compile_s']:.1f} "
+            f"| ≥ {m['bound_s']:.3f} | {_source(m)} |")
+
+
+def footer(plan: dict[str, Any]) -> str:
+    """The meshes skipped, the recommendation, where the table's rows came from, and the notes."""
+    lines = [f"| {s['tp']} | {s['dp']} | — | skipped: {s['reason']} |" for s in plan["skipped"]]
+    lines += ["", f"recommendation: {plan['recommendation']['reason']}", ""]
+    table = [m for m in plan["meshes"] if m["source"] == "table"]
+    for made_by in sorted({(_compiler_text(m["compiler"]), m["code"] or "unrecorded") for m in table}):
+        tps = ", ".join(str(m["tp"]) for m in table if (_compiler_text(m["compiler"]), m["code"] or "unrecorded")
+                        == made_by)
+        lines.append(f"* table (tp = {tps}): compiled by {made_by[0]} from decode code {made_by[1]}")
+    for reason in sorted({m["stale"] for m in table if m["stale"]}):
+        tps = ", ".join(str(m["tp"]) for m in table if m["stale"] == reason)
+        lines.append(f"* STALE (tp = {tps}): {reason}. The bytes may differ from what this checkout compiles; "
+                     "`--compile` compiles them here")
+    lines += [f"* {name}: {text}" for name, text in plan["notes"].items()]
     return "\n".join(lines)
+
+
+def format_table(plan: dict[str, Any]) -> str:
+    """The plan as a Markdown table with a header and the recommendation."""
+    return "\n".join([header(plan), *map(mesh_line, plan["meshes"]), footer(plan)])
+
+
+def _compiler_text(versions: dict[str, str] | None) -> str:
+    from sharding.plan_table import compiler_text
+
+    return compiler_text({"compiler": versions} if versions else {})
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _say(text: str) -> None:
+    """Progress, on stderr: ``--json`` stays one document on stdout."""
+    print(f"vaeserve plan: {text}", file=sys.stderr, flush=True)
+
+
+def _latents(args: argparse.Namespace, config: Any) -> tuple[int, ...]:
+    """Latents ``(C, T, H, W)`` (an image model's ``(C, H, W)``) from ``--video``, ``--image`` or
+    ``--shape`` (``PlanError`` for sizes the model does not decode, naming the nearest that it does)."""
+    from models.shapes import parse_shape_text
+    from sharding.planner import PlanError, latent_shape_for_video
+
+    def dims(text: str, count: int, what: str) -> tuple[int, ...]:
+        try:
+            return parse_shape_text(text, count, what)
+        except ValueError as error:
+            raise PlanError(str(error)) from None
+
+    if args.video:
+        return latent_shape_for_video(config, *dims(args.video, 3, "--video WxHxF"))
+    if args.image:
+        width, height = dims(args.image, 2, "--image WxH")
+        return latent_shape_for_video(config, width, height, 1)
+    latents = dims(args.shape, 3, "--shape CxHxW") if config.is_image else dims(args.shape, 4, "--shape CxTxHxW")
+    if latents[0] != config.z_dim:
+        raise PlanError(f"latent channels: expected {config.z_dim}, received {latents[0]}")
+    return latents
+
+
+def _announce(args: argparse.Namespace, config: Any, latents: tuple[int, ...], tps: list[int]) -> None:
+    """Before any compile: how many meshes will be compiled, and about how long each takes (the
+    table's nearest row of the same model, dtype and tp)."""
+    from sharding.chips import slice_facts
+    from sharding.plan_table import estimate_compile_s
+    from sharding.planner import table_model, video_for_latents
+
+    facts, model = slice_facts(args.topology), table_model(config)
+    video = "x".join(map(str, video_for_latents(config, latents)))
+    parts = []
+    for tp in tps:
+        estimate = estimate_compile_s(model, video, facts[1], args.dtype, tp) if model and facts else None
+        parts.append(f"tp={tp} about {_minutes(estimate[0])} of CPU ({estimate[1]} took that long for the table, "
+                     "on a 2-core host)" if estimate else f"tp={tp} (no estimate: the table has no row of this model)")
+    _say(f"{len(tps)} mesh(es) to compile here: " + "; ".join(parts))
+
+
+def _meta(args: argparse.Namespace, where: Any, config: Any, latents: tuple[int, ...]) -> dict[str, Any]:
+    """What the table's header needs, before any mesh is answered (``Plan.to_dict``'s fields)."""
+    from sharding.planner import video_for_latents
+
+    return {"topology": args.topology, "devices": where.devices, "devices_per_chip": where.devices_per_chip,
+            "chip": {"name": where.chip.name, "hbm_bytes": where.chip.hbm_bytes},
+            "video": dict(zip(("width", "height", "frames"), video_for_latents(config, latents), strict=True)),
+            "latents": [args.batch, *latents], "dtype": args.dtype, "output": args.output,
+            "inner_frames": args.inner_frames, "headroom": where.chip.headroom if args.headroom is None
+            else args.headroom}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,37 +209,34 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import models
     import sharding
-    from models.shapes import parse_shape_text
-    from sharding.chips import TopologyError, topology_devices
-    from sharding.planner import PlanError, latent_shape_for_video, plan_decode
+    from sharding.chips import TopologyError, slice_facts, topology_devices
+    from sharding.planner import PlanError, describe_slice, plan_decode, table_meshes
 
-    def dims(text: str, count: int, what: str) -> tuple[int, ...]:
-        try:
-            return parse_shape_text(text, count, what)
-        except ValueError as error:
-            raise PlanError(str(error)) from None
+    def printed(mesh: Any) -> None:
+        if not args.json:
+            print(mesh_line(dataclasses.asdict(mesh)), flush=True)
 
     try:
         config = models.load_config(args.model)
-        latents: tuple[int, ...]
-        if args.video or args.image:
-            width, height, frames = dims(args.video, 3, "--video WxHxF") if args.video else \
-                (*dims(args.image, 2, "--image WxH"), 1)
-            latents = latent_shape_for_video(config, width, height, frames)
-        else:
-            latents = dims(args.shape, 3 if config.is_image else 4, "--shape CxHxW" if config.is_image else
-                           "--shape CxTxHxW")
-            if latents[0] != config.z_dim:
-                raise PlanError(f"latent channels: expected {config.z_dim}, received {latents[0]}")
-        devices = topology_devices(args.topology)
-        vae = models.abstract_vae(config, dtype=args.dtype)
-        plan = plan_decode(vae, latents, devices, topology=args.topology, tps=_tps(args.tp), dp=args.dp,
-                           batch=args.batch, output=args.output,
-                           headroom=args.headroom,
-                           inner_frames=_inner_frames(args.inner_frames), progress=True)
+        latents = _latents(args, config)
+        tps, inner_frames = _tps(args.tp), _inner_frames(args.inner_frames)
+        as_in_table = args.dp == args.batch == 1 and args.output == "uint8" and inner_frames is None
+        known = {} if args.compile or not as_in_table else table_meshes(
+            config, latents, args.topology, args.dtype, tps, headroom=args.headroom)
+        facts = slice_facts(args.topology)
+        to_compile = [tp for tp in sorted(set(tps)) if tp not in known and (facts is None or tp * args.dp <= facts[2])]
+        devices = topology_devices(args.topology) if to_compile or facts is None else None
+        if to_compile:
+            _announce(args, config, latents, to_compile)
+        if not args.json:
+            print(header(_meta(args, describe_slice(args.topology, devices), config, latents)), flush=True)
+        plan = plan_decode(models.abstract_vae(config, dtype=args.dtype), latents, devices, topology=args.topology,
+                           tps=tps, dp=args.dp, batch=args.batch, output=args.output, headroom=args.headroom,
+                           inner_frames=inner_frames, known=known, on_mesh=printed,
+                           before_compile=lambda tp: _say(f"compiling tp={tp} dp={args.dp} …"))
     except (PlanError, TopologyError, models.ConfigError, FileNotFoundError, sharding.SplitError) as e:
         print(f"vaeserve plan: error: {e}", file=sys.stderr)
         return 2
     document = plan.to_dict()
-    print(json.dumps(document, indent=2) if args.json else format_table(document))
+    print(json.dumps(document, indent=2) if args.json else footer(document))
     return 0

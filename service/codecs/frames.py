@@ -47,6 +47,7 @@ from .images import image_header, read_image
 from .mp4 import ALL_CODECS, decode_mp4, mp4_header
 from .sniff import sniff
 from .tensors import (
+    GENERIC_CONTENT_TYPES,
     NPY_CONTENT_TYPE,
     SAFETENSORS_CONTENT_TYPE,
     SHAPE_SLUGS,
@@ -62,8 +63,6 @@ from .tensors import (
 BodyFormat = Literal["png", "jpeg", "mp4", "raw", "npy", "safetensors"]
 IMAGE_CONTENT_TYPES = {"image/png": "png", "image/jpeg": "jpeg"}
 VIDEO_CONTENT_TYPES = ("video/mp4", "video/quicktime")
-# Content types that say nothing about the body: it is sniffed (or raw, when shape is given).
-GENERIC_CONTENT_TYPES = ("", "application/octet-stream", "binary/octet-stream", "application/x-www-form-urlencoded")
 FRAME_CONTENT_TYPES = (*IMAGE_CONTENT_TYPES, *VIDEO_CONTENT_TYPES, *TENSOR_CONTENT_TYPES)
 FRAME_LAYOUTS = ["(B, 3, F, H, W)", "(B, 3, H, W)"]
 # What a media format's bytes must sniff as, and how a detail names it.

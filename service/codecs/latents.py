@@ -17,6 +17,7 @@ Scaling follows diffusers' remote VAE convention, in both directions:
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import numpy as np
 from safetensors.numpy import save as save_safetensors
@@ -25,7 +26,9 @@ from models.shapes import LatentsError, ShapeRules, check_latents_shape, clip_sh
 
 from ..limits import Limits
 from ..problem import Problem
+from .sniff import sniff
 from .tensors import (
+    GENERIC_CONTENT_TYPES,
     NPY_CONTENT_TYPE,
     SAFETENSORS_CONTENT_TYPE,
     SHAPE_SLUGS,
@@ -46,13 +49,43 @@ LATENT_MEDIA_TYPES = {"pt": "application/octet-stream", "npy": NPY_CONTENT_TYPE,
                       "safetensors": SAFETENSORS_CONTENT_TYPE}
 
 
+LATENT_CONTENT_TYPES = [*TENSOR_CONTENT_TYPES, "(none: a .npy or safetensors body is recognized by its bytes)"]
+# What a refusal suggests: the Content-Type of each latents format, and curl's flag for one.
+_FORMATS_HINT = ("send a .npy file as application/x-npy (curl: -H 'Content-Type: application/x-npy'), a safetensors "
+                 "file as application/x-safetensors, or raw little-endian bytes as application/octet-stream with the "
+                 "query's shape and dtype")
+
+
 def check_latents_content_type(content_type: str | None) -> str:
-    """The media type of a decode body, or 415 from the headers alone."""
+    """The media type of a decode body, or 415 from the headers alone. A generic one (none, curl's
+    form default, octet-stream) is taken: the query's shape or the body's bytes then say what it is."""
     given = media_type(content_type)
-    if given not in TENSOR_CONTENT_TYPES:
-        raise Problem(415, "unsupported-media-type", f"Content-Type {given or '(none)'!r} is not a latent tensor format",
-                      expected=list(TENSOR_CONTENT_TYPES), received=given or None)
+    if given not in TENSOR_CONTENT_TYPES and given not in GENERIC_CONTENT_TYPES:
+        raise Problem(415, "unsupported-media-type",
+                      f"Content-Type {given!r} is not a latent tensor format: {_FORMATS_HINT}",
+                      expected=LATENT_CONTENT_TYPES, received=given)
     return given
+
+
+LatentsFormat = Literal["raw", "npy", "safetensors"]
+
+
+def latents_format(given: str, body: bytes, has_shape: bool) -> LatentsFormat:
+    """Which parser reads a decode body: its Content-Type; for a generic one, raw when the query
+    gives a shape, else what its first bytes are (415 for a format that holds no latents)."""
+    if given == NPY_CONTENT_TYPE:
+        return "npy"
+    if given == SAFETENSORS_CONTENT_TYPE:
+        return "safetensors"
+    if given == "tensor/binary" or has_shape:
+        return "raw"
+    sniffed = sniff(body)
+    if sniffed.kind == "npy" or sniffed.kind == "safetensors":
+        return sniffed.kind
+    if sniffed.known:
+        raise Problem(415, "unsupported-media-type", f"the body is {sniffed.name}, not latents: {_FORMATS_HINT}",
+                      expected=LATENT_CONTENT_TYPES, received=sniffed.name)
+    return "raw"  # without a shape: 422 missing-shape
 
 
 def check_latent_dims(shape: tuple[int, ...]) -> None:
@@ -70,10 +103,10 @@ def parse_latents(body: bytes, content_type: str, shape: tuple[int, ...] | None,
 
     Values are not checked here: NaN/Inf are refused by :func:`service.codecs.tensors.check_finite` once scaling and
     denormalizing are applied (finite inputs can overflow there)."""
-    given = check_latents_content_type(content_type)
-    if given == NPY_CONTENT_TYPE:
+    body_format = latents_format(check_latents_content_type(content_type), body, shape is not None)
+    if body_format == "npy":
         array = parse_npy(body, check=check_latent_dims)
-    elif given == SAFETENSORS_CONTENT_TYPE:
+    elif body_format == "safetensors":
         array = parse_safetensors(body, check=check_latent_dims)
     else:
         array = parse_raw(body, shape, dtype, check=check_latent_dims)
@@ -119,14 +152,27 @@ def check_limits(latents: np.ndarray, limits: Limits, rules: ShapeRules) -> np.n
     try:
         check_latents_shape(latents.shape, rules)
     except LatentsError as error:
-        detail = (f"latents need {error.expected} channels, got {error.received}" if error.what == "channels"
-                  else str(error))
+        detail = (f"latents need {error.expected} channels, got {error.received}: "
+                  f"{layout_hint(latents.shape, error.expected)}" if error.what == "channels" else str(error))
         raise Problem(422, SHAPE_SLUGS.get(error.what, "invalid-shape"), detail, expected=error.expected,
                       received=error.received) from None
     b, _, t, h, w = clip_shape(latents.shape)
     limits.check(batch=b, frames=limits.output_frames(t), height=limits.spatial_scale * h,
                  width=limits.spatial_scale * w, what="output ")
     return np.ascontiguousarray(latents, dtype=np.float32)
+
+
+def layout_hint(shape: tuple[int, ...], channels: int) -> str:
+    """What a wrong channel count most likely means, for batched latents ``shape`` (a video's
+    ``(B, C, T, H, W)``, an image's ``(B, C, H, W)``): latents laid out channels-last (the last axis
+    holds the channels), or else the layout the service reads."""
+    video = len(shape) == 5
+    first, last = ("(B, C, T, H, W)", "(B, T, H, W, C)") if video else ("(B, C, H, W)", "(B, H, W, C)")
+    if shape[-1] == channels:
+        order = "0, 4, 1, 2, 3" if video else "0, 3, 1, 2"
+        return (f"the last axis has them: these latents look channels-last {last}; send {first} "
+                f"(diffusers' layout), e.g. x.permute({order}) in PyTorch or x.transpose({order}) in numpy")
+    return f"latents are read as {first} (diffusers' layout), or without the batch dim"
 
 
 def unscale_latents(latents: np.ndarray, scaling_factor: float | None, shift_factor: float | None) -> np.ndarray:

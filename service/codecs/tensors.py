@@ -24,6 +24,9 @@ RAW_CONTENT_TYPES = ("application/octet-stream", "tensor/binary")
 NPY_CONTENT_TYPE = "application/x-npy"
 SAFETENSORS_CONTENT_TYPE = "application/x-safetensors"
 TENSOR_CONTENT_TYPES = (*RAW_CONTENT_TYPES, NPY_CONTENT_TYPE, SAFETENSORS_CONTENT_TYPE)
+# Content types that say nothing about the body (none at all; curl's default for --data-binary):
+# the body is raw when the query gives its shape, else its first bytes say what it is (``sniff``).
+GENERIC_CONTENT_TYPES = ("", "application/octet-stream", "binary/octet-stream", "application/x-www-form-urlencoded")
 
 # Wire dtypes: name -> little-endian numpy dtype. bfloat16 comes from ml_dtypes (a JAX dependency).
 WIRE_DTYPES: dict[str, np.dtype] = {

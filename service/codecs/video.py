@@ -3,8 +3,11 @@
 ``Mp4Writer`` takes a video's frames as they come (a decode step at a time) and gives back the
 bytes that are ready: nothing until the end for a *faststart* file (the index goes first, so it
 is written last), or an init segment and then a fragment per frame for a *fragmented* one (what a
-browser plays while the decode runs). Both run the same encoder with the same settings, so both
-decode to the same frames; ``mp4_bytes`` is a writer fed the whole video at once.
+browser plays while the decode runs). The two trade differently: the file is encoded for size
+(libx264 ``veryfast`` with its look-ahead and B-frames, which hold about a dozen frames back), the
+stream for latency (``tune=zerolatency``: no look-ahead, no B-frames, each frame's fragment out as
+soon as it is encoded — larger at the same ``crf``). ``mp4_bytes`` is a file writer fed the whole
+video at once.
 """
 
 from __future__ import annotations
@@ -13,68 +16,64 @@ import io
 import struct
 import tempfile
 import zlib
+from fractions import Fraction
 from pathlib import Path
 
 import av
 import numpy as np
 from PIL import Image
 
-# One fragment per frame, the index empty at the start (the file is never seeked back into), each
-# fragment's offsets counted from its own `moof` (what Media Source Extensions expect), and no
-# random-access trailer (`mfra`, useless to a stream).
-FRAGMENTED_MOVFLAGS = "empty_moov+default_base_moof+frag_every_frame+skip_trailer"
+from .fmp4 import fragment, init_segment
 
-
-class _Chunks:
-    """A write-only file for the muxer: what it writes, taken away by ``take``."""
-
-    def __init__(self) -> None:
-        self._parts: list[bytes] = []
-
-    def write(self, data: bytes) -> int:
-        self._parts.append(bytes(data))
-        return len(data)
-
-    def take(self) -> bytes:
-        out, self._parts = b"".join(self._parts), []
-        return out
+# libx264's options: the file's (quality per byte), and the stream's (the first frame out first).
+FILE_OPTIONS = {"preset": "veryfast"}
+STREAM_OPTIONS = {"preset": "veryfast", "tune": "zerolatency"}
+STREAM_TICKS_PER_FRAME = 1000  # the stream's timescale is fps · 1000: one frame lasts 1000 ticks
 
 
 class Mp4Writer:
-    """H.264 (libx264 ``veryfast``, yuv420p) in MP4, written incrementally.
+    """H.264 (libx264, yuv420p) in MP4, written incrementally.
 
     ``write(frames)`` takes ``(f, H, W, 3)`` uint8 frames and returns the bytes ready so far;
     ``close()`` flushes the encoder and returns the rest. ``fragmented=False``: a faststart file
     (the ``moov`` index before the media, so a player starts before the whole file has arrived)
     — every byte comes from ``close()``, because FFmpeg moves the index in a second pass that
     reopens the output by name (a private temporary file). ``fragmented=True``: ``ftyp`` + an
-    empty ``moov`` (the init segment), then a ``moof`` + ``mdat`` per frame as the encoder lets go
-    of it (libx264 holds about a dozen frames for its look-ahead). H and W must be even (yuv420p);
+    empty ``moov`` (the init segment) with the first frame, then a ``moof`` + ``mdat`` per frame
+    from the ``write`` that encoded it (``service.codecs.fmp4``). H and W must be even (yuv420p);
     ours are multiples of 8. One writer is used by one thread at a time.
     """
 
     def __init__(self, height: int, width: int, *, fps: int, crf: int, fragmented: bool = False):
         self.fragmented = fragmented
         self._folder: tempfile.TemporaryDirectory | None = None
-        self._sink: _Chunks | None = None
+        self._container: av.container.OutputContainer | None = None
+        self._encoder: av.VideoCodecContext | av.video.stream.VideoStream
+        self._stream_codec: av.VideoCodecContext | None = None  # the fragmented stream's encoder
+        self._size = (width, height)
+        self._fps = fps
         if fragmented:
-            self._sink = _Chunks()
-            self._container = av.open(self._sink, mode="w", format="mp4",
-                                      options={"movflags": FRAGMENTED_MOVFLAGS})
+            encoder = av.VideoCodecContext.create("libx264", "w")
+            encoder.time_base, encoder.framerate = Fraction(1, fps), Fraction(fps, 1)
+            encoder.flags |= av.codec.context.Flags.global_header  # SPS/PPS in extradata, for the init segment
+            self._encoder = self._stream_codec = encoder
         else:
             self._folder = tempfile.TemporaryDirectory(prefix="vaeserve-mp4-")
             self._path = Path(self._folder.name) / "video.mp4"
             self._container = av.open(str(self._path), mode="w", format="mp4", options={"movflags": "+faststart"})
-        self._stream = self._container.add_stream("libx264", rate=fps)
-        self._stream.width, self._stream.height = width, height
-        self._stream.pix_fmt = "yuv420p"
-        self._stream.options = {"crf": str(crf), "preset": "veryfast"}
-        # The frames the encoder holds (its look-ahead), by pts, until their packet comes out.
-        # libx264 (through PyAV 18 / FFmpeg) still reads a frame after ``encode`` returned: one
-        # released early makes the output differ from run to run (measured: 5 different files in
-        # 24 runs of the same frames), one kept until its packet is out gives the same file each
-        # time. It holds about a dozen frames (``veryfast``: 10 of look-ahead, B-frames).
+            self._encoder = self._container.add_stream("libx264", rate=fps)
+        self._encoder.width, self._encoder.height = width, height
+        self._encoder.pix_fmt = "yuv420p"
+        self._encoder.options = {"crf": str(crf), **(STREAM_OPTIONS if fragmented else FILE_OPTIONS)}
+        # The frames the encoder holds, by pts, until their packet comes out. libx264 (through
+        # PyAV 18 / FFmpeg) still reads a frame after ``encode`` returned: one released early makes
+        # the output differ from run to run (measured: 5 different files in 24 runs of the same
+        # frames), one kept until its packet is out gives the same file each time. The file's
+        # encoder holds about a dozen frames (``veryfast``: 10 of look-ahead, B-frames); the
+        # stream's none.
         self._held: dict[int, av.VideoFrame] = {}
+        self._ready: list[bytes] = []
+        self._packets = 0
         self.frames = 0
 
     def write(self, frames: np.ndarray) -> bytes:
@@ -83,23 +82,24 @@ class Mp4Writer:
             image.pts = self.frames
             self._held[self.frames] = image
             self.frames += 1
-            self._mux(self._stream.encode(image))
+            self._mux(self._encoder.encode(image))
         return self._take()
 
     def close(self) -> bytes:
         """Flush the encoder and finish the file: the remaining bytes (faststart: the whole file)."""
         try:
-            self._mux(self._stream.encode())
+            self._mux(self._encoder.encode(None))
+            if self._container is None:
+                return self._take()
             self._container.close()
-            if self._sink is not None:
-                return self._sink.take()
             return self._path.read_bytes()
         finally:
             self.discard()
 
     def discard(self) -> None:
         """Give up the file (a request that ended early); safe to call twice, or after ``close``."""
-        self._container.close()  # PyAV: a no-op once closed
+        if self._container is not None:
+            self._container.close()  # PyAV: a no-op once closed
         self._held.clear()
         if self._folder is not None:
             self._folder.cleanup()
@@ -109,10 +109,27 @@ class Mp4Writer:
         for packet in packets:
             if packet.pts is not None:
                 self._held.pop(packet.pts, None)
-            self._container.mux(packet)
+            if self._container is not None:
+                self._container.mux(packet)
+            else:
+                self._ready.append(self._fragment(packet))
+
+    def _fragment(self, packet: av.Packet) -> bytes:
+        """One packet as a fragment, after the init segment when it is the first. Packets come in
+        presentation order (no B-frames), one frame each."""
+        index, self._packets = self._packets, self._packets + 1
+        head = b""
+        if index == 0:
+            assert self._stream_codec is not None
+            width, height = self._size
+            head = init_segment(width, height, timescale=self._fps * STREAM_TICKS_PER_FRAME,
+                                parameter_sets=self._stream_codec.extradata or b"")
+        return head + fragment(index + 1, index * STREAM_TICKS_PER_FRAME, STREAM_TICKS_PER_FRAME, bytes(packet),
+                               keyframe=packet.is_keyframe)
 
     def _take(self) -> bytes:
-        return self._sink.take() if self._sink is not None else b""
+        out, self._ready = b"".join(self._ready), []
+        return out
 
 
 def mp4_bytes(frames: np.ndarray, *, fps: int, crf: int) -> bytes:

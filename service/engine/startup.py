@@ -19,6 +19,7 @@ import models
 import sharding
 from models.decode import has_framewise
 from models.programs import ProgramKey
+from sharding.chips import platforms_without_absent_tpu
 from sharding.fits import WontFitError, check_fits, device_bytes_limit
 
 from ..limits import Limits
@@ -36,6 +37,7 @@ Join = Callable[[], Callable[[ModelState], ModelState]]
 
 
 def configure_jax(settings: Settings) -> None:
+    choose_platforms()
     if settings.cpu_devices:
         jax.config.update("jax_num_cpu_devices", settings.cpu_devices)
     if settings.compile_cache:
@@ -44,9 +46,21 @@ def configure_jax(settings: Settings) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def choose_platforms() -> None:
+    """Leave an absent TPU out of JAX's platforms (``sharding.chips.platforms_without_absent_tpu``),
+    unless JAX has started already (an embedding process, the tests)."""
+    from jax._src import xla_bridge
+
+    platforms = platforms_without_absent_tpu()
+    if platforms is not None and not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_platforms", platforms)
+        log.info("libtpu is installed but this host has no TPU chip: JAX runs on %s (JAX_PLATFORMS chooses)",
+                 platforms)
+
+
 def _load_vae(settings: Settings) -> Any:
-    if settings.model is None:
-        log.warning("no --model given: loading the embedded default (%s)", models.loading.DEFAULT_MODEL)
+    if settings.model is None:  # the embedded model's loader warns that its weights are random
+        log.info("no --model given: loading the embedded default (%s)", models.loading.DEFAULT_MODEL)
     return models.load_vae(settings.model, dtype=settings.dtype,
                            embedded_weights_cache=settings.embedded_weights_cache)
 
@@ -54,12 +68,13 @@ def _load_vae(settings: Settings) -> Any:
 def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFactory | None = None) -> ModelState:
     """The model (``vae`` if given, else ``settings.model``), its mesh and runner, and the request
     limits and normalization taken from its config. Nothing is compiled yet."""
+    embedded = vae is None and (settings.model is None or settings.model in models.MODEL_NAMES)
     vae = vae if vae is not None else _load_vae(settings)
     if vae.config.decode_conditions:  # a decode needs a timestep and seeded noise, which requests cannot give yet
         raise StartupRefused(f"this {vae.config.class_name} decoder is timestep-conditioned or injects noise: the "
                              "service does not take a decode's timestep and seed yet; decode it with the Python API "
                              "(vae.decode(latents, timestep=..., seed=...), sharding.sharded_decode)")
-    if vae.metadata.get("random_weights"):
+    if vae.metadata.get("random_weights") and not embedded:  # an embedded model's loader said so already
         log.warning("the model has RANDOM weights: outputs are noise-like, for testing only")
     mesh = sharding.make_mesh(settings.tp, settings.dp)
     runner = (runner_factory or DeviceRunner)(vae, mesh, max_batch=settings.max_batch, dp=settings.dp)

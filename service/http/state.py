@@ -48,6 +48,7 @@ class ServiceState:
         self.model = model
         if self.phase == "loading":
             self.phase = "ready"
+            log.info("%s", ready_line(model, self.settings))
 
     def set_failed(self, error: str) -> None:
         if not self.refused:  # the refusal's message is the one to keep
@@ -109,3 +110,19 @@ class ServiceState:
             raise Unavailable(f"this is process {cluster.process_id} of a {cluster.num_processes}-process slice: "
                               "it follows process 0, which serves requests")
         return self.model, self.worker
+
+
+def ready_line(model: ModelState, settings: Settings) -> str:
+    """The one log line that says the service is ready: where, which model, on what, and what
+    was compiled ahead (a request of another shape compiles first)."""
+    meta = model.vae.metadata
+    name = settings.model or meta.get("name", "vae")
+    weights = " with RANDOM weights" if meta.get("random_weights") else ""
+    devices = f"{len(model.devices)} {model.platform} device{'s' if len(model.devices) != 1 else ''}"
+    warmed = ", ".join(str(w) for w in model.warmed) or "none (each new shape compiles on its first request)"
+    if model.follower:
+        assert model.cluster is not None
+        return (f"ready: process {model.cluster.process_id} of the slice, following process 0 ({name}{weights}, "
+                f"{devices})")
+    return (f"ready on http://{settings.host}:{settings.port}: {name}{weights}, {model.vae.dtype}, {devices} "
+            f"(dp={settings.dp}, tp={settings.tp}); warmed: {warmed}")

@@ -109,10 +109,12 @@ class Server:
             return self.process.wait()
 
 
-def launch_server(model_dir: Path, log_path: Path, *args: str) -> Server:
-    """``python -m service serve`` on a free port, its output in ``log_path``; returns at once."""
+def launch_server(model_dir: Path, log_path: Path, *args: str, unset_env: tuple[str, ...] = ()) -> Server:
+    """``python -m service serve`` on a free port, its output in ``log_path``; returns at once.
+    ``unset_env``: variables of the test environment the server does not inherit."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env = {**{k: v for k, v in os.environ.items() if k not in unset_env}, "PYTHONPATH": str(REPO),
+           "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
            "--port", str(port), *args]
     with open(log_path, "wb") as log:
@@ -121,10 +123,10 @@ def launch_server(model_dir: Path, log_path: Path, *args: str) -> Server:
 
 
 def start_server(model_dir: Path, log_path: Path, *args: str, ready_timeout: float = 120,
-                 while_loading: Callable[[Server], None] | None = None) -> Server:
+                 while_loading: Callable[[Server], None] | None = None, unset_env: tuple[str, ...] = ()) -> Server:
     """Start ``python -m service serve`` and return once /readyz is 200. ``while_loading`` is called
     with the server at every poll that is not ready yet (after the socket accepts)."""
-    server = launch_server(model_dir, log_path, *args)
+    server = launch_server(model_dir, log_path, *args, unset_env=unset_env)
     process = server.process
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
@@ -179,12 +181,22 @@ class HeldRunner(DeviceRunner):
     pass): a test sees what the service did while the decode had not ended."""
 
     release = threading.Event()
+    steps_before_the_hold: int | None = None  # None: every step but the last
 
     def decode_stream(self, latents, *, framewise=False):
         steps = list(super().decode_stream(latents, framewise=framewise))
-        yield from steps[:-1]
+        split = len(steps) - 1 if self.steps_before_the_hold is None else self.steps_before_the_hold
+        yield from steps[:split]
         self.release.wait(60)
-        yield steps[-1]
+        yield from steps[split:]
+
+
+class FirstStepRunner(HeldRunner):
+    """A real runner that yields the first step of every stream and holds the others until
+    ``release`` is set (or 60 s pass): what a test sees came from the first step alone."""
+
+    release = threading.Event()
+    steps_before_the_hold = 1
 
 
 def poisoned(x: np.ndarray) -> np.ndarray:

@@ -92,10 +92,13 @@ def test_sdist_and_wheel_hold_every_module(dist):
     assert {"service/http/routes/decode.py", "service/cli/serve.py", "models/loading.py"} <= expected
     wheel_names = zipfile.ZipFile(dist["wheel"]).namelist()
     assert missing_from(wheel_names, expected) == []
-    # Package data: the pages of /ui, /docs and /redoc, their scripts, styles and vendored licences.
+    # Package data: the pages of /ui, /docs and /redoc, their scripts, styles and vendored licences,
+    # and the compiled plans.
     static = {path.relative_to(REPO).as_posix() for path in (REPO / "service/http/static").rglob("*") if path.is_file()}
-    assert {"service/http/static/ui.html", "service/http/static/docs/assets/swagger-ui/LICENSE"} <= static
+    assert {"service/http/static/ui.html", "service/http/static/app.js", "service/http/static/app.css",
+            "service/http/static/docs/assets/swagger-ui/LICENSE"} <= static
     assert sorted(static - set(wheel_names)) == []
+    assert {"sharding/plans/tpu.jsonl", "sharding/plans/gpu.jsonl"} <= set(wheel_names)
     with tarfile.open(dist["sdist"]) as sdist:
         top = f"{dist['sdist'].name.removesuffix('.tar.gz')}/"
         assert missing_from(sdist.getnames(), expected, prefix=top) == []

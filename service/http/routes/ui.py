@@ -1,9 +1,10 @@
 """``GET /ui``: a page that decodes a dropped latents file and plays the video while it decodes
-(fragmented MP4 through Media Source Extensions), with the queue, the mesh's bands and the
-compiled programs beside it. The page, its script (``/ui/app.js``) and its styles
-(``/ui/app.css``) are static files shipped in the package — no inline script or style, so the
-page's Content-Security-Policy (``service.http.middleware``) allows this origin's files only. It
-calls the public API like any client (with the API key typed into it, when one is set)."""
+(fragmented MP4 through Media Source Extensions), showing this request's progress and offering
+the result for download, with the model, the mesh's bands, the queue and the compiled programs
+beside it. The page is three static files shipped in the package (``static/``: the HTML, its
+script ``/ui/app.js`` and its style ``/ui/app.css``; nothing inline, so a strict
+Content-Security-Policy holds); it calls the public API like any client (with the API key typed
+into it, when one is set)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ router = APIRouter(include_in_schema=False)
 
 _STATIC = files("service.http").joinpath("static")
 _PAGE = _STATIC.joinpath("ui.html").read_text(encoding="utf-8")
-_SCRIPT = _STATIC.joinpath("ui.js").read_bytes()
-_STYLE = _STATIC.joinpath("ui.css").read_bytes()
+_ASSETS = {"app.js": ("text/javascript", _STATIC.joinpath("app.js").read_bytes()),
+           "app.css": ("text/css", _STATIC.joinpath("app.css").read_bytes())}
 
 
 @router.get("/ui")
@@ -26,10 +27,12 @@ async def ui() -> HTMLResponse:
 
 
 @router.get("/ui/app.js")
-async def ui_script() -> Response:
-    return Response(_SCRIPT, media_type="text/javascript; charset=utf-8")
+async def script() -> Response:
+    media_type, body = _ASSETS["app.js"]
+    return Response(body, media_type=media_type)
 
 
 @router.get("/ui/app.css")
-async def ui_style() -> Response:
-    return Response(_STYLE, media_type="text/css; charset=utf-8")
+async def style() -> Response:
+    media_type, body = _ASSETS["app.css"]
+    return Response(body, media_type=media_type)

@@ -101,6 +101,32 @@ def test_limits_are_on_output_sizes():
     assert problem_of(check_limits, np.zeros((1, 16, 4, 8, 8), np.float32), LIMITS, RULES).received == 13
 
 
+@pytest.mark.parametrize("media_type", ["", "application/x-www-form-urlencoded", "application/octet-stream"])
+def test_a_generic_content_type_is_read_by_the_body_bytes(media_type):
+    # curl --data-binary @z.npy sends application/x-www-form-urlencoded; a client may send none.
+    x = latents()
+    assert np.array_equal(parse(npy_bytes(x), media_type)[0], x)
+    assert np.array_equal(parse(safetensors.numpy.save({"z": x}), media_type)[0], x)
+    assert np.array_equal(parse(x.tobytes(), media_type, x.shape, "float32")[0], x)  # a shape: raw bytes
+    gif = problem_of(parse, b"GIF89a" + bytes(64), media_type)
+    assert (gif.status, gif.received) == (415, "a GIF image") and "application/x-npy" in gif.detail
+    assert problem_of(parse, x.tobytes(), media_type).slug == "missing-shape"  # unrecognized bytes: raw
+
+
+def test_a_content_type_of_no_tensor_format_is_a_415_that_names_the_formats():
+    problem = problem_of(parse, npy_bytes(latents()), "text/plain")
+    assert (problem.status, problem.received) == (415, "text/plain")
+    assert "-H 'Content-Type: application/x-npy'" in problem.detail and "application/x-npy" in problem.expected
+
+
+def test_channels_last_latents_get_a_hint_naming_the_layout():
+    channels_last = problem_of(parse, npy_bytes(latents().transpose(0, 2, 3, 4, 1)), NPY)  # (1, 2, 4, 4, 16)
+    assert (channels_last.slug, channels_last.expected, channels_last.received) == ("invalid-channels", 16, 2)
+    assert "channels-last (B, T, H, W, C)" in channels_last.detail and "(B, C, T, H, W)" in channels_last.detail
+    other = problem_of(parse, npy_bytes(latents((1, 8, 2, 4, 4))), NPY)  # not a layout mistake
+    assert "channels-last" not in other.detail and "NCTHW" in other.detail
+
+
 # ---- the hostile run's bodies: 422 at parse time, the same for every format ---------------------
 
 ZERO_SIZED = [(1, 16, 0, 4, 4), (1, 16, 2, 0, 4), (1, 16, 2, 4, 0), (0, 16, 2, 4, 4)]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import socket
@@ -42,7 +43,8 @@ def server(tiny_model_dir, tmp_path_factory, loading_seen):
 
     log = tmp_path_factory.mktemp("logs") / "lifecycle.log"
     srv = start_server(tiny_model_dir, log, "--tp", "2", "--dp", "2", "--max-batch", "2", "--warmup", WARM,
-                       "--api-key", KEY, "--drain-timeout-s", "600", while_loading=observe)  # a cold compile under load: minutes
+                       "--api-key", KEY, "--drain-timeout-s", "600", while_loading=observe,  # a cold compile under load: minutes
+                       unset_env=("JAX_PLATFORMS",))  # the platform the server picks itself (libtpu is installed)
     yield srv
     srv.stop()
 
@@ -62,6 +64,17 @@ def test_not_ready_until_warm(server, loading_seen):
     assert info["mesh"]["tp"] == 2 and info["mesh"]["dp"] == 2 and len(info["mesh"]["devices"]) == 4
     assert info["batch_buckets"] == [2]  # one latent is padded to dp=2
     assert ["decode", [2, 16, 2, 4, 4], "uint8"] in info["compiled"]
+
+
+def test_the_log_says_ready_once_and_nothing_alarming(server):
+    log = server.log()
+    ready = [line for line in log.splitlines() if " ready on http://" in line]
+    assert len(ready) == 1 and f"ready on {server.url}: " in ready[0] and "(dp=2, tp=2)" in ready[0], log
+    # libtpu is installed (make test) on a host without a TPU: the server leaves the TPU out rather
+    # than letting JAX try it and log the failure.
+    assert "Unable to initialize backend" not in log and "ERROR" not in log and "E0000" not in log, log
+    if importlib.util.find_spec("libtpu") is not None:
+        assert "JAX runs on cpu" in log, log
 
 
 def test_api_key(server):

@@ -346,8 +346,9 @@ def test_loadtest_reports_what_it_sent(server, tmp_path, mode, capsys):
     assert summary["requests"] == len(result["samples"]) == 12
     # What it reports is what the server answered (the warm-up request aside). Open loop, 40 req/s
     # may overflow the 4-slot queue when the host is slow: 429s are answers too, counted as such.
+    warm_ups = 1 + len(result["warmup"]["buckets"])  # one per batch bucket, then --warmup 1
     answered = {status: int(server.metric("vaeserve_requests_total", route="/v1/decode", status=status)
-                            - answered0[status]) - (status == "200")  # less the warm-up request
+                            - answered0[status]) - (status == "200") * warm_ups
                 for status in ("200", "429")}
     assert summary["by_status"] == {status: n for status, n in answered.items() if n}, answered
     assert summary["ok"] == answered["200"] >= 1
@@ -357,3 +358,44 @@ def test_loadtest_reports_what_it_sent(server, tmp_path, mode, capsys):
     assert summary["frames_per_s"] == pytest.approx(5 * summary["requests_per_s"])
     assert summary["bytes_per_response"] == 5 * 32 * 32 * 3  # uint8 frames, pt + partial_postprocess
     assert "p50" in capsys.readouterr().out
+
+
+def test_loadtest_compiles_every_batch_bucket_before_it_measures(server, tmp_path, capsys):
+    from service.cli.loadtest import main
+
+    # A shape the server was not warmed with: its programs are compiled by the loadtest's warm-up,
+    # one per batch bucket (max_batch 2: buckets 1 and 2, both reachable by 2 clients).
+    out = tmp_path / "lt.json"
+    compiles0 = server.metric("vaeserve_compiles_total")
+    assert main(["--url", server.url, "--concurrency", "2", "--requests", "6", "--warmup", "1",
+                 "--shape", "1x16x2x4x6", "--output-type", "npy", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["warmup"] == {"buckets": [1, 2], "skipped": {}, "requests": 1}
+    assert result["compiles_in_window"] == 0 and server.metric("vaeserve_compiles_total") == compiles0 + 2
+    compiled = httpx.get(server.url + "/v1/models").json()["data"][0]["compiled"]
+    assert {(p[1][0], p[2]) for p in compiled if p[0] == "decode" and p[1][1:] == [16, 2, 4, 6]} == {
+        (1, "uint8"), (2, "uint8")}
+    summary = result["summary"]
+    assert summary["ok"] == 6 and set(summary["batch_sizes"]) <= {"1", "2"}
+    # Queue and device time beside the latency, from the answers' headers.
+    assert all(s["queue_s"] >= 0 and s["device_s"] > 0 and s["batch_size"] in (1, 2) for s in result["samples"])
+    assert 0 < summary["device_s"]["p50"] <= summary["latency_s"]["max"]
+    text = capsys.readouterr().out
+    assert "batch buckets [1, 2] compiled first" in text and "device    p50" in text and "compiles  none" in text
+
+
+def test_loadtest_refuses_a_window_with_a_compile_in_it(monkeypatch, tmp_path, capsys):
+    from service.cli import loadtest
+
+    async def window_with_a_compile(args):
+        return {"config": {}, "warmup": {}, "compiles_in_window": 1, "summary": {"ok": 5}, "samples": []}
+
+    monkeypatch.setattr(loadtest, "run", window_with_a_compile)
+    out = tmp_path / "lt.json"
+    assert loadtest.main(["--json", str(out)]) == 3
+    captured = capsys.readouterr()
+    assert "compiled 1 program(s) during the measured window" in captured.err and "latency" not in captured.out
+    assert json.loads(out.read_text())["compiles_in_window"] == 1  # the samples are kept
+    assert loadtest.buckets_used([1, 2, 4, 8], 8, 1, 4) == [1, 2, 4]  # 4 clients of one latent each
+    assert loadtest.buckets_used([1, 2, 4, 8], 8, 1, None) == [1, 2, 4, 8]  # open loop: any
+    assert loadtest.buckets_used([2, 4, 6], 6, 1, 3) == [2, 4]  # dp = 2: a batch of 3 pads to 4

@@ -1,9 +1,9 @@
 """Answers written while the decode runs, on a real uvicorn server (in a thread, so a test can give
-it a runner): MP4 encoded step by step and fragmented MP4 give the frames of the MP4 made from the
-whole decode; fragments leave before the decode ends; an error mid-stream cuts a fragmented MP4
-off; slow readers hold bounded memory, do not hold up the device, hold no MP4 writer, are dropped at
-the write deadline when they take nothing, and get their whole answer when they take it slowly
-(raw sockets)."""
+it a runner): MP4 encoded step by step gives the MP4 made from the whole decode, and fragmented MP4
+the frames of the live encoding of the whole decode; the first fragment leaves before the second
+decode step ends; an error mid-stream cuts a fragmented MP4 off; slow readers hold bounded memory,
+do not hold up the device, hold no MP4 writer, are dropped at the write deadline when they take
+nothing, and get their whole answer when they take it slowly (raw sockets)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from service.client import read_stream
-from service.codecs.video import mp4_boxes, mp4_bytes, read_mp4
+from service.codecs.video import Mp4Writer, mp4_boxes, mp4_bytes, read_mp4
 from service.engine.runner import DeviceRunner
 from sharding import Decoded
 from tests.helpers.raw_http import read_all, read_head, send_request
 from tests.helpers.service_helpers import (
-    HeldRunner,
+    FirstStepRunner,
     PoisonRunner,
     latents,
     make_test_model,
@@ -48,6 +48,12 @@ def compiled(url: str) -> list:
 # ---- the same frames, however the MP4 is made ---------------------------------------------------
 
 
+def live_mp4_bytes(frames: np.ndarray, *, fps: int, crf: int) -> bytes:
+    """A whole video through the fragmented stream's writer (its encoder settings, not the file's)."""
+    writer = Mp4Writer(int(frames.shape[1]), int(frames.shape[2]), fps=fps, crf=crf, fragmented=True)
+    return writer.write(frames) + writer.close()
+
+
 def test_pipelined_and_fragmented_mp4s_decode_to_the_frames_of_the_whole_mp4(tiny_vae):
     # A latent size no other test decodes: the shared tiny model keeps every test's programs, and a
     # whole decode of these latents compiled elsewhere would hide one made here.
@@ -68,10 +74,14 @@ def test_pipelined_and_fragmented_mp4s_decode_to_the_frames_of_the_whole_mp4(tin
     assert mp4_boxes(pipelined.content)[:2] == ["ftyp", "moov"] and pipelined.content == whole
     boxes = mp4_boxes(fragmented.content)
     assert boxes[:3] == ["ftyp", "moov", "moof"] and boxes.count("moof") == 17 and "mfra" not in boxes
-    for video in (pipelined.content, fragmented.content):
-        assert np.array_equal(read_mp4(video), expected)
-    # Negative control: the comparison sees a change as small as another quality setting.
+    assert np.array_equal(read_mp4(pipelined.content), expected)
+    live = read_mp4(live_mp4_bytes(frames[0], fps=8, crf=18))  # the stream is encoded for latency, not size
+    assert np.array_equal(read_mp4(fragmented.content), live)
+    # Negative controls: the comparisons see a change as small as another quality setting, and the
+    # two encodings differ.
     assert not np.array_equal(read_mp4(mp4_bytes(frames[0], fps=8, crf=30)), expected)
+    assert not np.array_equal(read_mp4(live_mp4_bytes(frames[0], fps=8, crf=30)), live)
+    assert not np.array_equal(live, expected)
 
 
 def test_a_shape_served_whole_only_gets_the_mp4_of_the_whole_decode():
@@ -89,24 +99,29 @@ def test_a_shape_served_whole_only_gets_the_mp4_of_the_whole_decode():
 # ---- fragments leave while the decode runs ------------------------------------------------------
 
 
-def test_fragments_leave_before_the_decode_ends(tiny_vae):
-    x = latents((1, 16, 6, 4, 4), seed=13)  # 21 frames: libx264 lets go of the first after about 12
-    HeldRunner.release.clear()
-    with thread_server(tiny_vae, runner_factory=HeldRunner, max_batch=1, **LIMITS) as srv:
+def test_the_first_fragment_leaves_before_the_second_decode_step_ends(tiny_vae):
+    # The runner yields the first step (latent frame 0: one frame) and holds the rest: a fragment
+    # that arrives while it holds came from the first step alone.
+    x = latents(FRAMES_5, seed=13)
+    FirstStepRunner.release.clear()
+    with thread_server(tiny_vae, runner_factory=FirstStepRunner, max_batch=1, **LIMITS) as srv:
         received = bytearray()
         with httpx.stream("POST", srv.url + "/v1/decode", content=x.tobytes(), timeout=120,
                           params=raw(x, output_type="mp4", stream="true"),
                           headers={"Content-Type": "application/octet-stream"}) as response:
             assert response.status_code == 200
             chunks = response.iter_bytes()
-            while "moof" not in mp4_boxes(bytes(received)):
+            while "mdat" not in mp4_boxes(bytes(received)):
                 received += next(chunks)
-            playable_before_the_end = not HeldRunner.release.is_set()
-            HeldRunner.release.set()
+            second_step_held = not FirstStepRunner.release.is_set()
+            FirstStepRunner.release.set()
+            first = bytes(received)
             for chunk in chunks:
                 received += chunk
-    assert playable_before_the_end  # an init segment and a fragment, and the last step not decoded
-    assert read_mp4(bytes(received)).shape == (21, 32, 32, 3)
+    assert second_step_held  # the init segment and the first frame's fragment came from the first step
+    assert mp4_boxes(first) == ["ftyp", "moov", "moof", "mdat"]
+    assert read_mp4(first).shape == (1, 32, 32, 3)  # a playable MP4 of the first frame
+    assert read_mp4(bytes(received)).shape == (17, 32, 32, 3)
 
 
 def test_an_error_mid_stream_cuts_the_fragmented_mp4_off(tiny_vae):

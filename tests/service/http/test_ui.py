@@ -5,8 +5,10 @@ driven by Selenium), that they work under them with no error logged — the brow
 violation — and load nothing from another origin (air-gapped hosts).
 
 ``GET /ui``: a ``.pt`` file of latents goes in; the fragmented MP4 plays (its ``currentTime``
-advancing) while the last decode step is still held back, so before the answer has ended; the page
-reports no error. ``GET /docs`` (Swagger UI) and ``GET /redoc`` (Redoc) render the operations
+advancing) while the last decode step is still held back, so before the answer has ended, and the
+page counts this request's frames as they arrive, then offers the video for download; it says the
+model has random weights, scales the video to the page, shows no canvas, and draws the mesh for one
+device and for eight; it reports no error. ``GET /docs`` (Swagger UI) and ``GET /redoc`` (Redoc) render the operations
 from the package's own copies of their scripts."""
 
 from __future__ import annotations
@@ -102,7 +104,11 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(page_server, bro
     x = latents((1, 16, 11, 4, 4), seed=21)  # 41 frames of 32x32: 2.6 s at 16 fps
     torch.save(torch.from_numpy(x), tmp_path / "latents.pt")
     HeldRunner.release.clear()
+    assets = [httpx.get(page_server.url + f"/ui/app.{kind}").headers["content-type"] for kind in ("js", "css")]
+    browser.get_log("browser")  # what earlier pages logged
     browser.get(page_server.url + "/ui")
+    wait_for(browser, "return window.vaeserveUi.model")
+    assert not browser.find_element(By.ID, "banner").is_displayed()  # a checkpoint's weights
     browser.find_element(By.ID, "file").send_keys(str(tmp_path / "latents.pt"))
     wait_for(browser, "return !document.getElementById('decode').disabled")
     assert browser.execute_script("return window.vaeserveUi.latents.shape") == [1, 16, 11, 4, 4]
@@ -112,17 +118,47 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(page_server, bro
     first = wait_for(browser, "return document.getElementById('video').currentTime")
     wait_for(browser, f"return document.getElementById('video').currentTime > {first}")
     assert browser.execute_script("return window.vaeserveUi.responseEnded") is False
+    # This request's frames, counted from the stream: some of the 41, not all (the last step is held).
+    held = browser.execute_script("const ui = window.vaeserveUi; return [ui.framesReceived, ui.framesTotal, "
+                                  "document.getElementById('progress').max]")
+    assert 1 <= held[0] < 41 and held[1:] == [41, 41]
     HeldRunner.release.set()
     wait_for(browser, "return window.vaeserveUi.responseEnded")
-    ui = browser.execute_script("const ui = window.vaeserveUi; return {status: ui.status, errors: ui.errors}")
+    ui = browser.execute_script("const ui = window.vaeserveUi; return {status: ui.status, errors: ui.errors, "
+                                "frames: ui.framesReceived, download: ui.download}")
     duration = browser.execute_script("return document.getElementById('video').duration")
+    link = browser.find_element(By.ID, "download")
+    link = [link.is_displayed(), link.get_attribute("href"), link.get_attribute("download")]
+    shown = browser.execute_script(
+        "const px = id => document.getElementById(id).getBoundingClientRect().width; return {"
+        "canvas: getComputedStyle(document.getElementById('canvas')).display, video: px('video'), "
+        "column: document.querySelector('main').clientWidth}")
+    one_device = browser.execute_script(
+        "return [document.getElementById('mesh').textContent, [...document.getElementById('bands').children]"
+        ".map(band => band.textContent), document.getElementById('mesh-note').textContent]")
+    # Eight devices (drawn from what GET /v1/models says of a mesh): 720p latents, split by width.
+    eight = browser.execute_script(
+        "window.vaeserveUi.drawMesh({dp: 1, tp: 8, devices: [...Array(8).keys()].map(i => `TPU_${i}`)}, "
+        "[1, 16, 21, 90, 160]); const bands = document.getElementById('bands'); return [bands.className, "
+        "bands.children.length, document.getElementById('mesh-note').textContent]")
+    # A model with random weights (what GET /v1/models says of the embedded default) is flagged.
+    banner = browser.execute_script(
+        "const ui = window.vaeserveUi; ui.showModel({...ui.model, random_weights: true}); "
+        "const banner = document.getElementById('banner'); return [banner.checkVisibility(), banner.textContent]")
     logs = browser.get_log("browser")
-    assert ui == {"status": 200, "errors": []}
-    # The whole video arrived (the media timeline starts at the first frame's composition time,
-    # which B-frames put two frames in: MSE does not apply the file's edit list).
-    assert 41 / 16 <= duration <= 44 / 16
+    assert banner[0] is True and "has random weights: it decodes noise, not video" in banner[1]
+    assert ui == {"status": 200, "errors": [], "frames": 41, "download": {"name": "video.mp4", "bytes": ui["download"]["bytes"]}}
+    assert link[0] is True and link[1].startswith("blob:") and link[2] == "video.mp4" and ui["download"]["bytes"] > 1000
+    # The whole video arrived: 41 frames at 16 fps (no B-frames: the timeline starts at 0).
+    assert duration == pytest.approx(41 / 16, abs=0.01)
+    # No phantom canvas; the 32-pixel video scaled to the column.
+    assert shown["canvas"] == "none" and shown["column"] * 0.8 <= shown["video"] <= shown["column"]
+    assert one_device[0].startswith("dp = 1 × tp = 1 on 1 device") and one_device[1] == ["device 0: the whole frame"]
+    assert "One device decodes" in one_device[2]
+    assert eight[:2] == ["bands by-width", 8] and "split by width into 8 bands of 20 latent columns" in eight[2]
     assert [entry for entry in logs if entry["level"] == "SEVERE"] == []
     assert _foreign_resources(browser, page_server.url) == []
+    assert assets[0].startswith("text/javascript") and assets[1].startswith("text/css")
 
 
 @needs_browser

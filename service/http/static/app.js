@@ -1,11 +1,14 @@
 "use strict";
+// The page of GET /ui: it calls the public API like any client (the API key typed into it, when one
+// is set). Static (no inline script or style), so that it runs under a strict Content-Security-Policy.
+
 // What a test (or a curious person) can read: set as things happen.
-const ui = window.vaeserveUi = { latents: null, requestId: null, status: null, responseEnded: false,
-  firstBytesAt: null, startedAt: null, endedAt: null, errors: [] };
+const ui = window.vaeserveUi = { latents: null, model: null, requestId: null, status: null, responseEnded: false,
+  firstBytesAt: null, startedAt: null, endedAt: null, framesReceived: 0, framesTotal: null, download: null,
+  errors: [] };
 window.addEventListener("error", e => ui.errors.push(String(e.message)));
 window.addEventListener("unhandledrejection", e => ui.errors.push(String(e.reason)));
 const $ = id => document.getElementById(id);
-let tp = 1;
 
 function say(text, isError = false) {
   $("status").textContent = text;
@@ -15,6 +18,8 @@ function headers() {
   const key = $("key").value.trim();
   return key ? { Authorization: `Bearer ${key}` } : {};
 }
+const seconds = since => ((performance.now() - since) / 1000).toFixed(2);
+const megabytes = bytes => (bytes / 1e6).toFixed(bytes < 1e5 ? 3 : 1);
 
 // ---- latents files: read the shape (and, for .pt, the raw bytes) -----------------------------
 const DTYPES = { "<f4": "float32", "<f2": "float16", F32: "float32", F16: "float16", BF16: "bfloat16" };
@@ -147,7 +152,7 @@ async function useFile(file) {
     ui.latents.name = file.name;
     $("latents").textContent = `${file.name}: ${ui.latents.dtype} (${ui.latents.shape.join(", ")})`;
     $("decode").disabled = false;
-    drawBands();
+    drawMesh();
   } catch (error) {
     ui.latents = null;
     $("decode").disabled = true;
@@ -162,6 +167,42 @@ $("drop").addEventListener("drop", e => {
   if (e.dataTransfer.files[0]) useFile(e.dataTransfer.files[0]);
 });
 
+// ---- this request's progress and its download ---------------------------------------------------
+// Frames a decode of these latents yields: 1 + temporal_scale (T - 1) per video (GET /v1/models).
+function framesOf(shape) {
+  if (!ui.model) return null;
+  const [t] = shape.slice(-3, -2), videos = shape.length === 5 ? shape[0] : 1;
+  return videos * (1 + ui.model.latents.temporal_scale * (t - 1));
+}
+
+function showProgress(frames, what) {
+  ui.framesReceived = frames;
+  const bar = $("progress"), total = ui.framesTotal;
+  bar.hidden = false;
+  if (total) { bar.max = total; bar.value = frames; } else bar.removeAttribute("value");
+  $("frames").textContent = `${what}: ${frames}${total ? ` of ${total}` : ""} frames`;
+}
+
+function offerDownload(blob, name) {
+  const link = $("download");
+  if (link.href) URL.revokeObjectURL(link.href);
+  link.href = URL.createObjectURL(blob);
+  link.download = name;
+  link.textContent = `Download ${name} (${megabytes(blob.size)} MB)`;
+  link.hidden = false;
+  ui.download = { name, bytes: blob.size };
+}
+
+// uint8 frames (F, H, W, 3) as a .npy file (version 1.0, header padded to 64 bytes).
+function npyBlob(frames, shape) {
+  let header = `{'descr': '|u1', 'fortran_order': False, 'shape': (${shape.join(", ")}), }`;
+  header += " ".repeat(63 - ((10 + header.length) % 64)) + "\n";
+  const head = new Uint8Array(10 + header.length);
+  head.set([0x93, 0x4e, 0x55, 0x4d, 0x50, 0x59, 1, 0, header.length & 255, header.length >> 8]);
+  head.set(new TextEncoder().encode(header), 10);
+  return new Blob([head, ...frames], { type: "application/octet-stream" });
+}
+
 // ---- decoding ---------------------------------------------------------------------------------
 async function problemText(response) {
   try { const p = await response.json(); return `${p.status} ${p.title}: ${p.detail}`; }
@@ -170,26 +211,31 @@ async function problemText(response) {
 
 $("decode").addEventListener("click", async () => {
   const latents = ui.latents, mode = $("output").value;
-  Object.assign(ui, { responseEnded: false, firstBytesAt: null, endedAt: null,
-                      startedAt: performance.now(), status: null, requestId: null });
+  Object.assign(ui, { responseEnded: false, firstBytesAt: null, endedAt: null, startedAt: performance.now(),
+                      status: null, requestId: null, framesReceived: 0, framesTotal: framesOf(latents.shape),
+                      download: null });
   const query = new URLSearchParams({ fps: $("fps").value, denormalize: $("denormalize").checked });
   if (mode !== "frames") query.set("output_type", "mp4");
   if (mode !== "mp4") query.set("stream", "true");
   if (latents.raw) { query.set("shape", latents.shape.join(",")); query.set("dtype", latents.dtype); }
   $("decode").disabled = true;
-  say("sending…");
+  $("download").hidden = true;
+  $("frames").textContent = "";
+  $("progress").hidden = true;
+  say(`sending ${latents.name} (${megabytes(latents.body.length)} MB)…`);
   try {
     const response = await fetch(`/v1/decode?${query}`, { method: "POST", body: latents.body,
       headers: { "Content-Type": latents.contentType, ...headers() } });
     ui.status = response.status;
     ui.requestId = response.headers.get("X-Request-Id");
     if (!response.ok) { say(await problemText(response), true); return; }
+    say(`request ${ui.requestId}: decoding…`);
     if (mode === "mp4-stream") await playFragments(response);
     else if (mode === "mp4") await playWhole(response);
     else await drawFrames(response);
     ui.endedAt = performance.now();
-    const first = ui.firstBytesAt === null ? "" : `first playable bytes after ${((ui.firstBytesAt - ui.startedAt) / 1000).toFixed(2)} s, `;
-    say(`request ${ui.requestId}: ${first}answer complete after ${((ui.endedAt - ui.startedAt) / 1000).toFixed(2)} s`);
+    const first = ui.firstBytesAt === null ? "" : `first frame after ${((ui.firstBytesAt - ui.startedAt) / 1000).toFixed(2)} s, `;
+    say(`request ${ui.requestId}: ${first}all ${ui.framesReceived} frames after ${seconds(ui.startedAt)} s`);
   } catch (error) {
     say(`request ${ui.requestId || "?"}: ${error.message || error} (an answer cut off: the server log names the problem)`, true);
   } finally {
@@ -211,54 +257,82 @@ function codecOf(bytes) {
   return null;
 }
 
+// The top-level boxes of a growing MP4, read as its bytes arrive: one `mdat` per frame (the server
+// writes a fragment per frame), counted once it has arrived whole.
+class BoxCounter {
+  constructor() { this.data = new Uint8Array(0); this.at = 0; this.frames = 0; }
+  push(chunk) {
+    const joined = new Uint8Array(this.data.length + chunk.length);
+    joined.set(this.data); joined.set(chunk, this.data.length); this.data = joined;
+    const view = new DataView(this.data.buffer);
+    while (this.at + 8 <= this.data.length) {
+      const size = view.getUint32(this.at);
+      if (size < 8 || this.at + size > this.data.length) break;
+      if (String.fromCharCode(...this.data.subarray(this.at + 4, this.at + 8)) === "mdat") this.frames++;
+      this.at += size;
+    }
+  }
+}
+
+function show(element) {
+  $("video").hidden = element !== "video";
+  $("canvas").hidden = element !== "canvas";
+}
+
 async function playFragments(response) {
-  const video = $("video"), source = new MediaSource();
-  $("canvas").hidden = true; video.hidden = false;
+  const video = $("video"), source = new MediaSource(), boxes = new BoxCounter(), chunks = [];
+  show("video");
   video.src = URL.createObjectURL(source);
   await once(source, "sourceopen");
   const reader = response.body.getReader();
-  let buffer = null, pending = [];
+  let buffer = null, head = new Uint8Array(0);
   const append = async data => {
     buffer.appendBuffer(data);
     await once(buffer, "updateend");
   };
-  let head = new Uint8Array(0);
   for (;;) {
     const { done, value } = await reader.read();
     if (done) break;
+    chunks.push(value);
+    boxes.push(value);
     if (buffer === null) {  // wait for the init segment (ftyp + moov) to learn the codec
       const joined = new Uint8Array(head.length + value.length);
       joined.set(head); joined.set(value, head.length); head = joined;
       const codec = codecOf(head);
       if (codec === null) continue;
       buffer = source.addSourceBuffer(`video/mp4; codecs="${codec}"`);
-      pending = [head];
+      await append(head);
     } else {
-      pending = [value];
+      await append(value);
     }
-    for (const data of pending) await append(data);
+    showProgress(boxes.frames, "playing while it decodes");
     if (ui.firstBytesAt === null && buffer.buffered.length) {
       ui.firstBytesAt = performance.now();
       video.play().catch(() => {});
     }
   }
   if (buffer !== null && source.readyState === "open") source.endOfStream();
+  showProgress(boxes.frames, "decoded");
+  offerDownload(new Blob(chunks, { type: "video/mp4" }), "video.mp4");
 }
 
 async function playWhole(response) {
+  showProgress(0, "decoding (the whole file comes at the end)");
   const blob = await response.blob();
   ui.firstBytesAt = performance.now();
-  $("canvas").hidden = true; $("video").hidden = false;
+  show("video");
   $("video").src = URL.createObjectURL(blob);
   $("video").play().catch(() => {});
+  showProgress(ui.framesTotal || 0, "decoded");
+  offerDownload(blob, "video.mp4");
 }
 
 // The raw frame stream (application/x-vaeserve-stream): u32 LE header length, JSON header, payload.
 async function drawFrames(response) {
   const canvas = $("canvas"), context = canvas.getContext("2d"), reader = response.body.getReader();
-  canvas.hidden = false; $("video").hidden = true;
-  let data = new Uint8Array(0);
-  const frames = [];
+  show("canvas");
+  let data = new Uint8Array(0), shape = null;
+  const frames = [], kept = [];
   const fps = Number($("fps").value) || 16;
   const timer = setInterval(() => {
     const frame = frames.shift();
@@ -276,7 +350,7 @@ async function drawFrames(response) {
         if (data.length < 4 + length) break;
         const header = JSON.parse(new TextDecoder().decode(data.subarray(4, 4 + length)));
         if (data.length < 4 + length + header.nbytes) break;
-        const payload = data.subarray(4 + length, 4 + length + header.nbytes);
+        const payload = data.slice(4 + length, 4 + length + header.nbytes);
         data = data.slice(4 + length + header.nbytes);
         if (header.type === "error") throw new Error(`${header.problem.status} ${header.problem.title}: ${header.problem.detail}`);
         if (header.type !== "frames") continue;
@@ -289,6 +363,9 @@ async function drawFrames(response) {
           }
           frames.push(image);
         }
+        kept.push(payload);
+        shape = [header.frame_start + f, h, w, 3];
+        showProgress(shape[0], "drawn as they decode");
         if (ui.firstBytesAt === null) ui.firstBytesAt = performance.now();
       }
     }
@@ -296,34 +373,77 @@ async function drawFrames(response) {
   } finally {
     clearInterval(timer);
   }
+  if (shape) offerDownload(npyBlob(kept, shape), "frames.npy");
 }
 
-// ---- the service beside it: queue, mesh and bands, compiled programs --------------------------
+// ---- the service beside it: the model, the mesh and its bands, queue, compiled programs ------------
 function metric(text, name) {
   const match = text.match(new RegExp(`^${name} (\\S+)$`, "m"));
   return match ? Number(match[1]) : null;
 }
 
-// The band layout of sharding/bands.py: the axis that needs less padding (ties: height), split
-// into tp bands of ceil(size / tp) latent rows, the last ones padded.
-function drawBands() {
-  const bands = $("bands");
-  bands.innerHTML = "";
-  if (!ui.latents) return;
-  const [height, width] = ui.latents.shape.slice(-2);
+// The band layout of sharding/bands.py: the axis that needs less padding (ties: height), split into
+// tp bands of ceil(size / tp) latent rows (or columns), the last ones padded. Drawn for one frame of
+// the latents loaded (or, before any, a 16:9 frame of 90x160 latents), one band per device of a
+// replica; `mesh` is GET /v1/models' (dp, tp, devices).
+function drawMesh(mesh = ui.model && ui.model.mesh, shape = ui.latents && ui.latents.shape) {
+  if (!mesh) return;
+  const { dp, tp, devices } = mesh, scale = ui.model ? ui.model.latents.spatial_scale : 8;
+  const [height, width] = shape ? shape.slice(-2) : [90, 160];
   const band = size => Math.ceil(size / tp), pad = size => band(size) * tp - size;
-  const split = pad(height) <= pad(width) ? "height" : "width";
-  const size = split === "height" ? height : width;
-  bands.style.flexDirection = split === "height" ? "column" : "row";
-  bands.style.aspectRatio = `${width} / ${height}`;
+  const split = pad(height) <= pad(width) ? "height" : "width", size = split === "height" ? height : width;
+  const unit = split === "height" ? "rows" : "columns";
+  const platform = devices.length ? devices[0].split(/[_:(\s]/)[0] : "";
+  $("mesh").textContent = `dp = ${dp} × tp = ${tp} on ${devices.length} device${devices.length === 1 ? "" : "s"}` +
+    (platform ? ` (${devices.join(", ")})` : "");
+  const bands = $("bands");
+  bands.replaceChildren();
+  bands.className = `bands by-${split}`;
+  bands.style.aspectRatio = `${width} / ${height}`;  // CSSOM, not an inline style: allowed by the page's CSP
   for (let rank = 0; rank < tp; rank++) {
     const rows = Math.max(0, Math.min(band(size), size - rank * band(size)));
     const cell = document.createElement("div");
-    cell.style.background = `hsl(${(rank * 360) / tp}, 55%, 45%)`;
-    cell.textContent = `device ${rank}: ${rows} ${split === "height" ? "rows" : "columns"}`;
+    cell.style.background = `hsl(${210 + (rank * 360) / tp}, 35%, ${rank % 2 ? 38 : 46}%)`;
+    const padded = rows < band(size) ? ` (${band(size) - rows} padding)` : "";
+    cell.textContent = tp === 1 ? "device 0: the whole frame" : tp <= 4 ? `device ${rank}: ${rows} ${unit}${padded}`
+      : `${rank}${padded}`;
+    cell.title = `device ${rank}: latent ${unit} ${rank * band(size)}–${rank * band(size) + rows - 1} ` +
+      `(${rows * scale} pixel ${unit})`;
     bands.appendChild(cell);
   }
+  const frame = `${width}×${height} latents, ${width * scale}×${height * scale} pixels` +
+    (shape ? "" : ": 720p, before any latents are loaded");
+  $("mesh-note").textContent = tp === 1
+    ? `One device decodes the whole frame (${frame}). With tp = N, N devices would each decode a band of ` +
+      "every frame, exchanging one-row halos with their neighbours: each holds 1/N of the activations, and the " +
+      "frames are the same."
+    : `Each frame (${frame}) is split by ${split} into ${tp} bands of ${band(size)} latent ${unit} ` +
+      `(${band(size) * scale} pixel ${unit}), one per device, each exchanging one-row halos with its neighbours` +
+      (pad(size) ? `; the last ${pad(size)} latent ${unit} are padding.` : ".") +
+      (dp > 1 ? ` ${dp} replicas (dp) decode different latents, each on its own ${tp} devices.` : "");
 }
+ui.drawMesh = drawMesh;
+
+function showModel(model) {
+  ui.model = model;
+  $("model").textContent = `${model.id}: ${model.config._class_name || "VAE"}, ${model.dtype}, ` +
+    `${model.latents.channels} latent channels, ${model.latents.spatial_scale}x spatial, ` +
+    `${model.latents.temporal_scale}x temporal`;
+  const banner = $("banner");
+  banner.hidden = !model.random_weights;
+  banner.textContent = model.random_weights
+    ? `This server's model (${model.id}) has random weights: it decodes noise, not video — a test model. ` +
+      "Serve real weights with vaeserve serve --model PATH."
+    : "";
+  $("programs").replaceChildren(...model.compiled.map(([name, shape, output]) => {
+    const row = document.createElement("tr");
+    for (const text of [name, shape.join("x"), output]) row.insertCell().textContent = text;
+    return row;
+  }));
+  drawMesh();
+}
+
+ui.showModel = showModel;
 
 async function refresh() {
   try {
@@ -331,21 +451,18 @@ async function refresh() {
     const rows = [["waiting for the device", metric(text, "vaeserve_queue_depth")],
                   ["MP4 encoders at work", metric(text, "vaeserve_encoders_busy")],
                   ["frames held for readers (MB)", (metric(text, "vaeserve_stream_buffered_bytes") / 1e6).toFixed(1)],
-                  ["frames decoded", metric(text, "vaeserve_frames_decoded_total")]];
-    $("queue").innerHTML = rows.map(([k, v]) => `<tr><td>${k}</td><td>${v}</td></tr>`).join("");
+                  ["frames decoded (all requests)", metric(text, "vaeserve_frames_decoded_total")]];
+    $("queue").replaceChildren(...rows.map(([name, value]) => {
+      const row = document.createElement("tr");
+      row.insertCell().textContent = name;
+      row.insertCell().textContent = value;
+      return row;
+    }));
     const models = await fetch("/v1/models", { headers: headers() });
-    if (models.ok) {
-      const model = (await models.json()).data[0];
-      tp = model.mesh.tp;
-      $("mesh").textContent = `${model.id}: dp=${model.mesh.dp} x tp=${model.mesh.tp} on ${model.mesh.devices.length} ` +
-        `device(s), ${model.mesh.processes} process(es), ${model.dtype}`;
-      $("programs").innerHTML = model.compiled.map(p => `<tr><td>${p[0]}</td><td>${p[1].join("x")}</td><td>${p[2]}</td></tr>`).join("");
-      drawBands();
-    } else {
-      $("mesh").textContent = models.status === 401 ? "an API key is needed to read the model" : `model: ${models.status}`;
-    }
+    if (models.ok) showModel((await models.json()).data[0]);
+    else $("model").textContent = models.status === 401 ? "an API key is needed to read the model" : `model: ${models.status}`;
   } catch (error) {
-    $("mesh").textContent = `service unreachable: ${error.message || error}`;
+    $("model").textContent = `service unreachable: ${error.message || error}`;
   }
 }
 refresh();
