@@ -334,7 +334,7 @@ def next_cache(past: jax.Array, x: jax.Array) -> jax.Array:
     """The last two frames of ``past ++ x``."""
     if x.shape[1] >= CACHE_FRAMES:
         return x[:, -CACHE_FRAMES:]
-    return jnp.concatenate([past, x], axis=1)[:, -CACHE_FRAMES:]
+    return jnp.concatenate([past[:, x.shape[1]:], x], axis=1)
 
 
 def rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
