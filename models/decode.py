@@ -20,7 +20,7 @@ from jax import lax
 from .config import VAEConfig
 from .decoder import DecoderCache
 from .families import DecoderModule, family_of
-from .shapes import Output, one_frame_clip, output_frames, without_time
+from .shapes import Output, one_frame_clip, output_frames, time_axis, without_time
 from .spatial import SpatialContext
 
 DEFAULT_CHUNK = 1  # latent frames per decode step: 1 holds the least memory
@@ -79,10 +79,6 @@ def _layout(frames: jax.Array, output: Output) -> jax.Array:
     return jnp.moveaxis(frames, -1, 1) if output == "float" else frames
 
 
-def _time_axis(output: Output) -> int:
-    return 2 if output == "float" else 1
-
-
 def decode_step(model: DecoderModule, caches: DecoderCache | None, z: jax.Array, ctx: SpatialContext, *,
                 output: Output, inner_frames: int | None = None,
                 clip_frames: int | None = None) -> tuple[jax.Array, DecoderCache, jax.Array]:
@@ -130,7 +126,7 @@ def decode_frames(
         return frames, bad
     # One frame: no inner loop.
     first, caches, bad = decode_step(model, None, z[:, :1], ctx, output=output, clip_frames=num_latent)
-    axis = _time_axis(output)
+    axis = time_axis(output)
     per_latent = model.temporal_scale  # frames per later latent frame; frame 0 yields one
     shape = list(first.shape)
     shape[axis] = output_frames(num_latent, per_latent)

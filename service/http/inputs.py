@@ -8,7 +8,7 @@ import numpy as np
 
 from ..codecs.frames import FramesHeader, frames_header
 from ..codecs.latents import parse_latents, unscale_latents
-from ..codecs.tensors import check_finite
+from ..codecs.tensors import RAW_CONTENT_TYPES, check_finite
 from ..engine.errors import ShapeNotServed
 from ..engine.model import ModelState
 from ..metrics import Metrics
@@ -20,18 +20,19 @@ from .schemas import DecodeParams, EncodeParams
 @dataclass(frozen=True)
 class DecodeInputs:
     """A decode request's latents ``(B, C, T, H, W)`` float32, whether the body had the batch dim,
-    and whether it decodes step by step (a stream, or an MP4 encoded while it decodes)."""
+    and whether its answer takes the decode's steps as they come (a stream, or an MP4 encoded
+    while it decodes) rather than the whole decode at its end."""
 
     latents: np.ndarray
     batched: bool
-    stepped: bool
+    streamed: bool
 
 
-def _stepped(shape: tuple[int, ...], params: DecodeParams, model: ModelState) -> bool:
-    """Whether the decode runs step by step (the stream programs) or whole; ``ShapeNotServed``
-    when ``--shapes`` serves neither. An MP4 is encoded while it decodes wherever the stream
-    programs are served, else made from the whole decode. A framewise decode is a whole decode
-    (HunyuanVideo 1.0's only), streamed in pieces when asked to."""
+def check_decode_served(shape: tuple[int, ...], params: DecodeParams, model: ModelState) -> bool:
+    """Whether the answer takes the decode's steps as they come (a stream, an MP4); ``ShapeNotServed``
+    when ``--shapes`` does not serve latents ``shape`` ``(C, T, H, W)`` with this output. Every
+    decode runs step by step: uint8 frames (mp4, npy, png, ``pt`` + ``partial_postprocess``) and
+    streams run the same programs. A framewise decode (HunyuanVideo 1.0's only) is one step."""
     if params.framewise:
         if not model.framewise:
             raise Problem(422, "invalid-parameter", "framewise=true is diffusers' default decode of HunyuanVideo "
@@ -39,13 +40,10 @@ def _stepped(shape: tuple[int, ...], params: DecodeParams, model: ModelState) ->
                           expected="framewise=false", received="framewise=true")
         model.check_served(shape, "framewise")
         return params.stream
-    if params.stream:
-        model.check_served(shape, "stream")
-        return True
-    if params.output_type == "mp4" and model.serves(shape, "stream"):  # (not a stream here)
-        return True
-    model.check_served(shape, params.output)
-    return False
+    if params.output == "uint8" and (model.serves(shape, "uint8") or model.serves(shape, "stream")):
+        return params.stream or params.output_type == "mp4"
+    model.check_served(shape, "stream" if params.stream else params.output)
+    return params.stream or params.output_type == "mp4"
 
 
 def _check_output(latents: np.ndarray, params: DecodeParams, model: ModelState) -> None:
@@ -58,6 +56,23 @@ def _check_output(latents: np.ndarray, params: DecodeParams, model: ModelState) 
                       expected=f"frame < {frames}", received=params.frame)
 
 
+def declared_latents(params: DecodeParams, media_type: str, model: ModelState) -> tuple[int, ...] | None:
+    """The latents ``(B, C, T, H, W)`` a raw body's query declares (``shape=``), for the memory
+    check before the body is read; None for the formats that carry their shape inside the body,
+    and for a shape the parse will refuse anyway (it says why, once the body is read)."""
+    if params.shape is None or media_type not in RAW_CONTENT_TYPES:
+        return None
+    shape = params.shape if len(params.shape) == 5 else (1, *params.shape)
+    b, c, t, h, w = shape
+    limits = model.limits
+    try:
+        limits.check(batch=b, frames=limits.output_frames(t), height=limits.spatial_scale * h,
+                     width=limits.spatial_scale * w)
+    except Problem:
+        return None
+    return shape if c == limits.channels else None
+
+
 def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: ModelState,
                   metrics: Metrics) -> DecodeInputs:
     """Body → latents ``(B, C, T, H, W)`` float32: parsed, checked against the limits, scaled
@@ -65,7 +80,7 @@ def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: Mod
     the arithmetic, because finite inputs and factors can overflow float32."""
     latents, batched = parse_latents(body, media_type, params.shape, params.dtype, model.limits)
     try:
-        stepped = _stepped(latents.shape[1:], params, model)
+        streamed = check_decode_served(latents.shape[1:], params, model)
     except ShapeNotServed:
         metrics.refused_shapes.inc()
         raise
@@ -75,7 +90,7 @@ def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: Mod
         if params.denormalize:
             values = model.denormalize(values)
     check_finite(values, "latents", where=" after scaling/denormalizing" if values is not latents else "")
-    return DecodeInputs(np.ascontiguousarray(values, np.float32), batched, stepped)
+    return DecodeInputs(np.ascontiguousarray(values, np.float32), batched, streamed)
 
 
 def encode_header(body: bytes, media_type: str, params: EncodeParams, model: ModelState, metrics: Metrics,

@@ -84,11 +84,5 @@ class Mp4Pool:
                 self._metrics.encoders_busy.dec()
                 self._metrics.serialize_seconds.labels("mp4").observe(writer.seconds)
 
-    async def mp4_bytes(self, frames: np.ndarray, *, fps: int, crf: int) -> bytes:
-        """A whole video ``(F, H, W, 3)`` uint8 as a faststart MP4, on a free writer."""
-        async with self.writer(int(frames.shape[1]), int(frames.shape[2]), fps=fps, crf=crf) as writer:
-            await writer.write(frames)
-            return await writer.close()
-
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
