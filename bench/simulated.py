@@ -76,9 +76,10 @@ class SimulatedRunner:
         assert output == "uint8", "the simulated device makes uint8 frames only"
         return Decoded(self._video(latents, 0, len(self.frames)), np.zeros(latents.shape[0], np.int64))
 
-    def decode_stream(self, latents: np.ndarray, *, framewise: bool = False) -> Iterator[Any]:
+    def decode_stream(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False) -> Iterator[Any]:
         from sharding import Decoded
 
+        assert output == "uint8", "the simulated device makes uint8 frames only"
         first = 0
         for count in [1] + [4] * ((len(self.frames) - 1) // 4):  # Wan's steps: 1 frame, then 4 per latent
             yield Decoded(self._video(latents, first, count), np.zeros(latents.shape[0], np.int64))
@@ -87,11 +88,19 @@ class SimulatedRunner:
     def encode(self, frames: np.ndarray, requests: Any) -> np.ndarray:
         raise NotImplementedError("the simulated device decodes only")
 
-    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool, framewise: bool = False) -> list:
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool, framewise: bool = False,
+                sizes: Any = None) -> list:
         return []
 
-    def compile_encode(self, shape: tuple[int, ...]) -> list:
+    def compile_encode(self, shape: tuple[int, ...], *, sizes: Any = None) -> list:
         return []
+
+    def prepare(self, operation: Any, shape: tuple[int, ...], *, batch: int, output: Output = "uint8",
+                framewise: bool = False) -> int:
+        return 0  # nothing compiled, nothing to check
+
+    def free_bytes(self) -> int | None:
+        return None
 
     def programs(self) -> list[list]:
         return []

@@ -28,7 +28,7 @@ from .encode import prng_key
 from .families import DecoderModule, family_of
 from .ltx import DecodeConditions
 from .ltx_config import DEFAULT_DECODE_TIMESTEP
-from .shapes import Output, one_frame_clip, output_frames, without_time
+from .shapes import Output, one_frame_clip, output_frames, time_axis, without_time
 from .spatial import SpatialContext
 
 DEFAULT_CHUNK = 1  # latent frames per decode step: 1 holds the least memory
@@ -115,10 +115,6 @@ def _layout(frames: jax.Array, output: Output) -> jax.Array:
     return jnp.moveaxis(frames, -1, 1) if output == "float" else frames
 
 
-def _time_axis(output: Output) -> int:
-    return 2 if output == "float" else 1
-
-
 def decode_step(model: DecoderModule, caches: DecoderCache | None, z: jax.Array, ctx: SpatialContext, *,
                 output: Output, inner_frames: int | None = None, clip_frames: int | None = None,
                 conditions: DecodeConditions | None = None) -> tuple[jax.Array, DecoderCache, jax.Array]:
@@ -172,7 +168,7 @@ def decode_frames(
         return frames, bad
     # One frame: no inner loop.
     first, caches, bad = decode_step(model, None, z[:, :1], ctx, output=output, clip_frames=num_latent)
-    axis = _time_axis(output)
+    axis = time_axis(output)
     per_latent = model.temporal_scale  # frames per later latent frame; frame 0 yields one
     shape = list(first.shape)
     shape[axis] = output_frames(num_latent, per_latent)
@@ -211,7 +207,7 @@ def decode_ahead(model: DecoderModule, z: jax.Array, ctx: SpatialContext, *, chu
     padded = jnp.pad(z, [(0, 0), (0, max(0, first - num_latent))] + [(0, 0)] * 3)
     frames, caches, bad = decode_step(model, None, padded[:, :first], ctx, output=output, clip_frames=num_latent,
                                       conditions=conditions)
-    axis = _time_axis(output)
+    axis = time_axis(output)
     emitted = frames.shape[axis]
     steps = -(-max(0, total - emitted) // per_step)
     if steps:

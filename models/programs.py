@@ -5,6 +5,10 @@ compiled explicitly (``jax.jit(...).lower(...).compile()``) and kept here under 
 the program, its target devices, its input shape and its options. Explicit compiles are what make
 ``memory_analysis()`` available before a program runs, give an honest count of real compiles, and
 let a server bound how many programs it keeps (``max_entries``).
+
+A server also gives the cache a ``check`` (its memory guard): every program compiled here is
+checked before anyone can run it, and a program the check refuses is not kept — the refusal is,
+so the same key is refused at once next time, without compiling again.
 """
 
 from __future__ import annotations
@@ -44,11 +48,13 @@ class ProgramKey(NamedTuple):
     options: tuple[tuple[str, Hashable], ...] = ()
 
     def describe(self) -> list:
-        """``[program, [B, C, T, H, W], variant]``: the program as ``/v1/models`` lists it. The one
-        option a client chooses per request, HunyuanVideo 1.0's framewise decode, is named in the
-        variant (``"uint8+framewise"``); the others follow from the server's settings."""
+        """``[program, [B, C, T, H, W], variant]``: the program as ``/v1/models`` lists it. What a
+        client chooses per request is named in the variant: a stream step's float frames
+        (``"next+float"``: ``pt`` tensors; uint8 steps serve every other answer) and HunyuanVideo
+        1.0's framewise decode (``"uint8+framewise"``); the others follow from the server's settings."""
+        float_step = "+float" if ("output", "float") in self.options else ""
         framewise = "+framewise" if ("framewise", True) in self.options else ""
-        return [self.program, list(self.shape), self.variant + framewise]
+        return [self.program, list(self.shape), self.variant + float_step + framewise]
 
 
 def program_key(program: ProgramName, shape: tuple[int, ...], variant: str, *, mesh: Hashable | None = None,
@@ -68,7 +74,12 @@ class ProgramCache:
       compile_seconds: total time spent compiling.
       on_compile: called as ``on_compile(key, seconds)`` after each compile.
       on_evict: called as ``on_evict(key)`` after each eviction.
+      check: called as ``check(key, compiled)`` after each compile, before the program is kept or
+        returned; the exception it raises refuses the program, now and for every later ``get`` of
+        the key (the last ``MAX_REFUSALS`` refusals are kept).
     """
+
+    MAX_REFUSALS = 1024
 
     def __init__(self, max_entries: int | None = None):
         if max_entries is not None and max_entries < 1:
@@ -79,18 +90,30 @@ class ProgramCache:
         self.compile_seconds = 0.0
         self.on_compile: Callable[[Hashable, float], None] | None = None
         self.on_evict: Callable[[Hashable], None] | None = None
+        self.check: Callable[[Hashable, jax.stages.Compiled], None] | None = None
         self._entries: collections.OrderedDict[Hashable, jax.stages.Compiled] = collections.OrderedDict()
+        self._refused: collections.OrderedDict[Hashable, Exception] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: Hashable, lower: Callable[[], jax.stages.Lowered]) -> jax.stages.Compiled:
-        """The compiled program for ``key``, compiling ``lower()`` on a miss."""
+        """The compiled program for ``key``, compiling ``lower()`` on a miss; the ``check``'s
+        exception for a key it refused (at once, after the first time)."""
         with self._lock:
+            refusal = self._refused.get(key)
+            if refusal is not None:
+                raise refusal.with_traceback(None)
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return self._entries[key]
         start = time.perf_counter()
         compiled = lower().compile()
         seconds = time.perf_counter() - start
+        if self.check is not None:
+            try:
+                self.check(key, compiled)
+            except Exception as refused:
+                self._refuse(key, refused, seconds)
+                raise
         evicted = []
         with self._lock:
             self._entries[key] = compiled
@@ -105,6 +128,22 @@ class ProgramCache:
             if self.on_evict is not None:
                 self.on_evict(old)
         return compiled
+
+    def _refuse(self, key: Hashable, refusal: Exception, seconds: float) -> None:
+        """Keep ``refusal`` for ``key`` instead of its program (which is dropped: nobody may run it)."""
+        with self._lock:
+            self._refused[key] = refusal
+            while len(self._refused) > self.MAX_REFUSALS:
+                self._refused.popitem(last=False)
+            self.compiles += 1
+            self.compile_seconds += seconds
+        if self.on_compile is not None:
+            self.on_compile(key, seconds)
+
+    def refused(self, key: Hashable) -> Exception | None:
+        """The refusal kept for ``key``, if its program was refused."""
+        with self._lock:
+            return self._refused.get(key)
 
     def peek(self, key: Hashable) -> jax.stages.Compiled | None:
         """The compiled program for ``key`` if held, without marking it used (for inspection)."""
@@ -127,3 +166,4 @@ class ProgramCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._refused.clear()

@@ -88,6 +88,11 @@ def parse_shape_text(text: str, count: int | tuple[int, ...], what: str) -> tupl
     return dims
 
 
+def time_axis(output: Output) -> int:
+    """The time axis of decoded frames: 2 of float ``(B, 3, F, H, W)``, 1 of uint8 ``(B, F, H, W, 3)``."""
+    return 2 if output == "float" else 1
+
+
 def check_output(output: str) -> Output:
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}; received {output!r}")

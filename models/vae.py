@@ -276,12 +276,16 @@ class VAE:
             yield np.asarray(frames)[:, : end - first]
 
 
-def split_stream(frames: np.ndarray, latent_frames: int, chunk: int, temporal_scale: int) -> Iterator[np.ndarray]:
-    """Decoded uint8 frames ``(B, F, H, W, 3)`` in the pieces a causal stream yields: frame 0, then
-    ``temporal_scale`` frames per latent frame of each ``stream_steps`` step."""
+def split_stream(frames: np.ndarray, latent_frames: int, chunk: int, temporal_scale: int, *,
+                 axis: int = 1) -> Iterator[np.ndarray]:
+    """Decoded frames, their time on ``axis`` (1 of uint8 ``(B, F, H, W, 3)``, 2 of float ``(B, 3, F,
+    H, W)``), in the pieces a causal stream yields: frame 0, then ``temporal_scale`` frames per
+    latent frame of each ``stream_steps`` step."""
     for start, stop in stream_steps(latent_frames, chunk):
         first = 0 if start == 0 else output_frames(start, temporal_scale)
-        yield frames[:, first : output_frames(stop, temporal_scale)]
+        index: list[slice] = [slice(None)] * frames.ndim
+        index[axis] = slice(first, output_frames(stop, temporal_scale))
+        yield frames[tuple(index)]  # a view: the pieces share the whole clip's buffer
 
 
 def _avals(tree):

@@ -40,9 +40,21 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge("vaeserve_queue_depth", "Requests waiting for the device", registry=r)
-        self.decoded_bytes = Gauge(
-            "vaeserve_decoded_bytes", "Host bytes held by the decoded inputs of encodes in flight (max_decoded_bytes)",
-            registry=r)
+        self.host_memory_bytes = Gauge(
+            "vaeserve_host_memory_bytes", "Host bytes that requests in flight hold in the host account (decoded "
+            "encode inputs, decoded frames, answers, stream buffers; at most host_memory_bytes)", registry=r)
+        self.host_memory_limit = Gauge(
+            "vaeserve_host_memory_limit_bytes", "The host account's size (host_memory_bytes)", registry=r)
+        self.device_memory_limit = Gauge(
+            "vaeserve_device_memory_limit_bytes", "Memory per device that every program is checked against before "
+            "it runs (0: unknown, not checked)", registry=r)
+        self.refused_for_memory = Counter(
+            "vaeserve_refused_for_memory", "Requests refused because they cannot fit the memory they would run in, "
+            "by the check that refused them: estimate (before compiling), compiled (memory_analysis), host (the "
+            "host account)", ["check"], registry=r)
+        self.out_of_memory = Counter(
+            "vaeserve_out_of_memory", "Device calls that ran out of memory while they ran, by where: device (XLA "
+            "RESOURCE_EXHAUSTED) or host (an allocation failed)", ["where"], registry=r)
         self.frames_decoded = Counter("vaeserve_frames_decoded", "Output frames decoded (excluding padding)",
                                       registry=r)
         self.frames_encoded = Counter("vaeserve_frames_encoded", "Input frames encoded (excluding padding)",
@@ -61,7 +73,8 @@ class Metrics:
             "vaeserve_shapes_refused", "Requests refused because their shape is not served (--shapes)", registry=r
         )
         self.dropped = Counter(
-            "vaeserve_dropped", "Queued requests dropped before decoding", ["reason"], registry=r
+            "vaeserve_dropped", "Requests dropped from the queue or from their decode at a step boundary "
+            "(client-gone, deadline)", ["reason"], registry=r
         )
         self.ready = Gauge("vaeserve_ready", "1 once the model is loaded and warm-up shapes compiled", registry=r)
         self.encoders_busy = Gauge("vaeserve_encoders_busy", "H.264 encodes running (at most mp4_writers)",

@@ -95,6 +95,7 @@ SECTIONS = {
     "network": "Network",
     "scheduling": "Scheduling",
     "limits": "Input limits (checked before any device work)",
+    "memory": "Memory (every program and every request checked against it before it runs)",
     "output": "Output defaults",
     "host": "Host work: streams and MP4 encoding",
 }
@@ -152,11 +153,6 @@ class Settings(BaseSettings):
     max_programs: int = Field(
         64, ge=0, description="compiled programs kept (least recently used dropped); 0 = no limit",
         json_schema_extra=_in("model", "N"))
-    device_memory_bytes: int | None = Field(
-        None, ge=1, description="memory per device that every warm-up program must fit before the service "
-        "starts; default: the devices' memory_stats()['bytes_limit'] (accelerators; CPU reports none: no check)",
-        json_schema_extra=_in("model", "BYTES"))
-
     # --- multi-host slice (one process per host; process 0 serves requests) ----------------
     distributed: Literal["off", "auto"] = Field(
         "off", description="auto: join a multi-host slice, JAX detecting what is not given (TPU VMs, GKE)",
@@ -202,8 +198,12 @@ class Settings(BaseSettings):
                            json_schema_extra=_in("scheduling", "N"))
     max_batch: int = Field(4, ge=1, description="inputs run together on the device (also the per-request B limit)",
                            json_schema_extra=_in("scheduling", "N"))
-    request_timeout_s: float = Field(300.0, gt=0, description="deadline from arrival; past it 504",
-                                     json_schema_extra=_in("scheduling", "SECONDS"))
+    request_timeout_s: float = Field(
+        300.0, gt=0, description="deadline from arrival, unless the request asks for another with timeout_s; past "
+        "it 504, and a decode stops at its next step", json_schema_extra=_in("scheduling", "SECONDS"))
+    max_request_timeout_s: float = Field(
+        3600.0, gt=0, description="the longest deadline a request may ask for with timeout_s (a big video on a "
+        "slow host asks for time instead of getting 504)", json_schema_extra=_in("scheduling", "SECONDS"))
     retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 and 503",
                                json_schema_extra=_in("scheduling", "SECONDS"))
     drain_timeout_s: float = Field(
@@ -221,13 +221,29 @@ class Settings(BaseSettings):
     max_height: int = Field(1280, ge=8, description="output height in pixels, s·H (s: the model's spatial scale)",
                             json_schema_extra=_in("limits", "PIXELS"))
     max_width: int = Field(1280, ge=8, description="output width in pixels, s·W", json_schema_extra=_in("limits", "PIXELS"))
-    max_decoded_bytes: int = Field(
-        8 * 2**30, ge=1, description="host memory for the decoded inputs (float32 frames) of every encode in flight; "
-        "past it a request waits up to its deadline, then 503", json_schema_extra=_in("limits", "BYTES"))
     video_codecs: list[VideoCodec] = Field(
         default_factory=lambda: list(DEFAULT_VIDEO_CODECS),
         description="codecs read from MP4/MOV encode bodies (repeatable): h264, hevc, mpeg4 (MPEG-4 Part 2), av1, "
         "vp9; others get 415", json_schema_extra=_in("limits", "CODEC"))
+
+    # --- memory ---------------------------------------------------------------------------
+    device_memory_bytes: int | None = Field(
+        None, ge=1, description="memory per device that every program (warm-up or compiled for a request) must fit "
+        "before it runs; default: the devices' memory_stats()['bytes_limit'] on TPU/GPU, on CPU what the host "
+        "account and the reserve leave of the host's memory, shared by the mesh's devices",
+        json_schema_extra=_in("memory", "BYTES"))
+    host_memory_bytes: int | None = Field(
+        None, ge=1, description="host memory for what requests hold: decoded encode inputs, decoded frames "
+        "waiting to be written, MP4/npy answers, stream buffers; a request that would overdraw it waits up to its "
+        "deadline, then 503; default: a quarter of the host's memory after the reserve on CPU (the devices' "
+        "programs run in the rest), half on TPU/GPU hosts", json_schema_extra=_in("memory", "BYTES"))
+    host_reserve_bytes: int = Field(
+        2 * 2**30, ge=0, description="host memory kept for the process itself (Python, JAX's runtime, the weights "
+        "as read, the compiler), taken off the host's memory (its cgroup limit, else MemTotal) before the rest is "
+        "shared out", json_schema_extra=_in("memory", "BYTES"))
+    max_decoded_bytes: int | None = Field(
+        None, ge=1, description="deprecated: the former name of host-memory-bytes (read for one more release)",
+        json_schema_extra=_in("memory", "BYTES"))
 
     # --- output defaults ------------------------------------------------------------------
     default_fps: int = Field(16, ge=1, le=240, description="frame rate of MP4 answers without fps=",
@@ -245,11 +261,12 @@ class Settings(BaseSettings):
         json_schema_extra=_in("host", "N"))
     stream_buffer_bytes: int = Field(
         64 * 2**20, ge=1, description="decoded frames a stream or an MP4 request may hold for its reader or encoder; "
-        "past it the device serves other requests until they are taken (about one decode step more may arrive)",
+        "past it the device serves other requests until they are taken (about one decode step more may arrive); "
+        "held in host-memory-bytes from admission", json_schema_extra=_in("host", "BYTES"))
+    max_buffered_bytes: int | None = Field(
+        None, ge=1, description="deprecated and ignored: every stream and MP4 request holds its stream-buffer-bytes "
+        "in host-memory-bytes, which bounds them all together (read for one more release)",
         json_schema_extra=_in("host", "BYTES"))
-    max_buffered_bytes: int = Field(
-        2**30, ge=1, description="decoded frames all streams and MP4 requests together may hold; past it no new "
-        "one starts on the device", json_schema_extra=_in("host", "BYTES"))
 
     @field_validator("warmup", mode="before")
     @classmethod
@@ -309,7 +326,21 @@ class Settings(BaseSettings):
                           "name is read for one more release", DeprecationWarning, stacklevel=2)
             if self.mp4_writers is None:
                 self.mp4_writers = self.encode_workers
+        if self.max_decoded_bytes is not None:
+            warnings.warn("max_decoded_bytes (--max-decoded-bytes, VAESERVE_MAX_DECODED_BYTES) is now "
+                          "host_memory_bytes, one account for everything requests hold on the host; the old name "
+                          "is read for one more release", DeprecationWarning, stacklevel=2)
+            if self.host_memory_bytes is None:
+                self.host_memory_bytes = self.max_decoded_bytes
+        if self.max_buffered_bytes is not None:
+            warnings.warn("max_buffered_bytes (--max-buffered-bytes, VAESERVE_MAX_BUFFERED_BYTES) is ignored: "
+                          "every stream's buffer is held in host_memory_bytes", DeprecationWarning, stacklevel=2)
         return self
+
+    @property
+    def timeout_cap_s(self) -> float:
+        """The longest deadline a request may ask for: ``max_request_timeout_s``, never below the default."""
+        return max(self.max_request_timeout_s, self.request_timeout_s)
 
     @model_validator(mode="after")
     def _body_fits_reading_budget(self) -> Settings:
@@ -317,17 +348,6 @@ class Settings(BaseSettings):
         if self.max_reading_bytes < self.max_body_bytes:
             raise ValueError(f"max_reading_bytes ({self.max_reading_bytes}) must be at least max_body_bytes "
                              f"({self.max_body_bytes})")
-        return self
-
-    @model_validator(mode="after")
-    def _video_fits_decoded_budget(self) -> Settings:
-        # A video at the frame and size limits (float32 RGB), or a body of max_body_bytes in float16
-        # (float32 doubles it), could otherwise never be admitted.
-        largest = max(self.max_frames * self.max_height * self.max_width * 3 * 4, 2 * self.max_body_bytes)
-        if self.max_decoded_bytes < largest:
-            raise ValueError(f"max_decoded_bytes ({self.max_decoded_bytes}) must hold the largest encode input, "
-                             f"{largest} bytes (max_frames x max_height x max_width x 3 float32, or twice "
-                             "max_body_bytes)")
         return self
 
 

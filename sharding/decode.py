@@ -37,7 +37,7 @@ from models.decode import (
 from models.decoder import check_inner_frames, inner_frames_option
 from models.ltx import DecodeConditions
 from models.programs import program_key
-from models.shapes import Output, check_latents_shape, check_output, is_image_shape
+from models.shapes import Output, check_latents_shape, check_output, is_image_shape, time_axis
 from models.vae import DTYPES, VAE, split_stream
 
 from .bands import BandLayout, Split, SplitError, band_layout
@@ -239,15 +239,15 @@ def _full(vae: VAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output
 
 
 def _step(vae: VAE, mesh: Mesh, layout: BandLayout, *, first: bool, denormalize: bool, inner_frames: int | None,
-          query_chunk: int, clip: dict[str, int]) -> Callable:
+          query_chunk: int, clip: dict[str, int], output: Output = "uint8") -> Callable:
     """One stream step on each band; its caches (None for latent frame 0) stay on their bands.
-    ``clip``: ``vae.clip_frames_option`` of the stream."""
+    ``clip``: ``vae.clip_frames_option`` of the stream; ``output``: its frames, as ``compile_decode``'s."""
     local = step_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, layout, query_chunk),
-                         denormalize=denormalize, output="uint8", inner_frames=inner_frames, **clip)
+                         denormalize=denormalize, output=output, inner_frames=inner_frames, **clip)
     caches = cache_spec(layout)
     conditions, _ = _conditions(vae, mesh, 0)
     sharded = _shard(mesh, band_counts(local), (P(), None if first else caches, latents_spec(layout), *conditions),
-                     (frames_spec(layout, "uint8"), caches, COUNTS_SPEC))
+                     (frames_spec(layout, output), caches, COUNTS_SPEC))
 
     def run(state, step_caches, latents, *conditions):
         return sharded(state, step_caches, pad_latents(latents, layout), *conditions)  # frames still padded: crop_decoded
@@ -292,13 +292,31 @@ def compile_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Outp
     return vae.programs.get(key, lower)
 
 
-def _lower(run: Callable, *avals: Any) -> jax.stages.Lowered:
-    """``jax.jit(run).lower(*avals)``: what a ``ProgramCache`` miss compiles (bound now, run then)."""
-    return jax.jit(run).lower(*avals)
+def _lower(run: Callable, *avals: Any, donate: tuple[int, ...] = ()) -> jax.stages.Lowered:
+    """``jax.jit(run, donate_argnums=donate).lower(*avals)``: what a ``ProgramCache`` miss compiles
+    (bound now, run then)."""
+    return jax.jit(run, donate_argnums=donate).lower(*avals)
+
+
+def _lower_later(run: Callable, state: Any, caches: Callable[[], Any], z: jax.ShapeDtypeStruct) -> jax.stages.Lowered:
+    """``_lower`` of a later stream step, its abstract caches traced only now (a cache miss)."""
+    return _lower(run, state, caches(), z, donate=(STEP_CACHES,))
+
+
+# A later step's caches (its argument 1) are donated: the new caches take their place, so a step
+# holds one set of them, not two (at 720p they are most of a Wan step's bytes).
+STEP_CACHES = 1
+
+
+def step_output_option(output: Output) -> dict[str, str]:
+    """A stream step's output as a program-key option: absent for uint8 (what streams send), so
+    the keys of the uint8 steps read as they did before float steps existed."""
+    return {} if output == "uint8" else {"output": output}
 
 
 def _stream_programs(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool, split: Split | None,
-                     chunk: int, inner_frames: int | None, query_chunk: int) -> dict[tuple[int, int], jax.stages.Compiled]:
+                     chunk: int, inner_frames: int | None, query_chunk: int,
+                     output: Output = "uint8") -> dict[tuple[int, int], jax.stages.Compiled]:
     """``{(start, stop): compiled step}`` for every step of a stream of latents ``shape``; steps of
     equal length after the first share one program."""
     layout = decode_layout(vae, shape, mesh, split)
@@ -307,35 +325,50 @@ def _stream_programs(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormaliz
     state = _state_aval(vae, mesh)
     cache_sharding = NamedSharding(mesh, cache_spec(layout))
     programs: dict[tuple[int, int], jax.stages.Compiled] = {}
-    caches: Any = None  # abstract caches: None for the first step, then what it returns
     conditions = _conditions(vae, mesh, shape[0])[1]
+    traced: list[Any] = []  # the first step's abstract caches, traced once and only to compile a later step
+
+    def caches_of(first_run: Callable, first_z: jax.ShapeDtypeStruct) -> Any:
+        if not traced:
+            _, out, _ = jax.eval_shape(first_run, state, None, first_z, *conditions)
+            traced.append(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cache_sharding), out))
+        return traced[0]
+
+    first_step: tuple[Callable, jax.ShapeDtypeStruct] | None = None
     for start, stop in stream_steps(shape[2], chunk, vae.config):
         z = _latents_aval((*shape[:2], stop - start, *shape[3:]), mesh)
-        first = caches is None
+        first = start == 0
         run = _step(vae, mesh, layout, first=first, denormalize=denormalize, inner_frames=inner_frames,
-                    query_chunk=query_chunk, clip=clip)
+                    query_chunk=query_chunk, clip=clip, output=output)
         key = program_key("stream-step", z.shape, "first" if first else "next", mesh=mesh_key(mesh), layout=layout,
                           denormalize=denormalize, query_chunk=query_chunk,
-                          **inner_frames_option(inner_frames), **clip)
-        programs[start, stop] = vae.programs.get(key, functools.partial(_lower, run, state, caches, z, *conditions))
+                          **inner_frames_option(inner_frames), **clip, **step_output_option(output))
         if first:
-            _, out, _ = jax.eval_shape(run, state, None, z, *conditions)
-            caches = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cache_sharding), out)
+            first_step = (run, z)
+            lower = functools.partial(_lower, run, state, None, z, *conditions)
+        else:
+            assert first_step is not None
+            lower = functools.partial(_lower_later, run, state, functools.partial(caches_of, *first_step), z,
+                                      *conditions)
+        programs[start, stop] = vae.programs.get(key, lower)
     return programs
 
 
 def compile_decode_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool = False,
                           split: Split | None = None, chunk: int | None = None, inner_frames: int | None = None,
-                          query_chunk: int = 4096, framewise: bool = False) -> tuple[jax.stages.Compiled, ...]:
+                          query_chunk: int = 4096, framewise: bool = False,
+                          output: Output = "uint8") -> tuple[jax.stages.Compiled, ...]:
     """Every compiled program a ``sharded_decode_stream`` of latents ``shape`` runs (first step, later
     steps, a shorter last step), compiled now and cached in ``vae.programs`` (for a model that is not
-    causal in time: its whole uint8 decode, ``framewise`` or not)."""
+    causal in time: its whole decode, ``framewise`` or not)."""
     check_framewise(vae.config, framewise)
+    output = check_output(output)
     if not vae.steps:
-        return (compile_decode(vae, shape, mesh, output="uint8", denormalize=denormalize, split=split,
+        return (compile_decode(vae, shape, mesh, output=output, denormalize=denormalize, split=split,
                                query_chunk=query_chunk, framewise=framewise),)
     programs = _stream_programs(vae, tuple(shape), mesh, denormalize=denormalize, split=split,
-                                chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk)
+                                chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk,
+                                output=output)
     return tuple(dict.fromkeys(programs.values()))
 
 
@@ -416,12 +449,15 @@ def sharded_decode_stream(
     noise_scale: float | None = None,
     seed: int | None = None,
     conditions: DecodeConditions | None = None,
+    output: Output = "uint8",
 ) -> Iterator[Decoded]:
     """Yield each sharded decode step's host frames (``Decoded``) as soon as it finishes.
 
     Step 0 decodes latent frame 0 (``f = 1``); every later step ``chunk`` latent frames
-    (``f = 4 · chunk``, fewer at the end). The caches between steps stay sharded on the mesh.
-    Concatenated along axis 1, the steps' frames equal ``sharded_decode(..., output="uint8")``. A
+    (``f = 4 · chunk``, fewer at the end). The caches between steps stay sharded on the mesh (each
+    later step's caches replace the previous ones in place: donated). Concatenated along the time
+    axis (1 for uint8 ``(B, f, H, W, 3)``, 2 for float ``(B, 3, f, H, W)``), the steps' frames equal
+    ``sharded_decode(..., output=output)``. A
     model that is not causal in time (HunyuanVideo 1.0: its statistics span the clip) decodes the
     whole clip first and yields it in the same pieces, the whole clip's non-finite count with the
     first (nothing is sent before the whole clip is known to be finite); ``framewise``: that whole
@@ -433,30 +469,35 @@ def sharded_decode_stream(
     """
     latents = np.asarray(latents, np.float32)
     check_framewise(vae.config, framewise)
+    output = check_output(output)
     scale = vae.config.spatial_scale
     if conditions is None:
         conditions = vae.conditions(latents.shape[0], timestep=timestep, noise_scale=noise_scale, seed=seed)
     placed = put_conditions(conditions, mesh)
-    if is_image_shape(latents.shape):
-        run = compile_decode(vae, latents.shape, mesh, output="uint8", denormalize=denormalize, split=split,
+    if is_image_shape(latents.shape):  # one frame: its whole decode, as a one-frame step
+        run = compile_decode(vae, latents.shape, mesh, output=output, denormalize=denormalize, split=split,
                              query_chunk=query_chunk)
         images, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh), *placed)
-        yield Decoded(to_host_cropped(images, latents.shape, scale, "uint8")[:, None], band_total(counts))
+        images = to_host_cropped(images, latents.shape, scale, output)
+        yield Decoded(images[:, None] if output == "uint8" else images[:, :, None], band_total(counts))
         return
     if not vae.steps:
-        run = compile_decode(vae, latents.shape, mesh, output="uint8", denormalize=denormalize, split=split,
+        run = compile_decode(vae, latents.shape, mesh, output=output, denormalize=denormalize, split=split,
                              query_chunk=query_chunk, framewise=framewise)
         frames, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh), *placed)
-        frames, nonfinite = to_host_cropped(frames, latents.shape, scale, "uint8"), band_total(counts)
+        frames, nonfinite = to_host_cropped(frames, latents.shape, scale, output), band_total(counts)
         for index, piece in enumerate(split_stream(frames, latents.shape[2], resolve_chunk(chunk),
-                                                   vae.config.temporal_scale)):
+                                                   vae.config.temporal_scale, axis=time_axis(output))):
             yield Decoded(piece, nonfinite if index == 0 else np.zeros_like(nonfinite))
         return
     programs = _stream_programs(vae, latents.shape, mesh, denormalize=denormalize, split=split,
-                                chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk)
+                                chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk,
+                                output=output)
     state = replicated_state(vae, mesh)
     caches = None
     kept = stream_frames(vae.config, latents.shape[2], resolve_chunk(chunk))
     for ((start, stop), step), (first, end) in zip(programs.items(), kept, strict=True):
         frames, caches, nonfinite = step(state, caches, put_latents(step_latents(latents, start, stop), mesh), *placed)
-        yield Decoded(to_host_cropped(frames, latents.shape, scale, "uint8")[:, : end - first], band_total(nonfinite))
+        host = to_host_cropped(frames, latents.shape, scale, output)
+        kept_frames = (slice(None),) * time_axis(output) + (slice(0, end - first),)  # behind a look-ahead: fewer
+        yield Decoded(host[kept_frames], band_total(nonfinite))

@@ -18,7 +18,12 @@ from .mesh import DP_AXIS, TP_AXIS
 
 
 class WontFitError(RuntimeError):
-    """A compiled program that needs more memory per device than the device has."""
+    """A compiled program that needs more memory per device than the device has: ``needed`` and
+    ``limit`` bytes per device, ``hint`` what would fit."""
+
+    def __init__(self, message: str, *, needed: int, limit: int, hint: str):
+        super().__init__(message)
+        self.needed, self.limit, self.hint = needed, limit, hint
 
 
 def program_total_bytes(memory: dict[str, int]) -> int:
@@ -27,18 +32,26 @@ def program_total_bytes(memory: dict[str, int]) -> int:
             + memory["code_bytes"])
 
 
+def _memory_stats(device: jax.Device) -> dict | None:
+    try:
+        return device.memory_stats()
+    except Exception:  # noqa: BLE001 - unimplemented on some platforms
+        return None
+
+
 def device_bytes_limit(devices: Sequence[jax.Device]) -> int | None:
     """The least ``memory_stats()["bytes_limit"]`` over ``devices``; None where the runtime reports
     none (CPU devices, abstract TPU devices)."""
-    limits = []
-    for device in devices:
-        try:
-            stats = device.memory_stats()
-        except Exception:  # noqa: BLE001 - unimplemented on some platforms
-            stats = None
-        if stats and "bytes_limit" in stats:
-            limits.append(int(stats["bytes_limit"]))
+    limits = [int(stats["bytes_limit"]) for stats in map(_memory_stats, devices) if stats and "bytes_limit" in stats]
     return min(limits) if limits else None
+
+
+def free_device_bytes(device: jax.Device) -> int | None:
+    """``bytes_limit − bytes_in_use`` of ``device`` now; None where the runtime reports no limit (CPU)."""
+    stats = _memory_stats(device)
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
 
 
 def _size(n: float) -> str:
@@ -82,5 +95,5 @@ def check_fits(compiled: jax.stages.Compiled, *, shape: tuple[int, ...], mesh: j
         f"{what} {tuple(shape)} at tp={tp}, dp={dp} needs {_size(needed)} per device "
         f"(weights and inputs {_size(memory['argument_bytes'])}, output {_size(memory['output_bytes'])}, "
         f"temp {_size(memory['temp_bytes'])}, code {_size(memory['code_bytes'])}) but {_size(limit)} "
-        f"are available ({needed} > {limit} bytes); {hint}"
+        f"are available ({needed} > {limit} bytes); {hint}", needed=needed, limit=limit, hint=hint,
     )

@@ -48,6 +48,28 @@ class DeviceFailed(EngineError):
         self.operation, self.cause = operation, type(cause).__name__
 
 
+class TooLargeForMemory(EngineError):
+    """A request that cannot fit the memory it would run in, refused before anything runs for it: by
+    the estimate from the model's shape rules (before compiling), by its compiled program's
+    ``memory_analysis()`` (remembered: the same program is refused at once next time), or by the
+    host account. ``needed`` and ``available`` are bytes (per device for a program, on the host for
+    the host account), ``received`` names the input, ``would_fit`` what would fit instead."""
+
+    def __init__(self, detail: str, *, needed: int, available: int, received: str, would_fit: list[str]):
+        super().__init__(detail)
+        self.needed, self.available, self.received, self.would_fit = needed, available, received, would_fit
+
+
+class OutOfMemory(EngineError):
+    """The device or the host (``where``) ran out of memory while the request's program ran, or,
+    checked again after such a failure, less memory is free now than the program needs: retrying
+    later may succeed."""
+
+    def __init__(self, detail: str, *, where: str):
+        super().__init__(detail)
+        self.where = where
+
+
 class StartupRefused(EngineError):
     """The service cannot work as configured (a warm-up program needs more memory than a device
     has): the server exits non-zero with this message instead of failing at the first request."""

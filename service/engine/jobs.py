@@ -3,10 +3,12 @@
 The event loop builds jobs and waits on them; the device thread fills them in. Everything that
 touches asyncio objects from the device thread hops onto the job's loop (``call_soon_threadsafe``).
 
-A *stream* job gets its frames a decode step at a time, as chunks (a raw frame stream, or an MP4
-encoded while the decode runs). Its chunks wait on the event loop until their consumer (the
-socket, an encoder) has taken them: the job counts those *pending* bytes, the device thread reads
-the count to set a job aside that holds too many, and the consumer wakes it when it takes some.
+Every decode runs a step at a time. A *stream* job gets its frames step by step, as chunks (a raw
+frame stream, or an MP4 encoded while the decode runs). Its chunks wait on the event loop until
+their consumer (the socket, an encoder) has taken them: the job counts those *pending* bytes, the
+device thread reads the count to set a job aside that holds too many, and the consumer wakes it
+when it takes some. Any other decode job *keeps* each step's frames in its answer (``keep``), one
+array allocated at the first step, and gets it when the last step is done.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from models.shapes import Output
+from models.shapes import Output, time_axis
 
 from .errors import EngineError
 
@@ -75,7 +77,9 @@ class Job:
     started: float | None = None
     batch_size: int = 0  # inputs in the device batch (or stream run) the job rode in
     device_s: float = 0.0  # time its batch (or stream run) spent on the device so far
-    ended: bool = False  # (device thread) a stream's last item is pushed: STREAM_END or an error
+    ended: bool = False  # (device thread) answered: a stream's last item pushed (STREAM_END or an error), or resolved
+    kept: np.ndarray | None = None  # (device thread) a decode's frames so far, in the array of its whole answer
+    kept_frames: int = 0
     produced_bytes: int = 0  # (device thread) frame bytes pushed so far
     consumed_bytes: int = 0  # (event loop) frame bytes the consumer has taken, or that were dropped
     on_progress: Callable[[], None] | None = None  # (the worker's) wake-up: bytes taken, or cancelled
@@ -91,8 +95,9 @@ class Job:
 
     @property
     def key(self) -> tuple:
-        """Jobs with equal keys run the same device program and may share a batch."""
-        return (self.operation, self.inputs.shape[1:], self.output, self.stream, self.framewise)
+        """Jobs with equal keys run the same device programs and may share a batch (a stream and a
+        whole answer of the same frames run the same steps)."""
+        return (self.operation, self.inputs.shape[1:], self.output, self.framewise)
 
     @property
     def pending_bytes(self) -> int:
@@ -126,7 +131,26 @@ class Job:
         except RuntimeError:  # loop closed: the server is gone, nobody is waiting
             pass
 
+    def keep(self, frames: np.ndarray, total_frames: int) -> None:
+        """(device thread) One step's frames of a decode that is answered whole: written into the
+        answer (allocated at the first step for ``total_frames`` frames; a step that is the whole
+        decode is kept as it is)."""
+        axis = time_axis(self.output)
+        if self.kept is None:
+            if frames.shape[axis] == total_frames:
+                self.kept, self.kept_frames = frames, total_frames
+                return
+            shape = list(frames.shape)
+            shape[axis] = total_frames
+            self.kept = np.empty(shape, frames.dtype)
+        index: list[slice] = [slice(None)] * frames.ndim
+        index[axis] = slice(self.kept_frames, self.kept_frames + frames.shape[axis])
+        self.kept[tuple(index)] = frames
+        self.kept_frames += frames.shape[axis]
+
     def resolve(self, value: np.ndarray | EngineError) -> None:
+        self.ended = True
+
         def settle() -> None:
             # A cancelled job's handler has already answered; an unread exception would be logged.
             if not self.future.done() and not self.cancelled:

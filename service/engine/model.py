@@ -17,7 +17,8 @@ from models.shapes import Output, shape_text
 
 from ..limits import Limits
 from .errors import NoEncoder, ShapeNotServed
-from .jobs import EncodeOptions
+from .jobs import EncodeOptions, Operation
+from .memory import MemoryGuard, MemoryPlan
 
 # Strict shapes: latent (C, T, H, W) -> the outputs served for it ("uint8", "float", "stream", "framewise").
 ServedShapes = dict[tuple[int, ...], frozenset[str]]
@@ -39,14 +40,21 @@ class Runner(Protocol):
     def decode(self, latents: np.ndarray, *, output: Output = "uint8",
                framewise: bool = False) -> Any: ...  # Decoded(frames, nonfinite)
 
-    def decode_stream(self, latents: np.ndarray, *, framewise: bool = False) -> Iterator[Any]: ...  # Decoded per step
+    def decode_stream(self, latents: np.ndarray, *, output: Output = "uint8",
+                      framewise: bool = False) -> Iterator[Any]: ...  # Decoded per step
 
     def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray: ...
 
-    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool,
-                framewise: bool = False) -> CompiledPrograms: ...
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool, framewise: bool = False,
+                sizes: Sequence[int] | None = None) -> CompiledPrograms: ...
 
-    def compile_encode(self, shape: tuple[int, ...]) -> CompiledPrograms: ...
+    def compile_encode(self, shape: tuple[int, ...], *, sizes: Sequence[int] | None = None) -> CompiledPrograms: ...
+
+    # Compiles (or finds) and checks a device batch's programs; the most bytes per device of them.
+    def prepare(self, operation: Operation, shape: tuple[int, ...], *, batch: int, output: Output = "uint8",
+                framewise: bool = False) -> int: ...
+
+    def free_bytes(self) -> int | None: ...  # memory free per device now (this process's devices)
 
     def programs(self) -> list[list]: ...
 
@@ -59,7 +67,7 @@ RunnerFactory = Callable[..., Runner]
 # The ``Runner`` methods that reach the devices (the others read the program cache): on a
 # multi-host slice process 0 makes each of them on every process (``service.slice.member``). Their
 # arguments are host arrays and JSON values (tuples travel as lists).
-DEVICE_CALLS = ("decode", "decode_stream", "encode", "compile", "compile_encode")
+DEVICE_CALLS = ("decode", "decode_stream", "encode", "compile", "compile_encode", "prepare")
 
 
 class Cluster(Protocol):
@@ -100,10 +108,27 @@ class ModelState:
     platform: str
     warmed: tuple[Any, ...]  # the settings' Warmup entries compiled at start-up
     served: ServedShapes | None  # None: any shape (programs compiled on demand, LRU-bounded)
-    device_memory_bytes: int | None = None  # per-device memory warm-up programs must fit (None: no check)
+    memory: MemoryPlan | None = None  # how the memory is shared out: what every program must fit per device
+    guard: MemoryGuard | None = None  # the checks before compiling (the estimate), and the largest videos
     encode_served: frozenset[tuple[int, ...]] | None = None  # frames (3, F, H, W) encoded; None: any
     cluster: Cluster | None = None  # this process's part in a multi-host slice
     framewise: bool = False  # the model offers diffusers' framewise decode (HunyuanVideo 1.0: framewise=true)
+
+    @property
+    def device_memory_bytes(self) -> int | None:
+        """What every program must fit per device (None: unknown, not checked)."""
+        return None if self.memory is None else self.memory.device_bytes
+
+    def check_decode_fits(self, shape: tuple[int, ...], output: Output) -> None:
+        """``TooLargeForMemory`` when the decode of latents ``shape`` ``(B, C, T, H, W)`` clearly
+        cannot fit (the estimate; checked before anything is compiled)."""
+        if self.guard is not None:
+            self.guard.check_decode(shape, output)
+
+    def check_encode_fits(self, shape: tuple[int, ...]) -> None:
+        """``TooLargeForMemory`` when the encode of frames ``shape`` ``(B, 3, F, H, W)`` clearly cannot fit."""
+        if self.guard is not None:
+            self.guard.check_encode(shape)
 
     @property
     def follower(self) -> bool:

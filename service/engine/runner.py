@@ -14,19 +14,22 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 import sharding
 from models.encode import PosteriorOptions, posterior_options
 from models.programs import ProgramKey
-from models.shapes import Output
+from models.shapes import Output, shape_text
 from sharding.decode import Decoded, band_total, to_host_cropped
-from sharding.fits import program_total_bytes
+from sharding.fits import free_device_bytes, program_total_bytes
 from sharding.introspect import program_memory
 from sharding.mesh import mesh_key
 
 from .batches import batch_buckets, bucket_for, pad_batch
-from .jobs import EncodeOptions
+from .errors import TooLargeForMemory
+from .jobs import EncodeOptions, Operation
+from .memory import available_host_bytes
 
 
 def encode_rows(requests: Sequence[tuple[EncodeOptions, int]], batch: int) -> PosteriorOptions:
@@ -78,10 +81,12 @@ class DeviceRunner:
         host = to_host_cropped(frames, padded.shape, self.vae.config.spatial_scale, output)
         return Decoded(host[:n], band_total(nonfinite)[:n])
 
-    def decode_stream(self, latents: np.ndarray, *, framewise: bool = False) -> Iterator[Decoded]:
-        """Yields ``Decoded`` uint8 chunks ``(B, f, sH, sW, 3)`` as each decode step finishes."""
+    def decode_stream(self, latents: np.ndarray, *, output: Output = "uint8",
+                      framewise: bool = False) -> Iterator[Decoded]:
+        """Yields ``Decoded`` chunks as each decode step finishes: uint8 ``(B, f, sH, sW, 3)``, or
+        float32 ``(B, 3, f, sH, sW)`` for ``output="float"``."""
         n, padded = latents.shape[0], self._padded(latents)
-        for step in sharding.sharded_decode_stream(self.vae, padded, self.mesh, framewise=framewise):
+        for step in sharding.sharded_decode_stream(self.vae, padded, self.mesh, framewise=framewise, output=output):
             yield Decoded(step.frames[:n], step.nonfinite[:n])
 
     def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray:
@@ -91,33 +96,66 @@ class DeviceRunner:
         result = sharding.sharded_encode(self.vae, padded, self.mesh, options=encode_rows(requests, padded.shape[0]))
         return sharding.to_host(result)[:n]  # all-gathered when the mesh spans processes
 
-    def compile_encode(self, shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], Any]]:
+    def compile_encode(self, shape: tuple[int, ...], *, sizes: Sequence[int] | None = None) -> list[tuple[tuple[int, ...], Any]]:
         """Compile, without running, the encode of frames ``shape`` ``(3, F, H, W)`` at every batch
-        bucket (one program serves every sampling/normalization option); returned as ``compile``
-        returns them, each with the batched frames ``(B, 3, F, H, W)`` it serves."""
+        bucket (or those in ``sizes``; one program serves every sampling/normalization option);
+        returned as ``compile`` returns them, each with the batched frames ``(B, 3, F, H, W)`` it serves."""
         self._check_thread()
         return [((size, *shape), sharding.compile_encode(self.vae, (size, *shape), self.mesh))
-                for size in self.buckets]
+                for size in sizes or self.buckets]
 
-    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool,
-                framewise: bool = False) -> list[tuple[tuple[int, ...], Any]]:
+    def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool, framewise: bool = False,
+                sizes: Sequence[int] | None = None) -> list[tuple[tuple[int, ...], Any]]:
         """Compile, without running, every program a request of latent ``shape`` ``(C, T, H, W)``
-        can need, at every batch bucket: the decode of ``output`` (``framewise`` or not), or every
-        step of a stream.
-        The programs land in the model's cache (``vae.programs``), where requests find them;
-        they are returned too, each with the batched latents ``(B, C, T, H, W)`` it serves, so
-        that their ``memory_analysis()`` can be read before anything runs."""
+        can need, at every batch bucket (or those in ``sizes``): every step of its decode to
+        ``output`` (``stream``: what a server runs), or the whole decode in one program
+        (``framewise`` or not).
+        The programs land in the model's cache (``vae.programs``), where requests find them, each
+        checked against the memory it will run in first (the cache's ``check``); they are returned
+        too, each with the batched latents ``(B, C, T, H, W)`` it serves, so that their
+        ``memory_analysis()`` can be read before anything runs."""
         self._check_thread()
         programs: list[tuple[tuple[int, ...], Any]] = []
-        for size in self.buckets:
+        for size in sizes or self.buckets:
             batched = (size, *shape)
             if stream:
-                programs += [(batched, p) for p in sharding.compile_decode_stream(self.vae, batched, self.mesh,
-                                                                                   framewise=framewise)]
+                programs += [(batched, p) for p in sharding.compile_decode_stream(
+                    self.vae, batched, self.mesh, framewise=framewise, output=output)]
             else:
                 programs.append((batched, sharding.compile_decode(self.vae, batched, self.mesh, output=output,
                                                                   framewise=framewise)))
         return programs
+
+    def prepare(self, operation: Operation, shape: tuple[int, ...], *, batch: int, output: Output = "uint8",
+                framewise: bool = False) -> int:
+        """Compile (or find) every program a device batch of ``batch`` inputs of ``shape`` runs —
+        latents ``(C, T, H, W)`` decoded step by step to ``output``, or frames ``(3, F, H, W)``
+        encoded — each checked against the memory it will run in (the cache's ``check`` raises
+        ``TooLargeForMemory``); returns the most bytes per device any of them needs."""
+        size = [bucket_for(batch, self.buckets)]
+        try:
+            if operation == "encode":
+                programs = self.compile_encode(shape, sizes=size)
+            else:
+                programs = self.compile(shape, output=output, stream=True, framewise=framewise, sizes=size)
+        except TooLargeForMemory as refused:
+            what = "the encode of frames" if operation == "encode" else "the decode of latents"
+            received = shape_text((batch, *shape))
+            raise TooLargeForMemory(f"{what} {received}: {refused}", needed=refused.needed,
+                                    available=refused.available, received=received,
+                                    would_fit=refused.would_fit) from None
+        return max(program_total_bytes(program_memory(compiled)) for _, compiled in programs)
+
+    def free_bytes(self) -> int | None:
+        """Memory free per device now: the least ``bytes_limit − bytes_in_use`` over the mesh's
+        devices here (TPU/GPU), or the host's ``MemAvailable`` shared by them (CPU); None where
+        neither is known."""
+        devices = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+        stats = [free_device_bytes(d) for d in devices]
+        if stats and all(s is not None for s in stats):
+            return min(s for s in stats if s is not None)
+        available = available_host_bytes()
+        return None if available is None else available // max(1, len(devices))
 
     def program_memory(self) -> list[dict[str, Any]]:
         """Per-device bytes of every compiled program of this runner's mesh (``memory_analysis()``):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -18,15 +19,21 @@ import numpy as np
 import models
 import sharding
 from models.decode import has_framewise
+from models.memory import estimator
 from models.programs import ProgramKey
+from models.shapes import shape_text
 from sharding.chips import platforms_without_absent_tpu
-from sharding.fits import WontFitError, check_fits, device_bytes_limit
+from sharding.decode import mesh_platform
+from sharding.fits import WontFitError, check_fits, device_bytes_limit, program_total_bytes
+from sharding.introspect import program_memory
+from sharding.mesh import mesh_key
 
 from ..limits import Limits
 from ..metrics import Metrics
 from ..settings import WARMUP_OUTPUTS, Settings
-from .errors import StartupRefused
-from .model import CompiledPrograms, ModelState, RunnerFactory, ServedShapes
+from .errors import StartupRefused, TooLargeForMemory
+from .memory import MemoryGuard, MemoryPlan, plan_memory
+from .model import ModelState, RunnerFactory, ServedShapes
 from .runner import DeviceRunner
 
 log = logging.getLogger("vaeserve")
@@ -82,15 +89,56 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
     limits = Limits(channels=config.z_dim, max_batch=settings.max_batch, max_frames=settings.max_frames,
                     max_height=settings.max_height, max_width=settings.max_width,
                     temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale)
-    device_memory = settings.device_memory_bytes or device_bytes_limit(list(mesh.devices.flat))
+    platform = mesh_platform(mesh)
+    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    memory = plan_memory(settings, platform=platform, local_devices=len(local),
+                         device_limit=device_bytes_limit(list(mesh.devices.flat)))
     framewise = has_framewise(config)
     return ModelState(
         vae=vae, runner=runner, limits=limits,
         mean=np.asarray(config.latents_mean, np.float32), std=np.asarray(config.latents_std, np.float32),
         devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
         warmed=tuple(settings.warmup), served=served_shapes(settings, framewise=framewise),
-        device_memory_bytes=device_memory, framewise=framewise,
+        memory=memory, guard=memory_guard(vae, memory, limits, settings), framewise=framewise,
         encode_served=None if settings.shapes == "any" else frozenset(settings.encode_warmup))
+
+
+def memory_guard(vae: Any, memory: MemoryPlan, limits: Limits, settings: Settings) -> MemoryGuard:
+    """The checks before compiling: the model's estimate with this server's dtype, mesh and conv path."""
+    native = memory.platform != "cpu"
+
+    def variant(dtype: str, tp: int) -> Any:
+        return estimator(vae.config, dtype=dtype, decoder_parameters=int(vae.metadata.get("parameters", 0)),
+                         encoder_parameters=int(vae.metadata.get("encoder_parameters", 0)), tp=tp, dp=settings.dp,
+                         native=native)
+
+    return MemoryGuard(plan=memory, estimate=variant(vae.dtype, settings.tp), limits=limits,
+                       devices=jax.device_count(), variants=variant)
+
+
+def guard_programs(model: ModelState) -> None:
+    """Check every program the model compiles for this mesh — warm-up or on demand, decode step,
+    whole decode or encode — against the memory it will run in, before anything can run it (the
+    program cache's ``check``; a refusal is kept there, so the same program is refused at once
+    next time): ``TooLargeForMemory`` naming the bytes needed, available and what would fit."""
+    limit, mesh = model.device_memory_bytes, model.runner.mesh
+    if limit is None:
+        return
+    devices, ours = jax.device_count(), mesh_key(mesh)
+    what = {"decode": "the decode of latents", "stream-step": "a decode step of latents",
+            "encode": "the encode of frames"}
+
+    def check(key: Any, compiled: Any) -> None:
+        if not isinstance(key, ProgramKey) or key.mesh != ours:
+            return
+        try:
+            check_fits(compiled, shape=key.shape, mesh=mesh, limit=limit, devices=devices, what=what[key.program])
+        except WontFitError as refused:
+            hints = [refused.hint] + (["bfloat16 (serve with --dtype bfloat16)"] if model.vae.dtype == "float32" else [])
+            raise TooLargeForMemory(str(refused), needed=refused.needed, available=limit,
+                                    received=shape_text(key.shape), would_fit=hints) from None
+
+    model.vae.programs.check = check
 
 
 def served_shapes(settings: Settings, *, framewise: bool) -> ServedShapes | None:
@@ -129,48 +177,65 @@ def watch_programs(vae: Any, settings: Settings, metrics: Metrics) -> None:
 
 
 def warm_up(model: ModelState, settings: Settings) -> None:
-    """Compile every program a request of each warm-up shape can need (its outputs, every batch
-    bucket; the encode of each ``encode_warmup`` frame shape) before the service says it is ready."""
+    """Compile every program a request of each warm-up shape can need (the steps of its outputs at
+    every batch bucket; the encode of each ``encode_warmup`` frame shape), each checked against the
+    memory it will run in, before the service says it is ready: a program that cannot fit refuses
+    the start (``StartupRefused``)."""
     cache = model.vae.programs
     evictions = cache.evictions
-    if model.device_memory_bytes is None and settings.warmup:
-        log.info("no per-device memory limit known (CPU devices): warm-up programs are not checked against one")
+    if model.device_memory_bytes is None and (settings.warmup or settings.encode_warmup):
+        log.info("no per-device memory limit known: programs are not checked against one")
     for warmup in settings.warmup:
         start = time.monotonic()
         for output in warmup.outputs_for(images=model.vae.config.is_image):
             if output == "framewise":  # both of its outputs; its stream is its uint8 decode in pieces
-                programs = [program for frames in ("uint8", "float")
-                            for program in model.runner.compile(warmup.shape, output=frames, stream=False, framewise=True)]
-            else:
-                programs = model.runner.compile(warmup.shape, output="uint8" if output == "stream" else output,
-                                                stream=output == "stream")
-            check_memory(model, programs)
+                for frames in ("uint8", "float"):
+                    refuse_start(partial(model.runner.compile, warmup.shape, output=frames, stream=True, framewise=True),
+                                 warmup.shape, model)
+            else:  # every decode runs as steps: uint8 and stream are the same programs
+                refuse_start(partial(model.runner.compile, warmup.shape, output="float" if output == "float" else "uint8",
+                                     stream=True), warmup.shape, model)
         log.info("warm-up %s compiled in %.1f s", warmup, time.monotonic() - start)
     if settings.encode_warmup and not model.vae.has_encoder:
         raise ValueError("--encode-warmup needs a checkpoint with an encoder; this one has none")
     for shape in settings.encode_warmup:
         start = time.monotonic()
-        check_memory(model, model.runner.compile_encode(shape), what="the encode of frames")
+        refuse_start(partial(model.runner.compile_encode, shape), shape, model, what="the encode of frames")
         log.info("warm-up encode %s compiled in %.1f s", "x".join(map(str, shape)), time.monotonic() - start)
     if cache.evictions != evictions:
         raise ValueError(f"max_programs={settings.max_programs} is smaller than the {len(cache) + cache.evictions - evictions}"
                          " programs the warm-up compiled: raise it (or 0 for no limit)")
 
 
-def check_memory(model: ModelState, programs: CompiledPrograms, *, what: str = "the decode of latents") -> None:
-    """Refuse to start (``StartupRefused``) when a compiled program needs more bytes per device than
-    ``model.device_memory_bytes`` — read from ``memory_analysis()`` before the program ever runs.
-    ``what`` names the programs' inputs in the message."""
-    if model.device_memory_bytes is None:
+def refuse_start(compile: Callable[[], Any], shape: tuple[int, ...], model: ModelState, *,
+                 what: str = "the decode of latents") -> None:
+    """``compile()`` a warm-up's programs; one that cannot fit the memory refuses the start
+    (``StartupRefused``, naming the warm-up ``shape`` ``(C, T, H, W)``). Logs each one's bytes."""
+    try:
+        programs = compile()
+    except TooLargeForMemory as refused:
+        raise StartupRefused(f"{what} {shape_text(shape)}: {refused}") from None
+    limit = model.device_memory_bytes
+    for batched, compiled in programs:
+        needed = program_total_bytes(program_memory(compiled))
+        log.info("%s %s: %.3f GB per device%s", what, batched, needed / 1e9,
+                 "" if limit is None else f" of {limit / 1e9:.3f} GB")
+
+
+def log_memory(model: ModelState) -> None:
+    """The memory plan and the largest videos this server can decode and encode (the estimate)."""
+    if model.memory is not None:
+        log.info(model.memory.describe())
+    guard = model.guard
+    if guard is None or not guard.checks:
+        log.info("largest video: not estimated (no estimate for the %s family, or no memory limit): every program "
+                 "is checked once compiled", model.vae.config.family)
         return
-    mesh = model.runner.mesh
-    for shape, compiled in programs:
-        try:
-            needed = check_fits(compiled, shape=shape, mesh=mesh, limit=model.device_memory_bytes,
-                                devices=jax.device_count(), what=what)
-        except WontFitError as e:
-            raise StartupRefused(str(e)) from e
-        log.info("%s %s: %.3f GB per device of %.3f GB", what, shape, needed / 1e9, model.device_memory_bytes / 1e9)
+    decode = "; ".join(f"{v} ({v.bytes / 1e9:.2f} GB per device)" for v in guard.largest_decode()) or "none"
+    log.info("largest decode with this memory (estimated): %s", decode)
+    if model.vae.has_encoder:
+        encode = "; ".join(f"{v} ({v.bytes / 1e9:.2f} GB per device)" for v in guard.largest_encode()) or "none"
+        log.info("largest encode with this memory (estimated): %s", encode)
 
 
 def startup(settings: Settings, metrics: Metrics, *, vae: Any = None, runner_factory: RunnerFactory | None = None,
@@ -184,6 +249,9 @@ def startup(settings: Settings, metrics: Metrics, *, vae: Any = None, runner_fac
     if attach is not None:
         model = attach(model)
     watch_programs(model.vae, settings, metrics)
+    guard_programs(model)
+    metrics.device_memory_limit.set(model.device_memory_bytes or 0)
     if not model.follower:
+        log_memory(model)
         warm_up(model, settings)
     return model

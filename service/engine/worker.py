@@ -6,17 +6,25 @@ oldest live job plus every queued job that can share its program (same operation
 output and stream flag, up to ``max_batch`` inputs), run them as one batch through the runner,
 and hand each job its slice back on its own event loop.
 
-Stream jobs (raw frame streams, MP4s encoded while they decode) run as a ``StepRun``: one decode
-step at a time, each step's frames handed to the jobs as they leave the device. Their consumers
-(a socket, an encoder) may be slower than the device, so the device never waits on one: before a
+Every decode runs as a ``StepRun``: one decode step at a time (latent frame 0, then each later
+latent frame; a model that is not causal in time decodes its clip in one step), each step's frames
+handed to the jobs as they leave the device — pushed to a stream (a raw frame stream, an MP4
+encoded while it decodes), or kept in the answer of a job answered whole. A stream's consumer (a
+socket, an encoder) may be slower than the device, so the device never waits on one: before a
 step it checks that every job of the run holds fewer than ``stream_buffer_bytes`` of frames not yet
 taken; a run that does not is set aside while the device serves other runs and the queue, and
-taken up again when its consumers catch up. While the frames held by all streams together reach
-``max_buffered_bytes``, no new run starts. A runner whose device calls cannot interleave (a
-multi-host slice: every process runs one call to its end) runs one stream at a time.
+taken up again when its consumers catch up (what all of them may hold together is bounded by the
+host account each holds its buffer in, ``service.http``). A runner whose device calls cannot
+interleave (a multi-host slice: every process runs one call to its end) runs one at a time.
 
-Jobs whose client went away or whose deadline passed while queued are dropped before they cost
-device time.
+Before anything runs, the runner compiles (or finds) the programs of the batch and checks them
+against the memory they will run in (``Runner.prepare``): a program that cannot fit fails its
+jobs with ``TooLargeForMemory`` — on a multi-host slice before process 0 sends the run to the
+others. A program that ran out of memory anyway (``OutOfMemory``, counted) is checked again
+before it next runs, against the memory free then.
+
+Jobs whose client went away or whose deadline passed are dropped: in the queue before they cost
+device time, in a run at its next step, so that the next request starts then.
 """
 
 from __future__ import annotations
@@ -34,7 +42,16 @@ import numpy as np
 from models.shapes import Output, clip_shape
 
 from ..metrics import Metrics
-from .errors import DeadlineExceeded, DeviceFailed, EngineError, NonFiniteOutput, QueueFull, Unavailable
+from .errors import (
+    DeadlineExceeded,
+    DeviceFailed,
+    EngineError,
+    NonFiniteOutput,
+    OutOfMemory,
+    QueueFull,
+    TooLargeForMemory,
+    Unavailable,
+)
 from .jobs import STREAM_END, Job
 from .model import ModelState, Runner
 
@@ -67,14 +84,27 @@ def _frames(out: np.ndarray, output: Output) -> int:
     return out.shape[0] * out.shape[1 if output == "uint8" else 2]
 
 
+def out_of_memory(error: BaseException) -> str | None:
+    """Where a device call ran out of memory: ``"host"`` (an allocation on the host failed),
+    ``"device"`` (XLA's ``RESOURCE_EXHAUSTED``); None for any other error."""
+    if isinstance(error, MemoryError):
+        return "host"
+    if "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error):
+        return "device"
+    return None
+
+
 @dataclass(eq=False)
 class StepRun:
-    """A batch of stream jobs decoding step by step: ``steps`` yields ``Decoded`` for all of them,
-    each job taking its rows of every step."""
+    """A batch of decode jobs decoding step by step: ``steps`` yields ``Decoded`` for all of them,
+    each job taking its rows of every step. Nothing runs before ``prepared`` (the memory check)."""
 
     jobs: list[Job]
     steps: Iterator[Any]
+    total_frames: int  # output frames of each job's answer
     device_s: float = 0.0  # time spent in steps (not the time set aside)
+    prepared: bool = False
+    steps_done: int = 0
 
     def live(self) -> list[Job]:
         """Jobs that still want frames."""
@@ -92,7 +122,7 @@ class Worker:
 
     def __init__(self, *, startup: Callable[[], ModelState], metrics: Metrics, max_queue: int, max_batch: int,
                  on_ready: Callable[[ModelState], None], on_failed: Callable[[str], None],
-                 stream_buffer_bytes: int = 64 * 2**20, max_buffered_bytes: int = 2**30):
+                 stream_buffer_bytes: int = 64 * 2**20):
         self._startup = startup
         self._on_ready = on_ready
         self._on_failed = on_failed
@@ -100,7 +130,7 @@ class Worker:
         self.max_queue = max_queue
         self.max_batch = max_batch
         self.stream_buffer_bytes = stream_buffer_bytes
-        self.max_buffered_bytes = max_buffered_bytes
+        self._suspects: set[tuple] = set()  # job keys whose programs ran out of memory: checked again first
         self._runner: Runner | None = None
         self._interleave = True  # stream runs may take turns on the device (the runner says)
         self.model: ModelState | None = None  # what start-up produced, once it has
@@ -273,16 +303,15 @@ class Worker:
         self.metrics.ready.set(0)
 
     def _next_work(self) -> StepRun | list[Job] | None:
-        """What the device does next (lock held; waits for it): the oldest stream run with room
-        for a step, else a new batch (or run) from the queue. While the streams hold
-        ``max_buffered_bytes`` no new stream starts (other requests still do). None once stopped."""
+        """What the device does next (lock held; waits for it): the oldest run with room for a
+        step, else a new batch (a run, for a decode) from the queue. None once stopped."""
         while self._running:
             run = next((run for run in self._runs if run.has_room(self.stream_buffer_bytes)), None)
             if run is not None:
                 return run
             if self._queue and (self._interleave or not self._runs):
-                batch = self._take_batch(streams=self._buffered() < self.max_buffered_bytes)
-                if batch and batch[0].stream:
+                batch = self._take_batch()
+                if batch and batch[0].operation == "decode":
                     return self._begin(batch)
                 if batch:
                     return batch
@@ -290,13 +319,13 @@ class Worker:
         return None
 
     def _begin(self, batch: list[Job]) -> StepRun:
-        """A run for a batch of stream jobs (lock held). Its steps start when it is first taken up."""
-        assert self._runner is not None
+        """A run for a batch of decode jobs (lock held). Its steps start when it is first taken up."""
+        assert self._runner is not None and self.model is not None
         self._note_start(batch)
-        latents = np.concatenate([job.inputs for job in batch], axis=0)
-        run = StepRun(batch, self._steps(batch[0], latents))
+        latents = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
+        run = StepRun(batch, self._steps(batch[0], latents), self.model.limits.output_frames(latents.shape[2]))
         self._runs.append(run)
-        self._holding.update(batch)
+        self._holding.update(job for job in batch if job.stream)
         return run
 
     def _note_start(self, batch: list[Job]) -> None:
@@ -316,14 +345,12 @@ class Worker:
             return False
         return True
 
-    def _take_batch(self, *, streams: bool) -> list[Job]:
-        """Pop the oldest live job (a stream job only if ``streams``) and the queued jobs that can
-        share its program (lock held); [] when the queue holds none to take."""
+    def _take_batch(self) -> list[Job]:
+        """Pop the oldest live job and the queued jobs that can share its programs (lock held); []
+        when the queue holds none to take."""
         now = time.monotonic()
         head = None
         for job in list(self._queue):
-            if job.stream and not streams:
-                continue
             self._queue.remove(job)
             if self._live(job, now):
                 head = job
@@ -339,58 +366,73 @@ class Worker:
                     size += job.size
         return batch
 
+    def _prepare(self, batch: list[Job]) -> None:
+        """Compile (or find) the programs of ``batch`` and check them against the memory they will
+        run in (``TooLargeForMemory``); a program that ran out of memory before is also checked
+        against the memory free now (``OutOfMemory``). Raises before anything runs."""
+        assert self._runner is not None
+        head = batch[0]
+        needed = self._runner.prepare(head.operation, head.inputs.shape[1:], batch=sum(job.size for job in batch),
+                                      output=head.output, framewise=head.framewise)
+        if head.key in self._suspects:
+            free = self._runner.free_bytes()
+            if free is not None and needed > free:
+                raise OutOfMemory(f"this {head.operation} ran out of memory before; it needs {needed} bytes per device "
+                                  f"and {free} are free now", where="device")
+
     def _run(self, batch: list[Job]) -> None:
         self._note_start(batch)
         start = batch[0].started or time.monotonic()
         try:
-            out, nonfinite = self._execute(batch)
+            self._prepare(batch)
+            latents = self._execute(batch)
         except Exception as exc:
             self._fail(batch, exc)
             return
+        self._suspects.discard(batch[0].key)
         device_s = time.monotonic() - start
-        self._account(batch, out, device_s)
+        self.metrics.device_seconds.labels("encode").observe(device_s)
+        self.metrics.frames_encoded.inc(sum(job.size * clip_shape(job.inputs.shape)[2] for job in batch))
         offset = 0
         for job in batch:
-            rows = slice(offset, offset + job.size)
-            bad = int(nonfinite[rows].sum())
             job.device_s = device_s
-            job.resolve(NonFiniteOutput(bad) if bad else out[rows])
+            job.resolve(latents[offset: offset + job.size])
             offset += job.size
 
-    def _execute(self, batch: list[Job]) -> tuple[np.ndarray, np.ndarray]:
-        """The one device call of a batch, by operation: host arrays in, the host array out and its
-        per-row non-finite count (encodes: none counted)."""
+    def _execute(self, batch: list[Job]) -> np.ndarray:
+        """The one device call of an encode batch: frames in, latents out (host arrays)."""
         assert self._runner is not None
         # A batch of one runs on its own inputs: a copy would double the host memory of a large encode.
         inputs = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
-        head = batch[0]
-        if head.operation == "decode":
-            return self._runner.decode(inputs, output=head.output, framewise=head.framewise)
         requests = [(job.encode, job.size) for job in batch if job.encode is not None]
-        return self._runner.encode(inputs, requests), np.zeros(len(inputs), np.int32)
-
-    def _account(self, batch: list[Job], out: np.ndarray, seconds: float) -> None:
-        operation = batch[0].operation
-        self.metrics.device_seconds.labels(operation).observe(seconds)
-        if operation == "encode":
-            self.metrics.frames_encoded.inc(sum(job.size * clip_shape(job.inputs.shape)[2] for job in batch))
-        else:
-            self.metrics.frames_decoded.inc(_frames(out, batch[0].output))
+        return self._runner.encode(inputs, requests)
 
     def _steps(self, job: Job, latents: np.ndarray) -> Iterator[Any]:
         assert self._runner is not None
-        if job.operation == "decode":
-            return self._runner.decode_stream(latents, framewise=job.framewise)
-        raise ValueError(f"operation {job.operation!r} does not stream")
+        return self._runner.decode_stream(latents, output=job.output, framewise=job.framewise)
+
+    def _expire(self, run: StepRun) -> None:
+        """Answer the jobs of ``run`` whose deadline has passed (504) and stop decoding for them:
+        the device goes on to the next request at this step, not at the end of their decode."""
+        now = time.monotonic()
+        for job in run.live():
+            if now > job.deadline:
+                self.metrics.dropped.labels("deadline").inc()
+                job.fail(DeadlineExceeded(f"the deadline passed while decoding; stopped after {run.steps_done} "
+                                          f"decode steps (request id {job.request_id})"))
 
     def _step(self, run: StepRun) -> None:
         """One decode step of ``run``, its rows handed to each live job; the run ends when its
-        steps do, when it fails, or when no job wants more."""
+        steps do, when it fails, or when no job wants more (cancelled, past its deadline)."""
+        self._expire(run)
         if not run.live():
             self._close(run)
             return
         start = time.monotonic()
         try:
+            if not run.prepared:  # the run's programs are those of all its jobs' latents, padded
+                self._prepare(run.jobs)
+                run.prepared = True
             step = next(run.steps, None)
         except Exception as exc:
             self._fail(run.live(), exc)
@@ -398,15 +440,17 @@ class Worker:
             return
         seconds = time.monotonic() - start
         run.device_s += seconds
+        run.steps_done += step is not None
         for job in run.jobs:
             job.device_s += seconds
-        if step is None:  # the last step was the last: every job that still listens gets the end
+        if step is None:  # the last step was the last: every job still waiting gets its end
+            self._suspects.discard(run.jobs[0].key)
             for job in run.live():
-                job.push(STREAM_END)
+                self._finish(job)
             self._close(run)
             return
         frames, nonfinite = step
-        self.metrics.frames_decoded.inc(_frames(frames, "uint8"))
+        self.metrics.frames_decoded.inc(_frames(frames, run.jobs[0].output))
         offset = 0
         for job in run.jobs:
             rows = slice(offset, offset + job.size)
@@ -414,10 +458,24 @@ class Worker:
             if job.cancelled or job.ended:
                 continue
             bad = int(nonfinite[rows].sum())
-            # The status line may be gone: the error goes in-band, and the job's stream ends.
-            job.push(NonFiniteOutput(bad) if bad else frames[rows])
+            if bad:  # a stream's status line may be gone: the error goes in-band, and it ends
+                job.fail(NonFiniteOutput(bad))
+            elif job.stream:
+                job.push(frames[rows])
+            else:
+                job.keep(frames[rows], run.total_frames)
         if not run.live():
             self._close(run)
+
+    @staticmethod
+    def _finish(job: Job) -> None:
+        """A job whose decode is done: the end of its stream, or its whole answer."""
+        if job.stream:
+            job.push(STREAM_END)
+            return
+        assert job.kept is not None
+        answer, job.kept = job.kept, None
+        job.resolve(answer)
 
     def _close(self, run: StepRun) -> None:
         """Finish a run on the device thread: stop its steps (on a multi-host slice the remaining
@@ -438,8 +496,21 @@ class Worker:
             self._cond.notify_all()
 
     def _fail(self, batch: list[Job], exc: Exception) -> None:
-        log.error("device error on batch %s: %r", [j.request_id for j in batch], exc, exc_info=exc)
-        # A runner may choose the answer itself (a failed multi-host slice: Unavailable).
-        error = exc if isinstance(exc, EngineError) else DeviceFailed(batch[0].operation, exc)
+        ids = [j.request_id for j in batch]
+        where = out_of_memory(exc)
+        if where is not None:  # the server goes on; this program is checked again before it next runs
+            log.error("out of memory (%s) on batch %s: %s", where, ids, str(exc).splitlines()[0] if str(exc) else exc)
+            self.metrics.out_of_memory.labels(where).inc()
+            self._suspects.add(batch[0].key)
+            error: EngineError = OutOfMemory(f"the {batch[0].operation} ran out of {where} memory while it ran",
+                                             where=where)
+        elif isinstance(exc, EngineError):  # the runner chose the answer (a refusal, a failed slice)
+            log.warning("batch %s: %s", ids, exc)
+            if isinstance(exc, TooLargeForMemory):
+                self.metrics.refused_for_memory.labels("compiled").inc(len(batch))
+            error = exc
+        else:
+            log.error("device error on batch %s: %r", ids, exc, exc_info=exc)
+            error = DeviceFailed(batch[0].operation, exc)
         for job in batch:
             job.fail(error)

@@ -1,7 +1,7 @@
 """Admitting request bodies without letting clients hold memory or time: a byte budget shared by
 every body being read, a deadline on each read, a client that leaves mid-upload reported as such
-(499) rather than as a server error; and a budget for what bodies become once decoded (an
-encode's frames), which a request waits for, in turn, up to its deadline.
+(499) rather than as a server error; and the host account for what requests hold on the host
+(decoded frames, answers, stream buffers), which a request waits for, in turn, up to its deadline.
 
 Everything here runs on the event loop (one thread), so the budgets need no lock.
 """
@@ -18,6 +18,7 @@ from typing import TypeVar
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive
 
+from ..engine.errors import TooLargeForMemory
 from ..problem import Problem
 from .problems import ClientGone
 
@@ -124,11 +125,13 @@ async def _disconnected(receive: Receive) -> None:
 
 
 class MemoryBudget:
-    """At most ``limit`` bytes of decoded inputs held at once by the requests in flight, from the
-    moment their headers say how large they will be until their answer is sent.
+    """At most ``limit`` bytes held at once on the host by the requests in flight (the host account:
+    ``service.http.host_memory`` says what each holds), from the moment their headers say how large
+    they will be until their answer is sent.
 
     A request that does not fit waits; waiters are served first come, first served, so a large
-    request is not passed over forever by small ones. ``in_use`` reports the bytes held."""
+    request is not passed over forever by small ones. ``in_use`` reports the bytes held. A request
+    larger than the whole account is refused at once (``TooLargeForMemory``)."""
 
     def __init__(self, limit: int, in_use: Callable[[int], None] = lambda used: None):
         self.limit = limit
@@ -158,9 +161,11 @@ class MemoryBudget:
         ``Retry-After``) if the turn has not come by ``deadline`` (``time.monotonic()``),
         :class:`ClientGone` if the client leaves while it waits."""
         if size > self.limit:
-            raise Problem(422, "too-large-decoded", f"the decoded input needs {size} bytes, more than the "
-                          f"{self.limit} this server holds for all requests", expected=f"<= {self.limit} bytes",
-                          received=size)
+            raise TooLargeForMemory(f"this request holds {size} bytes on the host, more than the {self.limit} this "
+                                    "server holds for all requests (host-memory-bytes)", needed=size,
+                                    available=self.limit, received=f"{size} bytes on the host",
+                                    would_fit=["a smaller video, or fewer frames", "a stream (stream=true) for a "
+                                               "decode: it holds a few steps of frames, not all of them"])
         if not self._waiting and self.used + size <= self.limit:
             self.used += size
             self._report(self.used)
@@ -174,8 +179,8 @@ class MemoryBudget:
             raise ClientGone("client left while its request waited for decoding memory") from None
         except TimeoutError:
             self._give_up(granted, size)
-            raise Problem(503, "busy-decoding", f"{self.used} of {self.limit} bytes for decoded inputs are in use; "
-                          f"this request's {size} bytes did not fit before its deadline",
+            raise Problem(503, "busy-host-memory", f"{self.used} of the {self.limit} bytes of host memory for "
+                          f"requests are in use; this request's {size} bytes did not fit before its deadline",
                           expected=f"{size} bytes free of {self.limit}", received=f"{self.limit - self.used} bytes free",
                           headers={"Retry-After": str(retry_after_s)}) from None
         except BaseException:  # cancelled from outside: hand back what may have been granted

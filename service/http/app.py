@@ -54,7 +54,7 @@ def _start_worker(state: ServiceState, startup: Callable[[], ModelState]) -> Wor
     settings = state.settings
     worker = Worker(startup=startup_or_refuse, metrics=state.metrics, max_queue=settings.max_queue,
                     max_batch=settings.max_batch, on_ready=on_ready, on_failed=on_failed,
-                    stream_buffer_bytes=settings.stream_buffer_bytes, max_buffered_bytes=settings.max_buffered_bytes)
+                    stream_buffer_bytes=settings.stream_buffer_bytes)
     state.worker = worker
     state.metrics.buffered_bytes.set_function(worker.buffered_bytes)
     worker.start()
@@ -74,8 +74,10 @@ def create_app(settings: Settings | None = None, *, vae: Any = None,
     ``runner_factory(vae, mesh, max_batch=, dp=)`` replaces ``service.engine.runner.DeviceRunner``."""
     settings = settings or Settings()
     metrics = Metrics()
+    # The host account's size comes with the model (its memory plan, once the device side knows the
+    # platform); nothing is admitted before.
     state = ServiceState(settings=settings, metrics=metrics, reading=ByteBudget(settings.max_reading_bytes),
-                         decoded=MemoryBudget(settings.max_decoded_bytes, metrics.decoded_bytes.set))
+                         host=MemoryBudget(settings.host_memory_bytes or 0, metrics.host_memory_bytes.set))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -13,6 +13,7 @@ from ..codecs.frames import check_frame_dims, check_frames_content_type
 from ..codecs.latents import check_latent_dims, check_latents_content_type
 from ..codecs.tensors import TENSOR_CONTENT_TYPES, media_type, parse_shape
 from ..problem import Problem
+from ..settings import Settings
 from .schemas import DecodeParams, EncodeOutputType, EncodeParams, ImageFormat, OutputType
 from .state import ServiceState
 
@@ -88,7 +89,14 @@ def _float32(name: str, value: float | None, *, positive: bool = False) -> float
 DtypeQuery = Annotated[str | None, Query(description="raw bodies: float32 | float16 | bfloat16")]
 ScalingQuery = Annotated[float | None, Query(gt=0, allow_inf_nan=False)]
 ShiftQuery = Annotated[float | None, Query(allow_inf_nan=False)]
-TimeoutQuery = Annotated[float | None, Query(gt=0, allow_inf_nan=False, description="deadline, capped by the server's")]
+TimeoutQuery = Annotated[float | None, Query(gt=0, allow_inf_nan=False, description="this request's deadline in "
+                                             "seconds, shorter or longer than the server's default, up to "
+                                             "max_request_timeout_s")]
+
+
+def request_timeout(settings: Settings, timeout_s: float | None) -> float:
+    """The request's deadline: its ``timeout_s`` (up to ``max_request_timeout_s``), else the server's default."""
+    return settings.request_timeout_s if timeout_s is None else min(timeout_s, settings.timeout_cap_s)
 
 
 def decode_params(
@@ -119,14 +127,13 @@ def decode_params(
     settings = state.settings
     if denormalize is None:
         denormalize = bool(do_scaling)
-    cap = settings.request_timeout_s
     images = state.model is not None and state.model.vae.config.is_image  # (no model yet: 503 follows)
     return DecodeParams(
         output_type=output_type or ("png" if images else "mp4"), denormalize=denormalize, partial_postprocess=partial_postprocess,
         stream=stream, mp4_stream=stream and output_type == "mp4", fps=fps or settings.default_fps, crf=settings.default_crf if crf is None else crf,
         frame=frame, shape=parse_shape(shape, check=check_latent_dims), dtype=dtype,
         scaling_factor=_float32("scaling_factor", scaling_factor, positive=True),
-        shift_factor=_float32("shift_factor", shift_factor), timeout_s=min(timeout_s or cap, cap),
+        shift_factor=_float32("shift_factor", shift_factor), timeout_s=request_timeout(settings, timeout_s),
         framewise=framewise, image_format=image_format, packed_size=(height, width),
         pil_tensor=output_type == "pil" and media_type(accept) in TENSOR_CONTENT_TYPES,
     )
@@ -144,11 +151,10 @@ def encode_params(
     shift_factor: ShiftQuery = None,
     timeout_s: TimeoutQuery = None,
 ) -> EncodeParams:
-    cap = state.settings.request_timeout_s
     return EncodeParams(
         output_type=output_type, normalize=normalize, sample=sample, seed=seed, shape=parse_shape(shape, check=check_frame_dims),
         dtype=dtype, scaling_factor=_float32("scaling_factor", scaling_factor, positive=True),
-        shift_factor=_float32("shift_factor", shift_factor), timeout_s=min(timeout_s or cap, cap),
+        shift_factor=_float32("shift_factor", shift_factor), timeout_s=request_timeout(state.settings, timeout_s),
     )
 
 

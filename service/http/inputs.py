@@ -10,7 +10,7 @@ from models.shapes import clip_shape
 
 from ..codecs.frames import FramesHeader, frames_header
 from ..codecs.latents import parse_latents, unscale_latents
-from ..codecs.tensors import check_finite
+from ..codecs.tensors import RAW_CONTENT_TYPES, check_finite
 from ..engine.errors import ShapeNotServed
 from ..engine.model import ModelState
 from ..metrics import Metrics
@@ -22,20 +22,20 @@ from .schemas import DecodeParams, EncodeParams
 @dataclass(frozen=True)
 class DecodeInputs:
     """A decode request's latents ``(B, C, T, H, W)`` float32 (an image model's ``(B, C, H, W)``),
-    whether the body had the batch dim, and whether it decodes step by step (a stream, or an MP4
-    encoded while it decodes)."""
+    whether the body had the batch dim, and whether its answer takes the decode's steps as they come
+    (a stream, or an MP4 encoded while it decodes) rather than the whole decode at its end."""
 
     latents: np.ndarray
     batched: bool
-    stepped: bool
+    streamed: bool
 
 
-def _stepped(shape: tuple[int, ...], params: DecodeParams, model: ModelState) -> bool:
-    """Whether the decode runs step by step (the stream programs) or whole; ``ShapeNotServed``
-    when ``--shapes`` serves neither. An MP4 is encoded while it decodes wherever the stream
-    programs are served, else made from the whole decode. A framewise decode is a whole decode
-    (HunyuanVideo 1.0's only), streamed in pieces when asked to. An image decodes whole: no stream,
-    no MP4."""
+def check_decode_served(shape: tuple[int, ...], params: DecodeParams, model: ModelState) -> bool:
+    """Whether the answer takes the decode's steps as they come (a stream, an MP4); ``ShapeNotServed``
+    when ``--shapes`` does not serve latents ``shape`` ``(C, T, H, W)`` with this output. Every
+    decode runs step by step: uint8 frames (mp4, npy, png, ``pt`` + ``partial_postprocess``) and
+    streams run the same programs. A framewise decode (HunyuanVideo 1.0's only) is one step, and so
+    is an image's, which is answered whole: no stream, no MP4."""
     if model.vae.config.is_image and (params.stream or params.output_type == "mp4"):
         received = "stream=true" if params.stream else "output_type=mp4"
         raise Problem(422, "invalid-parameter", f"the {model.vae.config.class_name} VAE decodes images, which are "
@@ -47,13 +47,10 @@ def _stepped(shape: tuple[int, ...], params: DecodeParams, model: ModelState) ->
                           expected="framewise=false", received="framewise=true")
         model.check_served(shape, "framewise")
         return params.stream
-    if params.stream:
-        model.check_served(shape, "stream")
-        return True
-    if params.output_type == "mp4" and model.serves(shape, "stream"):  # (not a stream here)
-        return True
-    model.check_served(shape, params.output)
-    return False
+    if params.output == "uint8" and (model.serves(shape, "uint8") or model.serves(shape, "stream")):
+        return params.stream or params.output_type == "mp4"
+    model.check_served(shape, "stream" if params.stream else params.output)
+    return params.stream or params.output_type == "mp4"
 
 
 def _check_output(latents: np.ndarray, params: DecodeParams, model: ModelState) -> None:
@@ -68,6 +65,27 @@ def _check_output(latents: np.ndarray, params: DecodeParams, model: ModelState) 
                       expected=f"frame < {frames}", received=params.frame)
 
 
+def declared_latents(params: DecodeParams, media_type: str, model: ModelState) -> tuple[int, ...] | None:
+    """The latents a raw body's query declares (``shape=``) in the model's batched layout (a video's
+    ``(B, C, T, H, W)``, an image's ``(B, C, H, W)``), for the memory check before the body is read;
+    None for the formats that carry their shape inside the body, and for a shape the parse will
+    refuse anyway (it says why, once the body is read)."""
+    if params.shape is None or media_type not in RAW_CONTENT_TYPES:
+        return None
+    rank = 4 if model.vae.config.is_image else 5
+    shape = params.shape if len(params.shape) == rank else (1, *params.shape)
+    if len(shape) != rank:
+        return None
+    b, c, t, h, w = clip_shape(shape)
+    limits = model.limits
+    try:
+        limits.check(batch=b, frames=limits.output_frames(t), height=limits.spatial_scale * h,
+                     width=limits.spatial_scale * w)
+    except Problem:
+        return None
+    return shape if c == limits.channels else None
+
+
 def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: ModelState,
                   metrics: Metrics) -> DecodeInputs:
     """Body → latents ``(B, C, T, H, W)`` (images ``(B, C, H, W)``) float32: parsed (Flux's packed
@@ -77,7 +95,7 @@ def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: Mod
     latents, batched = parse_latents(body, media_type, params.shape, params.dtype, model.limits, model.vae.config,
                                      packed_size=params.packed_size)
     try:
-        stepped = _stepped(latents.shape[1:], params, model)
+        streamed = check_decode_served(latents.shape[1:], params, model)
     except ShapeNotServed:
         metrics.refused_shapes.inc()
         raise
@@ -87,7 +105,7 @@ def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: Mod
         if params.denormalize:
             values = model.denormalize(values)
     check_finite(values, "latents", where=f" after scaling ({params.scaling})" if values is not latents else "")
-    return DecodeInputs(np.ascontiguousarray(values, np.float32), batched, stepped)
+    return DecodeInputs(np.ascontiguousarray(values, np.float32), batched, streamed)
 
 
 def encode_header(body: bytes, media_type: str, params: EncodeParams, model: ModelState, metrics: Metrics,

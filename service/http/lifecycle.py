@@ -7,8 +7,15 @@ inputs), **submit** (the job to the device worker), **answer** (wait or stream, 
     async with admitted(request, state, params.timeout_s) as admission:   # 503 / 429 here
         async with admission.body() as body:                               # 413 / 408 / 429 here
             inputs = await anyio.to_thread.run_sync(parse, body, ...)       # 4xx here
+        await admission.reserve_decode(inputs.latents.shape, params)       # 422 / 503 here
         job = admission.submit("decode", inputs, ...)
         return await answer(job)                                            # 504, 499 here
+
+``reserve_*`` is the memory check before anything runs: the estimate of the request's programs
+against the devices' memory (422 ``too-large-for-memory`` for what clearly cannot fit; the rest is
+compiled and checked by the worker), then its host bytes held in the host account (waiting in
+turn up to the deadline, then 503). A raw body's shape is in its query: its decode is checked
+before a byte of the body is read.
 
 A client that leaves on the way raises ``ClientGone``, answered 499 (``service.http.problems``).
 """
@@ -17,18 +24,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 from fastapi import Request
 
+from ..codecs.frames import FramesHeader
+from ..engine.errors import TooLargeForMemory
 from ..engine.jobs import Job, Operation
 from ..engine.model import ModelState
 from ..engine.worker import Ticket, Worker
 from .admission import MemoryBudget, read_body
+from .host_memory import decode_host_bytes, encode_host_bytes
+from .schemas import DecodeParams
 from .state import ServiceState
 
 
@@ -58,6 +70,37 @@ class Admission:
         """Hold ``nbytes`` of ``budget`` until the request ends, waiting for them in turn up to the deadline."""
         await self.holds.enter_async_context(budget.hold(nbytes, deadline=self.deadline, receive=self.request.receive,
                                                          retry_after_s=self.state.settings.retry_after_s))
+
+    def check(self, check: Callable[[], None]) -> None:
+        """``check()`` (a ``ModelState.check_*_fits``), its refusal counted."""
+        try:
+            check()
+        except TooLargeForMemory:
+            self.state.metrics.refused_for_memory.labels("estimate").inc()
+            raise
+
+    async def hold_host(self, nbytes: int) -> None:
+        """Hold ``nbytes`` of the host account until the request ends (waiting in turn up to the
+        deadline: 503); more than the whole account is refused at once (422)."""
+        try:
+            await self.hold(self.state.host, nbytes)
+        except TooLargeForMemory:
+            self.state.metrics.refused_for_memory.labels("host").inc()
+            raise
+
+    async def reserve_decode(self, shape: tuple[int, ...], params: DecodeParams) -> None:
+        """A decode of latents ``shape`` ``(B, C, T, H, W)``, answered as ``params`` asks: refused
+        when its programs clearly cannot fit the devices, then its host bytes held."""
+        model = self.model
+        self.check(partial(model.check_decode_fits, shape, params.output))
+        await self.hold_host(decode_host_bytes(shape, params, model.limits, causal=model.vae.config.causal,
+                                               stream_buffer_bytes=self.state.settings.stream_buffer_bytes))
+
+    async def reserve_encode(self, header: FramesHeader) -> None:
+        """An encode of the frames ``header`` describes: refused when its program clearly cannot
+        fit the devices, then its host bytes held (before the frames are decoded)."""
+        self.check(partial(self.model.check_encode_fits, header.shape))
+        await self.hold_host(encode_host_bytes(header, self.model.limits))
 
     def submit(self, operation: Operation, inputs: np.ndarray, **fields: Any) -> Job:
         """The request's job (its other ``Job`` fields given by name), queued in the slot reserved for it."""

@@ -24,8 +24,10 @@ from ..engine.errors import (
     EngineError,
     NoEncoder,
     NonFiniteOutput,
+    OutOfMemory,
     QueueFull,
     ShapeNotServed,
+    TooLargeForMemory,
     Unavailable,
 )
 from ..problem import Problem, deadline_problem
@@ -57,6 +59,15 @@ def engine_problem(error: EngineError, *, retry_after_s: int, request_id: str | 
         return deadline_problem(str(error))
     if isinstance(error, ShapeNotServed):
         return Problem(422, "shape-not-allowed", str(error), expected=error.allowed, received=error.received)
+    if isinstance(error, TooLargeForMemory):
+        # 422, not 5xx: it is this request on this server, refused the same way every time (a
+        # client or proxy that retries 5xx would only get the same answer again), and not 413:
+        # the body is not too large, what it decodes to is.
+        return Problem(422, "too-large-for-memory", str(error),
+                       expected={"bytes": f"<= {error.available}", "would_fit": error.would_fit},
+                       received={"input": error.received, "bytes": error.needed})
+    if isinstance(error, OutOfMemory):
+        return Problem(503, "out-of-memory", f"{error}; request id {request_id}", headers=retry_after(retry_after_s))
     if isinstance(error, NoEncoder):
         return Problem(501, "no-encoder", str(error), expected="a full VAE checkpoint", received="decoder only")
     if isinstance(error, NonFiniteOutput):

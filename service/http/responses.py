@@ -22,7 +22,6 @@ from ..engine.jobs import Job
 from ..metrics import Metrics
 from ..problem import Problem
 from .admission import unless_client_leaves
-from .mp4_pool import Mp4Pool
 from .problems import ClientGone, engine_problem
 from .schemas import DecodeParams, EncodeParams
 
@@ -101,13 +100,9 @@ async def _serialized(job: Job, array: np.ndarray, output_type: str, metrics: Me
     return Response(body, media_type=media_type, headers={**headers, **timing_headers(job, serialize_s=serialize_s)})
 
 
-async def render_frames(job: Job, frames: np.ndarray, params: DecodeParams, batched: bool, metrics: Metrics,
-                        mp4_pool: Mp4Pool) -> Response:
-    """A whole decode's frames as the answer ``params`` asks for."""
-    if params.output_type == "mp4":  # whole (the step programs are not served): on the MP4 pool
-        start = time.monotonic()
-        body = await mp4_pool.mp4_bytes(frames[0], fps=params.fps, crf=params.crf)
-        return Response(body, media_type="video/mp4", headers=timing_headers(job, serialize_s=time.monotonic() - start))
+async def render_frames(job: Job, frames: np.ndarray, params: DecodeParams, batched: bool, metrics: Metrics) -> Response:
+    """A whole decode's frames as the answer ``params`` asks for: npy, png or ``pt`` (an MP4 is
+    written as the decode runs: ``service.http.streams.pipelined_mp4``)."""
     return await _serialized(job, frames, params.output_type, metrics, lambda a: _frames_body(a, params, batched))
 
 

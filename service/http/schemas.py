@@ -148,6 +148,30 @@ class ProgramMemory(BaseModel):
     total_bytes: int
 
 
+class VideoSize(BaseModel):
+    """A video's size and the bytes per device its programs need (estimated)."""
+
+    width: int
+    height: int
+    frames: int
+    bytes: int
+
+
+class MemoryInfo(BaseModel):
+    """The memory this server runs in and how it is shared out (docs: serving, "No out-of-memory
+    surprises"), and the largest videos it can decode and encode with it, by the estimate from the
+    model's shape rules (empty where the family has none: programs are then checked once compiled)."""
+
+    device_bytes: int | None  # what every program must fit per device (None: unknown, not checked)
+    device_source: str  # --device-memory-bytes, the devices' bytes_limit, or the host's memory (CPU)
+    host_bytes: int  # the host account: what requests hold on the host at most, together
+    machine_bytes: int | None  # the host's memory (cgroup limit or MemTotal) where read
+    machine_source: str | None
+    reserve_bytes: int
+    largest_decode: list[VideoSize]  # at the most frames served: the largest frame; at the largest frame: the most frames
+    largest_encode: list[VideoSize]
+
+
 class ModelInfo(BaseModel):
     id: str
     source: str | None
@@ -163,7 +187,8 @@ class ModelInfo(BaseModel):
     warmed: list[WarmedShape]
     compiled: list[list[Any]]
     program_memory: list[ProgramMemory]
-    device_memory_bytes: int | None  # what the warm-up checked programs against (None: unknown, no check)
+    device_memory_bytes: int | None  # what every program is checked against per device (None: unknown, no check)
+    memory: MemoryInfo | None
 
 
 class ModelList(BaseModel):
@@ -193,10 +218,12 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     for code, description in {
         400: "malformed request headers", 401: "API key set and the bearer token missing or wrong",
         408: "the body did not arrive in time", 413: "body over max_body_bytes",
-        415: "Content-Type not a format of this route", 422: "the body or a parameter is invalid",
+        415: "Content-Type not a format of this route",
+        422: "the body or a parameter is invalid, or the request cannot fit this server's memory",
         429: "queue full, or too many body bytes being read", 500: "the decode or encode failed",
         501: "encode asked of a checkpoint without an encoder",
-        503: "loading, draining or failed", 504: "no result within the deadline",
+        503: "loading, draining or failed; the host memory for requests stayed in use until the deadline; "
+             "out of memory while the program ran", 504: "no result within the deadline",
     }.items()
 }
 

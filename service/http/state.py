@@ -33,7 +33,7 @@ class ServiceState:
     settings: Settings
     metrics: Metrics
     reading: ByteBudget  # request bodies being read
-    decoded: MemoryBudget  # what encode bodies become once decoded (float32 frames)
+    host: MemoryBudget  # the host account: what requests hold on the host (sized from the model's memory plan)
     worker: Worker | None = None  # set by the lifespan
     mp4_pool: Mp4Pool | None = None  # set by the lifespan (its FIFO belongs to the serving loop)
     phase: Phase = "loading"
@@ -46,6 +46,9 @@ class ServiceState:
     # -- transitions (event loop only) -----------------------------------------------------------
     def set_ready(self, model: ModelState) -> None:
         self.model = model
+        if model.memory is not None:
+            self.host.limit = model.memory.host_bytes
+            self.metrics.host_memory_limit.set(model.memory.host_bytes)
         if self.phase == "loading":
             self.phase = "ready"
             log.info("%s", ready_line(model, self.settings))

@@ -149,18 +149,14 @@ def start_server(model_dir: Path, log_path: Path, *args: str, ready_timeout: flo
 
 class PoisonRunner(DeviceRunner):
     """A real runner that fails like a device would for latents whose first value is POISON
-    (so one app can show the failure and then serve the next request)."""
+    (so one app can show the failure and then serve the next request): at the second decode step,
+    after the first chunk of a stream went out."""
 
     POISON = 7.0
 
-    def decode(self, latents, *, output="uint8", framewise=False):
-        if latents[0].flat[0] == self.POISON:
-            raise RuntimeError("device fell over")
-        return super().decode(latents, output=output, framewise=framewise)
-
-    def decode_stream(self, latents, *, framewise=False):
-        for index, step in enumerate(super().decode_stream(latents, framewise=framewise)):
-            if latents[0].flat[0] == self.POISON and index == 1:  # after the first chunk went out
+    def decode_stream(self, latents, *, output="uint8", framewise=False):
+        for index, step in enumerate(super().decode_stream(latents, output=output, framewise=framewise)):
+            if latents[0].flat[0] == self.POISON and index == 1:
                 raise RuntimeError("device fell over mid-stream")
             yield step
 
@@ -169,11 +165,8 @@ class GarbageRunner(DeviceRunner):
     """Frames of a shape no video encoder takes: mp4 answers (encoded from the stream's steps)
     fail inside the app, an internal error, not a device error; npy answers still work."""
 
-    def decode(self, latents, *, output="uint8", framewise=False):
-        return Decoded(np.zeros((latents.shape[0], 2), np.uint8), np.zeros(latents.shape[0], np.int32))
-
-    def decode_stream(self, latents, *, framewise=False):
-        yield self.decode(latents, framewise=framewise)
+    def decode_stream(self, latents, *, output="uint8", framewise=False):
+        yield Decoded(np.zeros((latents.shape[0], 2), np.uint8), np.zeros(latents.shape[0], np.int32))
 
 
 class HeldRunner(DeviceRunner):
@@ -183,8 +176,8 @@ class HeldRunner(DeviceRunner):
     release = threading.Event()
     steps_before_the_hold: int | None = None  # None: every step but the last
 
-    def decode_stream(self, latents, *, framewise=False):
-        steps = list(super().decode_stream(latents, framewise=framewise))
+    def decode_stream(self, latents, *, output="uint8", framewise=False):
+        steps = list(super().decode_stream(latents, output=output, framewise=framewise))
         split = len(steps) - 1 if self.steps_before_the_hold is None else self.steps_before_the_hold
         yield from steps[:split]
         self.release.wait(60)
@@ -284,3 +277,57 @@ def _get(url: str) -> httpx.Response | None:
         return httpx.get(url, timeout=2)
     except httpx.HTTPError:
         return None
+
+
+class GatedRunner(DeviceRunner):
+    """A real runner whose decode steps each wait for a permit (``permits.release()``) and are
+    logged, as ``"<marker><step>"`` (the marker: ``MARKERS`` of the latents' first value), when
+    they start: a test sees which request the device serves, step by step, with no clock."""
+
+    permits = threading.Semaphore(0)
+    log: list[str] = []
+    MARKERS = {1.0: "A", 2.0: "B", 3.0: "C"}
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.permits, cls.log = threading.Semaphore(0), []
+
+    def decode_stream(self, latents, *, output="uint8", framewise=False):
+        marker = self.MARKERS.get(float(latents[0].flat[0]), "?")
+        steps = super().decode_stream(latents, output=output, framewise=framewise)
+        for index in range(latents.shape[2] if self.vae.config.causal else 1):  # one step per latent frame
+            if not GatedRunner.permits.acquire(timeout=120):
+                raise RuntimeError("no permit for a decode step within 120 s")
+            GatedRunner.log.append(f"{marker}{index}")
+            yield next(steps)
+        yield from steps
+
+
+def marked(x: np.ndarray, marker: str) -> np.ndarray:
+    """``x`` with its first value the marker ``GatedRunner`` logs its steps by."""
+    x = x.copy()
+    x.reshape(-1)[0] = {v: k for k, v in GatedRunner.MARKERS.items()}[marker]
+    return x
+
+
+def post_in_thread(url: str, x: np.ndarray, results: list, **params) -> threading.Thread:
+    """POST the raw latents ``x`` for npy frames in a thread of its own; the response lands in ``results``."""
+    query = {"shape": ",".join(map(str, x.shape)), "dtype": "float32", "output_type": "npy", **params}
+
+    def post() -> None:
+        results.append(httpx.post(url + "/v1/decode", content=x.tobytes(), params=query, timeout=600,
+                                  headers={"Content-Type": "application/octet-stream"}))
+    thread = threading.Thread(target=post, daemon=True)
+    thread.start()
+    return thread
+
+
+def gated_warm_up(url: str, shape: tuple[int, ...]) -> None:
+    """Compile the step programs of latents ``shape`` on a ``GatedRunner`` server before the clock
+    matters (a request of that shape, let through), then forget its steps."""
+    warm: list = []
+    for _ in range(shape[2]):
+        GatedRunner.permits.release()
+    post_in_thread(url, marked(latents(shape), "C"), warm).join(600)
+    assert warm[0].status_code == 200, warm[0].text
+    GatedRunner.log.clear()

@@ -12,7 +12,7 @@ from ...engine.errors import EngineError
 from ...engine.jobs import Job
 from .. import responses, streams
 from ..deps import ApiKeyDep, DecodeParamsDep, LatentsMediaTypeDep, StateDep
-from ..inputs import DecodeInputs, decode_inputs
+from ..inputs import DecodeInputs, declared_latents, decode_inputs
 from ..lifecycle import admitted
 from ..schemas import DECODE_OPENAPI, DECODE_RESPONSES, DecodeParams
 from ..state import ServiceState
@@ -27,10 +27,15 @@ async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsM
     """Decode latents ``(B, C, T, H, W)`` or ``(C, T, H, W)`` (``C``: the model's latent channels);
     see the API docs for the formats."""
     async with admitted(request, state, params.timeout_s) as admission:
+        declared = declared_latents(params, media_type, admission.model)
+        if declared is not None:  # a raw body: its shape is in the query, checked before the body is read
+            await admission.reserve_decode(declared, params)
         async with admission.body() as body:
             inputs = await anyio.to_thread.run_sync(decode_inputs, body, media_type, params, admission.model,
                                                     state.metrics)
-        job = admission.submit("decode", inputs.latents, output=params.output, stream=inputs.stepped,
+        if declared is None:
+            await admission.reserve_decode(inputs.latents.shape, params)
+        job = admission.submit("decode", inputs.latents, output=params.output, stream=inputs.streamed,
                                framewise=params.framewise)
         return await answer(request, job, inputs, params, state)
 
@@ -48,9 +53,9 @@ async def answer(request: Request, job: Job, inputs: DecodeInputs, params: Decod
             return await streams.mp4_stream(request, job, params, mp4_pool, problem_for)
         if params.stream:
             return await streams.frame_stream(request, job, inputs.batched, problem_for)
-        if inputs.stepped:
+        if inputs.streamed:
             return await streams.pipelined_mp4(request, job, params, mp4_pool)
         frames = await responses.wait_for(request, job, job.future)
     except EngineError as error:
         raise problem_for(error) from None
-    return await responses.render_frames(job, frames, params, inputs.batched, state.metrics, mp4_pool)
+    return await responses.render_frames(job, frames, params, inputs.batched, state.metrics)

@@ -25,11 +25,12 @@ async def encode(request: Request, params: EncodeParamsDep, media_type: FramesMe
     state.serving()[0].require_encoder()  # 501 before a queue slot is taken or a byte of the body read
     async with admitted(request, state, params.timeout_s) as admission:
         async with admission.body() as body:
-            # Headers first (4xx before a pixel exists), then room for the frames in the host
-            # budget (waiting up to the deadline), then the decode into one array.
+            # Headers first (4xx before a pixel exists), then the memory: the encode's program
+            # against the devices' (the estimate) and its frames in the host account (waiting up
+            # to the deadline), then the decode into one array.
             header = await anyio.to_thread.run_sync(encode_header, body, media_type, params, admission.model,
                                                     state.metrics, tuple(state.settings.video_codecs))
-            await admission.hold(state.decoded, header.nbytes)
+            await admission.reserve_encode(header)
             frames = await anyio.to_thread.run_sync(header.read, admission.deadline)
         options = EncodeOptions.resolve(sample=params.sample, seed=params.seed, normalize=params.normalize)
         job = admission.submit("encode", frames, output="float", stream=False, encode=options)

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from ...engine.model import ModelState
 from ..deps import ApiKeyDep, StateDep
-from ..schemas import PROBLEM_RESPONSES, LatentsInfo, MeshInfo, ModelInfo, ModelList, ProgramMemory, WarmedShape
+from ..schemas import (
+    PROBLEM_RESPONSES,
+    LatentsInfo,
+    MemoryInfo,
+    MeshInfo,
+    ModelInfo,
+    ModelList,
+    ProgramMemory,
+    VideoSize,
+    WarmedShape,
+)
 
 router = APIRouter(tags=["models"])
 
@@ -37,4 +48,21 @@ async def list_models(state: StateDep) -> ModelList:
                 for w in model.warmed],
         compiled=model.runner.programs(),
         program_memory=[ProgramMemory(**row) for row in model.runner.program_memory()],
-        device_memory_bytes=model.device_memory_bytes)])
+        device_memory_bytes=model.device_memory_bytes, memory=memory_info(model))])
+
+
+def memory_info(model: ModelState) -> MemoryInfo | None:
+    plan, guard = model.memory, model.guard
+    if plan is None:
+        return None
+
+    def sizes(videos: list) -> list[VideoSize]:
+        return [VideoSize(width=v.width, height=v.height, frames=v.frames, bytes=v.bytes) for v in videos]
+
+    machine = plan.machine
+    return MemoryInfo(
+        device_bytes=plan.device_bytes, device_source=plan.device_source, host_bytes=plan.host_bytes,
+        machine_bytes=machine.bytes if machine else None, machine_source=machine.source if machine else None,
+        reserve_bytes=plan.reserve_bytes,
+        largest_decode=sizes(guard.largest_decode()) if guard else [],
+        largest_encode=sizes(guard.largest_encode()) if guard and model.vae.has_encoder else [])

@@ -359,7 +359,7 @@ def test_the_budget_serves_waiters_in_turn_and_gives_up_at_the_deadline():
         assert big.done() and small.done() and budget.used == 8
         with pytest.raises(Problem) as info:  # 8 + 6 > 10 until the deadline
             await budget.acquire(6, deadline=time.monotonic() + 0.1, retry_after_s=7, receive=Client().receive)
-        assert (info.value.status, info.value.slug, info.value.headers["Retry-After"]) == (503, "busy-decoding", "7")
+        assert (info.value.status, info.value.slug, info.value.headers["Retry-After"]) == (503, "busy-host-memory", "7")
         assert budget.used == 8 and not budget._waiting
         leaving = Client()
         waiter = asyncio.ensure_future(budget.acquire(6, deadline=later, retry_after_s=1, receive=leaving.receive))
@@ -379,12 +379,11 @@ def test_the_budget_serves_waiters_in_turn_and_gives_up_at_the_deadline():
     asyncio.run(scenario())
 
 
-def test_the_budget_must_hold_one_video_at_the_limits():
-    at_the_limits = 129 * 1280 * 1280 * 3 * 4
-    assert Settings(max_decoded_bytes=at_the_limits).max_decoded_bytes == at_the_limits
-    with pytest.raises(ValueError, match="must hold the largest encode input, 2536243200 bytes"):
-        Settings(max_decoded_bytes=at_the_limits - 1)
-    assert Settings(max_decoded_bytes=at_the_limits - 1, max_frames=125).max_frames == 125
+def test_the_former_budget_setting_is_read_as_the_host_account():
+    with pytest.warns(DeprecationWarning, match="now host_memory_bytes"):
+        assert Settings(max_decoded_bytes=2**30).host_memory_bytes == 2**30
+    with pytest.warns(DeprecationWarning, match="ignored"):
+        assert Settings(max_buffered_bytes=2**30).host_memory_bytes is None
     with pytest.raises(ValueError, match="literal_error"):
         Settings(video_codecs=["mjpeg"])
 
@@ -417,14 +416,14 @@ def test_over_http_the_bomb_is_refused_without_decoding_and_odd_bodies_are_4xx(c
 
 def test_encodes_wait_for_decoding_memory_up_to_their_deadline_then_503(client):
     state = client.app.state.service
-    budget = state.decoded
+    budget = state.host
     body = image("PNG")
     client.portal.call(setattr, budget, "used", budget.limit)  # as if other encodes held all of it
     try:
         start = time.monotonic()
         refused = client.post("/v1/encode", content=body, params={"timeout_s": 0.5})
         assert time.monotonic() - start >= 0.5
-        problem = assert_problem(refused, 503, "busy-decoding")
+        problem = assert_problem(refused, 503, "busy-host-memory")
         assert refused.headers["Retry-After"] == "1" and problem["received"] == "0 bytes free"
         answers: list = []
         waiting = threading.Thread(target=lambda: answers.append(client.post("/v1/encode", content=body)))
@@ -436,7 +435,7 @@ def test_encodes_wait_for_decoding_memory_up_to_their_deadline_then_503(client):
         assert answers[0].status_code == 200, answers[0].text
     finally:
         client.portal.call(setattr, budget, "used", 0)
-    assert client.get("/metrics").text.count("vaeserve_decoded_bytes 0.0") == 1
+    assert client.get("/metrics").text.count("vaeserve_host_memory_bytes 0.0") == 1
 
 
 # ---- the connection survives every refusal (a real server) --------------------------------------------

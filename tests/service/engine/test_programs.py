@@ -42,11 +42,13 @@ def test_warmed_requests_compile_nothing():
     # --warmup used to compile the uint8 path only: the first pt-float or stream request of a
     # warmed shape still compiled inside the request.
     with app_client(micro_model(), warmup=[WARM]) as client:
-        # buckets 1 and 2 x (uint8 decode, float decode, first stream step, next stream step)
+        # Every decode runs as steps: buckets 1 and 2 x (first and next step) x (uint8 frames, the
+        # float frames of pt); uint8 serves mp4, npy, png, pt + partial_postprocess and streams.
         assert metric(client, "vaeserve_compiles_total") == 8
         assert metric(client, "vaeserve_programs") == 8
         compiled = client.get("/v1/models").json()["data"][0]["compiled"]
-        assert ["decode", [2, *SHAPE], "float"] in compiled and ["stream-step", [1, 16, 1, 8, 8], "next"] in compiled
+        assert ["stream-step", [2, 16, 1, 8, 8], "next+float"] in compiled
+        assert ["stream-step", [1, 16, 1, 8, 8], "next"] in compiled
         for batch in (1, 2):
             for params in EVERY_OUTPUT:
                 if params["output_type"] in ("mp4", "png") and batch == 2:
@@ -60,7 +62,7 @@ def test_warmed_requests_compile_nothing():
 
 def test_only_warmed_shapes_and_outputs_are_served():
     with app_client(micro_model(), warmup=[WARM + ":uint8,stream"], shapes="warmed", max_batch=1) as client:
-        assert metric(client, "vaeserve_compiles_total") == 3  # the uint8 decode and two stream steps
+        assert metric(client, "vaeserve_compiles_total") == 2  # the two uint8 steps: every answer but pt's floats
         info = client.get("/v1/models").json()["data"][0]
         assert info["warmed"] == [{"shape": list(SHAPE), "outputs": ["uint8", "stream"]}]
         assert decode(client, latents((1, *SHAPE)), output_type="npy").status_code == 200
@@ -73,7 +75,7 @@ def test_only_warmed_shapes_and_outputs_are_served():
             assert problem["expected"] == [WARM + ":stream,uint8"]
         assert problem["received"] == "16x1x8x8:uint8"
         assert metric(client, "vaeserve_shapes_refused_total") == 2
-        assert metric(client, "vaeserve_compiles_total") == 3  # neither a request nor a refusal compiled
+        assert metric(client, "vaeserve_compiles_total") == 2  # neither a request nor a refusal compiled
 
 
 def test_listed_shapes_are_served_with_every_output():
@@ -86,12 +88,12 @@ def test_listed_shapes_are_served_with_every_output():
 def test_program_cache_is_bounded():
     # Every new shape used to compile a program and keep it forever.
     with app_client(micro_model(), max_programs=1, max_batch=1) as client:
-        for frames in (1, 2):
-            assert decode(client, latents((1, 16, frames, 8, 8)), output_type="npy").status_code == 200
+        for width in (8, 16):  # one latent frame: one step, one program each
+            assert decode(client, latents((1, 16, 1, 8, width)), output_type="npy").status_code == 200
         assert metric(client, "vaeserve_compiles_total") == 2
         assert metric(client, "vaeserve_program_evictions_total") == 1
         assert metric(client, "vaeserve_programs") == 1
-        assert client.get("/v1/models").json()["data"][0]["compiled"] == [["decode", [1, *SHAPE], "uint8"]]
+        assert client.get("/v1/models").json()["data"][0]["compiled"] == [["stream-step", [1, 16, 1, 8, 16], "first"]]
 
 
 def test_warmup_larger_than_the_cache_fails_start_up():

@@ -63,7 +63,7 @@ def test_not_ready_until_warm(server, loading_seen):
     info = httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]
     assert info["mesh"]["tp"] == 2 and info["mesh"]["dp"] == 2 and len(info["mesh"]["devices"]) == 4
     assert info["batch_buckets"] == [2]  # one latent is padded to dp=2
-    assert ["decode", [2, 16, 2, 4, 4], "uint8"] in info["compiled"]
+    assert ["stream-step", [2, 16, 1, 4, 4], "next"] in info["compiled"]
 
 
 def test_the_log_says_ready_once_and_nothing_alarming(server):
@@ -119,12 +119,12 @@ def test_request_of_a_client_that_left_is_dropped(server):
     started0 = _on_the_device(server)
     # A cold shape keeps the device busy compiling for seconds; meanwhile a second client queues a
     # request of another cold shape and hangs up. That shape must never reach the device.
-    busy = threading.Thread(target=decode_npy, args=(server, latents((1, 16, 3, 4, 4))))
+    busy = threading.Thread(target=decode_npy, args=(server, latents((1, 16, 3, 4, 6))))
     busy.start()
     wait_until(lambda: _on_the_device(server) > started0, "the first request started on the device")
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(_raw_request(latents((1, 16, 1, 4, 4))))
+        sock.sendall(_raw_request(latents((1, 16, 1, 4, 8))))
         wait_until(lambda: server.metric("vaeserve_queue_depth") >= 1, "the second request queued")
         assert busy.is_alive(), "the first request was answered before the second queued: nothing was tested"
     # The client has left while its request waited: the worker drops it when it reaches it.
@@ -133,8 +133,8 @@ def test_request_of_a_client_that_left_is_dropped(server):
     busy.join(120)
     assert server.metric("vaeserve_dropped_total", reason="client-gone") - dropped0 == 1
     compiled = httpx.get(server.url + "/v1/models", headers=AUTH).json()["data"][0]["compiled"]
-    assert ["decode", [2, 16, 3, 4, 4], "uint8"] in compiled
-    assert ["decode", [2, 16, 1, 4, 4], "uint8"] not in compiled
+    assert ["stream-step", [2, 16, 1, 4, 6], "next"] in compiled  # every decode runs as steps
+    assert not [program for program in compiled if program[1] == [2, 16, 1, 4, 8]]
     assert server.metric("vaeserve_requests_total", route="/v1/decode", status="499") >= 1
 
 

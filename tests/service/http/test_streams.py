@@ -84,14 +84,17 @@ def test_pipelined_and_fragmented_mp4s_decode_to_the_frames_of_the_whole_mp4(tin
     assert not np.array_equal(live, expected)
 
 
-def test_a_shape_served_whole_only_gets_the_mp4_of_the_whole_decode():
+def test_a_shape_warmed_for_uint8_serves_every_uint8_answer_from_the_same_steps():
     x = latents((1, 16, 2, 4, 4), seed=12)
     with thread_server(make_test_model(), max_batch=1, warmup=["16x2x4x4:uint8"], shapes="warmed", **LIMITS) as srv:
         r = post(srv.url, x, output_type="mp4", fps=8)
         assert r.status_code == 200, r.text
-        assert {program[0] for program in compiled(srv.url)} == {"decode"}  # a fresh model: what it ran
         frames = np.load(__import__("io").BytesIO(post(srv.url, x, output_type="npy").content))
-        refused = post(srv.url, x, output_type="mp4", stream="true")
+        streamed = post(srv.url, x, output_type="mp4", stream="true")
+        assert streamed.status_code == 200
+        # A fresh model: what it ran, the two uint8 steps of the warm-up, and nothing else.
+        assert sorted(program[2] for program in compiled(srv.url)) == ["first", "next"]
+        refused = post(srv.url, x, output_type="pt")  # float frames: not warmed
     assert np.array_equal(read_mp4(r.content), read_mp4(mp4_bytes(frames[0], fps=8, crf=18)))
     assert refused.status_code == 422 and refused.json()["type"].endswith("/shape-not-allowed")
 
@@ -145,12 +148,16 @@ STEPS = 40
 
 
 class BigStepRunner(DeviceRunner):
-    """Streams of 40 steps of 3 MiB whatever the latents (a stand-in for a large video; the
-    worker and the HTTP stream are under test, not the model). Counts the steps it made."""
+    """Streams of 40 steps of 3 MiB for latents of 2 frames (a stand-in for a large video; the
+    worker and the HTTP stream are under test, not the model), the model's own decode of any
+    other latents (an ordinary request). Counts the big steps it made."""
 
     made = 0
 
-    def decode_stream(self, latents, *, framewise=False):
+    def decode_stream(self, latents, *, output="uint8", framewise=False):
+        if latents.shape[2] != 2:
+            yield from super().decode_stream(latents, output=output, framewise=framewise)
+            return
         for index in range(STEPS):
             BigStepRunner.made += 1
             yield Decoded(np.full(STEP, index, np.uint8), np.zeros(1, np.int32))
@@ -178,17 +185,18 @@ def wait_until(condition, timeout: float = 60) -> bool:
 def test_slow_readers_hold_bounded_memory_and_are_dropped_at_the_write_deadline(tiny_vae):
     bound, write_timeout = 4 * 2**20, 4.0
     x = latents((1, 16, 2, 4, 4), seed=15)
+    ordinary = latents((1, 16, 1, 4, 4), seed=16)
     BigStepRunner.made = 0
     with thread_server(tiny_vae, runner_factory=BigStepRunner, max_batch=1, stream_buffer_bytes=bound,
                        write_timeout_s=write_timeout, max_queue=8, **LIMITS) as srv:
-        assert post(srv.url, x, output_type="npy").status_code == 200  # compiled before the clock matters
+        assert post(srv.url, ordinary, output_type="npy").status_code == 200  # compiled before the clock matters
         sockets = [stalled_stream(srv.address, x) for _ in range(3)]
         buffered = lambda: srv.metric("vaeserve_stream_buffered_bytes")  # noqa: E731
         # Each stream fills its bound (plus the step that crossed it), then is set aside.
         assert wait_until(lambda: buffered() >= 3 * bound)
         made_while_stalled = BigStepRunner.made
         # The device is not held by them: an ordinary request is answered while they stall.
-        assert post(srv.url, x, output_type="npy").status_code == 200
+        assert post(srv.url, ordinary, output_type="npy").status_code == 200
         assert srv.metric("vaeserve_requests_total", route="/v1/decode", status="499") == 0  # still stalled
         assert buffered() <= 3 * (bound + np.prod(STEP))
         assert made_while_stalled <= 3 * (bound // np.prod(STEP) + 6)  # far from 3 x 40: set aside

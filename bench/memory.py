@@ -1,0 +1,321 @@
+"""Memory: the default server's peak RSS against the estimate and the host's memory, as requests grow.
+
+    .venv/bin/python -m bench.memory                                   # the sizes below, the PNG
+    .venv/bin/python -m bench.memory --sizes 256x256 480x832 1280x1280 --frames 5 --png docs/memory/rss.png
+    .venv/bin/python -m bench.memory --table                           # docs/serving.md's table
+    .venv/bin/python -m bench.memory --compare                         # the estimate vs memory_analysis()
+
+Default run: ``vaeserve serve`` with its defaults (the embedded Wan 2.1, random weights, float32,
+``--shapes any``) in a process of its own; each size is sent once as a decode (npy), then as an
+encode (raw float32 frames), growing; the server's RSS is sampled every 20 ms from /proc. For
+each request: the answer (200, or the refusal and its ``type``), the peak RSS, and the estimate
+of its largest program (``models.memory``). The PNG plots peak RSS and estimate against the
+video's pixels, with the host's memory and the per-device memory the server shares out.
+Extra server flags pass through ``--serve`` (e.g. ``--serve --device-memory-bytes 8000000000``
+on a host other processes share).
+
+``--table`` prints, without a server, the estimate per size for a model on CPU; ``--compare``
+compiles programs of the tiny configs (and, with ``--real``, of the real ones at small sizes)
+and prints the estimate against their ``memory_analysis()`` per family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = ("128x128", "256x256", "480x832", "720x1280", "1280x1280")
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of a process, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+class Peak:
+    """The most RSS of ``pid`` while the ``with`` block runs (sampled every 20 ms)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak = pid, 0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> Peak:
+        self.peak = rss(self.pid)
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss(self.pid))
+            time.sleep(0.02)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def size(text: str) -> tuple[int, int]:
+    height, width = (int(v) for v in text.lower().split("x"))
+    return height, width
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    from service.engine.memory import machine_memory
+
+    host = machine_memory()
+    return f"{os.cpu_count()} cores ({cpu}), {host.bytes / 1e9:.1f} GB ({host.source})"
+
+
+def start(port: int, extra: list[str]) -> subprocess.Popen:
+    command = ["nice", "-n", "10", sys.executable, "-m", "service", "serve", "--port", str(port), *extra]
+    process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}")
+        time.sleep(0.5)
+    process.kill()
+    raise RuntimeError("the server was not ready in 600 s")
+
+
+def estimator_of(info: dict):
+    """The server's model's estimate (its config, dtype, weights and mesh; CPU convs)."""
+    import models
+    from models.memory import estimator
+
+    config = models.config_from_dict(info["config"])
+    return config, estimator(config, dtype=info["dtype"], decoder_parameters=info["metadata"]["parameters"],
+                             encoder_parameters=info["metadata"].get("encoder_parameters", 0),
+                             tp=info["mesh"]["tp"], dp=info["mesh"]["dp"], native=False)
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    port = 8700 + os.getpid() % 200
+    process = start(port, args.serve)
+    url = f"http://127.0.0.1:{port}"
+    rows = []
+    try:
+        info = httpx.get(url + "/v1/models").json()["data"][0]
+        config, estimate = estimator_of(info)
+        memory = info["memory"]
+        print(f"# {machine()}; per device {memory['device_bytes'] / 1e9:.1f} GB, host account "
+              f"{memory['host_bytes'] / 1e9:.1f} GB; idle RSS {rss(process.pid) / 1e9:.2f} GB", flush=True)
+        s, t = config.spatial_scale, config.temporal_scale
+        latent_frames = 1 + (args.frames - 1) // t
+        for text in args.sizes:
+            height, width = size(text)
+            for operation in args.operations:
+                if operation == "decode":
+                    shape = (1, config.z_dim, latent_frames, height // s, width // s)
+                    body = np.random.default_rng(0).standard_normal(shape).astype(np.float32).tobytes()
+                    bytes_estimated = estimate.decode(shape).total
+                    params = {"output_type": "npy"}
+                else:
+                    shape = (1, 3, args.frames, height, width)
+                    body = np.zeros(shape, np.float32).tobytes()
+                    bytes_estimated = estimate.encode(shape).total
+                    params = {}
+                if len(body) > 64 * 2**20:
+                    print(f"{operation} {text}: the body ({len(body)} bytes) is over max_body_bytes; skipped")
+                    continue
+                start_s = time.monotonic()
+                with Peak(process.pid) as peak:
+                    answer = httpx.post(f"{url}/v1/{operation}", content=body, timeout=args.timeout + 60,
+                                        params={"shape": ",".join(map(str, shape)), "dtype": "float32",
+                                                "timeout_s": args.timeout, **params},
+                                        headers={"Content-Type": "application/octet-stream"})
+                kind = "" if answer.status_code == 200 else json.loads(answer.text).get("type", "").rsplit("/", 1)[-1]
+                row = {"operation": operation, "size": text, "frames": args.frames, "pixels": height * width,
+                       "status": answer.status_code, "type": kind, "peak_rss": peak.peak, "estimate": bytes_estimated,
+                       "seconds": round(time.monotonic() - start_s, 1)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        process.terminate()
+        process.wait(60)
+    rows.append({"memory": memory, "machine": machine()})
+    return rows
+
+
+def plot(rows: list[dict], path: Path, command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    meta = rows[-1]
+    figure, ax = plt.subplots(figsize=(8, 5))
+    gb = 1e9
+    for operation, marker in (("decode", "o"), ("encode", "s")):
+        points = [r for r in rows[:-1] if r["operation"] == operation]
+        if not points:
+            continue
+        xs = [r["pixels"] for r in points]
+        ax.plot(xs, [r["estimate"] / gb for r in points], marker=marker, linestyle="--",
+                label=f"{operation}: estimate of its largest program")
+        ax.plot(xs, [r["peak_rss"] / gb for r in points], marker=marker, label=f"{operation}: server peak RSS")
+        for r in points:
+            if r["status"] != 200:
+                ax.annotate(f"{r['status']} {r['type']}", (r["pixels"], r["peak_rss"] / gb), fontsize=7,
+                            xytext=(4, 6), textcoords="offset points")
+    memory = meta["memory"]
+    ax.axhline(memory["machine_bytes"] / gb, color="k", linewidth=1, label="the host's memory")
+    ax.axhline(memory["device_bytes"] / gb, color="grey", linestyle=":", label="memory per device (programs)")
+    ax.axhline(1.5 * memory["device_bytes"] / gb, color="grey", linestyle="-.",
+               label="refused before compiling above")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"pixels per frame ({rows[0]['frames']} frames)")
+    ax.set_ylabel("GB")
+    ax.set_title(f"{meta['machine']}\n{command}", fontsize=8)
+    ax.legend(fontsize=7)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def table(args: argparse.Namespace) -> None:
+    """Markdown: per size, the estimate of the decode's largest step and of the encode (CPU, the
+    model's real config), and what an npy / MP4 answer and an encode hold in the host account."""
+    import jax
+    from flax import nnx
+
+    import models
+    from models.families import family_of
+    from models.memory import estimator
+    from models.vae import abstract_module
+    from service.http.host_memory import decode_host_bytes, encode_host_bytes
+    from service.http.schemas import DecodeParams
+    from service.limits import Limits
+
+    config = models.load_config(args.model) if args.model else models.WanVAEConfig()
+    family = family_of(config)
+
+    def parameters(module) -> int:
+        return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(nnx.state(abstract_module(
+            module, config, jax.numpy.float32))))
+
+    model = estimator(config, dtype=args.dtype, decoder_parameters=parameters(family.decoder),
+                      encoder_parameters=parameters(family.encoder))
+    assert model is not None, f"no estimate for the {config.family} family"
+    s, t = config.spatial_scale, config.temporal_scale
+    limits = Limits(channels=config.z_dim, max_batch=1, max_frames=10**6, max_height=10**6, max_width=10**6,
+                    temporal_scale=t, spatial_scale=s)
+
+    def answer(output_type: str) -> DecodeParams:
+        return DecodeParams(output_type=output_type, denormalize=False, partial_postprocess=False, stream=False,  # type: ignore[arg-type]
+                            mp4_stream=False, fps=16, crf=18, frame=0, shape=None, dtype=None, scaling_factor=None,
+                            shift_factor=None, timeout_s=300)
+
+    class Header:  # what encode_host_bytes reads of a FramesHeader
+        def __init__(self, shape):
+            self.shape, self.nbytes = shape, int(np.prod(shape)) * 4
+
+    print("| video | decode step (estimate) | npy answer (host account) | MP4 answer (host account) | "
+          "encode (estimate) | encode (host account) |")
+    print("|---|---|---|---|---|---|")
+    for text in args.sizes:
+        height, width = size(text)
+        for frames in args.table_frames:
+            latents = (1, config.z_dim, 1 + (frames - 1) // t, height // s, width // s)
+            frames_shape = (1, 3, frames, height, width)
+            cells = [model.decode(latents).total,
+                     decode_host_bytes(latents, answer("npy"), limits, stream_buffer_bytes=64 * 2**20, causal=config.causal),
+                     decode_host_bytes(latents, answer("mp4"), limits, stream_buffer_bytes=64 * 2**20, causal=config.causal),
+                     model.encode(frames_shape).total, encode_host_bytes(Header(frames_shape), limits)]  # type: ignore[arg-type]
+            print(f"| {width}x{height}x{frames} | " + " | ".join(f"{c / 1e9:.2f} GB" for c in cells) + " |")
+
+
+def compare(args: argparse.Namespace) -> None:
+    """The estimate against memory_analysis() of compiled programs, per family (tiny configs, and
+    with ``--real`` the real ones at small sizes: minutes of compiling each)."""
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    import models
+    import sharding
+    from models.memory import estimator
+    from sharding.fits import program_total_bytes
+    from sharding.introspect import program_memory
+
+    tiny: dict[str, tuple[models.VAEConfig, list[tuple[int, ...]]]] = {
+        "wan2.1": (models.WanVAEConfig(base_dim=8, num_res_blocks=1), [(1, 16, 3, 8, 8), (2, 16, 3, 12, 12)]),
+        "wan2.2": (models.WanVAEConfig.wan22(base_dim=8, decoder_base_dim=8, num_res_blocks=1, dim_mult=(1, 2, 2),
+                                             temperal_downsample=(False, True), scale_factor_spatial=8,
+                                             scale_factor_temporal=2), [(1, 48, 3, 8, 8), (2, 48, 3, 8, 12)]),
+        "hunyuan1.0": (models.HunyuanVideoConfig(block_out_channels=(8, 16, 16, 16), norm_num_groups=4,
+                                                 layers_per_block=1), [(1, 16, 3, 8, 8), (2, 16, 2, 8, 12)]),
+        "hunyuan1.5": (models.HunyuanVideo15Config(block_out_channels=(8, 16, 16, 32, 64), layers_per_block=1,
+                                                   latent_channels=16), [(1, 16, 3, 4, 4), (2, 16, 3, 4, 6)]),
+    }
+    real: dict[str, tuple[models.VAEConfig, list[tuple[int, ...]]]] = {
+            "wan2.1": (models.WanVAEConfig(), [(1, 16, 2, 16, 16), (1, 16, 2, 60, 104)]),
+            "wan2.2": (models.WanVAEConfig.wan22(), [(1, 48, 2, 8, 8), (1, 48, 2, 30, 52)]),
+            "hunyuan1.0": (models.HunyuanVideoConfig(), [(1, 16, 3, 16, 16), (1, 16, 5, 32, 32)]),
+            "hunyuan1.5": (models.HunyuanVideo15Config(), [(1, 32, 2, 8, 8), (1, 32, 2, 30, 52)])}
+    mesh = sharding.make_mesh(1)
+    print("| family | config | latents | program | estimate | memory_analysis() | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for which, table_ in (("tiny", tiny), ("real", real if args.real else {})):
+        for name, (config, shapes) in table_.items():
+            vae = models.abstract_vae(config)
+            model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"])
+            assert model is not None
+            for shape in shapes:
+                compiled = sharding.compile_decode_stream(vae, shape, mesh)
+                for program, step in zip(model.decode_steps(shape), compiled, strict=True):
+                    measured = program_total_bytes(program_memory(step))
+                    print(f"| {name} | {which} | {'x'.join(map(str, shape))} | {program.name} | "
+                          f"{program.estimate.total / 1e6:.1f} MB | {measured / 1e6:.1f} MB | "
+                          f"{program.estimate.total / measured:.2f} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), help="HEIGHTxWIDTH, growing")
+    parser.add_argument("--frames", type=int, default=5, help="frames per video (1 + 4k)")
+    parser.add_argument("--operations", nargs="+", default=["decode", "encode"], choices=["decode", "encode"])
+    parser.add_argument("--timeout", type=float, default=1800, help="each request's timeout_s")
+    parser.add_argument("--png", type=Path, default=REPO / "docs" / "memory" / "rss.png")
+    parser.add_argument("--serve", nargs=argparse.REMAINDER, default=[], help="flags for vaeserve serve")
+    parser.add_argument("--table", action="store_true", help="print the estimate per size (no server)")
+    parser.add_argument("--table-frames", type=int, nargs="+", default=[81, 129])
+    parser.add_argument("--model", help="--table: a model (default: the embedded Wan 2.1)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--compare", action="store_true", help="the estimate vs compiled programs")
+    parser.add_argument("--real", action="store_true", help="--compare: the real configs too (slow)")
+    args = parser.parse_args()
+    if args.table:
+        table(args)
+    elif args.compare:
+        compare(args)
+    else:
+        rows = run(args)
+        command = "python -m bench.memory " + shlex.join(sys.argv[1:])
+        plot(rows, args.png, command)
+
+
+if __name__ == "__main__":
+    main()

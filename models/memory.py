@@ -1,0 +1,493 @@
+"""What a program will need, per device, before it is compiled: an estimate from the shape rules.
+
+``memory_analysis()`` of a compiled program is the figure a server checks before it runs anything
+(``sharding.fits``); compiling a 1280x1280x129 program on a CPU host takes minutes and memory of
+its own, so a server refuses the hopeless sizes first, from this estimate. Pure Python, no JAX:
+the HTTP layer asks it before it reads a request's body.
+
+A program's bytes per device are split as ``memory_analysis()`` splits them:
+
+* arguments and outputs, counted exactly from the shapes: the weights, the input (latents
+  replicated over ``tp``, or a band of frames), the output frames of the band, and for a stream
+  step its causal caches (an argument and an output, the one donated to the other);
+* temp, the working memory, from the network's layers (a per-family description, walked here
+  from the config as ``models.flops`` walks it for FLOPs): the caches, the largest activation,
+  on CPU the largest block of nine-tap matmul outputs (``models.conv``: capped by its block
+  budget), and the attention's scores and gathered keys/values; each weighted by a coefficient
+  per family (``Coefficients``), calibrated against ``memory_analysis()`` (``bench/memory.py``
+  prints the comparison; ``tests/models/test_memory_estimate.py`` holds it to bounds).
+
+A family plugs in with a ``Family`` entry in ``FAMILIES`` (its layers, its coefficients); a family
+without one has no estimate (``estimator`` returns None) and its programs are checked after they
+are compiled only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .config import HunyuanVideo15Config, HunyuanVideoConfig, VAEConfig, WanVAEConfig
+from .shapes import FRAMES_PER_CHUNK, Output, latents_for_frames, output_frames
+
+BYTES = {"float32": 4, "bfloat16": 2}
+# models.conv.CPU_BLOCK_BYTES: a CPU conv's nine-tap buffers per block, at most.
+CPU_BLOCK_BYTES = 128 * 2**20
+# models.decoder.STREAM_MIN_FRAME_BYTES: after a temporal upsampler, frames go one at a time once a
+# full-resolution frame holds this much.
+STREAM_MIN_FRAME_BYTES = 4 * 2**20
+# models.hunyuan.CLIP_BLOCK_BYTES: HunyuanVideo 1.0's whole-clip convs take this much of a clip per block.
+CLIP_BLOCK_BYTES = 256 * 2**20
+QUERY_CHUNK = 4096  # sharding's query_chunk default: attention scores per block of queries
+
+
+# -- a network, as the estimate sees it --------------------------------------------------------------
+@dataclass(frozen=True)
+class Conv:
+    """One convolution of a program: the frames it takes at once (in one step, one frame group or
+    one block of a clip), its grid (``scale`` rows per latent row), its channels, and what it keeps
+    from step to step: ``"padded"`` (two frames of its padded input), ``"plain"`` (two unpadded
+    frames: a time conv) or None. ``clip_frames``: the frames of the tensor it reads and writes
+    (more than ``frames`` when a whole clip is convolved block by block)."""
+
+    frames: int
+    scale: float
+    cin: int
+    cout: int
+    cache: str | None = "padded"
+    clip_frames: int = 0
+
+
+@dataclass(frozen=True)
+class Attention:
+    """An attention layer: ``queries`` of each device against ``keys`` (gathered from every band),
+    ``dim`` channels, ``kept``: keys and values a step keeps for later ones (HunyuanVideo 1.5)."""
+
+    queries: int
+    keys: int
+    dim: int
+    kept: int = 0
+
+
+Layer = Conv | Attention
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What a device holds of a program's input: ``batch`` rows of ``rows x cols`` latent pixels (its
+    band; ``full_rows`` the frame's), ``frames`` latent frames in this step (or clip)."""
+
+    batch: int
+    rows: int
+    cols: int
+    full_rows: int
+    frames: int
+    clip_frames: int
+
+
+# -- the features of a program, and what they weigh ------------------------------------------------
+@dataclass(frozen=True)
+class Features:
+    """Element counts (per device) that a program's working memory is made of."""
+
+    caches: int  # causal caches (elements, model dtype)
+    activation: int  # the largest conv's input + output (elements)
+    outputs: int  # every conv's output, summed (elements): what a step holds if little is reused
+    taps: int  # the largest nine-tap matmul block (float32 elements; 0 on accelerators)
+    attention: int  # scores of one block of queries + gathered keys and values (float32 elements)
+    weights: int = 0  # bytes of the program's weights (kernels are reshaped for the convs)
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """How much of each feature a family's compiled programs hold as temp, per platform kind.
+
+    Fitted (least squares on the ratio) to ``memory_analysis()`` of the family's programs; see
+    ``bench/memory.py``. ``cpu`` applies to programs with the nine-tap CPU convs, ``native`` to
+    accelerators' native convolutions (no nine-tap buffers)."""
+
+    caches: float
+    activation: float
+    outputs: float
+    taps: float
+    attention: float
+    weights: float
+
+    def temp(self, features: Features, itemsize: int) -> int:
+        return int(itemsize * (self.caches * features.caches + self.activation * features.activation
+                               + self.outputs * features.outputs)
+                   + 4 * (self.taps * features.taps + self.attention * features.attention)
+                   + self.weights * features.weights)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Estimated bytes per device of one program, as ``memory_analysis()`` splits them (``total`` =
+    arguments + outputs − aliased + temp)."""
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+
+    @property
+    def total(self) -> int:
+        return self.argument + self.output - self.alias + self.temp
+
+
+def features(layers: list[Layer], grid: Grid, *, native: bool) -> Features:
+    """The features of a program made of ``layers`` over ``grid`` (per device)."""
+    b, h, w = grid.batch, grid.rows, grid.cols
+    caches = activation = outputs = taps = attention = 0
+    for layer in layers:
+        if isinstance(layer, Attention):
+            scores = b * min(QUERY_CHUNK, layer.queries) * layer.keys
+            attention = max(attention, scores + 2 * b * (layer.keys + layer.kept) * layer.dim)
+            caches += 2 * b * layer.kept * layer.dim
+            continue
+        rows, cols = math.ceil(layer.scale * h), math.ceil(layer.scale * w)
+        pixels = rows * cols
+        if layer.cache == "padded":
+            caches += 2 * b * (rows + 2) * (cols + 2) * layer.cin
+        elif layer.cache == "plain":
+            caches += 2 * b * pixels * layer.cin
+        clip = max(layer.frames, layer.clip_frames)
+        activation = max(activation, b * clip * pixels * (layer.cin + layer.cout))
+        outputs += b * clip * pixels * layer.cout
+        if not native:
+            block = b * layer.frames * (rows + 2) * (cols + 2) * 9 * layer.cout
+            taps = max(taps, min(block, CPU_BLOCK_BYTES // 4))
+    return Features(caches, activation, outputs, taps, attention)
+
+
+def cache_bytes(layers: list[Layer], grid: Grid, itemsize: int) -> int:
+    """The causal caches a step keeps, in bytes (exact for the Wan and HunyuanVideo 1.5 layers)."""
+    return itemsize * features(layers, grid, native=True).caches
+
+
+# -- Wan 2.1 / 2.2 ---------------------------------------------------------------------------------
+def _residual(frames: int, scale: float, cin: int, cout: int) -> list[Conv]:
+    return [Conv(frames, scale, cin, cout), Conv(frames, scale, cout, cout)]
+
+
+def wan_decoder(config: WanVAEConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
+    """The layers of one decode step of a Wan decoder (``models.decoder``)."""
+    dims = config.decoder_dims
+    frames = 1 if first else grid.frames
+    layers: list[Layer] = [Conv(frames, 1, config.z_dim, dims[0])]
+    layers += _residual(frames, 1, dims[0], dims[0])
+    layers.append(Attention(grid.rows * grid.cols, grid.full_rows * grid.cols, dims[0]))
+    layers += _residual(frames, 1, dims[0], dims[0])
+    stages = len(config.dim_mult)
+    last_pixel = (2 ** (stages - 1)) ** 2 * dims[-1] * itemsize * grid.batch * grid.rows * grid.cols
+    group = None if first or last_pixel < STREAM_MIN_FRAME_BYTES else 1
+    scale, halves = 1, not config.is_residual
+    for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+        cin = cin // 2 if i > 0 and halves else cin
+        for _ in range(config.num_res_blocks + 1):
+            layers += _residual(frames, scale, cin, cout)
+            cin = cout
+        if i == stages - 1:
+            continue
+        if config.temperal_upsample[i]:
+            layers.append(Conv(frames, scale, cout, 2 * cout, cache="plain"))
+            frames = frames if first else 2 * frames
+            frames = min(frames, group) if group else frames
+        scale *= 2
+        layers.append(Conv(frames, scale / 2, cout, 4 * (cout // 2 if halves else cout), cache=None))
+    layers.append(Conv(frames, scale, dims[-1], config.out_channels))
+    return layers
+
+
+def wan_first_step_unused(config: WanVAEConfig) -> int:
+    """Parameters latent frame 0 does not use (its upsamplers skip their time convs): the compiled
+    first step does not take them."""
+    dims = config.decoder_dims
+    return sum(3 * cout * 2 * cout + 2 * cout
+               for cout, temporal in zip(dims[1:], config.temperal_upsample, strict=False) if temporal)
+
+
+def wan_encoder(config: WanVAEConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
+    """The layers of one encode step of a Wan encoder (``models.encoder``): frame 0, or 4 frames."""
+    del itemsize
+    dims = tuple(config.base_dim * m for m in (1, *config.dim_mult))
+    frames = 1 if first else FRAMES_PER_CHUNK
+    scale: float = 2 ** (len(config.dim_mult) - 1)  # rows of the (patchified) input per latent row
+    layers: list[Layer] = [Conv(frames, scale, config.in_channels, dims[0])]
+    for stage, (cin, cout) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+        for _ in range(config.num_res_blocks):
+            layers += _residual(frames, scale, cin, cout)
+            cin = cout
+        if stage == len(config.dim_mult) - 1:
+            continue
+        layers.append(Conv(frames, scale / 2, 4 * cout, cout, cache=None))  # stride-2 conv, seen at the output
+        scale /= 2
+        if config.temperal_downsample[stage] and not first:
+            layers.append(Conv(frames, scale, cout, cout, cache="plain"))
+            frames //= 2
+    layers += _residual(frames, scale, dims[-1], dims[-1])
+    layers.append(Attention(grid.rows * grid.cols, grid.full_rows * grid.cols, dims[-1]))
+    layers += _residual(frames, scale, dims[-1], dims[-1])
+    layers.append(Conv(frames, scale, dims[-1], 2 * config.z_dim))
+    return layers
+
+
+# -- HunyuanVideo 1.5 -------------------------------------------------------------------------------
+def hunyuan15_decoder(config: HunyuanVideo15Config, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
+    """The layers of one decode step of HunyuanVideo 1.5 (``models.hunyuan15``)."""
+    del itemsize
+    dims = config.decoder_channels
+    frames = 1 if first else grid.frames
+    tokens, keys = grid.rows * grid.cols, grid.full_rows * grid.cols
+    layers: list[Layer] = [Conv(frames, 1, config.latent_channels, dims[0])]
+    layers += _residual(frames, 1, dims[0], dims[0])
+    layers.append(Attention(frames * tokens, grid.clip_frames * keys, dims[0], kept=grid.clip_frames * tokens))
+    layers += _residual(frames, 1, dims[0], dims[0])
+    scale = 1
+    for cin, cout, up, temporal in config.up_blocks():
+        for _ in range(config.layers_per_block + 1):
+            layers += _residual(frames, scale, cin, cout)
+            cin = cout
+        if up is not None:
+            layers.append(Conv(frames, scale, cout, up * (8 if temporal else 4)))
+            frames = frames if first or not temporal else 2 * frames
+            scale *= 2
+    layers.append(Conv(frames, scale, dims[-1], config.out_channels))
+    return layers
+
+
+def hunyuan15_encoder(config: HunyuanVideo15Config, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
+    """The layers of one encode step of HunyuanVideo 1.5: frame 0, or 4 frames."""
+    del itemsize
+    frames = 1 if first else FRAMES_PER_CHUNK
+    scale: float = config.spatial_compression_ratio
+    dims = config.block_out_channels
+    layers: list[Layer] = [Conv(frames, scale, config.in_channels, dims[0])]
+    for cin, cout, down, temporal in config.down_blocks():
+        for _ in range(config.layers_per_block):
+            layers += _residual(frames, scale, cin, cout)
+            cin = cout
+        if down is not None:
+            layers.append(Conv(frames, scale, cout, down // (8 if temporal else 4)))
+            scale /= 2
+            frames = frames if first or not temporal else frames // 2
+    layers += _residual(frames, scale, dims[-1], dims[-1])
+    layers.append(Attention(frames * grid.rows * grid.cols, frames * grid.full_rows * grid.cols, dims[-1]))
+    layers += _residual(frames, scale, dims[-1], dims[-1])
+    layers.append(Conv(frames, scale, dims[-1], 2 * config.latent_channels))
+    return layers
+
+
+# -- HunyuanVideo 1.0: the whole clip at once ---------------------------------------------------------
+def _block(frames: int, pixels: int, channels: int, itemsize: int) -> int:
+    """Frames of a whole-clip conv taken per block (``models.hunyuan.block_frames``)."""
+    return max(1, min(frames, CLIP_BLOCK_BYTES // max(1, pixels * channels * itemsize)))
+
+
+def hunyuan_decoder(config: HunyuanVideoConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
+    """The layers of HunyuanVideo 1.0's whole-clip decode (``models.hunyuan``): every conv reads and
+    writes the whole clip, block by block in time."""
+    del first
+    dims = tuple(reversed(config.block_out_channels))
+    frames, scale = grid.clip_frames, 1
+    tokens = grid.rows * grid.cols
+
+    def conv(cin: int, cout: int) -> Conv:
+        pixels = grid.batch * math.ceil(scale * grid.rows) * math.ceil(scale * grid.cols)
+        return Conv(_block(frames, pixels, cin, itemsize), scale, cin, cout, cache=None, clip_frames=frames)
+
+    layers: list[Layer] = [conv(config.latent_channels, dims[0]), conv(dims[0], dims[0]), conv(dims[0], dims[0])]
+    if config.mid_block_add_attention:
+        layers.append(Attention(frames * tokens, frames * grid.full_rows * grid.cols, dims[0]))
+    layers += [conv(dims[0], dims[0]), conv(dims[0], dims[0])]
+    for cin, cout, (temporal, spatial) in zip((dims[0], *dims[:-1]), dims, config.up_factors(), strict=True):
+        for _ in range(config.layers_per_block + 1):
+            layers += [conv(cin, cout), conv(cout, cout)]
+            cin = cout
+        if temporal or spatial:
+            frames = 1 + 2 * (frames - 1) if temporal else frames
+            scale *= 2 if spatial else 1
+            layers.append(conv(cout, cout))
+    layers.append(conv(dims[-1], config.out_channels))
+    return layers
+
+
+def hunyuan_encoder(config: HunyuanVideoConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
+    """The layers of HunyuanVideo 1.0's whole-clip encode."""
+    del first
+    dims = config.block_out_channels
+    frames, scale = grid.clip_frames, float(config.spatial_compression_ratio)
+
+    def conv(cin: int, cout: int) -> Conv:
+        pixels = grid.batch * math.ceil(scale * grid.rows) * math.ceil(scale * grid.cols)
+        return Conv(_block(frames, pixels, cin, itemsize), scale, cin, cout, cache=None, clip_frames=frames)
+
+    layers: list[Layer] = [conv(config.in_channels, dims[0])]
+    cin = dims[0]
+    for cout, (temporal, spatial) in zip(dims, config.down_factors(), strict=True):
+        for _ in range(config.layers_per_block):
+            layers += [conv(cin, cout), conv(cout, cout)]
+            cin = cout
+        if temporal or spatial:
+            layers.append(conv(cout, cout))
+            frames = 1 + (frames - 1) // 2 if temporal else frames
+            scale /= 2 if spatial else 1
+    layers += [conv(dims[-1], dims[-1])] * 2
+    if config.mid_block_add_attention:
+        layers.append(Attention(frames * grid.rows * grid.cols, frames * grid.full_rows * grid.cols, dims[-1]))
+    layers += [conv(dims[-1], dims[-1])] * 2 + [conv(dims[-1], 2 * config.latent_channels)]
+    return layers
+
+
+# -- families ------------------------------------------------------------------------------------------
+Walk = Callable[..., list[Layer]]
+Table = dict[str, Coefficients]  # by program: "decode" (a step, or a whole-clip decode), "encode"
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the estimate knows of a family: its decoder's and encoder's layers, and its coefficients
+    by program (``"decode"``, ``"encode"``), for each conv path (``cpu``: the nine-tap CPU convs;
+    ``native``: accelerators' convolutions, None until measured there — the CPU's are used, with
+    no nine-tap buffers to count)."""
+
+    decoder: Walk
+    encoder: Walk
+    cpu: Table
+    native: Table | None = None
+    first_step_unused: Callable[..., int] = lambda config: 0  # parameters the first decode step leaves out
+
+
+def _c(caches: float, activation: float, outputs: float, taps: float, attention: float, weights: float) -> Coefficients:
+    return Coefficients(caches=caches, activation=activation, outputs=outputs, taps=taps, attention=attention,
+                        weights=weights)
+
+
+# Fitted (bench/memory.py --fit) to memory_analysis() on XLA:CPU of the tiny test configs at
+# several sizes and of the real configs at small and 480p sizes (the printed table is in
+# docs/serving.md, "No out-of-memory surprises").
+FAMILIES: dict[str, Family] = {
+    "wan2.1": Family(wan_decoder, wan_encoder, cpu={"decode": _c(0.667, 1.006, 0.0, 1.640, 1.0, 0.0),
+                                                    "encode": _c(0.0, 6.303, 0.0, 2.175, 1.0, 0.250)},
+                     first_step_unused=wan_first_step_unused),
+    "wan2.2": Family(wan_decoder, wan_encoder, cpu={"decode": _c(0.872, 0.379, 0.0, 0.464, 1.0, 0.367),
+                                                    "encode": _c(0.0, 0.0, 1.556, 2.752, 1.0, 0.784)},
+                     first_step_unused=wan_first_step_unused),
+    "hunyuan1.5": Family(hunyuan15_decoder, hunyuan15_encoder, cpu={"decode": _c(2.571, 0.0, 0.0, 1.906, 1.0, 0.340),
+                                                                   "encode": _c(0.0, 0.0, 1.653, 2.632, 1.0, 0.953)}),
+    "hunyuan1.0": Family(hunyuan_decoder, hunyuan_encoder, cpu={"decode": _c(0.0, 3.604, 0.0, 0.108, 1.0, 0.532),
+                                                               "encode": _c(0.0, 0.0, 0.199, 2.188, 1.0, 1.295)}),
+}
+
+
+def family_key(config: VAEConfig) -> str:
+    """The entry of ``FAMILIES`` for a config: Wan 2.1 and 2.2 build different decoders."""
+    if isinstance(config, WanVAEConfig):
+        return "wan2.2" if config.is_residual else "wan2.1"
+    return config.family
+
+
+def _coefficients(family: Family, program: str, native: bool) -> Coefficients:
+    table = family.native if native and family.native is not None else family.cpu
+    return table[program]
+
+
+# -- the estimate ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Program:
+    """A server's program, as far as memory goes: a decode step (``"first"``/``"next"``) or a whole
+    decode or encode."""
+
+    name: str
+    estimate: Estimate
+
+
+class Estimator:
+    """Estimates for one model: its config, dtype, weights and mesh (``tp`` bands of each frame,
+    ``dp`` replicas), compiled for CPU (``native=False``) or an accelerator."""
+
+    def __init__(self, config: VAEConfig, family: Family, *, dtype: str, decoder_parameters: int,
+                 encoder_parameters: int, tp: int = 1, dp: int = 1, native: bool = False):
+        self.config, self.family, self.dtype = config, family, dtype
+        self.itemsize = BYTES[dtype]
+        self.decoder_weights = decoder_parameters * self.itemsize
+        self.encoder_weights = encoder_parameters * self.itemsize
+        self.tp, self.dp, self.native = tp, dp, native
+
+    def _grid(self, batch: int, frames: int, rows: int, cols: int, clip_frames: int) -> Grid:
+        band = math.ceil(rows / self.tp)
+        return Grid(batch=max(1, batch // self.dp), rows=band, cols=cols, full_rows=band * self.tp,
+                    frames=frames, clip_frames=clip_frames)
+
+    def decode_steps(self, shape: tuple[int, ...], output: Output = "uint8") -> Iterator[Program]:
+        """Every program a server runs to decode latents ``shape`` ``(B, C, T, H, W)``, step by step."""
+        b, c, t, h, w = shape
+        config = self.config
+        if not config.causal:
+            yield Program("whole", self._decode(self._grid(b, t, h, w, t), (b, c, t, h, w), output, first=True,
+                                                frames_out=config.num_output_frames(t), steps=False))
+            return
+        yield Program("first", self._decode(self._grid(b, 1, h, w, t), (b, c, 1, h, w), output, first=True,
+                                            frames_out=1, steps=True))
+        if t > 1:
+            yield Program("next", self._decode(self._grid(b, 1, h, w, t), (b, c, 1, h, w), output, first=False,
+                                               frames_out=config.temporal_scale, steps=True))
+
+    def decode(self, shape: tuple[int, ...], output: Output = "uint8") -> Estimate:
+        """The largest of ``decode_steps``: what a decode of ``shape`` needs per device."""
+        return max((p.estimate for p in self.decode_steps(shape, output)), key=lambda e: e.total)
+
+    def _decode(self, grid: Grid, inputs: tuple[int, ...], output: Output, *, first: bool, frames_out: int,
+                steps: bool) -> Estimate:
+        layers = self.family.decoder(self.config, grid, first=first, itemsize=self.itemsize)
+        feats = features(layers, grid, native=self.native)
+        scale = self.config.spatial_scale
+        frames = grid.batch * frames_out * 3 * (scale * grid.rows) * (scale * grid.cols) * (4 if output == "float" else 1)
+        latents = grid.batch * math.prod(inputs[1:]) * 4  # replicated over tp
+        caches = self.itemsize * feats.caches if steps else 0
+        donated = caches if steps and not first else 0
+        # A later step's caches are arguments (donated to its outputs); their updates cost temp too.
+        temp = _coefficients(self.family, "decode", self.native).temp(
+            dataclasses.replace(feats, caches=0 if first and steps else feats.caches, weights=self.decoder_weights),
+            self.itemsize)
+        weights = self.decoder_weights
+        if first and steps:
+            weights -= self.itemsize * self.family.first_step_unused(self.config)
+        return Estimate(argument=weights + latents + (0 if first else caches), output=frames + caches, alias=donated,
+                        temp=temp)
+
+    def encode(self, shape: tuple[int, ...]) -> Estimate:
+        """What the encode of frames ``shape`` ``(B, 3, F, H, W)`` needs per device (one program:
+        frame 0, then steps of 4 frames in a loop)."""
+        b, _, f, h, w = shape
+        scale = self.config.spatial_scale
+        rows, cols = h // scale, w // scale
+        t = latents_for_frames(f, self.config.temporal_scale)
+        grid = self._grid(b, 1, rows, cols, f)  # clip_frames: the input's (HunyuanVideo 1.0 encodes them at once)
+        later = self.family.encoder(self.config, grid, first=not self.config.causal or f == 1, itemsize=self.itemsize)
+        feats = features(later, grid, native=self.native)
+        frames = grid.batch * 3 * f * (scale * grid.rows) * (scale * grid.cols) * 4  # float32, a band
+        latents = grid.batch * self.config.z_dim * t * grid.rows * grid.cols * 4
+        temp = _coefficients(self.family, "encode", self.native).temp(
+            dataclasses.replace(feats, weights=self.encoder_weights), self.itemsize)
+        return Estimate(argument=self.encoder_weights + frames, output=latents, alias=0, temp=temp)
+
+
+def estimator(config: VAEConfig, *, dtype: str, decoder_parameters: int, encoder_parameters: int = 0,
+              tp: int = 1, dp: int = 1, native: bool = False) -> Estimator | None:
+    """The estimate for a model, or None for a family without one (its programs are checked once
+    compiled only)."""
+    family = FAMILIES.get(family_key(config))
+    if family is None:
+        return None
+    return Estimator(config, family, dtype=dtype, decoder_parameters=decoder_parameters,
+                     encoder_parameters=encoder_parameters, tp=tp, dp=dp, native=native)
+
+
+def output_bytes(config: VAEConfig, shape: tuple[int, ...], output: Output) -> int:
+    """Bytes of the decoded frames of latents ``shape`` ``(B, C, T, H, W)`` on the host."""
+    b, _, t, h, w = shape
+    s = config.spatial_scale
+    return b * output_frames(t, config.temporal_scale) * 3 * s * h * s * w * (4 if output == "float" else 1)
