@@ -478,8 +478,9 @@ class Estimator:
 def estimator(config: VAEConfig, *, dtype: str, decoder_parameters: int, encoder_parameters: int = 0,
               tp: int = 1, dp: int = 1, native: bool = False) -> Estimator | None:
     """The estimate for a model, or None for a family without one (its programs are checked once
-    compiled only)."""
-    family = FAMILIES.get(family_key(config))
+    compiled only). Image models have none yet: their one-frame programs are small beside a
+    video's, and are checked once compiled."""
+    family = None if config.is_image else FAMILIES.get(family_key(config))
     if family is None:
         return None
     return Estimator(config, family, dtype=dtype, decoder_parameters=decoder_parameters,

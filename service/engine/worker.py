@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from models.shapes import Output, clip_shape
+from models.shapes import Output, clip_shape, is_image_shape, time_axis
 
 from ..metrics import Metrics
 from .errors import (
@@ -323,7 +323,7 @@ class Worker:
         assert self._runner is not None and self.model is not None
         self._note_start(batch)
         latents = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
-        run = StepRun(batch, self._steps(batch[0], latents), self.model.limits.output_frames(latents.shape[2]))
+        run = StepRun(batch, self._steps(batch[0], latents), self.model.limits.output_frames(clip_shape(latents.shape)[2]))
         self._runs.append(run)
         self._holding.update(job for job in batch if job.stream)
         return run
@@ -475,6 +475,8 @@ class Worker:
             return
         assert job.kept is not None
         answer, job.kept = job.kept, None
+        if is_image_shape(job.inputs.shape):  # decoded as a one-frame clip, answered as images
+            answer = answer.squeeze(time_axis(job.output))
         job.resolve(answer)
 
     def _close(self, run: StepRun) -> None:

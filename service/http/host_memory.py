@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from models.shapes import latents_for_frames
+from models.shapes import clip_shape, latents_for_frames
 
 from ..codecs.frames import FramesHeader
 from ..limits import Limits
@@ -29,8 +29,9 @@ from .schemas import DecodeParams
 
 def decode_host_bytes(shape: tuple[int, ...], params: DecodeParams, limits: Limits, *, stream_buffer_bytes: int,
                       causal: bool) -> int:
-    """Host bytes a decode of latents ``shape`` ``(B, C, T, H, W)`` answered as ``params`` asks holds at most."""
-    b, _, t, h, w = shape
+    """Host bytes a decode of latents ``shape`` ``(B, C, T, H, W)`` (an image's ``(B, C, H, W)``)
+    answered as ``params`` asks holds at most."""
+    b, _, t, h, w = clip_shape(shape)
     s = limits.spatial_scale
     frame = 3 * (s * h) * (s * w)  # uint8 bytes of one frame
     frames = b * limits.output_frames(t) * frame
@@ -40,7 +41,7 @@ def decode_host_bytes(shape: tuple[int, ...], params: DecodeParams, limits: Limi
         window = min(frames, stream_buffer_bytes + step) if causal else frames
         mp4_file = frames if params.output_type == "mp4" else 0
         return latents + window + mp4_file
-    if params.output_type == "png":
+    if params.image_file is not None:  # png, jpeg: the frames, and one file of one frame
         return latents + frames + frame
     if params.output_type == "npy":
         return latents + 3 * frames
@@ -50,8 +51,9 @@ def decode_host_bytes(shape: tuple[int, ...], params: DecodeParams, limits: Limi
 
 
 def encode_host_bytes(header: FramesHeader, limits: Limits) -> int:
-    """Host bytes an encode of the frames ``header`` describes holds at most."""
-    b, _, f, h, w = header.shape
+    """Host bytes an encode of the frames ``header`` describes (``(B, 3, F, H, W)``, an image's
+    ``(B, 3, H, W)``) holds at most."""
+    b, _, f, h, w = clip_shape(header.shape)
     s = limits.spatial_scale
     latents = 4 * b * limits.channels * latents_for_frames(f, limits.temporal_scale) * (h // s) * (w // s)
     return 2 * header.nbytes + 2 * latents

@@ -215,11 +215,11 @@ class GatedRunner(DeviceRunner):
         super().__init__(*args, **kwargs)
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def decode(self, latents, **options):
+    def decode_stream(self, latents, **options):
         if not self.entered.is_set():
             self.entered.set()
             self.release.wait(60)
-        return super().decode(latents, **options)
+        yield from super().decode_stream(latents, **options)
 
 
 @pytest.mark.parametrize("served", ["sd"], indirect=True)
