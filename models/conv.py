@@ -1,9 +1,8 @@
 """The convolutions of the Wan VAE as pure functions, channels-last.
 
 Two implementations of each, chosen by the caller (``native``): the native XLA convolution, for
-accelerators, and on CPU matmuls (``models.cpu_conv``: Winograd or patches), computed in blocks of
-frames or rows under a byte budget. Both are exact to float32 rounding
-(``tests/models/test_numerics.py``).
+accelerators, and on CPU a nine-tap matmul plus shifted sums, computed in blocks of frames or
+rows under a byte budget. Both are exact to float32 rounding (``tests/models/test_numerics.py``).
 """
 
 from __future__ import annotations
@@ -15,23 +14,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .cpu_conv import UPSAMPLED, WINOGRAD, CpuMethod, cpu_method, fast_conv, fast_kernel, patches_conv
 from .spatial import matmul_precision
 
 CACHE_FRAMES = 2
 _RMS_EPS = 1e-12  # torch.nn.functional.normalize's eps
 
 
-# On CPU a conv whose temporary buffers (transformed or shifted inputs, products, folded time taps)
-# would exceed this many bytes runs as a loop over groups of frames, or over blocks of rows of one
-# frame, writing into one output buffer: a 480x832 decode then holds tens of MB of such buffers
-# instead of several copies of its largest activation (≈ 5 GB each).
+# On CPU a conv whose temporary buffers (nine tap outputs, folded time taps) would exceed this
+# many bytes runs as a loop over groups of frames, or over blocks of rows of one frame, writing
+# into one output buffer: a 480x832 decode then holds tens of MB of such buffers instead of
+# 9x copies of its largest activation (≈ 5 GB each).
 CPU_BLOCK_BYTES = 128 * 2**20
-# A Winograd conv's blocks are smaller still, so that a block's transformed input and products are
-# still in cache when the matmul and the output transform read them (a 64x64 frame of 128
-# channels: 16 MB blocks took 0.6x the time of 128 MB ones on 2 cores); never smaller than its
-# transformed kernel, which every block reads again.
-WINOGRAD_BLOCK_BYTES = 16 * 2**20
 
 
 def native_conv_for(platform: str) -> bool:
@@ -43,21 +36,34 @@ def native_conv_for(platform: str) -> bool:
     return platform != "cpu"
 
 
+def _tap_matmul_conv(x_padded: jax.Array, kernel: jax.Array) -> jax.Array:
+    """All nine taps as one matmul ``(C, 9·O)``, then the sum of the nine shifted results.
+
+    ``(N, H+2, W+2, C)`` x ``(3, 3, C, O)`` → float32 ``(N, H, W, O)``.
+    """
+    n, hp, wp, c = x_padded.shape
+    o = kernel.shape[-1]
+    taps = jnp.einsum("nhwc,co->nhwo", x_padded, kernel.transpose(2, 0, 1, 3).reshape(c, 9 * o),
+                      precision=matmul_precision(x_padded.dtype),
+                      preferred_element_type=jnp.float32).reshape(n, hp, wp, 3, 3, o)
+    h, w = hp - 2, wp - 2
+    # sum() starts from the int 0; nine terms make it an array (typed so for the checker).
+    return cast(jax.Array, sum(taps[:, dy : dy + h, dx : dx + w, dy, dx] for dy in range(3) for dx in range(3)))
+
+
 def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, n + 1) if n % d == 0 and d <= max(1, limit))
 
 
 def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per_frame_row: int,
-                block_bytes: int, scale: int = 1, row_multiple: int = 1) -> jax.Array:
+                block_bytes: int, scale: int = 1) -> jax.Array:
     """Apply a frame-local conv ``fn`` block by block over padded frames.
 
     ``seq`` is ``(B, T + window - 1, H+2, W+2, C)``; output frame ``t`` depends on input frames
     ``[t, t + window)``. ``fn`` maps a block ``(B, G + window - 1, R+2, W+2, C)`` to its output
     ``(B, G, s·R, s·W, O)`` (``s = scale``) in ``seq``'s dtype. Blocks hold ``G`` frames when a frame fits ``block_bytes``,
     else one frame and ``R`` rows (2 rows of overlap; the last block is shifted up to end at H, and
-    overlapping rows are written twice with the same values). ``R`` is a multiple of
-    ``row_multiple`` (Winograd's 2-row tiles: with ``H`` even every block starts on an even row, so
-    a block's tiles are the whole frame's and blocking changes no sum).
+    overlapping rows are written twice with the same values).
     """
     b, span, hp, wp, _ = seq.shape
     frames, h, w = span - window + 1, hp - 2, wp - 2
@@ -70,7 +76,6 @@ def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per
         most_rows = min(h, max(8, block_bytes // bytes_per_frame_row - 2))
         # Equal blocks: the last one, shifted up to end at H, then recomputes only a few rows.
         group, rows = 1, -(-h // -(-h // most_rows))
-        rows = min(h, -(-rows // row_multiple) * row_multiple)
     row_blocks = -(-h // rows)
 
     def body(i, out):
@@ -84,13 +89,13 @@ def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per
 
 
 def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                  block_bytes: int = CPU_BLOCK_BYTES, native: bool, method: CpuMethod | None = None) -> jax.Array:
+                  block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
     """3x3 'valid' conv of every frame. ``(B, T, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, H, W, O)``.
 
-    On CPU, XLA's convolution is 2-3x slower than its matmul on the decoder's shapes: there the conv
-    is matmuls (``frames_conv``; ``method`` None: chosen by size). Accelerators keep the native
-    convolution (cuDNN / the TPU conv unit). Sums are float32 until the bias is added: one bfloat16
-    rounding per conv.
+    On CPU, XLA's convolution reaches 55–95 GFLOP/s on the decoder's shapes while its matmul reaches
+    150–350: there the conv is a nine-tap matmul (3–4x faster), in blocks (``conv_blocks``).
+    Accelerators keep the native convolution (cuDNN / the TPU conv unit). Sums are float32 until
+    the bias is added: one bfloat16 rounding per conv.
     """
     b, t, hp, wp, c = x_padded.shape
     o = kernel.shape[-1]
@@ -99,81 +104,20 @@ def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                      precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
         return (y + bias).astype(x_padded.dtype).reshape(b, t, hp - 2, wp - 2, o)
-    return frames_conv(x_padded, kernel[None], bias, block_bytes=block_bytes, method=method)
-
-
-def _fold_time(kernel: jax.Array) -> jax.Array:
-    """``(kt, 3, 3, C, O)`` → ``(3, 3, kt·C, O)``: time taps as input channels, ``(kt, C)`` order."""
-    kt, kh, kw, c, o = kernel.shape
-    return kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c, o)
-
-
-def _stack_time(block: jax.Array, taps: int) -> jax.Array:
-    """``(B, G + taps − 1, ...)`` → ``(B·G, ..., taps·C)``: each output frame's input frames side by side."""
-    g = block.shape[1] - taps + 1
-    stacked = block if taps == 1 else jnp.concatenate([block[:, i : i + g] for i in range(taps)], axis=-1)
-    return stacked.reshape(block.shape[0] * g, *stacked.shape[2:])
-
-
-def _winograd_budget(block_bytes: int, weights: jax.Array) -> int:
-    return min(block_bytes, max(WINOGRAD_BLOCK_BYTES, weights.size * 4))
-
-
-def frames_conv(seq: jax.Array, kernel: jax.Array, bias: jax.Array, *, block_bytes: int = CPU_BLOCK_BYTES,
-                method: CpuMethod | None = None) -> jax.Array:
-    """CPU: the 3x3 conv of every frame summed over ``kt`` time taps, in blocks (``conv_blocks``):
-    ``seq (B, T + kt − 1, H+2, W+2, C)`` x ``kernel (kt, 3, 3, C, O)`` → ``(B, T, H, W, O)``, output
-    frame ``t`` from input frames ``t .. t + kt − 1``. ``method`` (None: ``cpu_method`` of the
-    output's pixels) picks patches or Winograd (``models.cpu_conv``)."""
-    b, span, hp, wp, c = seq.shape
-    kt, o = kernel.shape[0], kernel.shape[-1]
-    frames, h, w = span - kt + 1, hp - 2, wp - 2
-    if (method or cpu_method(b * frames * h * w)) == "patches":
-        def direct(block):
-            g = block.shape[1] - kt + 1
-            taps = [block[:, i : i + g].reshape(-1, *block.shape[2:]) for i in range(kt)]
-            y = (patches_conv(taps, kernel) + bias).astype(seq.dtype)
-            return y.reshape(block.shape[0], g, *y.shape[1:])
-
-        return conv_blocks(direct, seq, window=kt, out_channels=o, bytes_per_frame_row=b * wp * (9 * kt * c + o) * 4,
-                           block_bytes=block_bytes)
-    weights = fast_kernel(_fold_time(kernel), WINOGRAD)
-    # Winograd's tiles are 2x2: an odd H or W gets one more zero row or column, cropped after.
-    seq = jnp.pad(seq, ((0, 0), (0, 0), (0, h % 2), (0, w % 2), (0, 0)))
-
-    def winograd(block):
-        y = (fast_conv(_stack_time(block, kt), weights, WINOGRAD) + bias).astype(seq.dtype)
-        return y.reshape(block.shape[0], block.shape[1] - kt + 1, *y.shape[1:])
-
-    y = conv_blocks(winograd, seq, window=kt, out_channels=o, row_multiple=2,
-                    bytes_per_frame_row=b * (wp + 1) * (5 * kt * c + 4 * o) * 4,
-                    block_bytes=_winograd_budget(block_bytes, weights))
-    return y[:, :, :h, :w]
-
-
-def upsampled_frames_conv(seq: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                          block_bytes: int = CPU_BLOCK_BYTES) -> jax.Array:
-    """CPU: ``frames_conv`` of the frames upsampled 2x (nearest) in space, from the padded
-    low-resolution ones: ``seq (B, T + kt − 1, h+2, w+2, C)`` → ``(B, T, 2h, 2w, O)`` by the
-    ``UPSAMPLED`` fast conv (9 products per 2x2 output pixels; the upsampled frames never exist)."""
-    b, span, hp, wp, c = seq.shape
-    kt, o = kernel.shape[0], kernel.shape[-1]
-    weights = fast_kernel(_fold_time(kernel), UPSAMPLED)
 
     def conv(block):
-        y = (fast_conv(_stack_time(block, kt), weights, UPSAMPLED) + bias).astype(seq.dtype)
-        return y.reshape(block.shape[0], block.shape[1] - kt + 1, *y.shape[1:])
+        bb, g, rp, _, _ = block.shape
+        y = _tap_matmul_conv(block.reshape(bb * g, rp, wp, c), kernel)
+        return (y + bias).astype(x_padded.dtype).reshape(bb, g, rp - 2, wp - 2, o)
 
-    return conv_blocks(conv, seq, window=kt, out_channels=o, scale=2,
-                       bytes_per_frame_row=b * wp * (10 * kt * c + 9 * o) * 4,
-                       block_bytes=_winograd_budget(block_bytes, weights))
+    return conv_blocks(conv, x_padded, window=1, out_channels=o,
+                       bytes_per_frame_row=b * wp * (9 * o + c) * 4, block_bytes=block_bytes)
 
 
 # Nearest 2x upsampling followed by a 3x3 conv, seen from the low-resolution input: output pixel
 # (2i+a, 2j+b) reads input rows i+r for r in PHASE_ROWS[a] (and columns likewise), with the kernel
 # rows that land there summed. Each output phase is a 2x2 conv of the input: 4/9 of the FLOPs, and
-# the 4x larger upsampled activation never exists. Accelerators run the four phases as one native
-# conv with 4·O outputs; the CPU's ``UPSAMPLED`` fast conv needs 9/16 of that again.
+# the 4x larger upsampled activation never exists.
 PHASE_ROWS = ({-1: (0,), 0: (1, 2)}, {0: (0, 1), 1: (2,)})  # phase -> input offset -> kernel rows
 
 
@@ -195,6 +139,24 @@ def _phases_to_pixels(phases: dict[tuple[int, int], jax.Array]) -> jax.Array:
     rows = [jnp.stack([phases[a, 0], phases[a, 1]], axis=3) for a in (0, 1)]  # (N, h, w, 2, O)
     n, h, w, _, o = rows[0].shape
     return jnp.stack(rows, axis=2).reshape(n, 2 * h, 2 * w, o)
+
+
+def _upsample_tap_matmul_conv(x_padded: jax.Array, kernel: jax.Array) -> jax.Array:
+    """CPU: the 16 (offset, phase) weights as one matmul ``(C, 16·O)``, then shifted sums per phase.
+
+    ``(N, h+2, w+2, C)`` low-resolution padded input → float32 ``(N, 2h, 2w, O)``.
+    """
+    n, hp, wp, c = x_padded.shape
+    h, w, o = hp - 2, wp - 2, kernel.shape[-1]
+    terms = _phase_terms(kernel)
+    weights = jnp.stack([t[-1] for t in terms], axis=1).reshape(c, len(terms) * o)
+    taps = jnp.einsum("nhwc,co->nhwo", x_padded, weights, precision=matmul_precision(x_padded.dtype),
+                      preferred_element_type=jnp.float32).reshape(n, hp, wp, len(terms), o)
+    phases: dict[tuple[int, int], jax.Array] = {}
+    for index, (r, cc, a, b, _) in enumerate(terms):
+        shifted = taps[:, 1 + r : 1 + r + h, 1 + cc : 1 + cc + w, index]
+        phases[a, b] = shifted if (a, b) not in phases else phases[a, b] + shifted
+    return _phases_to_pixels(phases)
 
 
 def _phase_kernel(kernel: jax.Array) -> jax.Array:
@@ -231,7 +193,14 @@ def upsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.A
                                      precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
         y = _phase_channels_to_pixels(y.reshape(b * t, hp - 2, wp - 2, 4 * o))
         return (y + bias).astype(x_padded.dtype).reshape(b, t, 2 * (hp - 2), 2 * (wp - 2), o)
-    return upsampled_frames_conv(x_padded, kernel[None], bias, block_bytes=block_bytes)
+
+    def conv(block):
+        bb, g, rp, _, _ = block.shape
+        y = _upsample_tap_matmul_conv(block.reshape(bb * g, rp, wp, c), kernel)
+        return (y + bias).astype(x_padded.dtype).reshape(bb, g, 2 * (rp - 2), 2 * (wp - 2), o)
+
+    return conv_blocks(conv, x_padded, window=1, out_channels=o, scale=2,
+                       bytes_per_frame_row=b * wp * (16 * o + 5 * c) * 4, block_bytes=block_bytes)
 
 
 _DIMENSIONS_3D = ("NDHWC", "DHWIO", "NDHWC")
@@ -269,18 +238,30 @@ def _sequence(past: jax.Array | None, x_padded: jax.Array, start: str) -> jax.Ar
 
 
 def causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                     start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES, native: bool,
-                     method: CpuMethod | None = None) -> jax.Array:
+                     start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
     """Causal 3x3x3 conv: frames ``(B, T, H+2, W+2, C)`` after their past ``(B, 2, H+2, W+2, C)``
     (None at the clip's start: two zero frames, or with ``start="replicate"`` two copies of the first).
 
-    Returns ``(B, T, H, W, O)`` for a kernel ``(3, 3, 3, C, O)``. On CPU, matmuls block by block
-    (``frames_conv``: the three time taps as one more reason for a patch, or folded into channels
-    before Winograd); accelerators run the native 3-D convolution.
+    Returns ``(B, T, H, W, O)`` for a kernel ``(3, 3, 3, C, O)``. On CPU the three time taps are
+    folded into channels (one nine-tap matmul over 3C channels) block by block; accelerators run
+    the native 3-D convolution.
     """
+    b, t, hp, wp, c = x_padded.shape
+    kt, kh, kw, _, o = kernel.shape
     if native:
         return (_native_causal(past, x_padded, kernel, start=start) + bias).astype(x_padded.dtype)
-    return frames_conv(_sequence(past, x_padded, start), kernel, bias, block_bytes=block_bytes, method=method)
+    seq = _sequence(past, x_padded, start)
+    folded = kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c, o)
+
+    def conv(block):
+        bb, span, rp, _, _ = block.shape
+        g = span - kt + 1
+        stacked = jnp.concatenate([block[:, i : i + g] for i in range(kt)], axis=-1)
+        y = _tap_matmul_conv(stacked.reshape(bb * g, rp, wp, kt * c), folded)
+        return (y + bias).astype(x_padded.dtype).reshape(bb, g, rp - 2, wp - 2, o)
+
+    return conv_blocks(conv, seq, window=kt, out_channels=o,
+                       bytes_per_frame_row=b * wp * (9 * o + (kt + 1) * c) * 4, block_bytes=block_bytes)
 
 
 def upsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array,
@@ -291,9 +272,9 @@ def upsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, ker
     clip's start, as in ``causal_conv3x3x3``), ``x_padded (B, T, h+2, w+2, C)``, kernel
     ``(3, 3, 3, C, O)`` → ``(B, T, 2h, 2w, O)``.
 
-    The 4x larger upsampled input never exists: accelerators run one native 3-D conv with ``4·O``
-    outputs (``upsample2x_conv2d_frames``' phases); on CPU the time taps are folded into channels
-    before the ``UPSAMPLED`` fast conv (``upsampled_frames_conv``), block by block.
+    Each time tap is ``upsample2x_conv2d_frames``' phase trick: the 4x larger upsampled input never
+    exists. Accelerators run one native 3-D conv with ``4·O`` outputs; on CPU the time taps are
+    folded into channels block by block, as in ``causal_conv3x3x3``.
     """
     b, t, hp, wp, c = x_padded.shape
     kt, o = kernel.shape[0], kernel.shape[-1]
@@ -302,7 +283,18 @@ def upsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, ker
         y = _native_causal(past, x_padded, phases, start=start)
         y = _phase_channels_to_pixels(y.reshape(b * t, hp - 2, wp - 2, 4 * o))
         return (y + bias).astype(x_padded.dtype).reshape(b, t, 2 * (hp - 2), 2 * (wp - 2), o)
-    return upsampled_frames_conv(_sequence(past, x_padded, start), kernel, bias, block_bytes=block_bytes)
+    seq = _sequence(past, x_padded, start)
+    folded = kernel.transpose(1, 2, 0, 3, 4).reshape(3, 3, kt * c, o)
+
+    def conv(block):
+        bb, span, rp, _, _ = block.shape
+        g = span - kt + 1
+        stacked = jnp.concatenate([block[:, i : i + g] for i in range(kt)], axis=-1)
+        y = _upsample_tap_matmul_conv(stacked.reshape(bb * g, rp, wp, kt * c), folded)
+        return (y + bias).astype(x_padded.dtype).reshape(bb, g, 2 * (rp - 2), 2 * (wp - 2), o)
+
+    return conv_blocks(conv, seq, window=kt, out_channels=o, scale=2,
+                       bytes_per_frame_row=b * wp * (16 * o + (kt + 4) * c) * 4, block_bytes=block_bytes)
 
 
 def downsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array,
