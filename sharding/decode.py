@@ -363,7 +363,7 @@ def compile_decode_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denor
     causal in time: its whole decode, ``framewise`` or not)."""
     check_framewise(vae.config, framewise)
     output = check_output(output)
-    if not vae.steps:
+    if not vae.steps or is_image_shape(tuple(shape)):  # one program: the whole clip, or the image
         return (compile_decode(vae, shape, mesh, output=output, denormalize=denormalize, split=split,
                                query_chunk=query_chunk, framewise=framewise),)
     programs = _stream_programs(vae, tuple(shape), mesh, denormalize=denormalize, split=split,

@@ -154,8 +154,9 @@ def check_limits(latents: np.ndarray, limits: Limits, rules: ShapeRules) -> np.n
     except LatentsError as error:
         detail = (f"latents need {error.expected} channels, got {error.received}: "
                   f"{layout_hint(latents.shape, error.expected)}" if error.what == "channels" else str(error))
+        received = list(latents.shape) if error.what == "ndim" else error.received  # the shape, as check_dims says it
         raise Problem(422, SHAPE_SLUGS.get(error.what, "invalid-shape"), detail, expected=error.expected,
-                      received=error.received) from None
+                      received=received) from None
     b, _, t, h, w = clip_shape(latents.shape)
     limits.check(batch=b, frames=limits.output_frames(t), height=limits.spatial_scale * h,
                  width=limits.spatial_scale * w, what="output ")
@@ -172,7 +173,7 @@ def layout_hint(shape: tuple[int, ...], channels: int) -> str:
         order = "0, 4, 1, 2, 3" if video else "0, 3, 1, 2"
         return (f"the last axis has them: these latents look channels-last {last}; send {first} "
                 f"(diffusers' layout), e.g. x.permute({order}) in PyTorch or x.transpose({order}) in numpy")
-    return f"latents are read as {first} (diffusers' layout), or without the batch dim"
+    return f"latents are read as {first} ({'NCTHW' if video else 'NCHW'}, diffusers' layout), or without the batch dim"
 
 
 def unscale_latents(latents: np.ndarray, scaling_factor: float | None, shift_factor: float | None) -> np.ndarray:

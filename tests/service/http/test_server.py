@@ -364,17 +364,18 @@ def test_loadtest_compiles_every_batch_bucket_before_it_measures(server, tmp_pat
     from service.cli.loadtest import main
 
     # A shape the server was not warmed with: its programs are compiled by the loadtest's warm-up,
-    # one per batch bucket (max_batch 2: buckets 1 and 2, both reachable by 2 clients).
+    # the decode's two steps (latent frame 0, then one more) per batch bucket (max_batch 2: buckets
+    # 1 and 2, both reachable by 2 clients).
     out = tmp_path / "lt.json"
     compiles0 = server.metric("vaeserve_compiles_total")
     assert main(["--url", server.url, "--concurrency", "2", "--requests", "6", "--warmup", "1",
                  "--shape", "1x16x2x4x6", "--output-type", "npy", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["warmup"] == {"buckets": [1, 2], "skipped": {}, "requests": 1}
-    assert result["compiles_in_window"] == 0 and server.metric("vaeserve_compiles_total") == compiles0 + 2
+    assert result["compiles_in_window"] == 0 and server.metric("vaeserve_compiles_total") == compiles0 + 4
     compiled = httpx.get(server.url + "/v1/models").json()["data"][0]["compiled"]
-    assert {(p[1][0], p[2]) for p in compiled if p[0] == "decode" and p[1][1:] == [16, 2, 4, 6]} == {
-        (1, "uint8"), (2, "uint8")}
+    assert {(p[1][0], p[2]) for p in compiled if p[0] == "stream-step" and p[1][1:] == [16, 1, 4, 6]} == {
+        (1, "first"), (1, "next"), (2, "first"), (2, "next")}
     summary = result["summary"]
     assert summary["ok"] == 6 and set(summary["batch_sizes"]) <= {"1", "2"}
     # Queue and device time beside the latency, from the answers' headers.

@@ -23,10 +23,11 @@ import pytest
 from PIL import Image
 
 import models
+from models.programs import ProgramCache
 from service.codecs.video import jpeg_bytes
 from service.engine.errors import StartupRefused
 from service.engine.runner import DeviceRunner
-from service.engine.startup import load_model, warm_up
+from service.engine.startup import guard_programs, load_model, warm_up
 from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.hunyuan_reference import reference_model, seeded_weights
 from tests.helpers.image_reference import CASES, reference_decode, reference_posterior
@@ -180,7 +181,7 @@ def test_models_describes_an_image_model(served):
 @pytest.mark.parametrize("params,body_shape,slug,received", [
     ({"output_type": "mp4"}, (1, 4, *LATENT_SIZE), "invalid-parameter", "output_type=mp4"),
     ({"stream": "true"}, (1, 4, *LATENT_SIZE), "invalid-parameter", "stream=true"),
-    ({"output_type": "npy"}, (1, 4, 1, *LATENT_SIZE), "invalid-ndim", 5),
+    ({"output_type": "npy"}, (1, 4, 1, *LATENT_SIZE), "invalid-ndim", [1, 4, 1, *LATENT_SIZE]),
     ({"output_type": "npy"}, (1, 16, *LATENT_SIZE), "invalid-channels", 16),
     ({"output_type": "npy"}, (1, 4, 17, 6), "too-large-height", 68),  # 17 latent rows at 4x: 68 pixels
 ])
@@ -258,13 +259,19 @@ def test_small_image_requests_batch_on_the_device(served):
 
 @pytest.mark.parametrize("served", ["sd"], indirect=True)
 def test_warm_up_checks_image_programs_against_device_memory(served):
-    """The memory check reads each warm-up program of an image shape and refuses one that cannot fit
-    (the module's programs: nothing compiles)."""
+    """The memory check reads each warm-up program of an image shape as it is compiled and refuses
+    one that cannot fit (a program cache of its own: the module's programs are compiled already)."""
     _, vae, _, _ = served
     shape = f"4x{LATENT_SIZE[0]}x{LATENT_SIZE[1]}"
-    settings = settings_for_tests(warmup=[shape + ":uint8"], device_memory_bytes=10_000)
-    with pytest.raises(StartupRefused, match=r"the decode of latents \(1, 4, 4, 6\) at tp=1, dp=1 needs"):
-        warm_up(load_model(settings, vae=vae), settings)
+    kept, vae.programs = vae.programs, ProgramCache()
+    try:
+        settings = settings_for_tests(warmup=[shape + ":uint8"], device_memory_bytes=10_000)
+        model = load_model(settings, vae=vae)
+        guard_programs(model)
+        with pytest.raises(StartupRefused, match=r"the decode of latents \(1, 4, 4, 6\) at tp=1, dp=1 needs"):
+            warm_up(model, settings)
+    finally:
+        vae.programs = kept
     roomy = settings_for_tests(warmup=[shape], device_memory_bytes=2**40)
     warm_up(load_model(roomy, vae=vae), roomy)  # uint8 and float: an image model warms up no stream
     with pytest.raises(ValueError, match="no stream"):

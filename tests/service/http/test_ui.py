@@ -89,7 +89,7 @@ def test_every_page_carries_a_strict_policy_and_no_inline_script(page_server, pa
     assert not re.search(r"<style\b|\sstyle=|\son[a-z]+=", html), html
     # What it loads is served here, with the type the browser will insist on (nosniff).
     for url in re.findall(r'(?:src|href)="([^"]+\.(?:js|css))"', html):
-        asset = httpx.get(f"{page_server.url}/{url}")
+        asset = httpx.get(f"{page_server.url}/{url.lstrip('/')}")
         kind = "javascript" if url.endswith(".js") else "css"
         assert asset.status_code == 200 and kind in asset.headers["content-type"], url
         assert asset.headers["x-content-type-options"] == "nosniff"
