@@ -322,11 +322,19 @@ def downsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, k
                                       native=False)
 
 
-def next_cache(past: jax.Array, x: jax.Array) -> jax.Array:
-    """The last two frames of ``past ++ x``."""
+def next_cache(past: jax.Array, x: jax.Array, *, native: bool) -> jax.Array:
+    """The last two frames of ``past ++ x``.
+
+    The same values either way, built two ways for two compilers. For native convs (TPU, GPU) from
+    the past's last frames and the new ones: sliced out of the conv's whole 3-frame window, the
+    cache keeps that window alive, and libtpu's scheduler, overlapping the halo exchanges at tp > 1,
+    then holds every full-resolution conv's window at once (more temp per chip at tp=2 than at tp=1).
+    On the CPU the slice of the window is what XLA keeps smallest."""
     if x.shape[1] >= CACHE_FRAMES:
         return x[:, -CACHE_FRAMES:]
-    return jnp.concatenate([past[:, x.shape[1]:], x], axis=1)
+    if native:
+        return jnp.concatenate([past[:, x.shape[1]:], x], axis=1)
+    return jnp.concatenate([past, x], axis=1)[:, -CACHE_FRAMES:]
 
 
 def rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
