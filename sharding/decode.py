@@ -298,9 +298,10 @@ def _lower(run: Callable, *avals: Any, donate: tuple[int, ...] = ()) -> jax.stag
     return jax.jit(run, donate_argnums=donate).lower(*avals)
 
 
-def _lower_later(run: Callable, state: Any, caches: Callable[[], Any], z: jax.ShapeDtypeStruct) -> jax.stages.Lowered:
+def _lower_later(run: Callable, state: Any, caches: Callable[[], Any], z: jax.ShapeDtypeStruct,
+                 *conditions: Any) -> jax.stages.Lowered:
     """``_lower`` of a later stream step, its abstract caches traced only now (a cache miss)."""
-    return _lower(run, state, caches(), z, donate=(STEP_CACHES,))
+    return _lower(run, state, caches(), z, *conditions, donate=(STEP_CACHES,))
 
 
 # A later step's caches (its argument 1) are donated: the new caches take their place, so a step

@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 import time
+from typing import Any
 
 import httpx
 import numpy as np
@@ -244,8 +245,8 @@ def _stream_messages(body: bytes) -> list[dict]:
 
 
 def test_sigterm_past_the_drain_time_answers_every_request_503_and_exits_0(tiny_model_dir, tmp_path):
-    """Work that outlasts the drain: a raw stream and a fragmented MP4 begun (their readers
-    stalled), six decodes queued behind a cold compile, and an encode. At the drain's end each gets
+    """Work that outlasts the drain: a raw stream (its reader slow) and a fragmented MP4 (its
+    reader stalled) begun, six decodes and an encode queued. At the drain's end each gets
     the documented answer — an ordinary 503 problem, the stream's in-band error message, the MP4
     cut off — and the process exits 0. (Before: uvicorn's graceful timeout, equal to the drain's,
     cancelled the handlers first: 500 text/plain for all, and SIGABRT, exit 134.)"""
@@ -262,6 +263,13 @@ def test_sigterm_past_the_drain_time_answers_every_request_503_and_exits_0(tiny_
                    for kind, params in (("raw", {"stream": "true"}),
                                         ("mp4", {"stream": "true", "output_type": "mp4", "crf": "0"}))}
         began = {kind: read_head(sock) for kind, sock in streams.items()}  # their first step left the device
+        # The raw stream's reader reads slowly (its 6.4 MB of frames take the drain and more), so the
+        # stream is still under way when the drain ends and its in-band error message can reach it;
+        # the MP4's never reads again.
+        raw_read: dict[str, Any] = {}
+        raw_reader = threading.Thread(
+            target=lambda: raw_read.update(answer=read_all(streams["raw"], began["raw"], rate=128 * 1024)))
+        raw_reader.start()
         answers: dict[str, httpx.Response | str] = {}
 
         def call(name: str, path: str, body: bytes, params: dict) -> None:
@@ -283,7 +291,8 @@ def test_sigterm_past_the_drain_time_answers_every_request_503_and_exits_0(tiny_
         for thread in calls:
             thread.join(120)
         exit_code = server.process.wait(120)
-        streamed = {kind: read_all(sock, began[kind]) for kind, sock in streams.items()}
+        raw_reader.join(120)
+        streamed = {"raw": raw_read["answer"], "mp4": read_all(streams["mp4"], began["mp4"])}
     finally:
         if server.process.poll() is None:
             server.process.kill()
