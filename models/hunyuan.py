@@ -169,7 +169,7 @@ class Upsample(nnx.Module):
         def upsampled(frames: jax.Array, past: jax.Array) -> tuple[jax.Array, jax.Array]:
             padded = ctx.pad_hw(frames, edge="replicate")
             return (upsample2x_causal_conv3x3x3(past, padded, conv.kernel[...], conv.bias[...], native=ctx.native_conv),
-                    next_cache(past, padded, native=ctx.native_conv))
+                    next_cache(past, padded, window_free=ctx.native_conv and ctx.exchanges_halos))
 
         # Block by block in time, as normalized_conv: one block's 4x larger output at a time.
         past = initial_past(ctx.pad_hw(x[:, :1], edge="replicate"), "replicate")

@@ -132,7 +132,7 @@ class CausalConv3d(nnx.Module):
             y = causal_conv3x3x3(cache, x_padded, self.kernel[...], self.bias[...], start=self.edge,
                                  native=ctx.native_conv)
         past = initial_past(x_padded, self.edge) if cache is None else cache
-        return y, next_cache(past, x_padded, native=ctx.native_conv)
+        return y, next_cache(past, x_padded, window_free=ctx.native_conv and ctx.exchanges_halos)
 
 
 def first_frame_kernel(kernel: jax.Array) -> jax.Array:

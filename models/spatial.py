@@ -38,9 +38,11 @@ class SpatialContext(Protocol):
 
     ``native_conv``: use XLA's native convolutions (accelerators) rather than the CPU's nine-tap
     matmuls; decided by the platform of the target devices (``models.conv.native_conv_for``).
+    ``exchanges_halos``: the frame is split over devices that trade halo rows (tp > 1).
     """
 
     native_conv: bool
+    exchanges_halos: bool
 
     def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
         """``(..., H, W, C)`` → ``(..., H+2, W+2, C)``: one row/column of context on every side; at
@@ -269,6 +271,8 @@ class SingleDeviceContext:
       native_conv: native XLA convolutions (True on accelerators; see ``SpatialContext``).
       query_chunk: attention queries per score block (``dot_product_attention``).
     """
+
+    exchanges_halos = False
 
     def __init__(self, *, native_conv: bool = False, query_chunk: int = 4096):
         self.native_conv = native_conv

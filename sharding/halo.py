@@ -85,6 +85,7 @@ class BandContext:
                  native_conv: bool = False):
         self.layout, self.axis_name, self.query_chunk = layout, axis_name, query_chunk
         self.native_conv = native_conv
+        self.exchanges_halos = layout.tp > 1
 
     def permutations(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """``(downward, upward)`` ppermute pairs of the halo exchange (``bands.halo_permutations``)."""
@@ -279,6 +280,7 @@ class HaloRecorder:
 
     def __init__(self, layout: BandLayout):
         self.layout = layout
+        self.exchanges_halos = layout.tp > 1
         self.slabs: list[tuple[tuple[int, ...], np.dtype]] = []
 
     def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
