@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from tests.helpers.raw_http import read_head
 from tests.helpers.service_helpers import GarbageRunner, latents, thread_server, wait_until
 
 PROBLEM = "application/problem+json"
@@ -29,14 +30,7 @@ SLACK_S = 10.0
 
 def read_reply(sock: socket.socket, timeout: float = 10 + SLACK_S) -> tuple[str, dict, bytes, bool]:
     """(status line, headers, body, closed) of one response; ``closed``: the server hung up after it."""
-    sock.settimeout(timeout)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        part = sock.recv(65536)
-        if not part:
-            break
-        data += part
-    head, _, body = data.partition(b"\r\n\r\n")
+    head, _, body = read_head(sock, timeout).partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
     while len(body) < int(headers.get("content-length", 0)):
