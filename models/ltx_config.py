@@ -199,11 +199,16 @@ class _LTXConfig:
         return lookahead(self.decoder_plan())
 
     @property
+    def injects_noise(self) -> bool:
+        """Whether the decoder's resnets add seeded noise (some LTX-Video 0.9.1+ and LTX-2 decoders)."""
+        plan = self.decoder_plan()
+        return plan.mid_noise or any(b.inject_noise for b in plan.up_blocks)
+
+    @property
     def decode_conditions(self) -> bool:
         """Whether a decode takes a timestep and noise (``models.ltx.DecodeConditions``): a
         timestep-conditioned decoder or one that injects noise."""
-        plan = self.decoder_plan()
-        return plan.timestep_conditioning or plan.mid_noise or any(b.inject_noise for b in plan.up_blocks)
+        return self.timestep_conditioning or self.injects_noise
 
     @property
     def latents_mean(self) -> tuple[float, ...]:
