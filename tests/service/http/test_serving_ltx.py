@@ -26,6 +26,7 @@ from tests.helpers.ltx_reference import LTX2_SHARD
 from tests.helpers.service_helpers import app_client
 
 SHAPE = (1, 8, 2, 4, 4)  # -> 5 frames of 16 x 16
+WARM = "8x2x4x4:uint8"
 PIPELINE_TIMESTEP = 0.025  # the checkpoint's pipeline's decode_timestep: the default a request gets
 
 
@@ -37,7 +38,8 @@ def ltx():
 
 @pytest.fixture(scope="module")
 def client(ltx):
-    with app_client(ltx) as client:
+    """Warmed up for ``SHAPE``'s uint8 steps at both buckets: a request of it compiles nothing."""
+    with app_client(ltx, warmup=[WARM]) as client:
         yield client
 
 
@@ -93,12 +95,12 @@ def test_without_a_seed_the_answer_names_a_fresh_one(client, ltx):
 
 
 def test_the_conditions_are_arguments_of_the_compiled_steps(client, ltx):
-    """Another timestep, noise scale and seed run the programs already compiled; a stream and an
-    MP4 of the same latents run them too, with the same frames."""
+    """Requests of the warmed shape with any timestep, noise scale and seed run the programs the
+    warm-up compiled; a stream and an MP4 of the same latents run them too, with the same frames."""
     x = latents(3)
     expected = reference(ltx, x, timestep=0.9, noise_scale=0.4, seed=2)  # the whole decode: a program of its own
-    frames(post(client, x, timestep=0.1, seed=1))
     compiles = ltx.programs.compiles
+    frames(post(client, x, timestep=0.1, seed=1))
     assert np.array_equal(frames(post(client, x, timestep=0.9, noise_scale=0.4, seed=2)), expected)
     stream = post(client, x, timestep=0.9, noise_scale=0.4, seed=2, stream="true")
     assert stream.status_code == 200 and stream.headers["X-Seed"] == "2"
@@ -136,19 +138,21 @@ def test_a_decoder_that_takes_no_conditions_refuses_them(tiny_vae):
         assert problem["received"] == {"timestep": 0.05, "seed": 3}
 
 
-def test_a_batch_of_different_conditions_gives_each_request_its_own_answer(ltx):
+def test_a_batch_of_different_conditions_gives_each_request_its_own_answer(client, ltx):
     """Two requests in one device batch, each with its own timestep, noise scale and seed (the
-    worker's ``conditions``): each one's rows are what ``vae.decode`` gives it alone, and a batch of
-    one request padded to the bucket gives the same as well."""
-    runner = DeviceRunner(ltx, sharding.make_mesh(1, 1), max_batch=2, dp=1)
+    worker's ``conditions``), run the warmed programs of bucket 2: each one's rows are what
+    ``vae.decode`` gives it alone."""
     a, b = latents(4), latents(5)
     options_a = DecodeOptions(timestep=0.2, noise_scale=0.0, seed=7)
     options_b = DecodeOptions(timestep=0.7, noise_scale=0.5, seed=8)
+    alone_a, alone_b = reference(ltx, a, **options_a._asdict()), reference(ltx, b, **options_b._asdict())
+    compiles = ltx.programs.compiles
+    runner = DeviceRunner(ltx, sharding.make_mesh(1, 1), max_batch=2, dp=1)
     # As the options travel to the other processes of a multi-host slice: JSON lists.
     requests = json.loads(json.dumps([(options_a, 1), (options_b, 1)]))
     steps = list(runner.decode_stream(np.concatenate([a, b]), conditions=requests))
     batched = np.concatenate([step.frames for step in steps], axis=1)
     assert batched.shape == (2, 5, 16, 16, 3) and all(not step.nonfinite.any() for step in steps)
-    assert np.array_equal(batched[:1], reference(ltx, a, **options_a._asdict()))
-    assert np.array_equal(batched[1:], reference(ltx, b, **options_b._asdict()))
-    assert np.abs(batched[:1].astype(int) - batched[1:]).max() > 2
+    assert np.array_equal(batched[:1], alone_a) and np.array_equal(batched[1:], alone_b)
+    assert np.abs(alone_a.astype(int) - alone_b).max() > 2
+    assert ltx.programs.compiles == compiles
