@@ -27,7 +27,7 @@ from .decoder import DecoderCache
 from .encode import prng_key
 from .families import DecoderModule, family_of
 from .ltx import DecodeConditions
-from .ltx_config import DEFAULT_DECODE_TIMESTEP
+from .ltx_config import TIMESTEP_RANGE, condition_defaults
 from .shapes import Output, one_frame_clip, output_frames, time_axis, without_time
 from .spatial import SpatialContext
 
@@ -225,19 +225,6 @@ def decode_ahead(model: DecoderModule, z: jax.Array, ctx: SpatialContext, *, chu
 
         (_, frames, bad), _ = lax.scan(body, (caches, buffer, bad), jnp.arange(steps))
     return lax.slice_in_dim(frames, 0, total, axis=axis), bad
-
-
-# The timesteps a decode takes: pipelines decode at a flow-matching sigma, ``decode_timestep`` in [0, 1].
-TIMESTEP_RANGE = (0.0, 1.0)
-
-
-def condition_defaults(defaults: dict[str, Any] | None) -> tuple[float, float]:
-    """``(timestep, noise_scale)`` of a decode that names neither: the checkpoint's pipeline's
-    ``decode_timestep`` and ``decode_noise_scale`` (``defaults``: ``vae.metadata``), else the
-    pipelines' 0.05 and 0 (the latents as given)."""
-    defaults = defaults or {}
-    return (float(defaults.get("decode_timestep", DEFAULT_DECODE_TIMESTEP)),
-            float(defaults.get("decode_noise_scale", 0.0)))
 
 
 def decode_conditions(config: VAEConfig, batch: int, *, timestep: float | None = None,

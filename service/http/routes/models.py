@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from models.decode import TIMESTEP_RANGE, condition_defaults
-from models.encode import SEED_RANGE
+from models.ltx_config import TIMESTEP_RANGE, condition_defaults
 
+from ...engine.jobs import SEED_RANGE
 from ...engine.model import ModelState
 from ..deps import ApiKeyDep, StateDep
 from ..schemas import (
