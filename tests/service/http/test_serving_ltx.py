@@ -11,6 +11,7 @@ each request what it gets alone. One app serves every test of the module (bucket
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -22,7 +23,7 @@ import sharding
 from service.client import read_stream
 from service.engine.jobs import DecodeOptions
 from service.engine.runner import DeviceRunner
-from tests.helpers.ltx_reference import LTX2_SHARD
+from tests.helpers.ltx_reference import LTX095, LTX2_SHARD
 from tests.helpers.service_helpers import app_client
 
 SHAPE = (1, 8, 2, 4, 4)  # -> 5 frames of 16 x 16
@@ -136,6 +137,20 @@ def test_a_decoder_that_takes_no_conditions_refuses_them(tiny_vae):
         assert problem["type"].endswith("/invalid-parameter") and "takes no timestep" in problem["detail"]
         assert problem["expected"] == "no timestep, noise_scale or seed"
         assert problem["received"] == {"timestep": 0.05, "seed": 3}
+
+
+def test_a_decoder_that_only_injects_noise_takes_only_a_seed():
+    """LTX-Video 0.9.5's decoder with noise injection and no timestep conditioning: a seed, no
+    timestep or noise scale (422 naming them, before the body is read)."""
+    noise_only = dataclasses.replace(LTX095, timestep_conditioning=False)
+    with app_client(models.init_vae(noise_only, encoder=False)) as served:
+        info = served.get("/v1/models").json()["data"][0]["decode_conditions"]
+        assert info["timestep_conditioned"] is False and info["injects_noise"] is True
+        assert info["default_timestep"] is None and info["default_noise_scale"] is None
+        answer = post(served, latents(), timestep=0.05, noise_scale=0.1, seed=3)
+        assert answer.status_code == 422 and "not timestep-conditioned" in answer.json()["detail"]
+        assert answer.json()["expected"] == "seed only"
+        assert answer.json()["received"] == {"timestep": 0.05, "noise_scale": 0.1}
 
 
 def test_a_batch_of_different_conditions_gives_each_request_its_own_answer(client, ltx):
