@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -70,13 +70,15 @@ class SimulatedRunner:
         time.sleep(self.device_s * batch * count / len(self.frames))
         return np.broadcast_to(self.frames[first:first + count], (batch, count, *self.frames.shape[1:])).copy()
 
-    def decode(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False) -> Any:
+    def decode(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False,
+               conditions: Sequence[Any] = ()) -> Any:
         from sharding import Decoded
 
         assert output == "uint8", "the simulated device makes uint8 frames only"
         return Decoded(self._video(latents, 0, len(self.frames)), np.zeros(latents.shape[0], np.int64))
 
-    def decode_stream(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False) -> Iterator[Any]:
+    def decode_stream(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False,
+                      conditions: Sequence[Any] = ()) -> Iterator[Any]:
         from sharding import Decoded
 
         assert output == "uint8", "the simulated device makes uint8 frames only"

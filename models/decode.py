@@ -27,7 +27,7 @@ from .decoder import DecoderCache
 from .encode import prng_key
 from .families import DecoderModule, family_of
 from .ltx import DecodeConditions
-from .ltx_config import DEFAULT_DECODE_TIMESTEP
+from .ltx_config import TIMESTEP_RANGE, condition_defaults
 from .shapes import Output, one_frame_clip, output_frames, time_axis, without_time
 from .spatial import SpatialContext
 
@@ -231,11 +231,10 @@ def decode_conditions(config: VAEConfig, batch: int, *, timestep: float | None =
                       noise_scale: float | None = None, seed: int | None = None,
                       defaults: dict[str, Any] | None = None) -> DecodeConditions | None:
     """The host ``DecodeConditions`` of ``batch`` rows for a decoder that takes them (None for one that
-    does not, which refuses them). ``timestep`` (a timestep-conditioned decoder): default the
-    checkpoint's pipeline's ``decode_timestep`` (``defaults``), else 0.05. ``noise_scale``: the
-    pipelines' ``decode_noise_scale``, default the pipeline's, else 0 (the latents as given).
-    ``seed``: the noise's (a fresh one when None): one seed gives one answer."""
-    defaults = defaults or {}
+    does not, which refuses them). ``timestep`` and ``noise_scale`` (a timestep-conditioned decoder
+    only: pipelines mix noise into its latents): default ``condition_defaults(defaults)``; the
+    timestep in ``TIMESTEP_RANGE``, ``noise_scale`` in [0, 1]. ``seed``: the noise's (a fresh one
+    when None): one seed gives one answer."""
     given = {name: value for name, value in (("timestep", timestep), ("noise_scale", noise_scale), ("seed", seed))
              if value is not None}
     if not config.decode_conditions:
@@ -244,12 +243,15 @@ def decode_conditions(config: VAEConfig, batch: int, *, timestep: float | None =
                              f"received {sorted(given)}")
         return None
     conditioned = getattr(config, "timestep_conditioning", False)
-    if timestep is not None and not conditioned:
-        raise ValueError(f"the {config.family} decoder is not timestep-conditioned; received timestep={timestep}")
-    timestep = float(defaults.get("decode_timestep", DEFAULT_DECODE_TIMESTEP) if timestep is None else timestep)
-    noise_scale = float(defaults.get("decode_noise_scale", 0.0) if noise_scale is None else noise_scale)
-    if not (math.isfinite(timestep) and timestep >= 0):
-        raise ValueError(f"timestep must be a finite number ≥ 0; received {timestep}")
+    for name in ("timestep", "noise_scale"):
+        if name in given and not conditioned:
+            raise ValueError(f"the {config.family} decoder is not timestep-conditioned; received {name}={given[name]}")
+    default_timestep, default_noise_scale = condition_defaults(defaults)
+    timestep = float(default_timestep if timestep is None else timestep)
+    noise_scale = float(default_noise_scale if noise_scale is None else noise_scale)
+    low, high = TIMESTEP_RANGE
+    if not (math.isfinite(timestep) and low <= timestep <= high):
+        raise ValueError(f"timestep must be a finite number in [{low}, {high}]; received {timestep}")
     if not 0 <= noise_scale <= 1:
         raise ValueError(f"noise_scale must be in [0, 1]; received {noise_scale}")
     key = prng_key(seed)

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import lax
 
@@ -64,6 +65,14 @@ class DecodeConditions(NamedTuple):
         def aval(shape, dtype):
             return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
         return DecodeConditions(aval((batch,), jnp.float32), aval((batch,), jnp.float32), aval((batch, 2), jnp.uint32))
+
+    @staticmethod
+    def concatenate(parts: list[DecodeConditions], batch: int) -> DecodeConditions:
+        """Host conditions of several requests stacked, then padded to ``batch`` rows with zeros
+        (timestep 0, no latent noise: rows of padding, whose frames are dropped)."""
+        fields = [np.concatenate([np.asarray(getattr(p, name)) for p in parts]) for name in DecodeConditions._fields]
+        missing = batch - len(fields[0])
+        return DecodeConditions(*(np.concatenate([f, np.zeros((missing, *f.shape[1:]), f.dtype)]) for f in fields))
 
 
 # -- pure functions ----------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ from .shapes import output_frames
 # The timestep a pipeline passes to a timestep-conditioned decoder when nobody says otherwise
 # (Lightricks' published inference configs and the LTX-Video documentation use 0.05).
 DEFAULT_DECODE_TIMESTEP = 0.05
+# The timesteps a decode takes: pipelines decode at a flow-matching sigma, ``decode_timestep`` in [0, 1].
+TIMESTEP_RANGE = (0.0, 1.0)
 # Per-pixel RMS norms (``RMSNorm(eps=1e-8)``, ``PerChannelRMSNorm``) and the up blocks' time embedding
 # (``PixArtAlphaCombinedTimestepSizeEmbeddings``: 256 sinusoidal channels).
 PIXEL_NORM_EPS = 1e-8
@@ -138,6 +140,15 @@ def lookahead(plan: DecoderPlan) -> int:
     return extra
 
 
+def condition_defaults(defaults: dict[str, Any] | None) -> tuple[float, float]:
+    """``(timestep, noise_scale)`` of a decode that names neither: the checkpoint's pipeline's
+    ``decode_timestep`` and ``decode_noise_scale`` (``defaults``: ``vae.metadata``), else the
+    pipelines' 0.05 and 0 (the latents as given)."""
+    defaults = defaults or {}
+    return (float(defaults.get("decode_timestep", DEFAULT_DECODE_TIMESTEP)),
+            float(defaults.get("decode_noise_scale", 0.0)))
+
+
 # -- the two configs ---------------------------------------------------------------------------------
 class _LTXConfig:
     """What both LTX configs derive from their plans (the ``VAEConfig`` answers and the checks)."""
@@ -199,11 +210,16 @@ class _LTXConfig:
         return lookahead(self.decoder_plan())
 
     @property
+    def injects_noise(self) -> bool:
+        """Whether the decoder's resnets add seeded noise (some LTX-Video 0.9.1+ and LTX-2 decoders)."""
+        plan = self.decoder_plan()
+        return plan.mid_noise or any(b.inject_noise for b in plan.up_blocks)
+
+    @property
     def decode_conditions(self) -> bool:
         """Whether a decode takes a timestep and noise (``models.ltx.DecodeConditions``): a
         timestep-conditioned decoder or one that injects noise."""
-        plan = self.decoder_plan()
-        return plan.timestep_conditioning or plan.mid_noise or any(b.inject_noise for b in plan.up_blocks)
+        return self.timestep_conditioning or self.injects_noise
 
     @property
     def latents_mean(self) -> tuple[float, ...]:

@@ -28,7 +28,7 @@ from .errors import EngineError
 
 Operation = Literal["decode", "encode"]
 STREAM_END = object()  # stream sentinel: no more chunks
-SEED_RANGE = 2**32
+SEED_RANGE = 2**32  # models.encode's: jax.random.PRNGKey keeps 32 bits of a seed (that module imports JAX)
 
 
 class EncodeOptions(NamedTuple):
@@ -51,6 +51,27 @@ class EncodeOptions(NamedTuple):
         return cls(sample=sample, seed=seed, normalize=normalize)
 
 
+class DecodeOptions(NamedTuple):
+    """The conditions of a decode by a decoder that takes them (LTX from 0.9.1: a timestep, seeded
+    noise; ``models.decode.decode_conditions``): its timestep (None for a decoder that takes none),
+    noise scale and seed, per request, so that requests with different ones share a batch.
+
+    Fixed when the request arrives (``resolve``), on the process that serves HTTP, so every
+    process of a multi-host slice draws the same noise; a tuple, so that it travels to the other
+    processes as JSON (a list) and comes back as ``DecodeOptions(*options)``."""
+
+    timestep: float | None
+    noise_scale: float | None
+    seed: int
+
+    @classmethod
+    def resolve(cls, *, timestep: float | None, noise_scale: float | None, seed: int | None) -> DecodeOptions:
+        """A fresh random seed when none is given: the answer names it (``X-Seed``), so that it can
+        be reproduced."""
+        return cls(timestep=timestep, noise_scale=noise_scale,
+                   seed=secrets.randbelow(SEED_RANGE) if seed is None else seed)
+
+
 @dataclass(eq=False)  # a job is itself (held in sets by the worker), whatever its fields say
 class Job:
     """One request's inputs (decode: latents ``(B, C, T, H, W)`` float32, already scaled and
@@ -69,6 +90,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     arrived: float = field(default_factory=time.monotonic)
     encode: EncodeOptions | None = None  # rides in the batch, not in the program key
+    decode: DecodeOptions | None = None  # a decode's conditions: they too ride in the batch, per row
     framewise: bool = False  # decode: HunyuanVideo 1.0's framewise decode (a program of its own)
     future: asyncio.Future = field(init=False)
     chunks: asyncio.Queue | None = field(init=False, default=None)

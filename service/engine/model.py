@@ -17,7 +17,7 @@ from models.shapes import Output, shape_text
 
 from ..limits import Limits
 from .errors import NoEncoder, ShapeNotServed
-from .jobs import EncodeOptions, Operation
+from .jobs import DecodeOptions, EncodeOptions, Operation
 from .memory import MemoryGuard, MemoryPlan
 
 # Strict shapes: latent (C, T, H, W) -> the outputs served for it ("uint8", "float", "stream", "framewise").
@@ -37,11 +37,12 @@ class Runner(Protocol):
     # processes run each call to its end before they take the next.
     interleaves_streams: bool
 
-    def decode(self, latents: np.ndarray, *, output: Output = "uint8",
-               framewise: bool = False) -> Any: ...  # Decoded(frames, nonfinite)
+    # ``conditions``: each request's ``(DecodeOptions, rows)`` in the batch (``runner.decode_rows``).
+    def decode(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False,
+               conditions: Sequence[tuple[DecodeOptions | None, int]] = ()) -> Any: ...  # Decoded(frames, nonfinite)
 
-    def decode_stream(self, latents: np.ndarray, *, output: Output = "uint8",
-                      framewise: bool = False) -> Iterator[Any]: ...  # Decoded per step
+    def decode_stream(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False,
+                      conditions: Sequence[tuple[DecodeOptions | None, int]] = ()) -> Iterator[Any]: ...  # Decoded per step
 
     def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray: ...
 

@@ -19,16 +19,17 @@ import numpy as np
 
 import sharding
 from models.encode import PosteriorOptions, posterior_options
+from models.ltx import DecodeConditions
 from models.programs import ProgramKey
 from models.shapes import Output, shape_text
-from sharding.decode import Decoded, band_total, to_host_cropped
+from sharding.decode import Decoded, band_total, put_conditions, to_host_cropped
 from sharding.fits import free_device_bytes, program_total_bytes
 from sharding.introspect import program_memory
 from sharding.mesh import mesh_key
 
 from .batches import batch_buckets, bucket_for, pad_batch
 from .errors import TooLargeForMemory
-from .jobs import EncodeOptions, Operation
+from .jobs import DecodeOptions, EncodeOptions, Operation
 from .memory import available_host_bytes
 
 
@@ -40,6 +41,18 @@ def encode_rows(requests: Sequence[tuple[EncodeOptions, int]], batch: int) -> Po
         options = EncodeOptions(*given)  # a list when it came from process 0 of a slice
         parts.append(posterior_options(rows, sample=options.sample, seed=options.seed, normalize=options.normalize))
     return PosteriorOptions.concatenate(parts, batch)
+
+
+def decode_rows(vae: Any, requests: Sequence[tuple[DecodeOptions | None, int]], batch: int) -> DecodeConditions | None:
+    """The conditions of a device batch of a decoder that takes them (None for one that does not):
+    each request's ``rows`` with its own timestep, noise scale and seed (so requests with different
+    ones share one call; a request's rows are what ``vae.decode`` gives it alone), padded to
+    ``batch``. A request without options (None) takes the checkpoint's defaults and a fresh seed."""
+    if not vae.config.decode_conditions:
+        return None
+    parts = [vae.conditions(rows, **({} if given is None else DecodeOptions(*given)._asdict()))
+             for given, rows in requests]
+    return DecodeConditions.concatenate(parts, batch) if parts else vae.conditions(batch)
 
 
 class DeviceRunner:
@@ -72,21 +85,26 @@ class DeviceRunner:
         self._check_thread()
         return pad_batch(inputs, bucket_for(inputs.shape[0], self.buckets))
 
-    def decode(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False) -> Decoded:
+    def decode(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False,
+               conditions: Sequence[tuple[DecodeOptions | None, int]] = ()) -> Decoded:
         n, padded = latents.shape[0], self._padded(latents)
         program = sharding.compile_decode(self.vae, padded.shape, self.mesh, output=output, framewise=framewise)
+        rows = put_conditions(decode_rows(self.vae, conditions, padded.shape[0]), self.mesh)
         frames, nonfinite = program(sharding.replicated_state(self.vae, self.mesh),
-                                    sharding.put_latents(padded, self.mesh))
+                                    sharding.put_latents(padded, self.mesh), *rows)
         # all-gathered when the mesh spans processes; an uneven split's padding cropped on the host
         host = to_host_cropped(frames, padded.shape, self.vae.config.spatial_scale, output)
         return Decoded(host[:n], band_total(nonfinite)[:n])
 
-    def decode_stream(self, latents: np.ndarray, *, output: Output = "uint8",
-                      framewise: bool = False) -> Iterator[Decoded]:
+    def decode_stream(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False,
+                      conditions: Sequence[tuple[DecodeOptions | None, int]] = ()) -> Iterator[Decoded]:
         """Yields ``Decoded`` chunks as each decode step finishes: uint8 ``(B, f, sH, sW, 3)``, or
-        float32 ``(B, 3, f, sH, sW)`` for ``output="float"``."""
+        float32 ``(B, 3, f, sH, sW)`` for ``output="float"``. ``conditions``: the ``(options, rows)``
+        of the requests that share the batch, in order (``decode_rows``), for a decoder that takes them."""
         n, padded = latents.shape[0], self._padded(latents)
-        for step in sharding.sharded_decode_stream(self.vae, padded, self.mesh, framewise=framewise, output=output):
+        rows = decode_rows(self.vae, conditions, padded.shape[0])
+        for step in sharding.sharded_decode_stream(self.vae, padded, self.mesh, framewise=framewise, output=output,
+                                                   conditions=rows):
             yield Decoded(step.frames[:n], step.nonfinite[:n])
 
     def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray:

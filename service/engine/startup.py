@@ -77,10 +77,6 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
     limits and normalization taken from its config. Nothing is compiled yet."""
     embedded = vae is None and (settings.model is None or settings.model in models.MODEL_NAMES)
     vae = vae if vae is not None else _load_vae(settings)
-    if vae.config.decode_conditions:  # a decode needs a timestep and seeded noise, which requests cannot give yet
-        raise StartupRefused(f"this {vae.config.class_name} decoder is timestep-conditioned or injects noise: the "
-                             "service does not take a decode's timestep and seed yet; decode it with the Python API "
-                             "(vae.decode(latents, timestep=..., seed=...), sharding.sharded_decode)")
     if vae.metadata.get("random_weights") and not embedded:  # an embedded model's loader said so already
         log.warning("the model has RANDOM weights: outputs are noise-like, for testing only")
     mesh = sharding.make_mesh(settings.tp, settings.dp)

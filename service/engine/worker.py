@@ -323,7 +323,7 @@ class Worker:
         assert self._runner is not None and self.model is not None
         self._note_start(batch)
         latents = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
-        run = StepRun(batch, self._steps(batch[0], latents), self.model.limits.output_frames(clip_shape(latents.shape)[2]))
+        run = StepRun(batch, self._steps(batch, latents), self.model.limits.output_frames(clip_shape(latents.shape)[2]))
         self._runs.append(run)
         self._holding.update(job for job in batch if job.stream)
         return run
@@ -407,9 +407,12 @@ class Worker:
         requests = [(job.encode, job.size) for job in batch if job.encode is not None]
         return self._runner.encode(inputs, requests)
 
-    def _steps(self, job: Job, latents: np.ndarray) -> Iterator[Any]:
+    def _steps(self, batch: list[Job], latents: np.ndarray) -> Iterator[Any]:
+        """The steps of a decode batch; each job's rows decode with its own conditions (an LTX timestep, seed)."""
         assert self._runner is not None
-        return self._runner.decode_stream(latents, output=job.output, framewise=job.framewise)
+        head = batch[0]
+        return self._runner.decode_stream(latents, output=head.output, framewise=head.framewise,
+                                          conditions=[(job.decode, job.size) for job in batch])
 
     def _expire(self, run: StepRun) -> None:
         """Answer the jobs of ``run`` whose deadline has passed (504) and stop decoding for them:

@@ -9,9 +9,12 @@ from typing import Annotated
 import numpy as np
 from fastapi import Depends, Header, Query, Request
 
+from models.ltx_config import TIMESTEP_RANGE
+
 from ..codecs.frames import check_frame_dims, check_frames_content_type
 from ..codecs.latents import check_latent_dims, check_latents_content_type
 from ..codecs.tensors import TENSOR_CONTENT_TYPES, media_type, parse_shape
+from ..engine.jobs import SEED_RANGE
 from ..problem import Problem
 from ..settings import Settings
 from .schemas import DecodeParams, EncodeOutputType, EncodeParams, ImageFormat, OutputType
@@ -94,6 +97,20 @@ TimeoutQuery = Annotated[float | None, Query(gt=0, allow_inf_nan=False, descript
                                              "max_request_timeout_s")]
 
 
+# An LTX decoder's conditions (``models.decode.decode_conditions``), each checked here for range;
+# whether the model takes them is checked once it is known (``service.http.inputs.decode_options``).
+TimestepQuery = Annotated[float | None, Query(ge=TIMESTEP_RANGE[0], le=TIMESTEP_RANGE[1], allow_inf_nan=False,
+                                               description="timestep-conditioned decoders (LTX-Video 0.9.1+, "
+                                               "LTX-2): the decode timestep (default: the checkpoint's "
+                                               "decode_timestep, else 0.05)")]
+NoiseScaleQuery = Annotated[float | None, Query(ge=0, le=1, allow_inf_nan=False,
+                                                 description="timestep-conditioned decoders: noise mixed into "
+                                                 "the latents, (1 - s) z + s noise (default: the checkpoint's "
+                                                 "decode_noise_scale, else 0)")]
+SeedQuery = Annotated[int | None, Query(ge=0, lt=SEED_RANGE, description="decoders that take a timestep or "
+                                         "inject noise: the noise's seed (default: a fresh one, answered in X-Seed)")]
+
+
 def request_timeout(settings: Settings, timeout_s: float | None) -> float:
     """The request's deadline: its ``timeout_s`` (up to ``max_request_timeout_s``), else the server's default."""
     return settings.request_timeout_s if timeout_s is None else min(timeout_s, settings.timeout_cap_s)
@@ -122,6 +139,9 @@ def decode_params(
     width: Annotated[int | None, Query(ge=1, description="packed latents: the image's width")] = None,
     framewise: Annotated[bool, Query(description="HunyuanVideo 1.0 only: decode as diffusers does by default "
                                      "(tiles of 16 frames, blended), not the whole clip")] = False,
+    timestep: TimestepQuery = None,
+    noise_scale: NoiseScaleQuery = None,
+    seed: SeedQuery = None,
     accept: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> DecodeParams:
     settings = state.settings
@@ -136,6 +156,7 @@ def decode_params(
         shift_factor=_float32("shift_factor", shift_factor), timeout_s=request_timeout(settings, timeout_s),
         framewise=framewise, image_format=image_format, packed_size=(height, width),
         pil_tensor=output_type == "pil" and media_type(accept) in TENSOR_CONTENT_TYPES,
+        timestep=timestep, noise_scale=noise_scale, seed=seed,
     )
 
 
@@ -144,7 +165,7 @@ def encode_params(
     output_type: EncodeOutputType = "pt",
     normalize: Annotated[bool, Query(description="(z - latents_mean) / latents_std after")] = False,
     sample: Annotated[bool, Query(description="draw from the posterior instead of taking its mean")] = False,
-    seed: Annotated[int | None, Query(ge=0, lt=2**32, description="noise seed for sample (default: fresh)")] = None,
+    seed: Annotated[int | None, Query(ge=0, lt=SEED_RANGE, description="noise seed for sample (default: fresh)")] = None,
     shape: Annotated[list[str] | None, Query(description="raw bodies: B,3,F,H,W or B,3,H,W")] = None,
     dtype: DtypeQuery = None,
     scaling_factor: ScalingQuery = None,

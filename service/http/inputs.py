@@ -12,6 +12,7 @@ from ..codecs.frames import FramesHeader, frames_header
 from ..codecs.latents import parse_latents, unscale_latents
 from ..codecs.tensors import RAW_CONTENT_TYPES, check_finite
 from ..engine.errors import ShapeNotServed
+from ..engine.jobs import DecodeOptions
 from ..engine.model import ModelState
 from ..metrics import Metrics
 from ..problem import Problem
@@ -51,6 +52,27 @@ def check_decode_served(shape: tuple[int, ...], params: DecodeParams, model: Mod
         return params.stream or params.output_type == "mp4"
     model.check_served(shape, "stream" if params.stream else params.output)
     return params.stream or params.output_type == "mp4"
+
+
+def decode_options(params: DecodeParams, model: ModelState) -> DecodeOptions | None:
+    """The decode's conditions (``DecodeOptions``: its timestep, noise scale and seed, a fresh seed
+    when none is given) for a decoder that takes them, None for one that does not. The values'
+    ranges are the query's (``service.http.deps``); here, 422 for a condition the model does not
+    take: any of them for a decoder that takes none, a timestep or noise scale for one that is not
+    timestep-conditioned (it only injects noise)."""
+    config = model.vae.config
+    given = {name: value for name, value in (("timestep", params.timestep), ("noise_scale", params.noise_scale),
+                                             ("seed", params.seed)) if value is not None}
+    if not config.decode_conditions:
+        if given:
+            raise Problem(422, "invalid-parameter", f"the {config.class_name} decoder takes no timestep and draws "
+                          "no noise", expected="no timestep, noise_scale or seed", received=given)
+        return None
+    unconditioned = {name: given[name] for name in ("timestep", "noise_scale") if name in given}
+    if unconditioned and not getattr(config, "timestep_conditioning", False):
+        raise Problem(422, "invalid-parameter", f"this {config.class_name} decoder is not timestep-conditioned: it "
+                      "takes only a seed for the noise it injects", expected="seed only", received=unconditioned)
+    return DecodeOptions.resolve(timestep=params.timestep, noise_scale=params.noise_scale, seed=params.seed)
 
 
 def _check_output(latents: np.ndarray, params: DecodeParams, model: ModelState) -> None:

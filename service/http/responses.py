@@ -46,10 +46,13 @@ def decode_problem(error: EngineError, params: DecodeParams, job: Job, retry_aft
                           scaling=params.scaling if isinstance(error, NonFiniteOutput) else None)
 
 
-def timing_headers(job: Job, *, serialize_s: float | None = None) -> dict[str, str]:
+def job_headers(job: Job, *, serialize_s: float | None = None) -> dict[str, str]:
     """Where a request's time went: the queue (arrival to the start of its device batch) and, once
-    the device is done with it, the device, the serialization and the batch it rode in."""
+    the device is done with it, the device, the serialization and the batch it rode in; and the
+    seed of a decode's noise (an LTX decoder's), so that the answer can be reproduced."""
     headers = {"X-Queue-Time-S": f"{(job.started or time.monotonic()) - job.arrived:.6f}"}
+    if job.decode is not None:
+        headers["X-Seed"] = str(job.decode.seed)
     if serialize_s is not None:
         headers |= {"X-Device-Time-S": f"{job.device_s:.6f}", "X-Serialize-Time-S": f"{serialize_s:.6f}",
                     "X-Batch-Size": str(job.batch_size)}
@@ -97,7 +100,7 @@ async def _serialized(job: Job, array: np.ndarray, output_type: str, metrics: Me
     body, media_type, headers = await anyio.to_thread.run_sync(serialize, array)
     serialize_s = time.monotonic() - start
     metrics.serialize_seconds.labels(output_type).observe(serialize_s)
-    return Response(body, media_type=media_type, headers={**headers, **timing_headers(job, serialize_s=serialize_s)})
+    return Response(body, media_type=media_type, headers={**headers, **job_headers(job, serialize_s=serialize_s)})
 
 
 async def render_frames(job: Job, frames: np.ndarray, params: DecodeParams, batched: bool, metrics: Metrics) -> Response:

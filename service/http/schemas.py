@@ -38,6 +38,11 @@ class DecodeParams:
     # output_type=pil asked for a tensor (Accept: tensor/binary, as diffusers' client sends it with a
     # processor): the images or frames as float16 (N, 3, H, W) in [0, 1] instead of an image file.
     pil_tensor: bool = False
+    # An LTX decoder's conditions (``models.decode.decode_conditions``); None: the checkpoint's
+    # default (the seed: a fresh one, answered in X-Seed).
+    timestep: float | None = None
+    noise_scale: float | None = None
+    seed: int | None = None
 
     @property
     def output(self) -> Output:
@@ -135,6 +140,18 @@ class LatentsInfo(BaseModel):
     max_width: int
 
 
+class ConditionsInfo(BaseModel):
+    """What a decoder that takes conditions (LTX-Video 0.9.1+, LTX-2) takes with its latents: the
+    query parameters ``timestep``, ``noise_scale`` (timestep-conditioned decoders) and ``seed``."""
+
+    timestep_conditioned: bool  # takes timestep and noise_scale
+    injects_noise: bool  # its resnets add seeded noise: the seed changes every answer
+    default_timestep: float | None  # the checkpoint's pipeline's decode_timestep, else 0.05 (None: takes none)
+    default_noise_scale: float | None  # the pipeline's decode_noise_scale, else 0
+    timestep_range: list[float]  # [low, high], both included
+    seed_range: list[int]  # [0, 2**32): the seed is an integer in it
+
+
 class ProgramMemory(BaseModel):
     """Per-device bytes of one compiled program (``memory_analysis()``)."""
 
@@ -179,6 +196,8 @@ class ModelInfo(BaseModel):
     dtype: str
     encodes: bool  # the checkpoint has an encoder: POST /v1/encode serves (else 501 no-encoder)
     latents: LatentsInfo
+    # The conditions the decoder takes (query parameters of POST /v1/decode); None: it takes none.
+    decode_conditions: ConditionsInfo | None
     config: dict[str, Any]
     metadata: dict[str, Any]
     mesh: MeshInfo

@@ -27,7 +27,7 @@ from ..problem import Problem
 from .admission import unless_client_leaves
 from .mp4_pool import Mp4Pool
 from .problems import ClientGone
-from .responses import timing_headers, wait_for
+from .responses import job_headers, wait_for
 from .schemas import DecodeParams
 
 log = logging.getLogger("vaeserve")
@@ -132,7 +132,7 @@ async def frame_stream(request: Request, job: Job, batched: bool,
                 problem = problem_for(error).body(request.url.path, job.request_id)
                 yield stream_message({"type": "error", "problem": problem})
 
-    return BodyStream(messages(), media_type=STREAM_MEDIA_TYPE, headers=timing_headers(job))
+    return BodyStream(messages(), media_type=STREAM_MEDIA_TYPE, headers=job_headers(job))
 
 
 async def mp4_stream(request: Request, job: Job, params: DecodeParams, mp4_pool: Mp4Pool,
@@ -164,7 +164,7 @@ async def mp4_stream(request: Request, job: Job, params: DecodeParams, mp4_pool:
                             problem.detail)
                 raise StreamCut(problem) from None
 
-    return BodyStream(fragments(), media_type="video/mp4", headers=timing_headers(job))
+    return BodyStream(fragments(), media_type="video/mp4", headers=job_headers(job))
 
 
 async def pipelined_mp4(request: Request, job: Job, params: DecodeParams, mp4_pool: Mp4Pool) -> Response:
@@ -183,4 +183,4 @@ async def pipelined_mp4(request: Request, job: Job, params: DecodeParams, mp4_po
                 return await writer.close(), writer.seconds
 
     body, mp4_s = await wait_for(request, job, write())
-    return Response(body, media_type="video/mp4", headers=timing_headers(job, serialize_s=mp4_s))
+    return Response(body, media_type="video/mp4", headers=job_headers(job, serialize_s=mp4_s))

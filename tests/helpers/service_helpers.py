@@ -154,8 +154,8 @@ class PoisonRunner(DeviceRunner):
 
     POISON = 7.0
 
-    def decode_stream(self, latents, *, output="uint8", framewise=False):
-        for index, step in enumerate(super().decode_stream(latents, output=output, framewise=framewise)):
+    def decode_stream(self, latents, **options):
+        for index, step in enumerate(super().decode_stream(latents, **options)):
             if latents[0].flat[0] == self.POISON and index == 1:
                 raise RuntimeError("device fell over mid-stream")
             yield step
@@ -165,7 +165,7 @@ class GarbageRunner(DeviceRunner):
     """Frames of a shape no video encoder takes: mp4 answers (encoded from the stream's steps)
     fail inside the app, an internal error, not a device error; npy answers still work."""
 
-    def decode_stream(self, latents, *, output="uint8", framewise=False):
+    def decode_stream(self, latents, **options):
         yield Decoded(np.zeros((latents.shape[0], 2), np.uint8), np.zeros(latents.shape[0], np.int32))
 
 
@@ -176,8 +176,8 @@ class HeldRunner(DeviceRunner):
     release = threading.Event()
     steps_before_the_hold: int | None = None  # None: every step but the last
 
-    def decode_stream(self, latents, *, output="uint8", framewise=False):
-        steps = list(super().decode_stream(latents, output=output, framewise=framewise))
+    def decode_stream(self, latents, **options):
+        steps = list(super().decode_stream(latents, **options))
         split = len(steps) - 1 if self.steps_before_the_hold is None else self.steps_before_the_hold
         yield from steps[:split]
         self.release.wait(60)
@@ -292,9 +292,9 @@ class GatedRunner(DeviceRunner):
     def reset(cls) -> None:
         cls.permits, cls.log = threading.Semaphore(0), []
 
-    def decode_stream(self, latents, *, output="uint8", framewise=False):
+    def decode_stream(self, latents, **options):
         marker = self.MARKERS.get(float(latents[0].flat[0]), "?")
-        steps = super().decode_stream(latents, output=output, framewise=framewise)
+        steps = super().decode_stream(latents, **options)
         for index in range(latents.shape[2] if self.vae.config.causal else 1):  # one step per latent frame
             if not GatedRunner.permits.acquire(timeout=120):
                 raise RuntimeError("no permit for a decode step within 120 s")

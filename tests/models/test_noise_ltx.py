@@ -2,6 +2,8 @@
 one answer, and ``noise_scale`` mixes noise into the latents as the pipelines do (LTX-2's before
 its latents are denormalized). The parity tests run with the noise scales at 0 (diffusers' init)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,7 @@ import models
 from models.decode import decode_conditions
 from models.ltx import INJECTED_NOISE, LATENT_NOISE, Resnet, Step
 from models.spatial import SingleDeviceContext, frame_normal
-from tests.helpers.ltx_reference import LTX090, LTX2_SHARD, seeded_weights
+from tests.helpers.ltx_reference import LTX090, LTX095, LTX2_SHARD, seeded_weights
 from tests.helpers.wan_reference import seeded_latents, write_diffusers_folder
 
 SHAPE = (2, 8, 2, 3, 2)
@@ -95,6 +97,13 @@ def test_decoders_without_conditions_refuse_them():
         decode_conditions(models.WanVAEConfig(), 1, seed=1)
     with pytest.raises(ValueError, match="noise_scale"):
         decode_conditions(LTX2_SHARD, 1, noise_scale=1.5)
+    with pytest.raises(ValueError, match=r"timestep must be a finite number in \[0.0, 1.0\]"):
+        decode_conditions(LTX2_SHARD, 1, timestep=1.5)
+    noise_only = dataclasses.replace(LTX095, timestep_conditioning=False)  # injects noise, takes a seed only
+    for name in ("timestep", "noise_scale"):
+        with pytest.raises(ValueError, match=f"not timestep-conditioned; received {name}"):
+            decode_conditions(noise_only, 1, **{name: 0.05})
+    assert decode_conditions(noise_only, 1, seed=3).keys.tolist() == [[0, 3]]
     conditions = decode_conditions(LTX2_SHARD, 3, seed=4, defaults={"decode_timestep": 0.025})
     assert conditions is not None and np.all(conditions.timestep == np.float32(0.025))
     assert np.all(conditions.noise_scale == 0) and conditions.keys.shape == (3, 2)

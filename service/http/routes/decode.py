@@ -12,7 +12,7 @@ from ...engine.errors import EngineError
 from ...engine.jobs import Job
 from .. import responses, streams
 from ..deps import ApiKeyDep, DecodeParamsDep, LatentsMediaTypeDep, StateDep
-from ..inputs import DecodeInputs, declared_latents, decode_inputs
+from ..inputs import DecodeInputs, declared_latents, decode_inputs, decode_options
 from ..lifecycle import admitted
 from ..schemas import DECODE_OPENAPI, DECODE_RESPONSES, DecodeParams
 from ..state import ServiceState
@@ -27,6 +27,7 @@ async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsM
     """Decode latents ``(B, C, T, H, W)`` or ``(C, T, H, W)`` (``C``: the model's latent channels);
     see the API docs for the formats."""
     async with admitted(request, state, params.timeout_s) as admission:
+        conditions = decode_options(params, admission.model)
         declared = declared_latents(params, media_type, admission.model)
         if declared is not None:  # a raw body: its shape is in the query, checked before the body is read
             await admission.reserve_decode(declared, params)
@@ -36,7 +37,7 @@ async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsM
         if declared is None:
             await admission.reserve_decode(inputs.latents.shape, params)
         job = admission.submit("decode", inputs.latents, output=params.output, stream=inputs.streamed,
-                               framewise=params.framewise)
+                               framewise=params.framewise, decode=conditions)
         return await answer(request, job, inputs, params, state)
 
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 
+from models.ltx_config import TIMESTEP_RANGE, condition_defaults
+
+from ...engine.jobs import SEED_RANGE
 from ...engine.model import ModelState
 from ..deps import ApiKeyDep, StateDep
 from ..schemas import (
     PROBLEM_RESPONSES,
+    ConditionsInfo,
     LatentsInfo,
     MemoryInfo,
     MeshInfo,
@@ -40,7 +46,7 @@ async def list_models(state: StateDep) -> ModelList:
     return ModelList(data=[ModelInfo(
         id=settings.model or meta.get("name", "vae"), source=meta.get("source"),
         random_weights=meta.get("random_weights"), dtype=vae.dtype, encodes=vae.has_encoder, latents=latents,
-        config=vae.config.to_dict(),
+        decode_conditions=conditions_info(vae), config=vae.config.to_dict(),
         metadata=meta, mesh=MeshInfo(dp=settings.dp, tp=settings.tp, devices=model.devices,
                                      processes=model.cluster.num_processes if model.cluster else 1),
         batch_buckets=model.runner.buckets, warmed_shapes=[list(w.shape) for w in model.warmed],
@@ -49,6 +55,19 @@ async def list_models(state: StateDep) -> ModelList:
         compiled=model.runner.programs(),
         program_memory=[ProgramMemory(**row) for row in model.runner.program_memory()],
         device_memory_bytes=model.device_memory_bytes, memory=memory_info(model))])
+
+
+def conditions_info(vae: Any) -> ConditionsInfo | None:
+    """The conditions a decode of ``vae`` takes and their defaults (``models.decode.condition_defaults``)."""
+    config = vae.config
+    if not config.decode_conditions:
+        return None
+    conditioned = bool(getattr(config, "timestep_conditioning", False))
+    timestep, noise_scale = condition_defaults(vae.metadata)
+    return ConditionsInfo(timestep_conditioned=conditioned, injects_noise=bool(getattr(config, "injects_noise", False)),
+                          default_timestep=timestep if conditioned else None,
+                          default_noise_scale=noise_scale if conditioned else None,
+                          timestep_range=list(TIMESTEP_RANGE), seed_range=[0, SEED_RANGE])
 
 
 def memory_info(model: ModelState) -> MemoryInfo | None:

@@ -158,8 +158,8 @@ class HostFullRunner(DeviceRunner):
 
     free: int | None = None
 
-    def decode_stream(self, latents, *, output="uint8", framewise=False):
-        for index, step in enumerate(super().decode_stream(latents, output=output, framewise=framewise)):
+    def decode_stream(self, latents, **options):
+        for index, step in enumerate(super().decode_stream(latents, **options)):
             if latents[0].flat[0] == PoisonRunner.POISON and index == 1:
                 np.empty(2**62, np.uint8)  # raises MemoryError: no host has 4 EiB
             yield step

@@ -265,10 +265,10 @@ def test_openapi_declares_bodies_and_media_types(client):
 class SlowRunner(DeviceRunner):
     started = threading.Event()
 
-    def decode_stream(self, latents, *, output="uint8", framewise=False):
+    def decode_stream(self, latents, **options):
         SlowRunner.started.set()
         threading.Event().wait(1.0)  # long enough to shut down while it runs
-        yield from super().decode_stream(latents, output=output, framewise=framewise)
+        yield from super().decode_stream(latents, **options)
 
 
 def test_lifespan_shutdown_drains_for_any_asgi_server(tiny_vae):

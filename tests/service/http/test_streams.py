@@ -154,9 +154,9 @@ class BigStepRunner(DeviceRunner):
 
     made = 0
 
-    def decode_stream(self, latents, *, output="uint8", framewise=False):
+    def decode_stream(self, latents, **options):
         if latents.shape[2] != 2:
-            yield from super().decode_stream(latents, output=output, framewise=framewise)
+            yield from super().decode_stream(latents, **options)
             return
         for index in range(STEPS):
             BigStepRunner.made += 1
@@ -220,7 +220,7 @@ class NoiseRunner(DeviceRunner):
     ``NOISE_STEPS`` steps of four 512x512 frames (an MP4 of megabytes, more than the kernel buffers
     for a reader), any other T two steps of four 32x32 frames."""
 
-    def decode_stream(self, latents, *, output="uint8", framewise=False):
+    def decode_stream(self, latents, **options):
         big = latents.shape[2] == 2
         rng = np.random.default_rng(int(latents.shape[2]))
         for _ in range(NOISE_STEPS if big else 2):
@@ -260,7 +260,7 @@ STEADY_STEPS = 20  # 3.75 MiB: more than the kernel holds for a reader (about 3 
 
 
 class SteadyRunner(DeviceRunner):
-    def decode_stream(self, latents, *, output="uint8", framewise=False):
+    def decode_stream(self, latents, **options):
         for index in range(STEADY_STEPS):
             yield Decoded(np.full(STEADY_STEP, index, np.uint8), np.zeros(1, np.int32))
 
