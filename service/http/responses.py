@@ -49,10 +49,13 @@ def decode_problem(error: EngineError, params: DecodeParams, job: Job, retry_aft
 def job_headers(job: Job, *, serialize_s: float | None = None) -> dict[str, str]:
     """Where a request's time went: the queue (arrival to the start of its device batch) and, once
     the device is done with it, the device, the serialization and the batch it rode in; and the
-    seed of a decode's noise (an LTX decoder's), so that the answer can be reproduced."""
+    seed of a decode's noise (an LTX decoder's) or of an encode's sampled latents, so that the
+    answer can be reproduced."""
     headers = {"X-Queue-Time-S": f"{(job.started or time.monotonic()) - job.arrived:.6f}"}
     if job.decode is not None:
         headers["X-Seed"] = str(job.decode.seed)
+    if job.encode is not None and job.encode.sample:
+        headers["X-Seed"] = str(job.encode.seed)
     if serialize_s is not None:
         headers |= {"X-Device-Time-S": f"{job.device_s:.6f}", "X-Serialize-Time-S": f"{serialize_s:.6f}",
                     "X-Batch-Size": str(job.batch_size)}

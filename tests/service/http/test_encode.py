@@ -146,9 +146,14 @@ def test_jpeg_mp4_npy_safetensors_and_four_dim_bodies(server, tiny_vae):
 def test_sample_seed_and_normalize(server, tiny_vae):
     x = frames(seed=6)
     query = {"shape": ",".join(map(str, VIDEO)), "dtype": "float32"}
-    sampled = latents_of(post(server, x.tobytes(), **query, sample="true", seed=3))
+    answer = post(server, x.tobytes(), **query, sample="true", seed=3)
+    sampled = latents_of(answer)
+    assert answer.headers["X-Seed"] == "3"
     assert close(sampled, np.asarray(tiny_vae.encode(x, sample=True, seed=3)))
     assert not close(sampled, np.asarray(tiny_vae.encode(x)))
+    fresh = post(server, x.tobytes(), **query, sample="true")  # no seed: the one drawn is in X-Seed
+    assert close(latents_of(fresh), np.asarray(tiny_vae.encode(x, sample=True, seed=int(fresh.headers["X-Seed"]))))
+    assert "X-Seed" not in post(server, x.tobytes(), **query).headers  # the mean takes no seed
     normalized = latents_of(post(server, x.tobytes(), **query, normalize="true"))
     assert close(normalized, np.asarray(tiny_vae.encode(x, normalize=True)))
 
