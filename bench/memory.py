@@ -16,8 +16,9 @@ Extra server flags pass through ``--serve`` (e.g. ``--serve --device-memory-byte
 on a host other processes share).
 
 ``--table`` prints, without a server, the estimate per size for a model on CPU; ``--compare``
-compiles programs of the tiny configs (and, with ``--real``, of the real ones at small sizes)
-and prints the estimate against their ``memory_analysis()`` per family; ``--fit`` compiles the tiny
+compiles programs of the tiny configs (and, with ``--real``, of the real ones at small sizes;
+``--families``: only those image and LTX families) and prints the estimate against their
+``memory_analysis()`` per family; ``--fit`` compiles the tiny
 configs' programs of the families named and prints the non-negative least-squares ``Coefficients``
 (on the ratio estimate / compiled) of their temp, for ``models.memory.FAMILIES``.
 """
@@ -350,7 +351,8 @@ def measurements(family: str, *, held: bool = False):
             f = 1 if len(shape) == 4 else shape[2]
             s = config.spatial_scale
             grid = model._grid(shape[0], 1, shape[-2] // s, shape[-1] // s, f)
-            layers = model.family.encoder(config, grid, first=not config.causal or f == 1, itemsize=model.itemsize)
+            whole = not config.causal and config.lookahead is None
+            layers = model.family.encoder(config, grid, first=whole or f == 1, itemsize=model.itemsize)
             feats = dataclasses.replace(features(layers, grid, native=False), weights=model.encoder_weights)
             yield "encode", shape, "encode", estimate, feats, program_memory(sharding.compile_encode(vae, shape, mesh))
 
@@ -431,7 +433,7 @@ def compare(args: argparse.Namespace) -> None:
     mesh = sharding.make_mesh(1)
     print("| family | config | latents | program | estimate | memory_analysis() | ratio |")
     print("|---|---|---|---|---|---|---|")
-    for which, table_ in (("tiny", tiny), ("real", real if args.real else {})):
+    for which, table_ in (("tiny", {} if args.families else tiny), ("real", real if args.real else {})):
         for name, (config, shapes) in table_.items():
             vae = models.abstract_vae(config)
             model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"])
@@ -443,6 +445,15 @@ def compare(args: argparse.Namespace) -> None:
                     print(f"| {name} | {which} | {'x'.join(map(str, shape))} | {program.name} | "
                           f"{program.estimate.total / 1e6:.1f} MB | {measured / 1e6:.1f} MB | "
                           f"{program.estimate.total / measured:.2f} |", flush=True)
+    # The image and LTX families: their fitted tiny configs (``tiny_configs``), decodes and encodes,
+    # at the shapes fitted and those held out.
+    for name in args.families or tiny_configs():
+        for held in (False, True):
+            for _, shape, program_name, estimate, _, memory in measurements(name, held=held):
+                measured = program_total_bytes(memory)
+                print(f"| {name} | tiny{' (held out)' if held else ''} | {'x'.join(map(str, shape))} | {program_name} | "
+                      f"{estimate.total / 1e6:.1f} MB | {measured / 1e6:.1f} MB | {estimate.total / measured:.2f} |",
+                      flush=True)
 
 
 def main() -> None:
@@ -459,6 +470,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--compare", action="store_true", help="the estimate vs compiled programs")
     parser.add_argument("--real", action="store_true", help="--compare: the real configs too (slow)")
+    parser.add_argument("--families", nargs="+", help="--compare: only these of the image and LTX families")
     parser.add_argument("--fit", nargs="+", metavar="FAMILY", help="fit these families' coefficients (tiny configs)")
     args = parser.parse_args()
     if args.table:

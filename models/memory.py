@@ -579,8 +579,8 @@ FAMILIES: dict[str, Family] = {
                          first_step_unused=qwen_first_step_unused, frame_encode_unused=qwen_frame_encode_unused),
     "ltx-video": Family(ltx_decoder, ltx_encoder, cpu={"decode": _c(3.164, 0.0, 0.0, 1.238, 1.0, 0.0),
                                                        "encode": _c(0.0, 6.434, 0.0, 1.801, 1.0, 0.0)}),
-    "ltx2": Family(ltx_decoder, ltx_encoder, cpu={"decode": _c(3.164, 0.0, 0.0, 1.238, 1.0, 0.0),
-                                                  "encode": _c(0.0, 6.434, 0.0, 1.801, 1.0, 0.0)}),
+    "ltx2": Family(ltx_decoder, ltx_encoder, cpu={"decode": _c(0.357, 3.693, 2.057, 0.0, 1.0, 0.528),
+                                                  "encode": _c(0.0, 0.0, 0.0, 3.212, 1.0, 0.0)}),
 }
 
 
@@ -684,7 +684,8 @@ class Estimator:
         rows, cols = h // scale, w // scale
         t = latents_for_frames(f, self.config.temporal_scale)
         grid = self._grid(b, 1, rows, cols, f)  # clip_frames: the input's (HunyuanVideo 1.0 encodes them at once)
-        later = self.family.encoder(self.config, grid, first=not self.config.causal or f == 1, itemsize=self.itemsize)
+        whole = not self.config.causal and self.config.lookahead is None  # one image, or the whole clip at once
+        later = self.family.encoder(self.config, grid, first=whole or f == 1, itemsize=self.itemsize)
         feats = features(later, grid, native=self.native)
         frames = grid.batch * 3 * f * (scale * grid.rows) * (scale * grid.cols) * 4  # float32, a band
         latents = grid.batch * self.config.z_dim * t * grid.rows * grid.cols * 4
