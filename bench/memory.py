@@ -272,13 +272,15 @@ def tiny_configs() -> dict[str, list[Tiny]]:
     import models
     from models.image_config import KL_BLOCKS
 
-    kl = dict(down_block_types=(KL_BLOCKS[0],) * 3, up_block_types=(KL_BLOCKS[1],) * 3, norm_num_groups=4)
-    ltx = dict(latent_channels=8, layers_per_block=(1, 1, 1, 1, 1), patch_size=1)
+    kl: dict[str, Any] = dict(down_block_types=(KL_BLOCKS[0],) * 3, up_block_types=(KL_BLOCKS[1],) * 3,
+                              norm_num_groups=4)
+    ltx: dict[str, Any] = dict(latent_channels=8, layers_per_block=(1, 1, 1, 1, 1), patch_size=1)
     # Compiling costs about the same at any size: the largest shapes reach the CPU convs' block
     # budget (their nine-tap buffers stop growing) and the attention's query blocks.
-    images = dict(decodes=[(1, 0, 8, 8), (2, 0, 12, 16), (1, 0, 32, 48), (1, 0, 96, 96)],
-                  encodes=[(1, 3, 32, 32), (2, 3, 48, 64), (1, 3, 128, 192), (1, 3, 768, 768)],
-                  held_decodes=[(1, 0, 64, 80)], held_encodes=[(1, 3, 512, 640)])
+    images: dict[str, list[tuple[int, ...]]] = dict(
+        decodes=[(1, 0, 8, 8), (2, 0, 12, 16), (1, 0, 32, 48), (1, 0, 96, 96)],
+        encodes=[(1, 3, 32, 32), (2, 3, 48, 64), (1, 3, 128, 192), (1, 3, 768, 768)],
+        held_decodes=[(1, 0, 64, 80)], held_encodes=[(1, 3, 512, 640)])
 
     def image(config: Any, **shapes: list[tuple[int, ...]]) -> Tiny:
         table = {**images, **shapes}
@@ -286,8 +288,9 @@ def tiny_configs() -> dict[str, list[Tiny]]:
                    for k in ("decodes", "held_decodes")}
         return Tiny(config, decodes["decodes"], table["encodes"], decodes["held_decodes"], table["held_encodes"])
 
-    videos = dict(decodes=[(1, 8, 3, 4, 4), (2, 8, 3, 6, 8)], encodes=[(1, 3, 9, 64, 64), (2, 3, 9, 64, 96)],
-                  held_decodes=[(1, 8, 5, 12, 16)], held_encodes=[(1, 3, 17, 128, 128)])
+    videos: dict[str, list[tuple[int, ...]]] = dict(
+        decodes=[(1, 8, 3, 4, 4), (2, 8, 3, 6, 8)], encodes=[(1, 3, 9, 64, 64), (2, 3, 9, 64, 96)],
+        held_decodes=[(1, 8, 5, 12, 16)], held_encodes=[(1, 3, 17, 128, 128)])
     return {
         "autoencoder-kl": [image(models.AutoencoderKLConfig(block_out_channels=(8, 16, 16), latent_channels=4, **kl))],
         "flux2": [image(models.AutoencoderKLFlux2Config(block_out_channels=(8, 16, 16),
@@ -363,7 +366,7 @@ def fit(args: argparse.Namespace) -> None:
     named; prints them, the ratios at the fitted shapes, and with the fitted coefficients those of
     the larger shapes held out."""
     import numpy as np
-    from scipy.optimize import nnls
+    from scipy.optimize import nnls  # type: ignore[import-untyped]
 
     from sharding.fits import program_total_bytes
 

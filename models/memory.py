@@ -400,7 +400,7 @@ def kl_encoder(config: AutoencoderKLConfig | AutoencoderKLFlux2Config, grid: Gri
     """The layers of an ``AutoencoderKL``'s whole-image encode."""
     del first, itemsize
     dims = config.block_out_channels
-    frames, scale = grid.frames, float(config.spatial_scale)
+    frames, scale = grid.frames, float(2 ** (len(dims) - 1))
 
     def conv(cin: int, cout: int) -> Conv:
         return Conv(frames, scale, cin, cout, cache=None)
