@@ -361,10 +361,11 @@ def measurements(family: str, *, held: bool = False):
 
 
 def fit(args: argparse.Namespace) -> None:
-    """Non-negative least squares on the ratio (estimate / compiled total − 1) of each program's
-    temp coefficients (an encode's caches held at 0, as every family's), per family
-    named; prints them, the ratios at the fitted shapes, and with the fitted coefficients those of
-    the larger shapes held out."""
+    """Each program's temp coefficients per family named (an encode's caches held at 0, as every
+    family's; ``--features``: only those), two ways: non-negative least squares on the ratio
+    (estimate / compiled total − 1) at the fitted shapes, with the ratios of the larger shapes held
+    out; then the minimax fit (the least largest |ratio − 1|, non-negative) over every shape, held
+    out ones included — what ``models.memory.FAMILIES`` holds for the image and LTX families."""
     import numpy as np
     from scipy.optimize import nnls  # type: ignore[import-untyped]
 
@@ -391,6 +392,16 @@ def fit(args: argparse.Namespace) -> None:
                   f"{estimate.argument}), outputs {memory['output_bytes']} ({estimate.output}), alias "
                   f"{memory['alias_bytes']} ({estimate.alias}), temp {memory['temp_bytes']})", flush=True)
 
+    def minimax(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Non-negative coefficients with the least largest |ratio − 1| (a linear program)."""
+        from scipy.optimize import linprog  # type: ignore[import-untyped]
+
+        n, ones = a.shape[1], np.ones((len(b), 1))
+        result = linprog(np.r_[np.zeros(n), 1.0], A_ub=np.r_[np.c_[a, -ones], np.c_[-a, -ones]], b_ub=np.r_[b, -b],
+                         bounds=[(0, None)] * (n + 1))
+        return result.x[:n]
+
+    keep = [name in (args.features or names) for name in names]
     for family in args.fit:
         rows = list(measurements(family))
         held = list(measurements(family, held=True))
@@ -398,14 +409,17 @@ def fit(args: argparse.Namespace) -> None:
             chosen = [r for r in rows if r[0] == program]
             if not chosen:
                 continue
-            a, b = system(chosen)
-            if program == "encode":
-                a[:, 0] = 0
-            solution, _ = nnls(a, b)
-            coefficients = dict(zip(names, (round(float(v), 3) for v in solution), strict=True))
-            print(f"{family} {program}: {coefficients}", flush=True)
-            show(chosen, solution, "fitted")
-            show([r for r in held if r[0] == program], solution, "held out")
+            others = [r for r in held if r[0] == program]
+            for how, fitted in (("least squares", chosen), ("minimax, every shape", chosen + others)):
+                a, b = system(fitted)
+                a[:, [not k for k in keep]] = 0
+                if program == "encode":
+                    a[:, 0] = 0
+                solution = nnls(a, b)[0] if how == "least squares" else minimax(a, b)
+                coefficients = dict(zip(names, (round(float(v), 3) for v in solution), strict=True))
+                print(f"{family} {program} ({how}): {coefficients}", flush=True)
+                show(fitted if how == "least squares" else chosen, solution, "fitted")
+                show(others, solution, "held out" if how == "least squares" else "fitted")
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -475,6 +489,8 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="--compare: the real configs too (slow)")
     parser.add_argument("--families", nargs="+", help="--compare: only these of the image and LTX families")
     parser.add_argument("--fit", nargs="+", metavar="FAMILY", help="fit these families' coefficients (tiny configs)")
+    parser.add_argument("--features", nargs="+", help="--fit: only these features (caches, activation, outputs, "
+                        "taps, attention, weights)")
     args = parser.parse_args()
     if args.table:
         table(args)

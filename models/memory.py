@@ -553,9 +553,11 @@ def _c(caches: float, activation: float, outputs: float, taps: float, attention:
 
 # Fitted to memory_analysis() on XLA:CPU: the video families' of the tiny test configs at several
 # sizes and of the real configs at small and 480p sizes (the printed table is in docs/serving.md,
-# "No out-of-memory surprises"); the image and LTX families' by `python -m bench.memory --fit FAMILY`
-# (non-negative least squares on the ratio, tiny configs at two or three shapes, checked on a larger
-# shape held out of the fit).
+# "No out-of-memory surprises"). The image and LTX families': minimax fits (the least largest
+# |estimate / compiled − 1|, non-negative; `python -m bench.memory --fit FAMILY` prints them beside
+# a least-squares fit with larger shapes held out) over every tiny-config shape `bench.memory`'s
+# `tiny_configs` lists, some features left out per program (`--features`); AutoencoderKL and
+# Flux.2 share theirs, fitted over both.
 FAMILIES: dict[str, Family] = {
     "wan2.1": Family(wan_decoder, wan_encoder, cpu={"decode": _c(0.667, 1.006, 0.0, 1.640, 1.0, 0.0),
                                                     "encode": _c(0.0, 6.303, 0.0, 2.175, 1.0, 0.250)},
@@ -567,11 +569,9 @@ FAMILIES: dict[str, Family] = {
                                                                    "encode": _c(0.0, 0.0, 1.653, 2.632, 1.0, 0.953)}),
     "hunyuan1.0": Family(hunyuan_decoder, hunyuan_encoder, cpu={"decode": _c(0.0, 3.604, 0.0, 0.108, 1.0, 0.532),
                                                                "encode": _c(0.0, 0.0, 0.199, 2.188, 1.0, 1.295)}),
-    # The image families' fits are minimax (the largest |estimate / compiled − 1| least) over tiny
-    # configs from 8x8 to 96x96 latents (768x768 frames): XLA:CPU's memory_analysis() of the
-    # AutoencoderKL decode holds the mid block's scores only up to one block of queries (4096
-    # tokens), and the CPU convs' block budget bends the curves; `bench.memory --compare` shows
-    # the ratios (0.66-1.35).
+    # Images: tiny configs from 8x8 to 96x96 latents (768x768 frames). XLA:CPU's memory_analysis()
+    # of the AutoencoderKL decode holds the mid block's scores only up to one block of queries
+    # (4096 tokens), and the CPU convs' block budget bends the curves: 0.66-1.35.
     "autoencoder-kl": Family(kl_decoder, kl_encoder, cpu={"decode": _c(0.0, 0.0, 1.018, 0.389, 0.0, 0.157),
                                                           "encode": _c(0.0, 0.0, 0.0, 2.537, 0.588, 0.0)}),
     "flux2": Family(kl_decoder, kl_encoder, cpu={"decode": _c(0.0, 0.0, 1.018, 0.389, 0.0, 0.157),
