@@ -394,7 +394,7 @@ def fit(args: argparse.Namespace) -> None:
 
     def minimax(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Non-negative coefficients with the least largest |ratio − 1| (a linear program)."""
-        from scipy.optimize import linprog  # type: ignore[import-untyped]
+        from scipy.optimize import linprog
 
         n, ones = a.shape[1], np.ones((len(b), 1))
         result = linprog(np.r_[np.zeros(n), 1.0], A_ub=np.r_[np.c_[a, -ones], np.c_[-a, -ones]], b_ub=np.r_[b, -b],
