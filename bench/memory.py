@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.memory --sizes 256x256 480x832 1280x1280 --frames 5 --png docs/memory/rss.png
     .venv/bin/python -m bench.memory --table                           # docs/serving.md's table
     .venv/bin/python -m bench.memory --compare                         # the estimate vs memory_analysis()
+    .venv/bin/python -m bench.memory --fit ltx2 ltx-video              # least-squares coefficients
 
 Default run: ``vaeserve serve`` with its defaults (the embedded Wan 2.1, random weights, float32,
 ``--shapes any``) in a process of its own; each size is sent once as a decode (npy), then as an
@@ -15,8 +16,11 @@ Extra server flags pass through ``--serve`` (e.g. ``--serve --device-memory-byte
 on a host other processes share).
 
 ``--table`` prints, without a server, the estimate per size for a model on CPU; ``--compare``
-compiles programs of the tiny configs (and, with ``--real``, of the real ones at small sizes)
-and prints the estimate against their ``memory_analysis()`` per family.
+compiles programs of the tiny configs (and, with ``--real``, of the real ones at small sizes;
+``--families``: only those image and LTX families) and prints the estimate against their
+``memory_analysis()`` per family; ``--fit`` compiles the tiny
+configs' programs of the families named and prints the non-negative least-squares ``Coefficients``
+(on the ratio estimate / compiled) of their temp, for ``models.memory.FAMILIES``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import httpx
 import numpy as np
@@ -265,6 +270,173 @@ def table(args: argparse.Namespace) -> None:
             print(f"| {width}x{height}x{frames} | " + " | ".join(f"{c / 1e9:.2f} GB" for c in cells) + " |")
 
 
+class Tiny(NamedTuple):
+    """A tiny config and the shapes its coefficients are fitted to (decode latents, encode frames),
+    then the larger ones held out of the fit to check it on."""
+
+    config: Any
+    decodes: list[tuple[int, ...]]
+    encodes: list[tuple[int, ...]]
+    held_decodes: list[tuple[int, ...]]
+    held_encodes: list[tuple[int, ...]]
+
+
+def tiny_configs() -> dict[str, list[Tiny]]:
+    """``{family: [Tiny]}``: the tiny configs the estimate's coefficients are fitted to (for the
+    families ``--fit`` has fitted)."""
+    import models
+    from models.image_config import KL_BLOCKS
+
+    kl: dict[str, Any] = dict(down_block_types=(KL_BLOCKS[0],) * 3, up_block_types=(KL_BLOCKS[1],) * 3,
+                              norm_num_groups=4)
+    ltx: dict[str, Any] = dict(latent_channels=8, layers_per_block=(1, 1, 1, 1, 1), patch_size=1)
+    # Compiling costs about the same at any size: the largest shapes reach the CPU convs' block
+    # budget (their nine-tap buffers stop growing) and the attention's query blocks.
+    images: dict[str, list[tuple[int, ...]]] = dict(
+        decodes=[(1, 0, 8, 8), (2, 0, 12, 16), (1, 0, 32, 48), (1, 0, 96, 96)],
+        encodes=[(1, 3, 32, 32), (2, 3, 48, 64), (1, 3, 128, 192), (1, 3, 768, 768)],
+        held_decodes=[(1, 0, 64, 80)], held_encodes=[(1, 3, 512, 640)])
+
+    def image(config: Any, **shapes: list[tuple[int, ...]]) -> Tiny:
+        table = {**images, **shapes}
+        decodes = {k: [(s[0], config.z_dim, *s[2:]) if s[1] == 0 else s for s in table[k]]
+                   for k in ("decodes", "held_decodes")}
+        return Tiny(config, decodes["decodes"], table["encodes"], decodes["held_decodes"], table["held_encodes"])
+
+    videos: dict[str, list[tuple[int, ...]]] = dict(
+        decodes=[(1, 8, 3, 4, 4), (2, 8, 3, 6, 8)], encodes=[(1, 3, 9, 64, 64), (2, 3, 9, 64, 96)],
+        held_decodes=[(1, 8, 5, 12, 16)], held_encodes=[(1, 3, 17, 128, 128)])
+    return {
+        "autoencoder-kl": [image(models.AutoencoderKLConfig(block_out_channels=(8, 16, 16), latent_channels=4, **kl))],
+        "flux2": [image(models.AutoencoderKLFlux2Config(block_out_channels=(8, 16, 16),
+                                                        decoder_block_out_channels=(8, 16, 32), layers_per_block=1,
+                                                        latent_channels=8, **kl))],
+        "qwen-image": [image(models.QwenImageConfig(base_dim=8, num_res_blocks=1),
+                             decodes=[(1, 0, 8, 8), (2, 16, 1, 12, 16), (1, 0, 32, 48), (1, 16, 1, 96, 96)],
+                             encodes=[(1, 3, 64, 64), (2, 3, 1, 96, 128), (1, 3, 768, 768)],
+                             held_decodes=[(1, 0, 64, 80)], held_encodes=[(1, 3, 512, 640)])],
+        "ltx-video": [Tiny(models.LTXVideoConfig.v095(block_out_channels=(8, 8, 16, 16, 32),
+                                                      decoder_block_out_channels=(16, 32, 64),
+                                                      decoder_layers_per_block=(1, 1, 1, 1),
+                                                      decoder_inject_noise=(False, True, True, False),
+                                                      spatial_compression_ratio=None, temporal_compression_ratio=None,
+                                                      **ltx), **videos)],
+        "ltx2": [Tiny(models.LTX2VideoConfig.ltx23(block_out_channels=(8, 8, 16, 16), decoder_block_out_channels=(8, 16, 16, 32),
+                                                   decoder_layers_per_block=(1, 1, 1, 1, 1), spatial_compression_ratio=None,
+                                                   temporal_compression_ratio=None, **{**ltx, "patch_size": 2}),
+                      videos["decodes"], [(1, 3, 9, 128, 128), (2, 3, 9, 128, 192)], videos["held_decodes"],
+                      [(1, 3, 17, 256, 256)]),
+                 Tiny(models.LTX2VideoConfig(block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(16, 32, 64),
+                                             decoder_layers_per_block=(1, 1, 1, 1), **ltx),
+                      [(1, 8, 3, 4, 4), (2, 8, 3, 6, 8)], [], [(1, 8, 5, 12, 16)], [])],
+    }
+
+
+def measurements(family: str, *, held: bool = False):
+    """``(program, shape, step, estimate, features, memory_analysis())`` of every program of the
+    family's tiny configs (``"decode"``: every step; ``"encode"``) at the fitted shapes (``held``:
+    the held-out ones), compiled on one CPU device."""
+    import dataclasses
+
+    import models
+    import sharding
+    from models.memory import estimator, features
+    from sharding.introspect import program_memory
+
+    mesh = sharding.make_mesh(1)
+    for tiny in tiny_configs()[family]:
+        config = tiny.config
+        vae = models.init_vae(config)
+        model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"],
+                          encoder_parameters=vae.metadata["encoder_parameters"])
+        assert model is not None, family
+        for shape in tiny.held_decodes if held else tiny.decodes:
+            compiled = sharding.compile_decode_stream(vae, shape, mesh)
+            programs = list(model.decode_steps(shape))
+            assert len(programs) == len(compiled), (family, shape, len(programs), len(compiled))
+            for program, step in zip(programs, compiled, strict=True):
+                first = program.name != "next"
+                frames = shape[2] if len(shape) == 5 and program.name == "whole" else 1
+                grid = model._grid(shape[0], frames, shape[-2], shape[-1], shape[2] if len(shape) == 5 else 1)
+                layers = model.family.decoder(config, grid, first=first, itemsize=model.itemsize)
+                feats = features(layers, grid, native=False)
+                if program.name == "first":
+                    feats = dataclasses.replace(feats, caches=0)
+                yield ("decode", shape, program.name, program.estimate,
+                       dataclasses.replace(feats, weights=model.decoder_weights), program_memory(step))
+        for shape in tiny.held_encodes if held else tiny.encodes:
+            estimate = model.encode(shape)
+            f = 1 if len(shape) == 4 else shape[2]
+            s = config.spatial_scale
+            grid = model._grid(shape[0], 1, shape[-2] // s, shape[-1] // s, f)
+            whole = not config.causal and config.lookahead is None
+            layers = model.family.encoder(config, grid, first=whole or f == 1, itemsize=model.itemsize)
+            feats = dataclasses.replace(features(layers, grid, native=False), weights=model.encoder_weights)
+            yield "encode", shape, "encode", estimate, feats, program_memory(sharding.compile_encode(vae, shape, mesh))
+
+
+def fit(args: argparse.Namespace) -> None:
+    """Each program's temp coefficients per family named (an encode's caches held at 0, as every
+    family's; ``--features``: only those), two ways: non-negative least squares on the ratio
+    (estimate / compiled total − 1) at the fitted shapes, with the ratios of the larger shapes held
+    out; then the minimax fit (the least largest |ratio − 1|, non-negative) over every shape, held
+    out ones included — what ``models.memory.FAMILIES`` holds for the image and LTX families."""
+    import numpy as np
+    from scipy.optimize import nnls  # type: ignore[import-untyped]
+
+    from sharding.fits import program_total_bytes
+
+    names = ("caches", "activation", "outputs", "taps", "attention", "weights")
+
+    def system(rows: list) -> tuple[np.ndarray, np.ndarray]:
+        a, b = [], []
+        for _, _, _, estimate, feats, memory in rows:
+            total = program_total_bytes(memory)
+            exact = estimate.argument + estimate.output - estimate.alias
+            a.append([v / total for v in (4 * feats.caches, 4 * feats.activation, 4 * feats.outputs, 4 * feats.taps,
+                                          4 * feats.attention, feats.weights)])
+            b.append(1 - exact / total)
+        return np.asarray(a), np.asarray(b)
+
+    def show(rows: list, solution: np.ndarray, what: str) -> None:
+        a, b = system(rows)
+        for (_, shape, name, estimate, _, memory), row, target in zip(rows, a, b, strict=True):
+            ratio = 1 - target + float(solution @ row)
+            print(f"    {what} {'x'.join(map(str, shape))} {name}: ratio {ratio:.2f} (compiled "
+                  f"{program_total_bytes(memory) / 1e6:.2f} MB; arguments {memory['argument_bytes']} (estimated "
+                  f"{estimate.argument}), outputs {memory['output_bytes']} ({estimate.output}), alias "
+                  f"{memory['alias_bytes']} ({estimate.alias}), temp {memory['temp_bytes']})", flush=True)
+
+    def minimax(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Non-negative coefficients with the least largest |ratio − 1| (a linear program)."""
+        from scipy.optimize import linprog
+
+        n, ones = a.shape[1], np.ones((len(b), 1))
+        result = linprog(np.r_[np.zeros(n), 1.0], A_ub=np.r_[np.c_[a, -ones], np.c_[-a, -ones]], b_ub=np.r_[b, -b],
+                         bounds=[(0, None)] * (n + 1))
+        return result.x[:n]
+
+    keep = [name in (args.features or names) for name in names]
+    for family in args.fit:
+        rows = list(measurements(family))
+        held = list(measurements(family, held=True))
+        for program in ("decode", "encode"):
+            chosen = [r for r in rows if r[0] == program]
+            if not chosen:
+                continue
+            others = [r for r in held if r[0] == program]
+            for how, fitted in (("least squares", chosen), ("minimax, every shape", chosen + others)):
+                a, b = system(fitted)
+                a[:, [not k for k in keep]] = 0
+                if program == "encode":
+                    a[:, 0] = 0
+                solution = nnls(a, b)[0] if how == "least squares" else minimax(a, b)
+                coefficients = dict(zip(names, (round(float(v), 3) for v in solution), strict=True))
+                print(f"{family} {program} ({how}): {coefficients}", flush=True)
+                show(fitted if how == "least squares" else chosen, solution, "fitted")
+                show(others, solution, "held out" if how == "least squares" else "fitted")
+
+
 def compare(args: argparse.Namespace) -> None:
     """The estimate against memory_analysis() of compiled programs, per family (tiny configs, and
     with ``--real`` the real ones at small sizes: minutes of compiling each)."""
@@ -293,7 +465,7 @@ def compare(args: argparse.Namespace) -> None:
     mesh = sharding.make_mesh(1)
     print("| family | config | latents | program | estimate | memory_analysis() | ratio |")
     print("|---|---|---|---|---|---|---|")
-    for which, table_ in (("tiny", tiny), ("real", real if args.real else {})):
+    for which, table_ in (("tiny", {} if args.families else tiny), ("real", real if args.real else {})):
         for name, (config, shapes) in table_.items():
             vae = models.abstract_vae(config)
             model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"])
@@ -305,6 +477,15 @@ def compare(args: argparse.Namespace) -> None:
                     print(f"| {name} | {which} | {'x'.join(map(str, shape))} | {program.name} | "
                           f"{program.estimate.total / 1e6:.1f} MB | {measured / 1e6:.1f} MB | "
                           f"{program.estimate.total / measured:.2f} |", flush=True)
+    # The image and LTX families: their fitted tiny configs (``tiny_configs``), decodes and encodes,
+    # at the shapes fitted and those held out.
+    for name in args.families or tiny_configs():
+        for held in (False, True):
+            for _, shape, program_name, estimate, _, memory in measurements(name, held=held):
+                measured = program_total_bytes(memory)
+                print(f"| {name} | tiny{' (held out)' if held else ''} | {'x'.join(map(str, shape))} | {program_name} | "
+                      f"{estimate.total / 1e6:.1f} MB | {measured / 1e6:.1f} MB | {estimate.total / measured:.2f} |",
+                      flush=True)
 
 
 def main() -> None:
@@ -321,11 +502,17 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--compare", action="store_true", help="the estimate vs compiled programs")
     parser.add_argument("--real", action="store_true", help="--compare: the real configs too (slow)")
+    parser.add_argument("--families", nargs="+", help="--compare: only these of the image and LTX families")
+    parser.add_argument("--fit", nargs="+", metavar="FAMILY", help="fit these families' coefficients (tiny configs)")
+    parser.add_argument("--features", nargs="+", help="--fit: only these features (caches, activation, outputs, "
+                        "taps, attention, weights)")
     args = parser.parse_args()
     if args.table:
         table(args)
     elif args.compare:
         compare(args)
+    elif args.fit:
+        fit(args)
     else:
         rows = run(args)
         command = "python -m bench.memory " + shlex.join(sys.argv[1:])

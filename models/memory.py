@@ -7,15 +7,25 @@ the HTTP layer asks it before it reads a request's body.
 
 A program's bytes per device are split as ``memory_analysis()`` splits them:
 
-* arguments and outputs, counted exactly from the shapes: the weights, the input (latents
-  replicated over ``tp``, or a band of frames), the output frames of the band, and for a stream
-  step its causal caches (an argument and an output, the one donated to the other);
+* arguments and outputs, counted exactly from the shapes: the weights (less those a program does
+  not use: the time convs a first frame skips, Flux.2's BatchNorm statistics), the input (latents
+  replicated over ``tp``, an LTX decoder's timestep and noise, or a band of frames), the output
+  frames of the band, and for a stream step its caches (an argument and an output, the one donated
+  to the other: each conv's last frames, and in an LTX decoder that sees ahead the frames its
+  residuals still owe);
 * temp, the working memory, from the network's layers (a per-family description, walked here
   from the config as ``models.flops`` walks it for FLOPs): the caches, the largest activation,
   on CPU the largest block of nine-tap matmul outputs (``models.conv``: capped by its block
-  budget), and the attention's scores and gathered keys/values; each weighted by a coefficient
-  per family (``Coefficients``), calibrated against ``memory_analysis()`` (``bench/memory.py``
-  prints the comparison; ``tests/models/test_memory_estimate.py`` holds it to bounds).
+  budget), and the attention's scores and gathered keys/values (over every latent token of an
+  image in an ``AutoencoderKL``'s mid block: quadratic in its pixels); each weighted by a
+  coefficient per family (``Coefficients``), calibrated against ``memory_analysis()``
+  (``bench/memory.py --fit`` fits them, ``--compare`` prints the comparison;
+  ``tests/models/test_memory_estimate.py`` holds it to bounds).
+
+The programs are those a server compiles (``Estimator.decode_steps``): a causal decoder's first
+step (latent frame 0) and later steps; an LTX decoder's first step of ``1 + lookahead`` latent
+frames and later steps of one; a whole-clip decode (HunyuanVideo 1.0); an image's one program
+(``AutoencoderKL``, Flux.2, and Qwen-Image's image or one-frame clip); and the encode.
 
 A family plugs in with a ``Family`` entry in ``FAMILIES`` (its layers, its coefficients); a family
 without one has no estimate (``estimator`` returns None) and its programs are checked after they
@@ -30,6 +40,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .config import HunyuanVideo15Config, HunyuanVideoConfig, VAEConfig, WanVAEConfig
+from .image_config import AutoencoderKLConfig, AutoencoderKLFlux2Config, QwenImageConfig
+from .ltx_config import LTX2VideoConfig, LTXVideoConfig
 from .shapes import FRAMES_PER_CHUNK, Output, latents_for_frames, output_frames
 
 BYTES = {"float32": 4, "bfloat16": 2}
@@ -40,7 +52,9 @@ CPU_BLOCK_BYTES = 128 * 2**20
 STREAM_MIN_FRAME_BYTES = 4 * 2**20
 # models.hunyuan.CLIP_BLOCK_BYTES: HunyuanVideo 1.0's whole-clip convs take this much of a clip per block.
 CLIP_BLOCK_BYTES = 256 * 2**20
-QUERY_CHUNK = 4096  # sharding's query_chunk default: attention scores per block of queries
+LTXConfig = LTXVideoConfig | LTX2VideoConfig
+QUERY_CHUNK = 4096
+CONDITION_BYTES = 16  # models.ltx.DecodeConditions per row: float32 timestep and noise scale, a uint32 key pair  # sharding's query_chunk default: attention scores per block of queries
 
 
 # -- a network, as the estimate sees it --------------------------------------------------------------
@@ -71,7 +85,17 @@ class Attention:
     kept: int = 0
 
 
-Layer = Conv | Attention
+@dataclass(frozen=True)
+class Kept:
+    """Frames a step keeps for the next one without convolving them: an LTX residual's delay line
+    (``frames`` unpadded frames of ``channels`` at ``scale`` rows per latent row)."""
+
+    frames: int
+    scale: float
+    channels: int
+
+
+Layer = Conv | Attention | Kept
 
 
 @dataclass(frozen=True)
@@ -146,6 +170,9 @@ def features(layers: list[Layer], grid: Grid, *, native: bool) -> Features:
             scores = b * min(QUERY_CHUNK, layer.queries) * layer.keys
             attention = max(attention, scores + 2 * b * (layer.keys + layer.kept) * layer.dim)
             caches += 2 * b * layer.kept * layer.dim
+            continue
+        if isinstance(layer, Kept):
+            caches += b * layer.frames * math.ceil(layer.scale * h) * math.ceil(layer.scale * w) * layer.channels
             continue
         rows, cols = math.ceil(layer.scale * h), math.ceil(layer.scale * w)
         pixels = rows * cols
@@ -341,6 +368,164 @@ def hunyuan_encoder(config: HunyuanVideoConfig, grid: Grid, *, first: bool, item
     return layers
 
 
+# -- the image VAEs: AutoencoderKL (SD, SDXL, SD3, Flux.1), Flux.2, Qwen-Image ------------------------
+def kl_decoder(config: AutoencoderKLConfig | AutoencoderKLFlux2Config, grid: Grid, *, first: bool,
+               itemsize: int) -> list[Layer]:
+    """The layers of an ``AutoencoderKL``'s whole-image decode (``models.kl``): 2-D convs, no caches,
+    the mid block's attention over every token of the image."""
+    del first, itemsize
+    dims = tuple(reversed(config.decoder_channels))
+    frames, scale = grid.frames, 1
+
+    def conv(cin: int, cout: int) -> Conv:
+        return Conv(frames, scale, cin, cout, cache=None)
+
+    layers: list[Layer] = [conv(config.latent_channels, dims[0]), conv(dims[0], dims[0]), conv(dims[0], dims[0])]
+    if config.mid_block_add_attention:
+        layers.append(Attention(frames * grid.rows * grid.cols, frames * grid.full_rows * grid.cols, dims[0]))
+    layers += [conv(dims[0], dims[0]), conv(dims[0], dims[0])]
+    for i, (cin, cout) in enumerate(zip((dims[0], *dims[:-1]), dims, strict=True)):
+        for _ in range(config.layers_per_block + 1):
+            layers += [conv(cin, cout), conv(cout, cout)]
+            cin = cout
+        if i < len(dims) - 1:  # nearest 2x then a 3x3 conv, computed from the low-resolution input
+            layers.append(conv(cout, 4 * cout))
+            scale *= 2
+    layers.append(conv(dims[-1], config.out_channels))
+    return layers
+
+
+def kl_encoder(config: AutoencoderKLConfig | AutoencoderKLFlux2Config, grid: Grid, *, first: bool,
+               itemsize: int) -> list[Layer]:
+    """The layers of an ``AutoencoderKL``'s whole-image encode."""
+    del first, itemsize
+    dims = config.block_out_channels
+    frames, scale = grid.frames, float(2 ** (len(dims) - 1))
+
+    def conv(cin: int, cout: int) -> Conv:
+        return Conv(frames, scale, cin, cout, cache=None)
+
+    layers: list[Layer] = [conv(config.in_channels, dims[0])]
+    for i, (cin, cout) in enumerate(zip((dims[0], *dims[:-1]), dims, strict=True)):
+        for _ in range(config.layers_per_block):
+            layers += [conv(cin, cout), conv(cout, cout)]
+            cin = cout
+        if i < len(dims) - 1:  # a stride-2 conv, seen at its output
+            scale /= 2
+            layers.append(conv(4 * cout, cout))
+    layers += [conv(dims[-1], dims[-1])] * 2
+    if config.mid_block_add_attention:
+        layers.append(Attention(frames * grid.rows * grid.cols, frames * grid.full_rows * grid.cols, dims[-1]))
+    layers += [conv(dims[-1], dims[-1])] * 2 + [conv(dims[-1], 2 * config.latent_channels)]
+    return layers
+
+
+def flux2_unused(config: AutoencoderKLFlux2Config) -> int:
+    """Flux.2's ``bn`` statistics: kept with the weights, not used by the decode (not compiled in)."""
+    return 2 * config.batch_norm_channels
+
+
+def wan21_frame_encode_unused(config: WanVAEConfig) -> int:
+    """Parameters the encode of one frame does not use: its temporal downsamplers' time convs."""
+    dims = tuple(config.base_dim * m for m in (1, *config.dim_mult))
+    return sum(3 * cout * cout + cout for cout, temporal in zip(dims[1:], config.temperal_downsample, strict=False)
+               if temporal)
+
+
+def qwen_decoder(config: QwenImageConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
+    """Qwen-Image's decoder: the Wan 2.1 layers (``QwenImageConfig.wan()``)."""
+    return wan_decoder(config.wan(), grid, first=first, itemsize=itemsize)
+
+
+def qwen_encoder(config: QwenImageConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
+    return wan_encoder(config.wan(), grid, first=first, itemsize=itemsize)
+
+
+def qwen_first_step_unused(config: QwenImageConfig) -> int:
+    return wan_first_step_unused(config.wan())
+
+
+def qwen_frame_encode_unused(config: QwenImageConfig) -> int:
+    return wan21_frame_encode_unused(config.wan())
+
+
+# -- LTX-Video, LTX-2 --------------------------------------------------------------------------------
+def ltx_decoder(config: LTXConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
+    """The layers of one decode step of an LTX decoder (``models.ltx_vae``): the first step's
+    ``1 + lookahead`` latent frames, or a later step's one. Every 3x3x3 conv keeps its last two
+    padded input frames; in a decoder that sees ahead, each conv of a first step emits one frame
+    fewer than it takes, and each resnet (each residual upsampler) keeps the two (one) input frames
+    its convs still owe (``Kept``)."""
+    del itemsize
+    plan = config.decoder_plan()
+    ahead = not plan.causal
+    frames, scale = (1 + config.lookahead) if first else 1, 1
+    layers: list[Layer] = []
+
+    def conv(cin: int, cout: int) -> None:
+        nonlocal frames
+        layers.append(Conv(frames, scale, cin, cout))
+        frames -= 1 if first and ahead else 0
+
+    def resnet(cin: int, cout: int) -> None:
+        conv(cin, cout)
+        conv(cout, cout)
+        if ahead:
+            layers.append(Kept(2, scale, cin))
+
+    conv(plan.latent_channels, plan.mid_channels)
+    for _ in range(plan.mid_layers):
+        resnet(plan.mid_channels, plan.mid_channels)
+    for block in plan.up_blocks:
+        if block.cin != block.cout:
+            resnet(block.cin, block.cout)
+        if block.stride is not None:
+            time, space = block.stride
+            cin = block.cout * block.factor
+            conv(cin, cin * time * space ** 2 // block.factor)
+            if block.residual and ahead:
+                layers.append(Kept(1, scale, cin))
+            frames = time * frames - (time - 1 if first else 0)
+            scale *= space
+        for _ in range(block.layers):
+            resnet(block.cout, block.cout)
+    conv(plan.head_channels, 3 * plan.patch ** 2)
+    return layers
+
+
+def ltx_encoder(config: LTXConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
+    """The layers of one encode step of an LTX encoder (causal): frame 0, or ``temporal_scale`` frames."""
+    del grid, itemsize
+    plan = config.encoder_plan()
+    frames = 1 if first else config.temporal_scale
+    scale: float = config.spatial_scale / plan.patch  # rows of the patchified input per latent row
+
+    def resnet(cin: int, cout: int) -> list[Layer]:
+        return [Conv(frames, scale, cin, cout), Conv(frames, scale, cout, cout)]
+
+    layers: list[Layer] = [Conv(frames, scale, 3 * plan.patch ** 2, plan.conv_in_channels)]
+    for block in plan.down_blocks:
+        for _ in range(block.layers):
+            layers += resnet(block.cin, block.cin)
+        if block.kind == "conv":  # a strided conv (it keeps one frame), then a resnet to cout
+            scale /= 2
+            layers.append(Conv(frames, scale, 8 * block.cin, block.cin, cache="plain"))
+            frames = frames if first else max(1, frames // 2)
+            if block.cin != block.cout:
+                layers += resnet(block.cin, block.cout)
+        elif block.kind is not None and block.stride is not None:
+            time, space = block.stride
+            layers.append(Conv(frames, scale, block.cin, block.cout // (time * space ** 2)))
+            scale /= space
+            frames = frames if first else max(1, frames // time)
+        elif block.cin != block.cout:
+            layers += resnet(block.cin, block.cout)
+    for _ in range(plan.mid_layers):
+        layers += resnet(plan.mid_channels, plan.mid_channels)
+    layers.append(Conv(frames, scale, plan.mid_channels, plan.latent_channels + 1))
+    return layers
+
+
 # -- families ------------------------------------------------------------------------------------------
 Walk = Callable[..., list[Layer]]
 Table = dict[str, Coefficients]  # by program: "decode" (a step, or a whole-clip decode), "encode"
@@ -358,6 +543,7 @@ class Family:
     cpu: Table
     native: Table | None = None
     first_step_unused: Callable[..., int] = lambda config: 0  # parameters the first decode step leaves out
+    frame_encode_unused: Callable[..., int] = lambda config: 0  # parameters the encode of one frame leaves out
 
 
 def _c(caches: float, activation: float, outputs: float, taps: float, attention: float, weights: float) -> Coefficients:
@@ -365,13 +551,17 @@ def _c(caches: float, activation: float, outputs: float, taps: float, attention:
                         weights=weights)
 
 
-# Fitted (bench/memory.py --fit) to memory_analysis() on XLA:CPU of the tiny test configs at
-# several sizes and of the real configs at small and 480p sizes (the printed table is in
-# docs/serving.md, "No out-of-memory surprises").
+# Fitted to memory_analysis() on XLA:CPU: the video families' of the tiny test configs at several
+# sizes and of the real configs at small and 480p sizes (the printed table is in docs/serving.md,
+# "No out-of-memory surprises"). The image and LTX families': minimax fits (the least largest
+# |estimate / compiled − 1|, non-negative; `python -m bench.memory --fit FAMILY` prints them beside
+# a least-squares fit with larger shapes held out) over every tiny-config shape `bench.memory`'s
+# `tiny_configs` lists, some features left out per program (`--features`); AutoencoderKL and
+# Flux.2 share theirs, fitted over both.
 FAMILIES: dict[str, Family] = {
     "wan2.1": Family(wan_decoder, wan_encoder, cpu={"decode": _c(0.667, 1.006, 0.0, 1.640, 1.0, 0.0),
                                                     "encode": _c(0.0, 6.303, 0.0, 2.175, 1.0, 0.250)},
-                     first_step_unused=wan_first_step_unused),
+                     first_step_unused=wan_first_step_unused, frame_encode_unused=wan21_frame_encode_unused),
     "wan2.2": Family(wan_decoder, wan_encoder, cpu={"decode": _c(0.872, 0.379, 0.0, 0.464, 1.0, 0.367),
                                                     "encode": _c(0.0, 0.0, 1.556, 2.752, 1.0, 0.784)},
                      first_step_unused=wan_first_step_unused),
@@ -379,6 +569,21 @@ FAMILIES: dict[str, Family] = {
                                                                    "encode": _c(0.0, 0.0, 1.653, 2.632, 1.0, 0.953)}),
     "hunyuan1.0": Family(hunyuan_decoder, hunyuan_encoder, cpu={"decode": _c(0.0, 3.604, 0.0, 0.108, 1.0, 0.532),
                                                                "encode": _c(0.0, 0.0, 0.199, 2.188, 1.0, 1.295)}),
+    # Images: tiny configs from 8x8 to 96x96 latents (768x768 frames). XLA:CPU's memory_analysis()
+    # of the AutoencoderKL decode holds the mid block's scores only up to one block of queries
+    # (4096 tokens), and the CPU convs' block budget bends the curves: 0.66-1.35.
+    "autoencoder-kl": Family(kl_decoder, kl_encoder, cpu={"decode": _c(0.0, 0.0, 1.018, 0.389, 0.0, 0.157),
+                                                          "encode": _c(0.0, 0.0, 0.0, 2.537, 0.588, 0.0)}),
+    "flux2": Family(kl_decoder, kl_encoder, cpu={"decode": _c(0.0, 0.0, 1.018, 0.389, 0.0, 0.157),
+                                                 "encode": _c(0.0, 0.0, 0.0, 2.537, 0.588, 0.0)},
+                    first_step_unused=flux2_unused),
+    "qwen-image": Family(qwen_decoder, qwen_encoder, cpu={"decode": _c(0.175, 0.0, 0.0, 1.756, 0.0, 0.130),
+                                                          "encode": _c(0.0, 0.0, 0.0, 2.003, 0.0, 3.350)},
+                         first_step_unused=qwen_first_step_unused, frame_encode_unused=qwen_frame_encode_unused),
+    "ltx-video": Family(ltx_decoder, ltx_encoder, cpu={"decode": _c(3.164, 0.0, 0.0, 1.238, 1.0, 0.0),
+                                                       "encode": _c(0.0, 6.434, 0.0, 1.801, 1.0, 0.0)}),
+    "ltx2": Family(ltx_decoder, ltx_encoder, cpu={"decode": _c(0.357, 3.693, 2.057, 0.0, 1.0, 0.528),
+                                                  "encode": _c(0.0, 0.0, 0.0, 3.212, 1.0, 0.0)}),
 }
 
 
@@ -422,16 +627,28 @@ class Estimator:
                     frames=frames, clip_frames=clip_frames)
 
     def decode_steps(self, shape: tuple[int, ...], output: Output = "uint8") -> Iterator[Program]:
-        """Every program a server runs to decode latents ``shape`` ``(B, C, T, H, W)``, step by step."""
+        """Every program a server runs to decode latents ``shape`` ``(B, C, T, H, W)`` (an image
+        model's ``(B, C, H, W)`` too), step by step: one program for an image or a model that
+        decodes the whole clip at once; else the first step and the later steps (one program: they
+        take the same frames). A causal decoder's first step takes latent frame 0, its later ones a
+        frame each; an LTX decoder that sees ahead takes ``1 + lookahead`` frames first (zeros past
+        the clip's end), then a frame per step until every frame is out (``models.decode.stream_steps``)."""
+        if len(shape) == 4:  # an image: one program, the whole image
+            b, c, h, w = shape
+            yield Program("whole", self._decode(self._grid(b, 1, h, w, 1), (b, c, 1, h, w), output, first=True,
+                                                frames_out=1, steps=False))
+            return
         b, c, t, h, w = shape
         config = self.config
-        if not config.causal:
+        if not config.causal and config.lookahead is None:
             yield Program("whole", self._decode(self._grid(b, t, h, w, t), (b, c, t, h, w), output, first=True,
                                                 frames_out=config.num_output_frames(t), steps=False))
             return
-        yield Program("first", self._decode(self._grid(b, 1, h, w, t), (b, c, 1, h, w), output, first=True,
-                                            frames_out=1, steps=True))
-        if t > 1:
+        ahead = config.lookahead or 0
+        first_out = config.first_step_frames(1 + ahead) if isinstance(config, LTXVideoConfig | LTX2VideoConfig) else 1
+        yield Program("first", self._decode(self._grid(b, 1, h, w, t), (b, c, 1 + ahead, h, w), output, first=True,
+                                            frames_out=first_out, steps=True))
+        if config.num_output_frames(t) > first_out:
             yield Program("next", self._decode(self._grid(b, 1, h, w, t), (b, c, 1, h, w), output, first=False,
                                                frames_out=config.temporal_scale, steps=True))
 
@@ -446,6 +663,8 @@ class Estimator:
         scale = self.config.spatial_scale
         frames = grid.batch * frames_out * 3 * (scale * grid.rows) * (scale * grid.cols) * (4 if output == "float" else 1)
         latents = grid.batch * math.prod(inputs[1:]) * 4  # replicated over tp
+        if self.config.decode_conditions:  # an LTX decoder's timestep, noise scale and key per row
+            latents += grid.batch * CONDITION_BYTES
         caches = self.itemsize * feats.caches if steps else 0
         donated = caches if steps and not first else 0
         # A later step's caches are arguments (donated to its outputs); their updates cost temp too.
@@ -453,34 +672,38 @@ class Estimator:
             dataclasses.replace(feats, caches=0 if first and steps else feats.caches, weights=self.decoder_weights),
             self.itemsize)
         weights = self.decoder_weights
-        if first and steps:
+        if first and inputs[2] == 1:
             weights -= self.itemsize * self.family.first_step_unused(self.config)
         return Estimate(argument=weights + latents + (0 if first else caches), output=frames + caches, alias=donated,
                         temp=temp)
 
     def encode(self, shape: tuple[int, ...]) -> Estimate:
-        """What the encode of frames ``shape`` ``(B, 3, F, H, W)`` needs per device (one program:
-        frame 0, then steps of 4 frames in a loop)."""
+        """What the encode of frames ``shape`` ``(B, 3, F, H, W)`` (an image model's ``(B, 3, H, W)``
+        too) needs per device (one program: frame 0, then steps of ``temporal_scale`` frames in a loop)."""
+        if len(shape) == 4:
+            shape = (shape[0], shape[1], 1, shape[2], shape[3])
         b, _, f, h, w = shape
         scale = self.config.spatial_scale
         rows, cols = h // scale, w // scale
         t = latents_for_frames(f, self.config.temporal_scale)
         grid = self._grid(b, 1, rows, cols, f)  # clip_frames: the input's (HunyuanVideo 1.0 encodes them at once)
-        later = self.family.encoder(self.config, grid, first=not self.config.causal or f == 1, itemsize=self.itemsize)
+        whole = not self.config.causal and self.config.lookahead is None  # one image, or the whole clip at once
+        later = self.family.encoder(self.config, grid, first=whole or f == 1, itemsize=self.itemsize)
         feats = features(later, grid, native=self.native)
         frames = grid.batch * 3 * f * (scale * grid.rows) * (scale * grid.cols) * 4  # float32, a band
         latents = grid.batch * self.config.z_dim * t * grid.rows * grid.cols * 4
         temp = _coefficients(self.family, "encode", self.native).temp(
             dataclasses.replace(feats, weights=self.encoder_weights), self.itemsize)
-        return Estimate(argument=self.encoder_weights + frames, output=latents, alias=0, temp=temp)
+        weights = self.encoder_weights - (self.itemsize * self.family.frame_encode_unused(self.config) if f == 1 else 0)
+        return Estimate(argument=weights + frames, output=latents, alias=0, temp=temp)
 
 
 def estimator(config: VAEConfig, *, dtype: str, decoder_parameters: int, encoder_parameters: int = 0,
               tp: int = 1, dp: int = 1, native: bool = False) -> Estimator | None:
-    """The estimate for a model, or None for a family without one (its programs are checked once
-    compiled only). Image models have none yet: their one-frame programs are small beside a
-    video's, and are checked once compiled."""
-    family = None if config.is_image else FAMILIES.get(family_key(config))
+    """The estimate for a model (every family of ``FAMILIES``: Wan 2.1/2.2, HunyuanVideo 1.0/1.5,
+    LTX-Video, LTX-2, and the image VAEs ``AutoencoderKL``, Flux.2 and Qwen-Image), or None for a
+    family without one (its programs are checked once compiled only)."""
+    family = FAMILIES.get(family_key(config))
     if family is None:
         return None
     return Estimator(config, family, dtype=dtype, decoder_parameters=decoder_parameters,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.memory import Estimate, Estimator
-from models.shapes import Output, shape_text
+from models.shapes import Output, clip_shape, shape_text
 
 from ..limits import Limits
 from ..settings import Settings
@@ -276,7 +276,7 @@ class MemoryGuard:
 
     def decode_suggestions(self, shape: tuple[int, ...], output: Output) -> Callable[[], list[str]]:
         def suggest() -> list[str]:
-            b, c, t, h, w = shape
+            b, c, t, h, w = clip_shape(shape)  # an image's (B, C, H, W) as its one-frame clip
             s = self.limits.spatial_scale
             found = []
             rows = _largest(lambda k: self._fits(self.estimate, lambda e: e.decode((b, c, t, k, max(1, k * w // h)),
@@ -291,7 +291,7 @@ class MemoryGuard:
 
     def encode_suggestions(self, shape: tuple[int, ...]) -> Callable[[], list[str]]:
         def suggest() -> list[str]:
-            b, c, f, h, w = shape
+            b, c, f, h, w = clip_shape(shape)  # an image's (B, 3, H, W) as its one-frame clip
             s = self.limits.spatial_scale
             found = []
             rows = _largest(lambda k: self._fits(self.estimate, lambda e: e.encode((b, c, f, s * k, s * max(1, k * w // h)))),

@@ -22,6 +22,8 @@ from models.memory import estimator
 from sharding.fits import program_total_bytes
 from sharding.introspect import program_memory
 from tests.helpers.hunyuan_reference import HY10_TINY, HY15_TINY
+from tests.helpers.image_reference import FLUX2_TINY, QWEN_TINY, SD_TINY
+from tests.helpers.ltx_reference import LTX095, LTX23
 
 LOW, HIGH = 0.7, 1.5
 BESIDE = 1024  # bytes: counts, tuple tables
@@ -36,12 +38,19 @@ FAMILIES: dict[str, tuple[models.VAEConfig, list[tuple[int, ...]], list[tuple[in
               [(1, 3, 5, 32, 32)]),
     "hunyuan10": (HY10_TINY, [(1, 16, 3, 8, 8), (2, 16, 2, 8, 12)], [(1, 3, 5, 32, 32)]),
     "hunyuan15": (HY15_TINY, [(1, 16, 3, 4, 4), (2, 16, 3, 4, 6)], [(1, 3, 5, 32, 32)]),
+    # Images: one program each (Qwen-Image's one-frame clip is its decoder's first step).
+    "autoencoder-kl": (SD_TINY, [(2, 4, 12, 16)], [(1, 3, 32, 32)]),
+    "flux2": (FLUX2_TINY, [(1, 8, 8, 8)], []),  # AutoencoderKL's encoder
+    "qwen-image": (QWEN_TINY, [(1, 16, 8, 8), (2, 16, 1, 12, 16)], [(1, 3, 64, 64)]),
+    # LTX: the first step (1 + lookahead latent frames) and the later ones; timestep and noise arguments.
+    "ltx-video": (LTX095, [(1, 8, 3, 4, 4)], []),  # the LTX encoder: in ltx2's
+    "ltx2": (LTX23, [(1, 8, 3, 4, 4)], [(1, 3, 9, 64, 64)]),
 }
 
 
 def cases(name: str, tp: int = 1, *, shapes: int = 2, encode: bool = True):
-    """``(shape, [(estimate, memory_analysis())] per program)``: the server's decode steps of each
-    shape (first and later step, or the whole clip), then the encode."""
+    """``(shape, [(program, estimate, memory_analysis())] per program)``: the server's decode steps
+    of each shape (first and later step, or the whole clip or image), then the encode."""
     config, decodes, encodes = FAMILIES[name]
     vae = models.init_vae(config)
     mesh = sharding.make_mesh(tp)
@@ -50,41 +59,49 @@ def cases(name: str, tp: int = 1, *, shapes: int = 2, encode: bool = True):
     assert model is not None
     for shape in decodes[:shapes]:
         compiled = sharding.compile_decode_stream(vae, shape, mesh)
-        estimates = [program.estimate for program in model.decode_steps(shape)]
-        assert len(estimates) == len(compiled)
-        yield shape, list(zip(estimates, map(program_memory, compiled), strict=True))
+        programs = list(model.decode_steps(shape))
+        assert len(programs) == len(compiled)
+        yield shape, [(program.name, program.estimate, program_memory(step))
+                      for program, step in zip(programs, compiled, strict=True)]
     for shape in encodes if encode else ():
-        yield shape, [(model.encode(shape), program_memory(sharding.compile_encode(vae, shape, mesh)))]
+        yield shape, [("encode", model.encode(shape), program_memory(sharding.compile_encode(vae, shape, mesh)))]
 
 
 @pytest.fixture(scope="module")
-def measured() -> dict:
-    found = {name: list(cases(name)) for name in FAMILIES}
-    found["wan21 tp=2"] = list(cases("wan21", tp=2, shapes=1, encode=False))
-    return found
+def measured():
+    """``measured(name)``: the family's ``cases``, compiled once for the module (on first use)."""
+    found: dict[str, list] = {}
+
+    def get(name: str) -> list:
+        if name not in found:
+            found[name] = list(cases("wan21", tp=2, shapes=1, encode=False) if name == "wan21 tp=2" else cases(name))
+        return found[name]
+
+    return get
 
 
 @pytest.mark.parametrize("name", [*FAMILIES, "wan21 tp=2"])
 def test_the_estimate_is_within_bounds_of_memory_analysis(measured, name):
-    ratios = {(shape, index): estimate.total / program_total_bytes(memory)
-              for shape, programs in measured[name] for index, (estimate, memory) in enumerate(programs)}
+    ratios = {(shape, program): estimate.total / program_total_bytes(memory)
+              for shape, programs in measured(name) for program, estimate, memory in programs}
     assert all(LOW <= r <= HIGH for r in ratios.values()), ratios
     # Negative control: without the working memory the same comparison fails.
     forgetful = [dataclasses.replace(estimate, temp=0).total / program_total_bytes(memory)
-                 for _, programs in measured[name] for estimate, memory in programs]
+                 for _, programs in measured(name) for _, estimate, memory in programs]
     assert min(forgetful) < LOW, forgetful
 
 
-@pytest.mark.parametrize("name", ["wan21", "wan22", "hunyuan15", "wan21 tp=2"])
+@pytest.mark.parametrize("name", ["wan21", "wan22", "hunyuan15", "wan21 tp=2", "autoencoder-kl", "flux2",
+                                  "qwen-image", "ltx-video", "ltx2"])
 def test_what_is_counted_exactly_is_exact(measured, name):
-    """Weights, latents, frames and the caches a step donates: what a causal model's steps are
-    estimated to take from the shapes alone, compared with memory_analysis()'s own split (to the
-    bytes beside them: the non-finite counts, the output tuple's table, HunyuanVideo 1.5's frame
-    counter)."""
-    decodes = measured[name][:-1] if name in FAMILIES else measured[name]  # the last is the encode
-    for _, (first, later) in decodes:
-        for estimate, memory in (first, later):
-            assert abs(estimate.argument - memory["argument_bytes"]) <= BESIDE, (estimate, memory)
-            assert abs(estimate.output - memory["output_bytes"]) <= BESIDE, (estimate, memory)
-        assert abs(later[0].alias - later[1]["alias_bytes"]) <= BESIDE  # the later step's caches, donated
-        assert later[1]["alias_bytes"] > 0 == first[1]["alias_bytes"]
+    """Weights, latents (and an LTX decoder's timestep and noise), frames and the caches a step
+    donates: what is estimated from the shapes alone, compared with memory_analysis()'s own split
+    (to the bytes beside them: the non-finite counts, the output tuple's table, the caches' frame
+    counters, the encode's options)."""
+    for _, programs in measured(name):
+        for program, estimate, memory in programs:
+            assert abs(estimate.argument - memory["argument_bytes"]) <= BESIDE, (program, estimate, memory)
+            assert abs(estimate.output - memory["output_bytes"]) <= BESIDE, (program, estimate, memory)
+            assert abs(estimate.alias - memory["alias_bytes"]) <= BESIDE, (program, estimate, memory)
+            # The later step's caches are donated; nothing else is.
+            assert (memory["alias_bytes"] > 0) == (program == "next"), (program, memory)

@@ -193,3 +193,39 @@ def test_what_counts_as_out_of_memory():
     assert out_of_memory(MemoryError()) == "host"
     assert out_of_memory(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 90459383000 bytes")) == "device"
     assert out_of_memory(RuntimeError("device fell over")) is None
+
+
+@pytest.mark.parametrize("family", ["autoencoder-kl", "ltx2"])
+def test_image_and_ltx_models_are_estimated_before_compiling(family):
+    """The image and LTX families have an estimate too: an image's (B, C, H, W) latents and frames
+    (and an LTX clip) far over the memory are refused before compiling, naming what would fit; the
+    largest sizes are stated. No server, no compile: the estimate alone."""
+    from models.memory import FAMILIES
+    from service.engine.errors import TooLargeForMemory
+    from service.engine.memory import MemoryGuard, MemoryPlan
+    from service.limits import Limits
+    from tests.helpers.image_reference import SD_TINY
+    from tests.helpers.ltx_reference import LTX23
+
+    config = SD_TINY if family == "autoencoder-kl" else LTX23
+    assert config.family in FAMILIES
+    model = estimator(config, dtype="float32", decoder_parameters=100_000, encoder_parameters=100_000)
+    assert model is not None
+    image = config.is_image
+    small = (1, config.z_dim, 8, 8) if image else (1, config.z_dim, 3, 4, 4)
+    huge = (1, config.z_dim, 512, 512) if image else (1, config.z_dim, 9, 128, 128)
+    frames = (1, 3, 4096, 4096) if image else (1, 3, 65, 2048, 2048)
+    limit = int(2 * model.decode(small).total)
+    plan = MemoryPlan(platform="cpu", device_bytes=limit, device_source="test", host_bytes=2**30, host_source="test",
+                      machine=None, reserve_bytes=0)
+    s, t = config.spatial_scale, config.temporal_scale
+    limits = Limits(channels=config.z_dim, max_batch=1, max_frames=1 if image else 1 + 8 * t, max_height=4096,
+                    max_width=4096, temporal_scale=t, spatial_scale=s)
+    guard = MemoryGuard(plan=plan, estimate=model, limits=limits, devices=1)
+    guard.check_decode(small, "uint8")
+    with pytest.raises(TooLargeForMemory, match="refused before compiling; would fit: ") as refused:
+        guard.check_decode(huge, "uint8")
+    assert refused.value.would_fit
+    with pytest.raises(TooLargeForMemory, match="refused before compiling"):
+        guard.check_encode(frames)
+    assert guard.largest_decode() and guard.largest_decode()[0].bytes <= limit
