@@ -97,7 +97,7 @@ def _cases():
             yield pytest.param(family, tp, marks=marks, id=f"{family}-tp{tp}")
 
 
-@pytest.mark.parametrize("family, tp", _cases())
+@pytest.mark.parametrize("family, tp", list(_cases()))
 def test_temp_per_chip_divides_with_tp(temps, family, tp):
     assert_temp_divides({1: temps[family][1], tp: temps[family][tp]})
 
