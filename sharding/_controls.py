@@ -20,19 +20,25 @@ HunyuanVideo's three things that cross bands each have their own (the first also
   reflects (LTX-2.0) its edge rows.
 * ``NoFrameMaskContext``: the mid-block attention without the frame-causal mask (every token sees
   every frame's).
+
+And one for memory, not exactness: ``compile_whole_frame_decode`` gathers the latents of the whole
+frame onto every band, decodes the whole frame there and keeps its own rows: the right frames, with
+each device holding what one device would (the per-tp memory rule must reject it).
 """
 
 from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec as P
 
-from models.decode import resolve_chunk
+from models.conv import native_conv_for
+from models.decode import full_program, resolve_chunk
 from models.encode import posterior_options, resolve_encode_chunk
 from models.shapes import Output, check_output
 from models.spatial import (
     Edge,
+    SingleDeviceContext,
     check_edge,
     dot_product_attention,
     group_moments,
@@ -40,23 +46,30 @@ from models.spatial import (
     zero_pad_hw,
     zero_pad_hw_after,
 )
-from models.vae import VAE
+from models.vae import DTYPES, VAE
 
 from .bands import Split
 from .decode import (
+    COUNTS_SPEC,
     ContextType,
     _conditions,
     _full,
     _latents_aval,
+    _shard,
     _state_aval,
+    band_counts,
     crop_decoded,
     decode_layout,
+    frames_spec,
+    latents_spec,
+    mesh_platform,
     put_conditions,
     put_latents,
     replicated_state,
 )
 from .encode import _encoder, encode_avals, encode_layout, put_frames, put_options, replicated_encoder_state
 from .halo import BandContext
+from .mesh import TP_AXIS
 
 
 class NoHaloContext(BandContext):
@@ -152,3 +165,31 @@ def decode_cropped_on_devices(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, o
         frames, counts = run(state, latents)
         return crop_decoded(frames, tuple(shape), vae.config.spatial_scale, output), counts
     return jax.jit(cropped).lower(_state_aval(vae, mesh), _latents_aval(tuple(shape), mesh)).compile()
+
+
+def compile_whole_frame_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "uint8",
+                               inner_frames: int | None = None) -> jax.stages.Compiled:
+    """The decode of NCTHW latents ``shape`` (height split evenly over tp, no padding, a model without
+    decode conditions) with every band decoding the whole frame: its latents all-gathered over
+    ``tp``, decoded as on one device, its own rows kept. Compiled for this call, not cached; its
+    memory per device is one device's."""
+    output = check_output(output)
+    layout = decode_layout(vae, tuple(shape), mesh, "height")
+    if layout.pad:
+        raise ValueError(f"the whole-frame control splits evenly; {shape[3]} rows do not split over tp={layout.tp}")
+    if vae.config.decode_conditions:
+        raise ValueError(f"the whole-frame control takes no decode conditions ({vae.config.family})")
+    native = native_conv_for(mesh_platform(mesh))
+    whole = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype],
+                         lambda: SingleDeviceContext(native_conv=native), denormalize=False, output=output,
+                         chunk=resolve_chunk(None), inner_frames=inner_frames)
+    row_axis = frames_spec(layout, output).index(TP_AXIS)
+
+    def band(state, latents):
+        frames, counts = whole(state, jax.lax.all_gather(latents, TP_AXIS, axis=3, tiled=True))
+        rows = frames.shape[row_axis] // layout.tp
+        mine = jax.lax.dynamic_slice_in_dim(frames, jax.lax.axis_index(TP_AXIS) * rows, rows, axis=row_axis)
+        return mine, counts
+
+    run = _shard(mesh, band_counts(band), (P(), latents_spec(layout)), (frames_spec(layout, output), COUNTS_SPEC))
+    return jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(tuple(shape), mesh)).compile()
