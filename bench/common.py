@@ -40,7 +40,7 @@ def bench_config(name: str) -> models.WanVAEConfig:
 
 def diffusers_reference(config: models.VAEConfig, folder: str | Path) -> Any:
     """diffusers' model of ``config``'s family (``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo``,
-    ``AutoencoderKLHunyuanVideo15``) with seeded random weights, saved to ``folder`` (so that
+    ``AutoencoderKLHunyuanVideo15``, ``AutoencoderKLLTXVideo``, ``AutoencoderKLLTX2Video``) with seeded random weights, saved to ``folder`` (so that
     ``models.load_vae(folder)`` holds the same weights). HunyuanVideo's is set to decode whole clips
     (``use_framewise_decoding=False``): the model, not diffusers' default tiling of long clips."""
     import diffusers
