@@ -70,7 +70,7 @@ def main() -> None:
         if not args.skip_diffusers:
             import torch
 
-            reference = diffusers_reference(config, folder)
+            reference = diffusers_reference(config, folder, encoder=False)
             # diffusers' Qwen-Image class takes one-frame clips (B, C, 1, H, W) only
             clips = config.takes_one_frame_clips and latents.ndim == 4
             z = torch.from_numpy(latents[:, :, None] if clips else latents)
