@@ -1,6 +1,6 @@
 """Decode speed: ours vs diffusers (AutoencoderKLWan, AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15,
-AutoencoderKLLTXVideo, AutoencoderKLLTX2Video, and the image VAEs: AutoencoderKL as SD/SDXL/Flux.1, AutoencoderKLFlux2, AutoencoderKLQwenImage) on the same
-weights and latents.
+AutoencoderKLLTXVideo, AutoencoderKLLTX2Video, and the image VAEs: AutoencoderKL as SD/SDXL/Flux.1,
+AutoencoderKLFlux2, AutoencoderKLQwenImage) on the same weights and latents.
 
     .venv/bin/python -m bench.decode                       # real Wan 2.1 config, latents (1,16,3,16,16)
     .venv/bin/python -m bench.decode --model wan2.2        # real Wan 2.2 config, latents (1,48,3,8,8)
@@ -15,9 +15,10 @@ weights and latents.
 
 Prints min and median seconds over ``--runs`` timed runs after one warm-up (which includes our
 compile), the ratio ours/diffusers, achieved GFLOP/s on the nominal FLOPs (bench/flops.py), and
-the max abs difference between the two outputs as a sanity check. A timestep-conditioned decoder (LTX-Video
-0.9.5) decodes at ``DECODE_TIMESTEP`` in both, with no noise mixed into the latents. With several ``--inner-frames``
-settings, each is compared with the first setting: ratio and max abs difference. diffusers and every
+the max abs difference between the two outputs as a sanity check. A timestep-conditioned decoder
+(LTX-Video 0.9.5) decodes at ``DECODE_TIMESTEP`` in both, with no noise mixed into the latents. diffusers'
+model is saved without its encoder (a decode-only checkpoint: one copy of the decoder each). With several
+``--inner-frames`` settings, each is compared with the first setting: ratio and max abs difference. diffusers and every
 setting of ours run once each in turn within each round, so that all see the same machine load.
 """
 
