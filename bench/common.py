@@ -38,11 +38,14 @@ def bench_config(name: str) -> models.WanVAEConfig:
     return models.WanVAEConfig() if name == "real" else models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 
 
-def diffusers_reference(config: models.VAEConfig, folder: str | Path) -> Any:
+def diffusers_reference(config: models.VAEConfig, folder: str | Path, *, encoder: bool = True) -> Any:
     """diffusers' model of ``config``'s family (``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo``,
-    ``AutoencoderKLHunyuanVideo15``) with seeded random weights, saved to ``folder`` (so that
-    ``models.load_vae(folder)`` holds the same weights). HunyuanVideo's is set to decode whole clips
-    (``use_framewise_decoding=False``): the model, not diffusers' default tiling of long clips."""
+    ``AutoencoderKLHunyuanVideo15``, ``AutoencoderKLLTXVideo``, ``AutoencoderKLLTX2Video``) with seeded
+    random weights, saved to ``folder`` (so that ``models.load_vae(folder)`` holds the same weights).
+    HunyuanVideo's is set to decode whole clips (``use_framewise_decoding=False``): the model, not
+    diffusers' default tiling of long clips. Without ``encoder`` the encoder (and ``quant_conv``) is
+    dropped before saving: a decode-only checkpoint, which spares a decode bench both copies of it
+    (LTX-2's encoder alone is larger than its decoder)."""
     import diffusers
     import torch
 
@@ -50,6 +53,10 @@ def diffusers_reference(config: models.VAEConfig, folder: str | Path) -> Any:
     model_class = getattr(diffusers, config.class_name)
     reference = model_class(**{k: v for k, v in config.to_dict().items() if k != "_class_name"}).eval()
     reference.use_framewise_decoding = reference.use_framewise_encoding = False
+    if not encoder:
+        for name in ("encoder", "quant_conv"):
+            if getattr(reference, name, None) is not None:
+                setattr(reference, name, None)
     reference.save_pretrained(folder)
     return reference
 

@@ -1,11 +1,13 @@
 """Decode speed: ours vs diffusers (AutoencoderKLWan, AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15,
-and the image VAEs: AutoencoderKL as SD/SDXL/Flux.1, AutoencoderKLFlux2, AutoencoderKLQwenImage) on the same
-weights and latents.
+AutoencoderKLLTXVideo, AutoencoderKLLTX2Video, and the image VAEs: AutoencoderKL as SD/SDXL/Flux.1,
+AutoencoderKLFlux2, AutoencoderKLQwenImage) on the same weights and latents.
 
     .venv/bin/python -m bench.decode                       # real Wan 2.1 config, latents (1,16,3,16,16)
     .venv/bin/python -m bench.decode --model wan2.2        # real Wan 2.2 config, latents (1,48,3,8,8)
     .venv/bin/python -m bench.decode --model hunyuan1.0    # real HunyuanVideo config, latents (1,16,3,16,16)
     .venv/bin/python -m bench.decode --model hunyuan1.5    # real HunyuanVideo 1.5 config, latents (1,32,3,8,8)
+    .venv/bin/python -m bench.decode --model ltx2          # real LTX-2 config, latents (1,128,3,4,4): 17 x 128x128
+    .venv/bin/python -m bench.decode --model ltx-video     # real LTX-Video 0.9.5 config (timestep 0.05), as ltx2
     .venv/bin/python -m bench.decode --model sdxl          # real SDXL VAE, latents (1,4,32,32): one 256x256 image
     .venv/bin/python -m bench.decode --model flux1 --shape 1,16,64,64   # real Flux.1 VAE, one 512x512 image
     .venv/bin/python -m bench.decode --shape 1,16,21,60,104 --dtype bfloat16 --skip-diffusers   # 480x832x81
@@ -13,8 +15,10 @@ weights and latents.
 
 Prints min and median seconds over ``--runs`` timed runs after one warm-up (which includes our
 compile), the ratio ours/diffusers, achieved GFLOP/s on the nominal FLOPs (bench/flops.py), and
-the max abs difference between the two outputs as a sanity check. With several ``--inner-frames``
-settings, each is compared with the first setting: ratio and max abs difference. diffusers and every
+the max abs difference between the two outputs as a sanity check. A timestep-conditioned decoder
+(LTX-Video 0.9.5) decodes at ``DECODE_TIMESTEP`` in both, with no noise mixed into the latents. diffusers'
+model is saved without its encoder (a decode-only checkpoint: one copy of the decoder each). With several
+``--inner-frames`` settings, each is compared with the first setting: ratio and max abs difference. diffusers and every
 setting of ours run once each in turn within each round, so that all see the same machine load.
 """
 
@@ -31,6 +35,8 @@ import models
 from bench.common import diffusers_reference, ratio, timed
 from models.flops import decode_flops
 
+DECODE_TIMESTEP = 0.05  # an LTX pipeline's default decode_timestep
+
 
 def parse_inner_frames(text: str) -> list[int | None]:
     """``"4,1"`` → ``[4, 1]``; ``auto`` → None (the automatic choice)."""
@@ -41,8 +47,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="wan2.1", choices=sorted(models.MODEL_NAMES),
                         help="the real architecture to time (random weights)")
-    parser.add_argument("--shape", help="latents B,C,T,H,W, an image model's B,C,H,W (default: 9 frames of "
-                        "128x128; one 256x256 image)")
+    parser.add_argument("--shape", help="latents B,C,T,H,W, an image model's B,C,H,W (default: 3 latent frames "
+                        "of 128x128, 9 frames, 17 for LTX; one 256x256 image)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--chunk", type=int, default=1, help="latent frames per scan step")
@@ -58,19 +64,22 @@ def main() -> None:
     latents = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     flops = decode_flops(config, shape)
     fns, names = {}, {}
+    conditioned = config.decode_conditions  # LTX-Video 0.9.5's timestep: the same in both, no noise
+    conditions = {"timestep": DECODE_TIMESTEP, "noise_scale": 0.0, "seed": 0} if conditioned else {}
 
     with tempfile.TemporaryDirectory() as folder:
         if not args.skip_diffusers:
             import torch
 
-            reference = diffusers_reference(config, folder)
+            reference = diffusers_reference(config, folder, encoder=False)
             # diffusers' Qwen-Image class takes one-frame clips (B, C, 1, H, W) only
             clips = config.takes_one_frame_clips and latents.ndim == 4
             z = torch.from_numpy(latents[:, :, None] if clips else latents)
+            temb = (torch.full((shape[0],), DECODE_TIMESTEP),) if conditioned else ()
 
             def run_reference():
                 with torch.no_grad():  # clamped as ours (diffusers' Wan clamps, its HunyuanVideo does not)
-                    frames = reference.decode(z).sample.clamp(-1, 1).numpy()
+                    frames = reference.decode(z, *temb).sample.clamp(-1, 1).numpy()
                 return frames[:, :, 0] if clips else frames
 
             fns["diffusers"] = run_reference
@@ -81,7 +90,7 @@ def main() -> None:
 
     def run_ours(inner_frames):
         return lambda: np.asarray(jax.block_until_ready(vae.decode(latents, chunk=args.chunk,
-                                                                   inner_frames=inner_frames)))
+                                                                   inner_frames=inner_frames, **conditions)))
 
     for inner_frames in args.inner_frames:
         name = f"inner_frames={inner_frames or 'auto'}"

@@ -2,7 +2,7 @@
 """Why the halo matters: seams of split decodes against the full single-device decode.
 
 Same weights (a diffusers VAE — ``AutoencoderKLWan``, ``AutoencoderKLHunyuanVideo``,
-``AutoencoderKLHunyuanVideo15`` or, for images, ``AutoencoderKL`` as SD, SDXL or Flux.1 — with
+``AutoencoderKLHunyuanVideo15``, ``AutoencoderKLLTXVideo``, ``AutoencoderKLLTX2Video`` or, for images, ``AutoencoderKL`` as SD, SDXL or Flux.1 — with
 perturbed random weights, written with ``save_pretrained`` and read back with ``models.load_vae``)
 and the same latents, decoded by:
 
@@ -12,8 +12,8 @@ and the same latents, decoded by:
   (c) the same shard_map decode with no halo (each band padded alone);
   (d) HunyuanVideo 1.0 and the image models: the sharded decode with each band's own GroupNorm
       statistics (no sum over the bands);
-  (e) HunyuanVideo only: the sharded decode with zeros at the image's edges where the model
-      repeats its edge rows;
+  (e) HunyuanVideo and LTX-2 only: the sharded decode with zeros at the image's edges where the
+      model repeats (HunyuanVideo) or reflects (LTX-2) its edge rows;
   (-) diffusers' full decode, as a check that the reference is the reference.
 
 Each is compared with the full single-device JAX decode: max abs error, PSNR (peak-to-peak 2 for
@@ -26,6 +26,8 @@ overlap 1/4): their seams are the blend rows and columns, and the interior is �
     python -m bench.seams --model wan2.2 --height 8 --width 8   # real Wan 2.2, 128x128, 5 frames, tp=4
     python -m bench.seams --model hunyuan1.0    # real HunyuanVideo, 128x128, 5 frames, tp=4
     python -m bench.seams --model hunyuan1.5 --height 8 --width 8   # real HunyuanVideo 1.5, 128x128
+    python -m bench.seams --model ltx2 --height 8 --width 8   # real LTX-2, 256x256, 9 frames, tp=4
+    python -m bench.seams --model ltx-video --height 8 --width 8   # real LTX-Video 0.9.5 (timestep 0.05)
     python -m bench.seams --config tiny --height 32 --width 32
     python -m bench.seams --model sd --height 128 --width 128   # real SD VAE, one 1024x1024 image, tp=4
 """
@@ -38,7 +40,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-MODELS = ("wan2.1", "wan2.2", "hunyuan1.0", "hunyuan1.5", "sd", "sdxl", "flux1")
+MODELS = ("wan2.1", "wan2.2", "hunyuan1.0", "hunyuan1.5", "ltx-video", "ltx2", "sd", "sdxl", "flux1")
 IMAGE_MODELS = ("sd", "sdxl", "flux1")
 
 
@@ -48,14 +50,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--config", choices=("real", "tiny"), default="real",
                         help="real: the model's architecture (Wan 2.1: 73 M decoder parameters, Wan 2.2: 555 M); "
                              "tiny: the tests' small configs (Wan: decoder width 8)")
-    parser.add_argument("--frames", type=int, default=2, help="latent frames T (output 1+4(T-1)); image models: none")
-    parser.add_argument("--height", type=int, default=16, help="latent height (frame height / 8, or / 16 for wan2.2)")
+    parser.add_argument("--frames", type=int, default=2, help="latent frames T (output 1+4(T-1), LTX 1+8(T-1)); "
+                        "image models: none")
+    parser.add_argument("--height", type=int, default=16, help="latent height (frame height / 8, or / 16 for wan2.2, "
+                        "/ 32 for LTX)")
     parser.add_argument("--width", type=int, default=16, help="latent width")
     parser.add_argument("--tp", type=int, default=4, help="bands for (a) and (c)")
-    parser.add_argument("--tile", type=int, default=None, help="diffusers tile height in pixels (image models: "
-                        "enable_tiling()'s own square tiles, sample_size, unless given)")
-    parser.add_argument("--stride", type=int, default=None, help="diffusers tile stride in pixels (overlap = tile - stride; "
-                        "image models: 3/4 of the tile)")
+    parser.add_argument("--tile", type=int, default=None, help="diffusers tile height in pixels (default 64, "
+                        "LTX 128: 4 latent rows; image models: enable_tiling()'s own square tiles, sample_size)")
+    parser.add_argument("--stride", type=int, default=None, help="diffusers tile stride in pixels (overlap = tile - "
+                        "stride; default 3/4 of the tile)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--platform", default="cpu", help="JAX platform (cpu forces --tp host devices)")
     parser.add_argument("--skip-full", action="store_true", help="leave out diffusers' full decode (the check row): "
@@ -72,7 +76,7 @@ import numpy as np
 from tqdm import tqdm
 
 # The perturbed diffusers references are the parity tests' own, so bench and tests decode the same model.
-from tests.helpers import hunyuan_reference
+from tests.helpers import hunyuan_reference, ltx_reference
 from tests.helpers.wan_reference import perturbed_diffusers_vae
 
 INTERIOR_MARGIN = 8  # frame rows
@@ -135,6 +139,9 @@ def model_config(name: str, size: str):
     if name.startswith("hunyuan"):
         tiny = {"hunyuan1.0": hunyuan_reference.HY10_TINY, "hunyuan1.5": hunyuan_reference.HY15_TINY}[name]
         return tiny if size == "tiny" else models.MODEL_NAMES[name]()
+    if name.startswith("ltx"):  # tiny: the parity tests' LTX-Video 0.9.5, the sharding tests' LTX-2
+        tiny = {"ltx-video": ltx_reference.LTX095, "ltx2": ltx_reference.LTX2_SHARD}[name]
+        return tiny if size == "tiny" else models.MODEL_NAMES[name]()
     config = models.MODEL_NAMES[name]().to_dict()
     del config["_class_name"]
     if size == "tiny":
@@ -146,7 +153,8 @@ def reference_vae(config, seed: int):
     """diffusers' model of ``config`` with the parity tests' perturbed random weights."""
     if config.family == "wan":
         return perturbed_diffusers_vae({k: v for k, v in config.to_dict().items() if k != "_class_name"}, seed)
-    return hunyuan_reference.reference_model(config, hunyuan_reference.seeded_weights(config, seed))
+    reference = ltx_reference if config.family.startswith("ltx") else hunyuan_reference
+    return reference.reference_model(config, reference.seeded_weights(config, seed))
 
 
 def tiling_options(config, tile: int, stride: int, width_px: int, width: int) -> dict:
@@ -164,7 +172,8 @@ def tiling_options(config, tile: int, stride: int, width_px: int, width: int) ->
                 tile_sample_min_width=width_px, tile_sample_stride_width=width_px)
 
 
-def diffusers_decode(model, latents: np.ndarray, *, tiling: dict | None) -> np.ndarray:
+def diffusers_decode(model, latents: np.ndarray, *, tiling: dict | None, timestep: float | None = None) -> np.ndarray:
+    """diffusers' decode, tiled or whole, clamped to [-1, 1]; ``timestep``: a timestep-conditioned LTX decoder's."""
     import torch
 
     if hasattr(model, "use_framewise_decoding"):  # HunyuanVideo 1.0: the whole clip, as the model
@@ -178,7 +187,8 @@ def diffusers_decode(model, latents: np.ndarray, *, tiling: dict | None) -> np.n
     else:
         model.disable_tiling()
     with torch.no_grad():
-        return model.decode(torch.from_numpy(latents)).sample.clamp(-1, 1).numpy()
+        temb = () if timestep is None else (torch.full((latents.shape[0],), timestep),)
+        return model.decode(torch.from_numpy(latents), *temb).sample.clamp(-1, 1).numpy()
 
 
 def main(args: argparse.Namespace) -> None:
@@ -196,10 +206,10 @@ def main(args: argparse.Namespace) -> None:
         (1, config.z_dim, *time_axis, args.height, args.width)).astype(np.float32)
     height_px, width_px = args.height * scale, args.width * scale
     # diffusers' own tiles for an image model (enable_tiling(): sample_size, overlap 1/4); rows for a video
-    tile = args.tile or (config.sample_size if images else 64)
-    stride = args.stride or (tile * 3 // 4 if images else 48)
+    tile = args.tile or (config.sample_size if images else max(64, 4 * scale))
+    stride = args.stride or tile * 3 // 4
     out = f"image (1, 3, {height_px}, {width_px})" if images else \
-        f"frames (1, 3, {1 + 4 * (args.frames - 1)}, {height_px}, {width_px})"
+        f"frames (1, 3, {1 + config.temporal_scale * (args.frames - 1)}, {height_px}, {width_px})"
     print(f"{args.model}: latents {latents.shape} → {out}; config {args.config}; tp={args.tp}; "
           f"tiles {tile}px stride {stride}px (overlap {tile - stride}px{', square' if images else ''}); "
           f"JAX on {args.platform}")
@@ -211,8 +221,14 @@ def main(args: argparse.Namespace) -> None:
 
     # Each family's extra negative controls (sharding._controls), as the table's rows name them.
     statistics = {"(d) per-band GroupNorm stats": "band-statistics"}
-    controls = {"wan": {}, "hunyuan1.5": {"(e) zero image edges": "zero-edge"},
-                "hunyuan1.0": {**statistics, "(e) zero image edges": "zero-edge"}}.get(config.family, statistics)
+    # LTX: RMS norms per pixel (no statistics across bands); LTX-2's decoder reflects at the edges.
+    zero_edge = {"(e) zero image edges": "zero-edge"}
+    controls = {"wan": {}, "hunyuan1.5": zero_edge, "hunyuan1.0": {**statistics, **zero_edge}, "ltx-video": {},
+                "ltx2": zero_edge if getattr(config, "decoder_spatial_padding_mode", "") == "reflect" else {}
+                }.get(config.family, statistics)
+    # A timestep-conditioned LTX decoder (LTX-Video 0.9.5): the same timestep everywhere, no noise.
+    timestep = ltx_reference.DECODE_TIMESTEP if config.decode_conditions else None
+    conditions = ltx_reference.decode_kwargs(config)
     timings: dict[str, float] = {}
     progress = tqdm(total=5 + len(controls) - args.skip_full, desc="decodes", unit="decode", leave=False)
 
@@ -224,24 +240,25 @@ def main(args: argparse.Namespace) -> None:
         progress.update()
         return out
 
-    full = timed("full", lambda: np.asarray(vae.decode(latents)))
+    full = timed("full", lambda: np.asarray(vae.decode(latents, **conditions)))
     mesh = sharding.make_mesh(args.tp)
     seams = band_seams(height_px, args.tp, args.height, scale)
     tiling = tiling_options(config, tile, stride, width_px, args.width)
     tile_rows = tile_seams(height_px, tile, stride, args.height, scale)
     tile_columns = tile_seams(width_px, tile, stride, args.width, scale) if images else []
     def with_control(control: str) -> Callable[[], np.ndarray]:
-        return lambda: np.asarray(decode_with(control, vae, latents, mesh, split="height"))
+        return lambda: np.asarray(decode_with(control, vae, latents, mesh, split="height", **conditions))
 
     runs = {
-        "(a) sharded, 1-row halos": (lambda: np.asarray(sharding.sharded_decode(vae, latents, mesh, split="height")),
-                                     seams, []),
-        "(b) diffusers enable_tiling()": (lambda: diffusers_decode(reference_model, latents, tiling=tiling),
-                                          tile_rows, tile_columns),
+        "(a) sharded, 1-row halos": (lambda: np.asarray(sharding.sharded_decode(vae, latents, mesh, split="height",
+                                                                                 **conditions)), seams, []),
+        "(b) diffusers enable_tiling()": (lambda: diffusers_decode(reference_model, latents, tiling=tiling,
+                                                                   timestep=timestep), tile_rows, tile_columns),
         "(c) shard_map, no halo": (with_control("none"), seams, []),
         **{name: (with_control(control), seams, []) for name, control in controls.items()},
         **({} if args.skip_full else {
-            "(-) diffusers full decode": (lambda: diffusers_decode(reference_model, latents, tiling=None), [], [])}),
+            "(-) diffusers full decode": (lambda: diffusers_decode(reference_model, latents, tiling=None,
+                                                                   timestep=timestep), [], [])}),
     }
     results = {name: (timed(name, run), (rows, columns)) for name, (run, rows, columns) in runs.items()}
 

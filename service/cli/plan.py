@@ -5,6 +5,7 @@ compiler (libtpu, or XLA's CUDA compiler), no TPU and no GPU.
     vaeserve plan --topology v6e-8 --shape 16x21x90x160 --tp 4,8 --json
     vaeserve plan --topology h100-8 --video 1920x1080x81 --dtype bfloat16   # needs the `cuda` extra
     vaeserve plan --topology v6e-8 --model sdxl --image 4096x4096 --dtype bfloat16   # an image model
+    vaeserve plan --topology v6e-8 --model ltx2 --video 1280x704x121 --dtype bfloat16 --tp 8   # LTX-2 (F = 1 + 8k)
 
 Each candidate mesh the package's table of compiled plans holds (``sharding/plans``: the common
 videos of Wan 2.1 and HunyuanVideo on v5e-8, v6e-8, v5p-8, H100 and H200 hosts, batch 1, uint8
@@ -38,8 +39,8 @@ def add_parser(sub) -> None:
     shape.add_argument("--shape", metavar="CxTxHxW", help="latents, e.g. 16x21x90x160 (an image model's CxHxW, "
                        "e.g. 4x512x512)")
     p.add_argument("--model", default="wan2.1",
-                   help="wan2.1 (default), wan2.2, hunyuan1.0, hunyuan1.5, sd, sdxl, flux1, flux2, qwen-image, or a "
-                        "model path as `serve --model` takes; only its config is read")
+                   help="wan2.1 (default), wan2.2, hunyuan1.0, hunyuan1.5, ltx-video, ltx2, sd, sdxl, flux1, flux2, "
+                        "qwen-image, or a model path as `serve --model` takes; only its config is read")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--tp", default="1,2,4,8", help="candidate tp sizes, comma-separated (default 1,2,4,8)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of each candidate mesh")
