@@ -335,12 +335,10 @@ def tiny_configs() -> dict[str, list[Tiny]]:
 def measurements(family: str, *, held: bool = False):
     """``(program, shape, step, estimate, features, memory_analysis())`` of every program of the
     family's tiny configs (``"decode"``: every step; ``"encode"``) at the fitted shapes (``held``:
-    the held-out ones), compiled on one CPU device."""
-    import dataclasses
-
+    the held-out ones), compiled on one CPU device; the features are those the estimate weighed."""
     import models
     import sharding
-    from models.memory import estimator, features
+    from models.memory import estimator
     from sharding.introspect import program_memory
 
     mesh = sharding.make_mesh(1)
@@ -355,24 +353,12 @@ def measurements(family: str, *, held: bool = False):
             programs = list(model.decode_steps(shape))
             assert len(programs) == len(compiled), (family, shape, len(programs), len(compiled))
             for program, step in zip(programs, compiled, strict=True):
-                first = program.name != "next"
-                frames = shape[2] if len(shape) == 5 and program.name == "whole" else 1
-                grid = model._grid(shape[0], frames, shape[-2], shape[-1], shape[2] if len(shape) == 5 else 1)
-                layers = model.family.decoder(config, grid, first=first, itemsize=model.itemsize)
-                feats = features(layers, grid, native=False)
-                if program.name == "first":
-                    feats = dataclasses.replace(feats, caches=0)
-                yield ("decode", shape, program.name, program.estimate,
-                       dataclasses.replace(feats, weights=model.decoder_weights), program_memory(step))
+                yield ("decode", shape, program.name, program.estimate, program.estimate.weighed,
+                       program_memory(step))
         for shape in tiny.held_encodes if held else tiny.encodes:
             estimate = model.encode(shape)
-            f = 1 if len(shape) == 4 else shape[2]
-            s = config.spatial_scale
-            grid = model._grid(shape[0], 1, shape[-2] // s, shape[-1] // s, f)
-            whole = not config.causal and config.lookahead is None
-            layers = model.family.encoder(config, grid, first=whole or f == 1, itemsize=model.itemsize)
-            feats = dataclasses.replace(features(layers, grid, native=False), weights=model.encoder_weights)
-            yield "encode", shape, "encode", estimate, feats, program_memory(sharding.compile_encode(vae, shape, mesh))
+            yield ("encode", shape, "encode", estimate, estimate.weighed,
+                   program_memory(sharding.compile_encode(vae, shape, mesh)))
 
 
 def fit(args: argparse.Namespace) -> None:

@@ -38,6 +38,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from .config import HunyuanVideo15Config, HunyuanVideoConfig, VAEConfig, WanVAEConfig
 from .image_config import AutoencoderKLConfig, AutoencoderKLFlux2Config, QwenImageConfig
@@ -53,8 +54,8 @@ STREAM_MIN_FRAME_BYTES = 4 * 2**20
 # models.hunyuan.CLIP_BLOCK_BYTES: HunyuanVideo 1.0's whole-clip convs take this much of a clip per block.
 CLIP_BLOCK_BYTES = 256 * 2**20
 LTXConfig = LTXVideoConfig | LTX2VideoConfig
-QUERY_CHUNK = 4096
-CONDITION_BYTES = 16  # models.ltx.DecodeConditions per row: float32 timestep and noise scale, a uint32 key pair  # sharding's query_chunk default: attention scores per block of queries
+QUERY_CHUNK = 4096  # sharding's query_chunk default: attention scores per block of queries
+CONDITION_BYTES = 16  # models.ltx.DecodeConditions per row: float32 timestep and noise scale, a uint32 key pair
 
 
 # -- a network, as the estimate sees it --------------------------------------------------------------
@@ -128,8 +129,8 @@ class Features:
 class Coefficients:
     """How much of each feature a family's compiled programs hold as temp, per platform kind.
 
-    Fitted (least squares on the ratio) to ``memory_analysis()`` of the family's programs; see
-    ``bench/memory.py``. ``cpu`` applies to programs with the nine-tap CPU convs, ``native`` to
+    Fitted (on the ratio estimate / compiled) to ``memory_analysis()`` of the family's programs;
+    see ``bench/memory.py``. ``cpu`` applies to programs with the nine-tap CPU convs, ``native`` to
     accelerators' native convolutions (no nine-tap buffers)."""
 
     caches: float
@@ -149,12 +150,14 @@ class Coefficients:
 @dataclass(frozen=True)
 class Estimate:
     """Estimated bytes per device of one program, as ``memory_analysis()`` splits them (``total`` =
-    arguments + outputs − aliased + temp)."""
+    arguments + outputs − aliased + temp). ``weighed``: the features its temp was weighed from
+    (what ``bench.memory --fit`` fits the coefficients to)."""
 
     argument: int
     output: int
     alias: int
     temp: int
+    weighed: Features | None = dataclasses.field(default=None, compare=False)
 
     @property
     def total(self) -> int:
@@ -432,21 +435,12 @@ def wan21_frame_encode_unused(config: WanVAEConfig) -> int:
                if temporal)
 
 
-def qwen_decoder(config: QwenImageConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
-    """Qwen-Image's decoder: the Wan 2.1 layers (``QwenImageConfig.wan()``)."""
-    return wan_decoder(config.wan(), grid, first=first, itemsize=itemsize)
-
-
-def qwen_encoder(config: QwenImageConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
-    return wan_encoder(config.wan(), grid, first=first, itemsize=itemsize)
-
-
-def qwen_first_step_unused(config: QwenImageConfig) -> int:
-    return wan_first_step_unused(config.wan())
-
-
-def qwen_frame_encode_unused(config: QwenImageConfig) -> int:
-    return wan21_frame_encode_unused(config.wan())
+def on_wan(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A Wan 2.1 function of this module, on Qwen-Image's config: its VAE is Wan 2.1's
+    (``QwenImageConfig.wan()``)."""
+    def on_qwen(config: QwenImageConfig, *args: Any, **kwargs: Any) -> Any:
+        return function(config.wan(), *args, **kwargs)
+    return on_qwen
 
 
 # -- LTX-Video, LTX-2 --------------------------------------------------------------------------------
@@ -551,6 +545,9 @@ def _c(caches: float, activation: float, outputs: float, taps: float, attention:
                         weights=weights)
 
 
+# AutoencoderKL's and Flux.2's, fitted over both (the same layers).
+KL_CPU: Table = {"decode": _c(0.0, 0.0, 1.018, 0.389, 0.0, 0.157), "encode": _c(0.0, 0.0, 0.0, 2.537, 0.588, 0.0)}
+
 # Fitted to memory_analysis() on XLA:CPU: the video families' of the tiny test configs at several
 # sizes and of the real configs at small and 480p sizes (the printed table is in docs/serving.md,
 # "No out-of-memory surprises"). The image and LTX families': minimax fits (the least largest
@@ -572,14 +569,12 @@ FAMILIES: dict[str, Family] = {
     # Images: tiny configs from 8x8 to 96x96 latents (768x768 frames). XLA:CPU's memory_analysis()
     # of the AutoencoderKL decode holds the mid block's scores only up to one block of queries
     # (4096 tokens), and the CPU convs' block budget bends the curves: 0.66-1.35.
-    "autoencoder-kl": Family(kl_decoder, kl_encoder, cpu={"decode": _c(0.0, 0.0, 1.018, 0.389, 0.0, 0.157),
-                                                          "encode": _c(0.0, 0.0, 0.0, 2.537, 0.588, 0.0)}),
-    "flux2": Family(kl_decoder, kl_encoder, cpu={"decode": _c(0.0, 0.0, 1.018, 0.389, 0.0, 0.157),
-                                                 "encode": _c(0.0, 0.0, 0.0, 2.537, 0.588, 0.0)},
-                    first_step_unused=flux2_unused),
-    "qwen-image": Family(qwen_decoder, qwen_encoder, cpu={"decode": _c(0.175, 0.0, 0.0, 1.756, 0.0, 0.130),
+    "autoencoder-kl": Family(kl_decoder, kl_encoder, cpu=KL_CPU),
+    "flux2": Family(kl_decoder, kl_encoder, cpu=KL_CPU, first_step_unused=flux2_unused),
+    "qwen-image": Family(on_wan(wan_decoder), on_wan(wan_encoder), cpu={"decode": _c(0.175, 0.0, 0.0, 1.756, 0.0, 0.130),
                                                           "encode": _c(0.0, 0.0, 0.0, 2.003, 0.0, 3.350)},
-                         first_step_unused=qwen_first_step_unused, frame_encode_unused=qwen_frame_encode_unused),
+                         first_step_unused=on_wan(wan_first_step_unused),
+                         frame_encode_unused=on_wan(wan21_frame_encode_unused)),
     "ltx-video": Family(ltx_decoder, ltx_encoder, cpu={"decode": _c(3.164, 0.0, 0.0, 1.238, 1.0, 0.0),
                                                        "encode": _c(0.0, 6.434, 0.0, 1.801, 1.0, 0.0)}),
     "ltx2": Family(ltx_decoder, ltx_encoder, cpu={"decode": _c(0.357, 3.693, 2.057, 0.0, 1.0, 0.528),
@@ -645,7 +640,7 @@ class Estimator:
                                                 frames_out=config.num_output_frames(t), steps=False))
             return
         ahead = config.lookahead or 0
-        first_out = config.first_step_frames(1 + ahead) if isinstance(config, LTXVideoConfig | LTX2VideoConfig) else 1
+        first_out = config.first_step_frames(1 + ahead) if isinstance(config, LTXConfig) else 1
         yield Program("first", self._decode(self._grid(b, 1, h, w, t), (b, c, 1 + ahead, h, w), output, first=True,
                                             frames_out=first_out, steps=True))
         if config.num_output_frames(t) > first_out:
@@ -668,14 +663,13 @@ class Estimator:
         caches = self.itemsize * feats.caches if steps else 0
         donated = caches if steps and not first else 0
         # A later step's caches are arguments (donated to its outputs); their updates cost temp too.
-        temp = _coefficients(self.family, "decode", self.native).temp(
-            dataclasses.replace(feats, caches=0 if first and steps else feats.caches, weights=self.decoder_weights),
-            self.itemsize)
+        weighed = dataclasses.replace(feats, caches=0 if first and steps else feats.caches, weights=self.decoder_weights)
+        temp = _coefficients(self.family, "decode", self.native).temp(weighed, self.itemsize)
         weights = self.decoder_weights
         if first and inputs[2] == 1:
             weights -= self.itemsize * self.family.first_step_unused(self.config)
         return Estimate(argument=weights + latents + (0 if first else caches), output=frames + caches, alias=donated,
-                        temp=temp)
+                        temp=temp, weighed=weighed)
 
     def encode(self, shape: tuple[int, ...]) -> Estimate:
         """What the encode of frames ``shape`` ``(B, 3, F, H, W)`` (an image model's ``(B, 3, H, W)``
@@ -692,10 +686,10 @@ class Estimator:
         feats = features(later, grid, native=self.native)
         frames = grid.batch * 3 * f * (scale * grid.rows) * (scale * grid.cols) * 4  # float32, a band
         latents = grid.batch * self.config.z_dim * t * grid.rows * grid.cols * 4
-        temp = _coefficients(self.family, "encode", self.native).temp(
-            dataclasses.replace(feats, weights=self.encoder_weights), self.itemsize)
+        weighed = dataclasses.replace(feats, weights=self.encoder_weights)
+        temp = _coefficients(self.family, "encode", self.native).temp(weighed, self.itemsize)
         weights = self.encoder_weights - (self.itemsize * self.family.frame_encode_unused(self.config) if f == 1 else 0)
-        return Estimate(argument=weights + frames, output=latents, alias=0, temp=temp)
+        return Estimate(argument=weights + frames, output=latents, alias=0, temp=temp, weighed=weighed)
 
 
 def estimator(config: VAEConfig, *, dtype: str, decoder_parameters: int, encoder_parameters: int = 0,
