@@ -27,7 +27,7 @@ from .decoder import DecoderCache
 from .encode import prng_key
 from .families import DecoderModule, family_of
 from .ltx import DecodeConditions
-from .ltx_config import TIMESTEP_RANGE, condition_defaults
+from .ltx_config import TIMESTEP_RANGE, condition_defaults, refused_conditions
 from .shapes import Output, one_frame_clip, output_frames, time_axis, without_time
 from .spatial import SpatialContext
 
@@ -235,17 +235,12 @@ def decode_conditions(config: VAEConfig, batch: int, *, timestep: float | None =
     only: pipelines mix noise into its latents): default ``condition_defaults(defaults)``; the
     timestep in ``TIMESTEP_RANGE``, ``noise_scale`` in [0, 1]. ``seed``: the noise's (a fresh one
     when None): one seed gives one answer."""
-    given = {name: value for name, value in (("timestep", timestep), ("noise_scale", noise_scale), ("seed", seed))
-             if value is not None}
+    refused = refused_conditions(config, timestep=timestep, noise_scale=noise_scale, seed=seed)
+    if refused is not None:
+        received = ", ".join(f"{name}={value}" for name, value in refused.received.items())
+        raise ValueError(f"{refused.detail}; received {received}")
     if not config.decode_conditions:
-        if given:
-            raise ValueError(f"the {config.family} decoder takes no timestep and draws no noise; "
-                             f"received {sorted(given)}")
         return None
-    conditioned = getattr(config, "timestep_conditioning", False)
-    for name in ("timestep", "noise_scale"):
-        if name in given and not conditioned:
-            raise ValueError(f"the {config.family} decoder is not timestep-conditioned; received {name}={given[name]}")
     default_timestep, default_noise_scale = condition_defaults(defaults)
     timestep = float(default_timestep if timestep is None else timestep)
     noise_scale = float(default_noise_scale if noise_scale is None else noise_scale)

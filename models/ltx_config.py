@@ -149,6 +149,32 @@ def condition_defaults(defaults: dict[str, Any] | None) -> tuple[float, float]:
             float(defaults.get("decode_noise_scale", 0.0)))
 
 
+class RefusedConditions(NamedTuple):
+    """Decode conditions given to a decoder that does not take them: why, what it takes, what came."""
+
+    detail: str
+    expected: str
+    received: dict[str, float]
+
+
+def refused_conditions(config: Any, *, timestep: float | None, noise_scale: float | None,
+                       seed: int | None) -> RefusedConditions | None:
+    """The conditions given (not None) that ``config``'s decoder does not take, or None when it takes
+    them all: any of the three for a decoder that takes none (``decode_conditions``); a timestep or
+    a noise scale for one that only injects noise (it takes a seed only). The one rule of the
+    Python API (``models.decode.decode_conditions``) and of the HTTP layer (which imports no JAX)."""
+    given: dict[str, float] = {name: value for name, value in (("timestep", timestep), ("noise_scale", noise_scale),
+                                                              ("seed", seed)) if value is not None}
+    if not config.decode_conditions:
+        return RefusedConditions(f"the {config.class_name} decoder takes no timestep and draws no noise",
+                                 "no timestep, noise_scale or seed", given) if given else None
+    unconditioned: dict[str, float] = {name: given[name] for name in ("timestep", "noise_scale") if name in given}
+    if unconditioned and not getattr(config, "timestep_conditioning", False):
+        return RefusedConditions(f"the {config.class_name} decoder is not timestep-conditioned",
+                                 "seed only", unconditioned)
+    return None
+
+
 # -- the two configs ---------------------------------------------------------------------------------
 class _LTXConfig:
     """What both LTX configs derive from their plans (the ``VAEConfig`` answers and the checks)."""

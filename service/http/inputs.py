@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.ltx_config import refused_conditions
 from models.shapes import clip_shape
 
 from ..codecs.frames import FramesHeader, frames_header
@@ -61,17 +62,11 @@ def decode_options(params: DecodeParams, model: ModelState) -> DecodeOptions | N
     take: any of them for a decoder that takes none, a timestep or noise scale for one that is not
     timestep-conditioned (it only injects noise)."""
     config = model.vae.config
-    given = {name: value for name, value in (("timestep", params.timestep), ("noise_scale", params.noise_scale),
-                                             ("seed", params.seed)) if value is not None}
+    refused = refused_conditions(config, timestep=params.timestep, noise_scale=params.noise_scale, seed=params.seed)
+    if refused is not None:
+        raise Problem(422, "invalid-parameter", refused.detail, expected=refused.expected, received=refused.received)
     if not config.decode_conditions:
-        if given:
-            raise Problem(422, "invalid-parameter", f"the {config.class_name} decoder takes no timestep and draws "
-                          "no noise", expected="no timestep, noise_scale or seed", received=given)
         return None
-    unconditioned = {name: given[name] for name in ("timestep", "noise_scale") if name in given}
-    if unconditioned and not getattr(config, "timestep_conditioning", False):
-        raise Problem(422, "invalid-parameter", f"this {config.class_name} decoder is not timestep-conditioned: it "
-                      "takes only a seed for the noise it injects", expected="seed only", received=unconditioned)
     return DecodeOptions.resolve(timestep=params.timestep, noise_scale=params.noise_scale, seed=params.seed)
 
 
