@@ -119,9 +119,6 @@ def estimator_of(info: dict):
                              tp=info["mesh"]["tp"], dp=info["mesh"]["dp"], native=False)
 
 
-RAW_BODY_BYTES = 64 * 2**20  # the default max_body_bytes: a larger encode input is sent as an MP4
-
-
 def raw_params(shape: tuple[int, ...]) -> dict[str, str]:
     return {"shape": ",".join(map(str, shape)), "dtype": "float32"}
 
@@ -129,7 +126,9 @@ def raw_params(shape: tuple[int, ...]) -> dict[str, str]:
 def encode_body(shape: tuple[int, ...]) -> tuple[bytes, dict[str, str], str]:
     """An encode's body: raw float32 frames, or, past the default body limit, the same mid-grey
     frames as an H.264 MP4 (what a client sends at large sizes: a few KiB)."""
-    if 4 * math.prod(shape) <= RAW_BODY_BYTES:
+    from service.settings import Settings
+
+    if 4 * math.prod(shape) <= Settings.model_fields["max_body_bytes"].default:
         return np.zeros(shape, np.float32).tobytes(), raw_params(shape), "application/octet-stream"
     from service.codecs.video import mp4_bytes
 
