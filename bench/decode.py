@@ -34,8 +34,7 @@ import numpy as np
 import models
 from bench.common import diffusers_reference, ratio, timed
 from models.flops import decode_flops
-
-DECODE_TIMESTEP = 0.05  # an LTX pipeline's default decode_timestep
+from models.ltx_config import DEFAULT_DECODE_TIMESTEP as DECODE_TIMESTEP  # the pipelines'
 
 
 def parse_inner_frames(text: str) -> list[int | None]:
