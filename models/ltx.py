@@ -19,7 +19,11 @@ a frame out of the last layer, and every later step takes ``chunk`` latent frame
 latents: each conv knows how many frames its input has in the whole clip (its time scale and the
 clip's latent frames) and how many it has taken (``ConvCache.seen``), and replaces every frame
 past the end by the last one — the reference's padding — so steps keep one shape, and the frames
-past the end are cropped. The result is the whole-clip decode, exactly, in memory flat in ``T``.
+past the end are cropped. Nothing reads the frames a conv would emit past the end, so it skips
+them: on the first step (whose frames' places are static) it computes only the clip's frames, and
+a later step whose frames all lie past the end computes none (``lax.cond``). A short clip, or the
+steps that drain a stream, then cost about what the whole-clip decode costs. The result is the
+whole-clip decode, exactly, in memory flat in ``T``.
 
 Names mirror diffusers (each conv holds its kernel under ``.conv``), so loading is a rename.
 """
@@ -137,6 +141,13 @@ def past_the_end(seq: jax.Array, first_index: jax.Array, end: jax.Array) -> jax.
     return jnp.where((index >= end).reshape(shape), last, seq)
 
 
+def emitted(frames: int, *, first_index: int, end: int) -> int:
+    """Of ``frames`` output frames of a conv that sees one frame ahead, whose input sequence starts at
+    clip frame ``first_index`` (its output frame ``j`` is clip frame ``first_index + 1 + j``), how
+    many are frames of the clip (of ``end``): the ones worth computing."""
+    return max(0, min(frames, end - first_index - 1))
+
+
 # -- the stream's step --------------------------------------------------------------------------------
 class Step(NamedTuple):
     """What every layer of one decode (or encode) step knows: ``first`` (static: the clip's first
@@ -195,12 +206,33 @@ class Conv(nnx.Module):
             seen = jnp.zeros((x.shape[0], 1, 1, 1, 1), jnp.int32)
         else:
             seq, seen = jnp.concatenate([cache.past, padded], axis=1), cache.seen
-        if not self.causal:  # the frames it reads past the clip's end are copies of the last
-            first_index = seen[0, 0, 0, 0, 0] - (seq.shape[1] - x.shape[1])
-            seq = past_the_end(seq, first_index, step.frames_at(self.scale))
-        y = causal_conv3x3x3(seq[:, :2], seq[:, 2:], self.conv.kernel[...], self.conv.bias[...],
-                             native=ctx.native_conv)
-        return y, ConvCache(seq[:, -2:], seen + x.shape[1])
+        cache = ConvCache(seq[:, -2:], seen + x.shape[1])
+        if self.causal:
+            return self._conv(seq, ctx), cache
+        # The frames it reads past the clip's end are copies of the last. The frames it would emit
+        # past the end are read by nobody (every conv after it reads copies of the last instead, and
+        # the decode crops them), so it does not compute them: zeros stand in (``emitted``).
+        first_index = seen[0, 0, 0, 0, 0] - (seq.shape[1] - x.shape[1])
+        end = step.frames_at(self.scale)
+        seq = past_the_end(seq, first_index, end)
+        cache = ConvCache(seq[:, -2:], cache.seen)
+        if step.first:  # the clip's length and the frames' places are static: compute the real ones
+            frames = seq.shape[1] - 2
+            real = emitted(frames, first_index=-1, end=1 + self.scale * (int(step.clip) - 1))
+            if real == frames:
+                return self._conv(seq, ctx), cache
+            y = self._conv(seq[:, :real + 2], ctx)
+            return jnp.pad(y, [(0, 0), (0, frames - real)] + [(0, 0)] * 3), cache
+        # A later step: all of its frames, or (past the clip's end, as the stream drains) none.
+        shape = jax.eval_shape(lambda s: self._conv(s, ctx), seq)
+        y = lax.cond(first_index + 1 < end, lambda s: self._conv(s, ctx),
+                     lambda s: jnp.zeros(shape.shape, shape.dtype), seq)
+        return y, cache
+
+    def _conv(self, seq: jax.Array, ctx: SpatialContext) -> jax.Array:
+        """The conv of every frame of ``seq`` after its first two (their past)."""
+        return causal_conv3x3x3(seq[:, :2], seq[:, 2:], self.conv.kernel[...], self.conv.bias[...],
+                                native=ctx.native_conv)
 
 
 class Pointwise(nnx.Module):
