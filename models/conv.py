@@ -25,6 +25,12 @@ _RMS_EPS = 1e-12  # torch.nn.functional.normalize's eps
 # into one output buffer: a 480x832 decode then holds tens of MB of such buffers instead of
 # 9x copies of its largest activation (≈ 5 GB each).
 CPU_BLOCK_BYTES = 128 * 2**20
+# On CPU a 3x3(x3) conv whose kernel outweighs its frames (``weight_bound``) runs as one im2col
+# matmul against the kernel as stored: the nine-tap matmul's kernel layout costs a copy of the
+# kernel per call, which at 1024 channels (113 MB in float32) takes longer than the conv itself.
+# The columns then hold at most 27·C·2·O values: twice the kernel.
+IM2COL_PIXELS_PER_CHANNEL = 2
+IM2COL_MIN_KERNEL_BYTES = 4 * 2**20
 
 
 def native_conv_for(platform: str) -> bool:
@@ -104,6 +110,8 @@ def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                      precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
         return (y + bias).astype(x_padded.dtype).reshape(b, t, hp - 2, wp - 2, o)
+    if weight_bound(b * t * (hp - 2) * (wp - 2), kernel):
+        return (_im2col_conv(x_padded, kernel[None]) + bias).astype(x_padded.dtype)
 
     def conv(block):
         bb, g, rp, _, _ = block.shape
@@ -237,6 +245,29 @@ def _sequence(past: jax.Array | None, x_padded: jax.Array, start: str) -> jax.Ar
     return jnp.concatenate([initial_past(x_padded, start) if past is None else past, x_padded], axis=1)
 
 
+def weight_bound(pixels: int, kernel: jax.Array) -> bool:
+    """Whether a CPU conv producing ``pixels`` output pixels is bound by its kernel (``(3, 3, 3, C, O)``
+    or ``(3, 3, C, O)``) rather than by its frames: a large kernel (``IM2COL_MIN_KERNEL_BYTES``) and
+    at most ``IM2COL_PIXELS_PER_CHANNEL · O`` pixels — a deep layer at a low resolution, or a stream
+    step of one frame. The nine-tap matmul would copy the kernel into its own layout on every
+    call, and that copy would take longer than the matmul."""
+    return (pixels <= IM2COL_PIXELS_PER_CHANNEL * kernel.shape[-1]
+            and math.prod(kernel.shape) * kernel.dtype.itemsize >= IM2COL_MIN_KERNEL_BYTES)
+
+
+def _im2col_conv(seq: jax.Array, kernel: jax.Array) -> jax.Array:
+    """Every tap of every output pixel side by side, times the kernel as it is stored, ``(taps·C, O)``
+    (a reshape, no copy): ``seq (B, T+kt−1, H+2, W+2, C)`` x ``(kt, 3, 3, C, O)`` → float32
+    ``(B, T, H, W, O)`` (``kt`` may be 1: a conv of each frame)."""
+    b, span, hp, wp, c = seq.shape
+    kt, kh, kw = kernel.shape[:3]
+    t, h, w = span - kt + 1, hp - kh + 1, wp - kw + 1
+    columns = jnp.concatenate([seq[:, dt : dt + t, dy : dy + h, dx : dx + w]
+                               for dt in range(kt) for dy in range(kh) for dx in range(kw)], axis=-1)
+    return jnp.einsum("bthwk,ko->bthwo", columns, kernel.reshape(kt * kh * kw * c, -1),
+                      precision=matmul_precision(seq.dtype), preferred_element_type=jnp.float32)
+
+
 def causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
                      start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
     """Causal 3x3x3 conv: frames ``(B, T, H+2, W+2, C)`` after their past ``(B, 2, H+2, W+2, C)``
@@ -251,6 +282,8 @@ def causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Ar
     if native:
         return (_native_causal(past, x_padded, kernel, start=start) + bias).astype(x_padded.dtype)
     seq = _sequence(past, x_padded, start)
+    if weight_bound(b * t * (hp - 2) * (wp - 2), kernel):
+        return (_im2col_conv(seq, kernel) + bias).astype(x_padded.dtype)
     folded = kernel.transpose(1, 2, 0, 3, 4).reshape(kh, kw, kt * c, o)
 
     def conv(block):

@@ -91,6 +91,34 @@ def test_causal_conv_equals_conv3d_over_past_and_frames():
         assert np.abs(got - expected[:, :1]).max() < 1e-6 * np.abs(expected).max() * 10
 
 
+def test_weight_bound_convs_read_the_kernel_as_stored(monkeypatch):
+    """A conv with a large kernel and few output pixels (a deep layer at a low resolution) runs as
+    one im2col matmul against the kernel as stored: the same values as XLA's conv, and no folded
+    copy of the kernel in the compiled program — which the nine-tap matmul makes on every call
+    (the control: the same conv over more pixels)."""
+    import jax
+
+    import models.conv as conv
+
+    monkeypatch.setattr(conv, "IM2COL_MIN_KERNEL_BYTES", 9 * 16 * 24 * 4)  # the test's kernels are "large"
+    k = jnp.asarray(RNG.standard_normal((3, 3, 3, 16, 24)).astype(np.float32))
+    bias = jnp.asarray(RNG.standard_normal(24).astype(np.float32))
+    folded = "f32[48,216]"  # the nine-tap matmul's kernel: (3·C, 9·O)
+    for frames, rows, weight_bound in ((1, 5, True), (2, 3, True), (4, 12, False)):
+        past = jnp.asarray(RNG.standard_normal((1, 2, rows + 2, 6, 16)).astype(np.float32))
+        x = jnp.asarray(RNG.standard_normal((1, frames, rows + 2, 6, 16)).astype(np.float32))
+        assert conv.weight_bound(frames * rows * 4, k) is weight_bound
+        expected = np.asarray(_xla_conv(jnp.concatenate([past, x], 1), k, ("NDHWC", "DHWIO", "NDHWC")) + bias)
+        run = jax.jit(lambda p, x, k, b: causal_conv3x3x3(p, x, k, b, native=False))
+        got = np.asarray(run(past, x, k, bias))
+        assert np.abs(got - expected).max() < 1e-6 * np.abs(expected).max() * 10
+        assert (folded in run.lower(past, x, k, bias).compile().as_text()) is not weight_bound
+        # A conv of each frame (a 3x3 kernel) takes the same path.
+        expected = np.asarray(_xla_conv(x[:, 0], k[1], ("NHWC", "HWIO", "NHWC")) + bias)[:, None]
+        got = np.asarray(conv2d_frames(x[:, :1], k[1], bias, native=False))
+        assert np.abs(got - expected).max() < 1e-6 * np.abs(expected).max() * 10
+
+
 def test_attention_chunks_and_masks_exactly():
     q, k, v = (jnp.asarray(RNG.standard_normal((2, 10, 4)).astype(np.float32)) for _ in range(3))
     scores = np.einsum("nqc,nkc->nqk", q, k) / 2.0
