@@ -14,6 +14,7 @@ import pytest
 
 import models
 from models.decode import stream_frames, stream_steps
+from models.ltx import emitted
 from sharding.introspect import program_memory
 from tests.helpers.ltx_reference import CASES, LTX23, seeded_weights
 from tests.helpers.wan_reference import seeded_latents, write_diffusers_folder
@@ -53,6 +54,16 @@ def test_the_steps_of_a_stream():
     frames = stream_frames(LTX23, SHAPE[2], 1)
     assert frames[0] == (0, 1) and frames[-1] == (65, 73) and all(b - a == 8 for a, b in frames[1:])
     assert stream_steps(3, 1, LTX23) == [(0, 8), (8, 9), (9, 10)]  # a short clip: the steps run past its end
+
+
+def test_convs_compute_only_the_clips_frames():
+    """Pure arithmetic: a conv's output frame ``j`` is clip frame ``first_index + 1 + j``; the frames
+    past the clip's end are not computed (nothing reads them). The first step of a 3-latent-frame
+    clip: 3 of 22 at latent rate, 17 of 17 at full rate; a later step wholly past the end: none."""
+    assert emitted(22, first_index=-1, end=3) == 3
+    assert emitted(14, first_index=-1, end=17) == 14
+    assert emitted(8, first_index=13, end=17) == 3
+    assert emitted(8, first_index=21, end=17) == 0
 
 
 @pytest.mark.skipif(not has_diffusers, reason="needs diffusers + torch")
