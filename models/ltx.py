@@ -158,8 +158,9 @@ class Step(NamedTuple):
     first: bool
     clip: Any
 
-    def frames_at(self, scale: int) -> jax.Array:
-        return 1 + scale * (jnp.asarray(self.clip, jnp.int32) - 1)
+    def frames_at(self, scale: int) -> Any:
+        """An int on the first step (``clip`` static), an int32 scalar after."""
+        return 1 + scale * (self.clip - 1)
 
 
 class ConvCache(NamedTuple):
@@ -206,28 +207,25 @@ class Conv(nnx.Module):
             seen = jnp.zeros((x.shape[0], 1, 1, 1, 1), jnp.int32)
         else:
             seq, seen = jnp.concatenate([cache.past, padded], axis=1), cache.seen
-        cache = ConvCache(seq[:, -2:], seen + x.shape[1])
         if self.causal:
-            return self._conv(seq, ctx), cache
+            return self._conv(seq, ctx), ConvCache(seq[:, -2:], seen + x.shape[1])
         # The frames it reads past the clip's end are copies of the last. The frames it would emit
         # past the end are read by nobody (every conv after it reads copies of the last instead, and
         # the decode crops them), so it does not compute them: zeros stand in (``emitted``).
         first_index = seen[0, 0, 0, 0, 0] - (seq.shape[1] - x.shape[1])
         end = step.frames_at(self.scale)
         seq = past_the_end(seq, first_index, end)
-        cache = ConvCache(seq[:, -2:], cache.seen)
+        cache = ConvCache(seq[:, -2:], seen + x.shape[1])
+        frames = seq.shape[1] - 2
         if step.first:  # the clip's length and the frames' places are static: compute the real ones
-            frames = seq.shape[1] - 2
-            real = emitted(frames, first_index=-1, end=1 + self.scale * (int(step.clip) - 1))
+            real = emitted(frames, first_index=-1, end=int(end))
             if real == frames:
                 return self._conv(seq, ctx), cache
             y = self._conv(seq[:, :real + 2], ctx)
             return jnp.pad(y, [(0, 0), (0, frames - real)] + [(0, 0)] * 3), cache
         # A later step: all of its frames, or (past the clip's end, as the stream drains) none.
-        shape = jax.eval_shape(lambda s: self._conv(s, ctx), seq)
-        y = lax.cond(first_index + 1 < end, lambda s: self._conv(s, ctx),
-                     lambda s: jnp.zeros(shape.shape, shape.dtype), seq)
-        return y, cache
+        skipped = jnp.zeros((x.shape[0], frames, *x.shape[2:4], self.conv.kernel.shape[-1]), x.dtype)
+        return lax.cond(first_index + 1 < end, lambda s: self._conv(s, ctx), lambda s: skipped, seq), cache
 
     def _conv(self, seq: jax.Array, ctx: SpatialContext) -> jax.Array:
         """The conv of every frame of ``seq`` after its first two (their past)."""
