@@ -35,7 +35,6 @@ import models
 from bench.common import diffusers_reference, ratio, timed
 from models.flops import decode_flops
 from models.ltx_config import DEFAULT_DECODE_TIMESTEP as DECODE_TIMESTEP  # the pipelines'
-from models.xla_flags import prefer_eigen_dots_on_cpu
 
 
 def parse_inner_frames(text: str) -> list[int | None]:
@@ -44,7 +43,6 @@ def parse_inner_frames(text: str) -> list[int | None]:
 
 
 def main() -> None:
-    prefer_eigen_dots_on_cpu()  # the CPU matmuls `vaeserve` runs (before the first JAX computation)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="wan2.1", choices=sorted(models.MODEL_NAMES),
                         help="the real architecture to time (random weights)")

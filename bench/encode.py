@@ -21,11 +21,9 @@ import numpy as np
 import models
 from bench.common import diffusers_reference, ratio, timed
 from models.flops import encode_flops
-from models.xla_flags import prefer_eigen_dots_on_cpu
 
 
 def main() -> None:
-    prefer_eigen_dots_on_cpu()  # the CPU matmuls `vaeserve` runs (before the first JAX computation)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="wan2.1", choices=sorted(models.MODEL_NAMES),
                         help="the real architecture to time (random weights)")

@@ -6,11 +6,6 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from models.xla_flags import prefer_eigen_dots_on_cpu  # noqa: E402  (after the flags above; JAX not started yet)
-
-# The CPU matmuls the `vaeserve` commands choose: the suite checks the numbers they serve.
-prefer_eigen_dots_on_cpu()
-
 # The longest test files (minutes each on 2 cores) run first: `make test` hands whole files to its
 # worker processes in collection order, and a long file handed out last would run alone at the end.
 LONGEST_FIRST = (

@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from models.xla_flags import prefer_eigen_dots_on_cpu
-
 from . import offline, plan, serve
 
 
@@ -31,7 +29,6 @@ COMMANDS = {"serve": serve.serve, "settings": serve.print_settings, "decode": of
 
 
 def main(argv: list[str] | None = None) -> int:
-    prefer_eigen_dots_on_cpu()  # before any command starts a JAX backend
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "loadtest":  # its own parser
         from .loadtest import main as loadtest_main
