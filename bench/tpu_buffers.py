@@ -33,10 +33,12 @@ _VALUE = re.compile(r"value: <\d+ ([\w.\-]+)(\{[\d,]*\})? @\d+> \(size=(\d+),off
 
 
 def _one(directory: Path, suffix: str) -> str:
-    """The text of the one dumped file of the main program (``jit_*``) ending in ``suffix``."""
+    """The text of the one dumped file of the main program (``jit_*``) ending in ``suffix``; a
+    directory holding several compiles' dumps is refused rather than read at random."""
     found = sorted(directory.glob(f"*jit_*{suffix}"))
-    if not found:
-        raise SystemExit(f"no *jit_*{suffix} in {directory}: compile with XLA_FLAGS=--xla_dump_to={directory}")
+    if len(found) != 1:
+        raise SystemExit(f"{len(found)} *jit_*{suffix} in {directory}: dump one compile per directory "
+                         f"(XLA_FLAGS=--xla_dump_to={directory})")
     return found[0].read_text()
 
 

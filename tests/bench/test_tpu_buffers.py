@@ -69,3 +69,14 @@ def test_the_command_names_the_op_of_each_live_buffer(tmp_path):
     assert lines[0] == "live at the peak 0.000 GB · heap 0.000 GB (packing: +20%)"
     assert "conv1/conv_general_dilated" in lines[1] and "conv1/concatenate" in lines[2]
     assert len(lines) == 3  # slice.3 is not alive at the peak
+
+
+def test_a_directory_of_several_compiles_is_refused(tmp_path):
+    dump = _dump(tmp_path / "dump", {"fusion.1{}": (0, 5)})
+    stem = "module_0000.jit_run.cl_1.after_optimizations"
+    (dump / f"{stem}-buffer-assignment.txt").rename(dump / "module_0001.jit_run.cl_2.after_optimizations-buffer-assignment.txt")
+    (dump / f"{stem}-buffer-assignment.txt").write_text(ASSIGNMENT)
+    done = subprocess.run([sys.executable, "-m", "bench.tpu_buffers", str(dump)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "2 *jit_*after_optimizations-buffer-assignment.txt" in done.stderr
+    assert "one compile per directory" in done.stderr

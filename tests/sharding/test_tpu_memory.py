@@ -43,18 +43,22 @@ def _ratios(temp: dict[int, int]) -> str:
 def measured() -> dict:
     """``tests.sharding.tpu_temp``'s compiles, in a child process with its VMEM size."""
     _require_libtpu()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "LIBTPU_INIT_ARGS": " ".join(filter(None, [os.environ.get("LIBTPU_INIT_ARGS"), LIBTPU_ARGS]))}
+    env = dict(os.environ, PYTHONPATH=str(REPO),
+               LIBTPU_INIT_ARGS=f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {LIBTPU_ARGS}".strip())
     done = subprocess.run([sys.executable, "-m", "tests.sharding.tpu_temp"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stderr[-4000:]
     raw = json.loads(done.stdout.strip().splitlines()[-1])
-    result = {"families": {name: {int(tp): temp for tp, temp in temps.items()} for name, temps in raw["families"].items()},
-              "whole_frame": {int(tp): temp for tp, temp in raw["whole_frame"].items()}}
-    for name, temps in result["families"].items():
+
+    def by_tp(temps: dict[str, int]) -> dict[int, int]:  # JSON's keys are strings
+        return {int(tp): temp for tp, temp in temps.items()}
+
+    families = {name: by_tp(temps) for name, temps in raw["families"].items()}
+    whole_frame = by_tp(raw["whole_frame"])
+    for name, temps in families.items():
         print(f"{name} {FAMILIES[name][1]}: {_ratios(temps)}")
-    print(f"whole-frame control, {CONTROL[0]}: {_ratios(result['whole_frame'])}")
-    return result
+    print(f"whole-frame control, {CONTROL[0]}: {_ratios(whole_frame)}")
+    return {"families": families, "whole_frame": whole_frame}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -49,16 +49,13 @@ def measure() -> dict:
     from sharding.introspect import program_memory
 
     devices = topology_devices(TOPOLOGY)
-    temps: dict[str, dict[int, int]] = {}
-    for name, (config, shape) in FAMILIES.items():
-        vae = models.abstract_vae(config, dtype="bfloat16")
-        temps[name] = {tp: program_memory(sharding.compile_decode(
-            vae, shape, sharding.make_mesh(tp, devices=devices), output="uint8", split="height", inner_frames=1,
-        ))["temp_bytes"] for tp in TPS}
+    vaes = {name: models.abstract_vae(config, dtype="bfloat16") for name, (config, _) in FAMILIES.items()}
+    temps = {name: {tp: program_memory(sharding.compile_decode(
+        vaes[name], shape, sharding.make_mesh(tp, devices=devices), output="uint8", split="height", inner_frames=1,
+    ))["temp_bytes"] for tp in TPS} for name, (_, shape) in FAMILIES.items()}
     family, tp = CONTROL
-    config, shape = FAMILIES[family]
-    control = compile_whole_frame_decode(models.abstract_vae(config, dtype="bfloat16"), shape,
-                                         sharding.make_mesh(tp, devices=devices), inner_frames=1)
+    control = compile_whole_frame_decode(vaes[family], FAMILIES[family][1], sharding.make_mesh(tp, devices=devices),
+                                         inner_frames=1)
     return {"families": temps, "whole_frame": {1: temps[family][1], tp: program_memory(control)["temp_bytes"]}}
 
 
