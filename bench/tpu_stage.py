@@ -28,7 +28,8 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the TPU device is compile-only
 
 
-def per_tap_causal_conv(past, x_padded, kernel, bias, *, native, start="zero", block_bytes=None, method=None):
+def per_tap_causal_conv(past, x_padded, kernel, bias, *, native, start="zero", block_bytes=None, method=None,
+                        rounded_sums=False):
     """The experiment: one frame after its past as a 2-D conv per time tap, summed in float32."""
     import jax.numpy as jnp
     from jax import lax
@@ -38,7 +39,7 @@ def per_tap_causal_conv(past, x_padded, kernel, bias, *, native, start="zero", b
 
     if not native or x_padded.shape[1] != 1 or past is None:
         return causal_conv3x3x3(past, x_padded, kernel, bias, native=native, start=start,
-                                block_bytes=block_bytes or CPU_BLOCK_BYTES)
+                                block_bytes=block_bytes or CPU_BLOCK_BYTES, rounded_sums=rounded_sums)
     frames = (past[:, 0], past[:, 1], x_padded[:, 0])
     y = sum(lax.conv_general_dilated(frame, kernel[i], (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                      precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)

@@ -42,6 +42,22 @@ def native_conv_for(platform: str) -> bool:
     return platform != "cpu"
 
 
+def rounded_conv_sums_for(platform: str) -> bool:
+    """Whether native convolutions return their sums rounded to the operands' type (bfloat16),
+    the bias then added to that: on GPUs, where cuDNN has no bfloat16 convolution with float32
+    outputs. Asked for one, XLA converts the operands to float32 and cuDNN convolves in TF32
+    between layout transposes, at about half the speed of its bfloat16 kernels (measured on an
+    H100: 4.6 s of convs and 1.2 s of transposes in Wan 2.2's 7.9 s decode). cuDNN's bfloat16
+    conv still sums in float32 and rounds once, at its output. A TPU's conv unit sums bfloat16 into
+    float32 natively: there the bias is added before the one rounding."""
+    return platform == "gpu"
+
+
+def sums_type(dtype, *, rounded: bool):
+    """The type a native conv of ``dtype`` operands returns (``rounded_conv_sums_for``)."""
+    return dtype if rounded else jnp.float32
+
+
 def _tap_matmul_conv(x_padded: jax.Array, kernel: jax.Array) -> jax.Array:
     """All nine taps as one matmul ``(C, 9·O)``, then the sum of the nine shifted results.
 
@@ -95,7 +111,7 @@ def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per
 
 
 def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                  block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
+                  block_bytes: int = CPU_BLOCK_BYTES, native: bool, rounded_sums: bool = False) -> jax.Array:
     """3x3 'valid' conv of every frame. ``(B, T, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, H, W, O)``.
 
     On CPU, XLA's convolution reaches 55–95 GFLOP/s on the decoder's shapes while its matmul reaches
@@ -108,7 +124,8 @@ def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
     if native:
         y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), kernel, (1, 1), "VALID",
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                     precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
+                                     precision=matmul_precision(x_padded.dtype),
+                                     preferred_element_type=sums_type(x_padded.dtype, rounded=rounded_sums))
         return (y + bias).astype(x_padded.dtype).reshape(b, t, hp - 2, wp - 2, o)
     if weight_bound(b * t * (hp - 2) * (wp - 2), kernel):
         return (_im2col_conv(x_padded, kernel[None]) + bias).astype(x_padded.dtype)
@@ -186,7 +203,8 @@ def _phase_channels_to_pixels(y: jax.Array) -> jax.Array:
 
 
 def upsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                             block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
+                             block_bytes: int = CPU_BLOCK_BYTES, native: bool,
+                             rounded_sums: bool = False) -> jax.Array:
     """``conv3x3(zero_pad(upsample_nearest_2x(x)))`` computed from the padded low-resolution frames.
 
     ``(B, T, h+2, w+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, 2h, 2w, O)``. The one-row padding (or halo)
@@ -198,7 +216,8 @@ def upsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.A
         # Native conv over the low-resolution input with 4·O outputs, then depth-to-space.
         y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), _phase_kernel(kernel),
                                      (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                     precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
+                                     precision=matmul_precision(x_padded.dtype),
+                                     preferred_element_type=sums_type(x_padded.dtype, rounded=rounded_sums))
         y = _phase_channels_to_pixels(y.reshape(b * t, hp - 2, wp - 2, 4 * o))
         return (y + bias).astype(x_padded.dtype).reshape(b, t, 2 * (hp - 2), 2 * (wp - 2), o)
 
@@ -215,19 +234,19 @@ _DIMENSIONS_3D = ("NDHWC", "DHWIO", "NDHWC")
 
 
 def _native_causal(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, *, start: str,
-                   strides: tuple[int, int, int] = (1, 1, 1)) -> jax.Array:
+                   strides: tuple[int, int, int] = (1, 1, 1), rounded_sums: bool) -> jax.Array:
     """The native 3-D conv (float32 sums, no bias) of ``past ++ x_padded`` — or, at the clip's start
     (``past`` None), of ``x_padded`` padded in time by two zero frames *inside* the conv (no copy of
     the clip is made), plus, for ``start="replicate"``, the first frame times the time taps that
     read the padding (which holds copies of it)."""
-    precision = matmul_precision(x_padded.dtype)
+    precision, sums = matmul_precision(x_padded.dtype), sums_type(x_padded.dtype, rounded=rounded_sums)
     if past is not None:
         return lax.conv_general_dilated(jnp.concatenate([past, x_padded], axis=1), kernel, strides, "VALID",
                                         dimension_numbers=_DIMENSIONS_3D, precision=precision,
-                                        preferred_element_type=jnp.float32)
+                                        preferred_element_type=sums)
     y = lax.conv_general_dilated(x_padded, kernel, strides, ((CACHE_FRAMES, 0), (0, 0), (0, 0)),
                                  dimension_numbers=_DIMENSIONS_3D, precision=precision,
-                                 preferred_element_type=jnp.float32)
+                                 preferred_element_type=sums)
     if start == "replicate":
         for frame in range(min(CACHE_FRAMES, y.shape[1])):
             taps = [i for i in range(kernel.shape[0]) if strides[0] * frame + i < CACHE_FRAMES]
@@ -235,7 +254,7 @@ def _native_causal(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Arra
                 summed = kernel[taps[0]] if len(taps) == 1 else kernel[taps[0]] + kernel[taps[1]]
                 extra = lax.conv_general_dilated(x_padded[:, :1], summed[None], (1, *strides[1:]), "VALID",
                                                  dimension_numbers=_DIMENSIONS_3D, precision=precision,
-                                                 preferred_element_type=jnp.float32)
+                                                 preferred_element_type=sums)
                 y = y.at[:, frame].add(extra[:, 0])
     return y
 
@@ -269,7 +288,8 @@ def _im2col_conv(seq: jax.Array, kernel: jax.Array) -> jax.Array:
 
 
 def causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                     start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
+                     start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES, native: bool,
+                     rounded_sums: bool = False) -> jax.Array:
     """Causal 3x3x3 conv: frames ``(B, T, H+2, W+2, C)`` after their past ``(B, 2, H+2, W+2, C)``
     (None at the clip's start: two zero frames, or with ``start="replicate"`` two copies of the first).
 
@@ -280,7 +300,8 @@ def causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Ar
     b, t, hp, wp, c = x_padded.shape
     kt, kh, kw, _, o = kernel.shape
     if native:
-        return (_native_causal(past, x_padded, kernel, start=start) + bias).astype(x_padded.dtype)
+        sums = _native_causal(past, x_padded, kernel, start=start, rounded_sums=rounded_sums)
+        return (sums + bias).astype(x_padded.dtype)
     seq = _sequence(past, x_padded, start)
     if weight_bound(b * t * (hp - 2) * (wp - 2), kernel):
         return (_im2col_conv(seq, kernel) + bias).astype(x_padded.dtype)
@@ -299,7 +320,7 @@ def causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Ar
 
 def upsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array,
                                 *, start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES,
-                                native: bool) -> jax.Array:
+                                native: bool, rounded_sums: bool = False) -> jax.Array:
     """``causal_conv3x3x3`` of the nearest-2x spatially upsampled frames, from the padded
     low-resolution ones (HunyuanVideo's upsampler): ``past (B, 2, h+2, w+2, C)`` or None (the
     clip's start, as in ``causal_conv3x3x3``), ``x_padded (B, T, h+2, w+2, C)``, kernel
@@ -313,7 +334,7 @@ def upsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, ker
     kt, o = kernel.shape[0], kernel.shape[-1]
     if native:
         phases = jnp.stack([_phase_kernel(kernel[i]) for i in range(kt)])  # (3, 3, 3, C, 4·O)
-        y = _native_causal(past, x_padded, phases, start=start)
+        y = _native_causal(past, x_padded, phases, start=start, rounded_sums=rounded_sums)
         y = _phase_channels_to_pixels(y.reshape(b * t, hp - 2, wp - 2, 4 * o))
         return (y + bias).astype(x_padded.dtype).reshape(b, t, 2 * (hp - 2), 2 * (wp - 2), o)
     seq = _sequence(past, x_padded, start)
@@ -332,7 +353,7 @@ def upsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, ker
 
 def downsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array,
                                   *, time_stride: int, start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES,
-                                  native: bool) -> jax.Array:
+                                  native: bool, rounded_sums: bool = False) -> jax.Array:
     """Causal 3x3x3 conv with stride ``(time_stride, 2, 2)`` over frames padded by one row/column on
     every side (HunyuanVideo's downsampler): ``past (B, 2, H+2, W+2, C)`` or None (the clip's start),
     ``x_padded (B, T, H+2, W+2, C)`` (``H``, ``W`` even) → ``(B, T', H/2, W/2, O)``,
@@ -345,7 +366,7 @@ def downsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, k
     kt, o = kernel.shape[0], kernel.shape[-1]
     if native:
         y = _native_causal(None if past is None else past[:, :, :-1, :-1], x_padded[:, :, :-1, :-1], kernel,
-                           start=start, strides=(time_stride, 2, 2))
+                           start=start, strides=(time_stride, 2, 2), rounded_sums=rounded_sums)
         return (y + bias).astype(x_padded.dtype)
     seq = _sequence(past, x_padded, start)[:, :, :-1, :-1]
     frames = (seq.shape[1] - kt) // time_stride + 1
@@ -431,7 +452,8 @@ def _downsample_phase_kernel(kernel: jax.Array) -> jax.Array:
 
 
 def downsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                               block_bytes: int = CPU_BLOCK_BYTES, native: bool) -> jax.Array:
+                               block_bytes: int = CPU_BLOCK_BYTES, native: bool,
+                               rounded_sums: bool = False) -> jax.Array:
     """3x3 stride-2 'valid' conv of every frame padded by one row/column at the bottom/right.
 
     ``(B, T, H+1, W+1, C)`` (``H``, ``W`` even) x ``(3, 3, C, O)`` → ``(B, T, H/2, W/2, O)``: the
@@ -444,7 +466,8 @@ def downsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax
     if native:
         y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), kernel, (2, 2), "VALID",
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                     precision=matmul_precision(x_padded.dtype), preferred_element_type=jnp.float32)
+                                     precision=matmul_precision(x_padded.dtype),
+                                     preferred_element_type=sums_type(x_padded.dtype, rounded=rounded_sums))
         return (y + bias).astype(x_padded.dtype).reshape(b, t, h, w, o)
     # Three more zero rows/columns: (H+4, W+4) → (h+2, w+2) phase rows, the "padded" frame shape
     # ``conv_blocks`` expects (it takes 2 rows of overlap); the taps never read the last one.

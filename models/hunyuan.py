@@ -168,7 +168,8 @@ class Upsample(nnx.Module):
 
         def upsampled(frames: jax.Array, past: jax.Array) -> tuple[jax.Array, jax.Array]:
             padded = ctx.pad_hw(frames, edge="replicate")
-            return (upsample2x_causal_conv3x3x3(past, padded, conv.kernel[...], conv.bias[...], native=ctx.native_conv),
+            return (upsample2x_causal_conv3x3x3(past, padded, conv.kernel[...], conv.bias[...],
+                                                native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums),
                     next_cache(past, padded, window_free=ctx.native_conv and ctx.exchanges_halos))
 
         # Block by block in time, as normalized_conv: one block's 4x larger output at a time.
@@ -327,7 +328,8 @@ class Downsample(nnx.Module):
         padded = ctx.pad_hw(x, edge="replicate")
         conv = self.conv.conv
         return downsample2x_causal_conv3x3x3(None, padded, conv.kernel[...], conv.bias[...], time_stride=time_stride,
-                                             start="replicate", native=ctx.native_conv)
+                                             start="replicate", native=ctx.native_conv,
+                                             rounded_sums=ctx.rounded_conv_sums)
 
 
 class DownBlock(nnx.Module):

@@ -92,7 +92,7 @@ class Upsample2D(nnx.Module):
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
         return upsample2x_conv2d_frames(ctx.pad_hw(x), self.conv.kernel[...], self.conv.bias[...],
-                                        native=ctx.native_conv)
+                                        native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
 
 
 class Downsample2D(nnx.Module):
@@ -105,7 +105,7 @@ class Downsample2D(nnx.Module):
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
         return downsample2x_conv2d_frames(ctx.pad_hw_after(x), self.conv.kernel[...], self.conv.bias[...],
-                                          native=ctx.native_conv)
+                                          native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
 
 
 def _resnets(cin: int, cout: int, layers: int, groups: int, *, rngs: nnx.Rngs, dtype) -> nnx.List:

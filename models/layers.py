@@ -103,7 +103,8 @@ class Conv2d(nnx.Module):
 
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
-        return conv2d_frames(ctx.pad_hw(x), self.kernel[...], self.bias[...], native=ctx.native_conv)
+        return conv2d_frames(ctx.pad_hw(x), self.kernel[...], self.bias[...], native=ctx.native_conv,
+                             rounded_sums=ctx.rounded_conv_sums)
 
 
 class CausalConv3d(nnx.Module):
@@ -127,10 +128,11 @@ class CausalConv3d(nnx.Module):
             # The clip's first frame alone: its past is zeros (only the last time tap sees data) or
             # copies of itself (the time taps sum): one 2-D conv, 2/3 fewer FLOPs.
             kernel = self.kernel[2] if self.edge == "zero" else first_frame_kernel(self.kernel[...])
-            y = conv2d_frames(x_padded, kernel, self.bias[...], native=ctx.native_conv)
+            y = conv2d_frames(x_padded, kernel, self.bias[...], native=ctx.native_conv,
+                              rounded_sums=ctx.rounded_conv_sums)
         else:
             y = causal_conv3x3x3(cache, x_padded, self.kernel[...], self.bias[...], start=self.edge,
-                                 native=ctx.native_conv)
+                                 native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
         past = initial_past(x_padded, self.edge) if cache is None else cache
         return y, next_cache(past, x_padded, window_free=ctx.native_conv and ctx.exchanges_halos)
 
@@ -310,7 +312,7 @@ class Resample(nnx.Module):
         # Pad (or fetch halos) at low resolution: the upsampled frame's border rows are copies of it.
         with jax.named_scope("resample"):
             frames = upsample2x_conv2d_frames(ctx.pad_hw(x), self.resample_kernel[...], self.resample_bias[...],
-                                              native=ctx.native_conv)
+                                              native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
         return frames, cache
 
 
@@ -346,7 +348,7 @@ class Downsample(nnx.Module):
         """``cache`` None on frame 0 (and always for downsample2d)."""
         with jax.named_scope("resample"):
             x = downsample2x_conv2d_frames(ctx.pad_hw_after(x), self.resample_kernel[...], self.resample_bias[...],
-                                           native=ctx.native_conv)
+                                           native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
         if self.mode == "downsample2d":
             return x, None
         if cache is None:  # frame 0: no time conv, its frame is the next chunk's past

@@ -233,7 +233,8 @@ class StridedConv(nnx.Module):
     def __call__(self, x, cache, ctx: SpatialContext) -> tuple[jax.Array, jax.Array]:
         padded = ctx.pad_hw(x, edge=self.edge)
         y = downsample2x_causal_conv3x3x3(cache, padded, self.conv.kernel[...], self.conv.bias[...], time_stride=2,
-                                          start="replicate", native=ctx.native_conv)
+                                          start="replicate", native=ctx.native_conv,
+                                          rounded_sums=ctx.rounded_conv_sums)
         return y, padded[:, -1:]
 
 

@@ -38,10 +38,13 @@ class SpatialContext(Protocol):
 
     ``native_conv``: use XLA's native convolutions (accelerators) rather than the CPU's nine-tap
     matmuls; decided by the platform of the target devices (``models.conv.native_conv_for``).
+    ``rounded_conv_sums``: native convolutions return their sums rounded to the operands' type
+    (GPUs; ``models.conv.rounded_conv_sums_for``).
     ``exchanges_halos``: the frame is split over devices that trade halo rows (tp > 1).
     """
 
     native_conv: bool
+    rounded_conv_sums: bool
     exchanges_halos: bool
 
     def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
@@ -269,13 +272,14 @@ class SingleDeviceContext:
 
     Args:
       native_conv: native XLA convolutions (True on accelerators; see ``SpatialContext``).
+      rounded_conv_sums: native convolutions round their sums to the operands' type (GPUs).
       query_chunk: attention queries per score block (``dot_product_attention``).
     """
 
     exchanges_halos = False
 
-    def __init__(self, *, native_conv: bool = False, query_chunk: int = 4096):
-        self.native_conv = native_conv
+    def __init__(self, *, native_conv: bool = False, rounded_conv_sums: bool = False, query_chunk: int = 4096):
+        self.native_conv, self.rounded_conv_sums = native_conv, rounded_conv_sums
         self.query_chunk = query_chunk
 
     def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:

@@ -24,7 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from models.conv import native_conv_for
+from models.conv import native_conv_for, rounded_conv_sums_for
 from models.decode import (
     check_framewise,
     full_program,
@@ -193,10 +193,11 @@ ContextType = type[BandContext]
 
 def _band_context(mesh: Mesh, layout: BandLayout, query_chunk: int,
                   context_type: ContextType = BandContext) -> Callable[[], BandContext]:
-    native = native_conv_for(mesh_platform(mesh))
+    platform = mesh_platform(mesh)
+    native, rounded = native_conv_for(platform), rounded_conv_sums_for(platform)
 
     def make() -> BandContext:
-        return context_type(layout, query_chunk=query_chunk, native_conv=native)
+        return context_type(layout, query_chunk=query_chunk, native_conv=native, rounded_conv_sums=rounded)
     return make
 
 

@@ -78,6 +78,6 @@ def assert_output_split_over_tp(whole: int, per_device: int, tp: int) -> None:
 def cuda_compiler_installed() -> bool:
     """Whether XLA's CUDA compiler (the ``cuda`` extra's plugin) can be loaded here."""
     try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+        return importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
     except ModuleNotFoundError:  # no jax_plugins namespace at all
         return False

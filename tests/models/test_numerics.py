@@ -91,6 +91,35 @@ def test_causal_conv_equals_conv3d_over_past_and_frames():
         assert np.abs(got - expected[:, :1]).max() < 1e-6 * np.abs(expected).max() * 10
 
 
+def _native_convs(x, k, bias, rounded):
+    """Each native conv of ``x``, the kernel ``k`` (3-D, or its first time tap) and ``bias``."""
+    return {"causal": causal_conv3x3x3(None, x, k, bias, native=True, rounded_sums=rounded),
+            "2d": conv2d_frames(x, k[0], bias, native=True, rounded_sums=rounded),
+            "up": upsample2x_conv2d_frames(x, k[0], bias, native=True, rounded_sums=rounded),
+            "down": downsample2x_conv2d_frames(x[:, :, 1:, :], k[0], bias, native=True, rounded_sums=rounded)}
+
+
+def test_rounded_sums_round_each_native_conv_once_more_in_bfloat16_only():
+    """The GPU's native convs return bfloat16 sums and add the bias after: within one bfloat16
+    rounding of the float32-sum path, yet not equal to it (the control: rounding is really
+    asked for); float32 operands give the same bits either way."""
+    x32 = RNG.standard_normal((1, 3, 10, 9, 16)).astype(np.float32)
+    k32 = (RNG.standard_normal((3, 3, 3, 16, 8)) / 12).astype(np.float32)
+    bias32 = RNG.standard_normal(8).astype(np.float32)
+    for dtype in (jnp.bfloat16, jnp.float32):
+        x, k, bias = (jnp.asarray(a, dtype) for a in (x32, k32, bias32))
+        exact, rounded = _native_convs(x, k, bias, False), _native_convs(x, k, bias, True)
+        for name in exact:
+            want, got = np.asarray(exact[name], np.float32), np.asarray(rounded[name], np.float32)
+            assert want.shape == got.shape, name
+            if dtype == jnp.float32:
+                assert np.array_equal(want, got), name
+            else:
+                step = np.abs(want) * 2.0**-7 + 2.0**-7  # two bfloat16 roundings, the bias's included
+                assert np.all(np.abs(got - want) <= step), name
+                assert np.abs(got - want).max() > 0, name
+
+
 def test_weight_bound_convs_read_the_kernel_as_stored(monkeypatch):
     """A conv with a large kernel and few output pixels (a deep layer at a low resolution) runs as
     one im2col matmul against the kernel as stored: the same values as XLA's conv, and no folded

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import models
-from models.conv import native_conv_for
+from models.conv import native_conv_for, rounded_conv_sums_for
 from models.programs import ProgramCache, ProgramKey
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
@@ -60,5 +60,7 @@ def test_the_profile_names_every_block(vae):
 
 def test_the_conv_path_follows_the_target_platform(vae):
     assert native_conv_for("tpu") and native_conv_for("gpu") and not native_conv_for("cpu")
+    # Only cuDNN lacks bfloat16 convolutions with float32 sums.
+    assert rounded_conv_sums_for("gpu") and not rounded_conv_sums_for("tpu") and not rounded_conv_sums_for("cpu")
     # On this CPU host the single-device program uses the nine-tap matmul: no convolution ops.
     assert " convolution(" not in vae.compile(SHAPE).as_text()

@@ -4,9 +4,12 @@ by ``sharding.chips.gpu_target_config``, no GPU and no driver.
 Needs the CUDA plugin (``pip install "vaeserve[cuda]"``, about 5.5 GB of CUDA wheels), which
 ``make test`` does not install: here the tests skip, saying so. Where it is installed, four
 compiles of the tiny model (a few seconds each): tp = 1 and tp = 4 on `h100-4`, and tp = 4 again
-inside ``plan_decode``. The same checks as the TPU program's: cuDNN convolutions and no nine-tap
-matmul, per-device temp memory, one-row collective-permutes, and the planner's numbers.
+inside ``plan_decode``, and two more at tp = 1 in bfloat16 and float32. The same checks as the TPU
+program's: cuDNN convolutions and no nine-tap matmul, per-device temp memory, one-row
+collective-permutes, and the planner's numbers; and cuDNN's bfloat16 kernels for a bfloat16 decode.
 """
+
+import re
 
 import pytest
 
@@ -71,3 +74,14 @@ def test_plan_is_the_compiled_program(programs, vae, devices):
         assert mesh[field] == memory[field], (field, mesh[field], memory[field])
     assert mesh["hbm_bytes"] == 80 * 10**9 and mesh["fits"] is True
     assert plan["recommendation"]["tp"] == 4
+
+
+def test_bfloat16_convolutions_stay_bfloat16(vae, devices):
+    """cuDNN has no bfloat16 convolution with float32 sums: asked for one, XLA converts the operands
+    to float32 and cuDNN convolves in TF32. Every cuDNN conv of the bfloat16 decode returns bfloat16
+    (the float32 decode's, the control, float32)."""
+    mesh = sharding.make_mesh(1, devices=devices[:1])
+    for dtype, expected in (("bfloat16", "bf16"), ("float32", "f32")):
+        program = sharding.compile_decode(models.abstract_vae(vae.config, dtype=dtype), SHAPE, mesh, output="uint8")
+        types = re.findall(r'= \(?(\w+)\[[^\n]*custom_call_target="__cudnn\$conv', program.as_text())
+        assert len(types) >= 50 and set(types) == {expected}, (dtype, sorted(set(types)), len(types))
