@@ -9,9 +9,9 @@ It measures, in this order, as long as ``--budget-s`` lasts (it stops cleanly an
 1. the versions, the device's name and memory; float32 parity of our decode and encode with
    diffusers' on that device (small configs of each family measured below);
 2. for Wan 2.1 at 1280x720x81, then Wan 2.2 at 1280x704x121 and HunyuanVideo 1.5 at 1280x720x121:
-   decode time (min and median of warm runs) ours and diffusers', bfloat16 and float32 (diffusers
-   untiled, or with ``enable_tiling()`` where the untiled one does not fit), peak device memory,
-   our bfloat16 error against our float32, then the encode of the same video;
+   decode and encode time (min and median of warm runs) ours and diffusers', bfloat16 then float32
+   (diffusers untiled, or with ``enable_tiling()`` where the untiled one does not fit), peak device
+   memory, and our bfloat16 decode's error against our float32;
 3. with the time left, the service end to end (MP4 answers at concurrency 1, 2 and 4), when
    FastAPI, uvicorn, pydantic and PyAV are importable (they travel as wheels: docs/development.md).
 
