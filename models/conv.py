@@ -48,8 +48,9 @@ def rounded_conv_sums_for(platform: str) -> bool:
     outputs. Asked for one, XLA converts the operands to float32 and cuDNN convolves in TF32
     between layout transposes, at about half the speed of its bfloat16 kernels (measured on an
     H100: 4.6 s of convs and 1.2 s of transposes in Wan 2.2's 7.9 s decode). cuDNN's bfloat16
-    conv still sums in float32 and rounds once, at its output. A TPU's conv unit sums bfloat16 into
-    float32 natively: there the bias is added before the one rounding."""
+    conv still sums in float32, and XLA fuses the bias into it (``convBiasActivationForward``):
+    one rounding, at its output. A TPU's conv unit sums bfloat16 into float32 natively: there the
+    float32 sums are kept, as on CPU."""
     return platform == "gpu"
 
 
@@ -117,7 +118,7 @@ def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
     On CPU, XLA's convolution reaches 55–95 GFLOP/s on the decoder's shapes while its matmul reaches
     150–350: there the conv is a nine-tap matmul (3–4x faster), in blocks (``conv_blocks``).
     Accelerators keep the native convolution (cuDNN / the TPU conv unit). Sums are float32 until
-    the bias is added: one bfloat16 rounding per conv.
+    the bias is added: one bfloat16 rounding per conv (``rounded_sums``: the sums are rounded first).
     """
     b, t, hp, wp, c = x_padded.shape
     o = kernel.shape[-1]
@@ -235,10 +236,10 @@ _DIMENSIONS_3D = ("NDHWC", "DHWIO", "NDHWC")
 
 def _native_causal(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, *, start: str,
                    strides: tuple[int, int, int] = (1, 1, 1), rounded_sums: bool) -> jax.Array:
-    """The native 3-D conv (float32 sums, no bias) of ``past ++ x_padded`` — or, at the clip's start
-    (``past`` None), of ``x_padded`` padded in time by two zero frames *inside* the conv (no copy of
-    the clip is made), plus, for ``start="replicate"``, the first frame times the time taps that
-    read the padding (which holds copies of it)."""
+    """The native 3-D conv (no bias; float32 sums, or with ``rounded_sums`` the operands' type) of
+    ``past ++ x_padded`` — or, at the clip's start (``past`` None), of ``x_padded`` padded in time by
+    two zero frames *inside* the conv (no copy of the clip is made), plus, for ``start="replicate"``,
+    the first frame times the time taps that read the padding (which holds copies of it)."""
     precision, sums = matmul_precision(x_padded.dtype), sums_type(x_padded.dtype, rounded=rounded_sums)
     if past is not None:
         return lax.conv_general_dilated(jnp.concatenate([past, x_padded], axis=1), kernel, strides, "VALID",
@@ -457,8 +458,8 @@ def downsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax
     """3x3 stride-2 'valid' conv of every frame padded by one row/column at the bottom/right.
 
     ``(B, T, H+1, W+1, C)`` (``H``, ``W`` even) x ``(3, 3, C, O)`` → ``(B, T, H/2, W/2, O)``: the
-    reference's ``ZeroPad2d((0, 1, 0, 1))`` + ``Conv2d(stride=2)``. Sums are float32 until the
-    bias is added. On CPU: space-to-depth, then a 2x2-tap matmul conv (16·C·O multiply-adds per
+    reference's ``ZeroPad2d((0, 1, 0, 1))`` + ``Conv2d(stride=2)``. Sums are float32 (unless
+    ``rounded_sums``) until the bias is added. On CPU: space-to-depth, then a 2x2-tap matmul conv (16·C·O multiply-adds per
     output pixel against 9·C·O, for one matmul instead of four), in blocks under ``block_bytes``.
     """
     b, t, hp, wp, c = x_padded.shape
