@@ -459,8 +459,9 @@ def downsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax
 
     ``(B, T, H+1, W+1, C)`` (``H``, ``W`` even) x ``(3, 3, C, O)`` → ``(B, T, H/2, W/2, O)``: the
     reference's ``ZeroPad2d((0, 1, 0, 1))`` + ``Conv2d(stride=2)``. Sums are float32 (unless
-    ``rounded_sums``) until the bias is added. On CPU: space-to-depth, then a 2x2-tap matmul conv (16·C·O multiply-adds per
-    output pixel against 9·C·O, for one matmul instead of four), in blocks under ``block_bytes``.
+    ``rounded_sums``) until the bias is added. On CPU: space-to-depth, then a 2x2-tap matmul conv
+    (16·C·O multiply-adds per output pixel against 9·C·O, for one matmul instead of four), in blocks
+    under ``block_bytes``.
     """
     b, t, hp, wp, c = x_padded.shape
     h, w, o = (hp - 1) // 2, (wp - 1) // 2, kernel.shape[-1]
