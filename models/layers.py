@@ -25,6 +25,7 @@ from jax import lax
 
 from .conv import (
     CACHE_FRAMES,
+    cache_frames,
     causal_conv3x3x3,
     conv2d_frames,
     downsample2x_conv2d_frames,
@@ -33,13 +34,15 @@ from .conv import (
     next_cache,
     past_or_zeros,
     rms_norm,
+    stored_cache,
     time_downsample,
     upsample2x_conv2d_frames,
 )
 from .spatial import Edge, SpatialContext, check_edge, matmul_precision
 
-# Causal caches. A conv cache holds the last two spatially padded input frames
-# ``(B, 2, H+2, W+2, C)``; a time-conv cache the last two unpadded frames ``(B, 2, H, W, C)``.
+# Causal caches. A conv cache holds the last two spatially padded input frames ``(B, 2, H+2, W+2,
+# C)`` (on accelerators at tp > 1 flattened, ``(B, 2, H+2, (W+2)·C)``: ``models.conv.stored_cache``);
+# a time-conv cache the last two unpadded frames ``(B, 2, H, W, C)``.
 ConvCache: TypeAlias = jax.Array
 ResidualCache: TypeAlias = tuple[ConvCache, ConvCache]
 MidBlockCache: TypeAlias = tuple[ResidualCache, ResidualCache]
@@ -122,8 +125,10 @@ class CausalConv3d(nnx.Module):
 
     @scoped
     def __call__(self, x: jax.Array, cache: ConvCache | None, ctx: SpatialContext) -> tuple[jax.Array, ConvCache]:
-        """``x (B, T, H, W, C)``, ``cache (B, 2, H+2, W+2, C)`` or None → ``(B, T, H, W, O)``, new cache."""
+        """``x (B, T, H, W, C)``, ``cache`` (``(B, 2, H+2, W+2, C)``, as ``stored_cache`` keeps it) or
+        None → ``(B, T, H, W, O)``, new cache."""
         x_padded = ctx.pad_hw(x, edge=self.edge)
+        cache = None if cache is None else cache_frames(cache, x_padded)
         if cache is None and x.shape[1] == 1:
             # The clip's first frame alone: its past is zeros (only the last time tap sees data) or
             # copies of itself (the time taps sum): one 2-D conv, 2/3 fewer FLOPs.
@@ -134,7 +139,8 @@ class CausalConv3d(nnx.Module):
             y = causal_conv3x3x3(cache, x_padded, self.kernel[...], self.bias[...], start=self.edge,
                                  native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
         past = initial_past(x_padded, self.edge) if cache is None else cache
-        return y, next_cache(past, x_padded, window_free=ctx.native_conv and ctx.exchanges_halos)
+        banded = ctx.native_conv and ctx.exchanges_halos
+        return y, stored_cache(next_cache(past, x_padded, window_free=banded), flat=banded)
 
 
 def first_frame_kernel(kernel: jax.Array) -> jax.Array:

@@ -70,8 +70,9 @@ def frames_spec(layout: BandLayout, output: Output, rank: int = 5) -> P:
 
 
 def cache_spec(layout: BandLayout) -> P:
-    """Every causal cache leaf is channels-last ``(B, 2, h, w, C)``."""
-    return _spec(5, 0, 2 if layout.split == "height" else 3)
+    """Every causal cache leaf is ``(B, 2, h, w·C)`` (``models.conv.stored_cache``) or ``(B, n, h, w,
+    C)``: H is axis 2 and W axis 3 of both (a band's columns are a contiguous run of ``w·C``)."""
+    return _spec(3 if layout.split == "height" else 4, 0, 2 if layout.split == "height" else 3)
 
 
 def pad_latents(latents: jax.Array, layout: BandLayout) -> jax.Array:
