@@ -35,7 +35,7 @@ from .conv import (
     upsample2x_causal_conv3x3x3,
 )
 from .decoder import scan_frame_groups
-from .layers import GroupNorm, PointwiseConv, ReplicateConv3d, scoped
+from .layers import GroupNorm, PointwiseConv, ReplicateConv3d, banded_caches, scoped
 from .shapes import output_frames
 from .spatial import SpatialContext
 
@@ -88,7 +88,7 @@ def normalized_conv(norm: GroupNorm, conv: ReplicateConv3d, x: jax.Array, ctx: S
         return jax.nn.silu(norm.apply(frames, mean, var))
 
     past = stored_cache(initial_past(ctx.pad_hw(activated(x[:, :1]), edge="replicate"), "replicate"),
-                        flat=ctx.native_conv and ctx.exchanges_halos)
+                        flat=banded_caches(ctx))
     y, _ = scan_frame_groups(lambda frames, cache: conv(activated(frames), cache, ctx), x, past,
                              block_frames(x, inner_frames))
     return y
@@ -172,7 +172,7 @@ class Upsample(nnx.Module):
             x = upsample_time(x)
         if not self.spatial:
             return whole_clip_conv(self.conv, x, ctx)
-        conv, banded = self.conv.conv, ctx.native_conv and ctx.exchanges_halos
+        conv, banded = self.conv.conv, banded_caches(ctx)
 
         def upsampled(frames: jax.Array, cache: jax.Array) -> tuple[jax.Array, jax.Array]:
             padded = ctx.pad_hw(frames, edge="replicate")

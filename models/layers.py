@@ -110,6 +110,12 @@ class Conv2d(nnx.Module):
                              rounded_sums=ctx.rounded_conv_sums)
 
 
+def banded_caches(ctx: SpatialContext) -> bool:
+    """Whether causal caches are built window-free and kept flattened (``models.conv.next_cache``,
+    ``stored_cache``): native convs on a frame split over devices that trade halos."""
+    return ctx.native_conv and ctx.exchanges_halos
+
+
 class CausalConv3d(nnx.Module):
     """Causal 3x3x3 conv. Kernel ``(3, 3, 3, C, O)`` (time, height, width, in, out).
 
@@ -139,7 +145,7 @@ class CausalConv3d(nnx.Module):
             y = causal_conv3x3x3(cache, x_padded, self.kernel[...], self.bias[...], start=self.edge,
                                  native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
         past = initial_past(x_padded, self.edge) if cache is None else cache
-        banded = ctx.native_conv and ctx.exchanges_halos
+        banded = banded_caches(ctx)
         return y, stored_cache(next_cache(past, x_padded, window_free=banded), flat=banded)
 
 
