@@ -8,7 +8,7 @@ rows under a byte budget. Both are exact to float32 rounding (``tests/models/tes
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import TypedDict, cast
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +52,18 @@ def rounded_conv_sums_for(platform: str) -> bool:
     one rounding, at its output. A TPU's conv unit sums bfloat16 into float32 natively: there the
     float32 sums are kept, as on CPU."""
     return platform == "gpu"
+
+
+class ConvPath(TypedDict):
+    """How a program's convolutions run, as a ``SpatialContext`` takes it (``conv_path_for``)."""
+
+    native_conv: bool
+    rounded_conv_sums: bool
+
+
+def conv_path_for(platform: str) -> ConvPath:
+    """The conv path of programs compiled for ``platform``'s devices."""
+    return ConvPath(native_conv=native_conv_for(platform), rounded_conv_sums=rounded_conv_sums_for(platform))
 
 
 def sums_type(dtype, *, rounded: bool):

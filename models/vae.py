@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from .config import ConfigError, VAEConfig, WanVAEConfig
-from .conv import native_conv_for, rounded_conv_sums_for
+from .conv import conv_path_for
 from .decode import (
     check_framewise,
     decode_conditions,
@@ -140,9 +140,7 @@ class VAE:
 
     # -- single-device programs -----------------------------------------------------------------
     def _context(self) -> SingleDeviceContext:
-        platform = jax.devices()[0].platform
-        return SingleDeviceContext(native_conv=native_conv_for(platform),
-                                   rounded_conv_sums=rounded_conv_sums_for(platform))
+        return SingleDeviceContext(**conv_path_for(jax.devices()[0].platform))
 
     def compile(self, shape: tuple[int, ...], *, denormalize: bool = False, output: Output = "float",
                 chunk: int | None = None, inner_frames: int | None = None,

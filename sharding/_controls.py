@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from models.conv import native_conv_for, rounded_conv_sums_for
+from models.conv import conv_path_for
 from models.decode import full_program, resolve_chunk
 from models.encode import posterior_options, resolve_encode_chunk
 from models.shapes import Output, check_output
@@ -179,10 +179,8 @@ def compile_whole_frame_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, 
         raise ValueError(f"the whole-frame control splits evenly; {shape[3]} rows do not split over tp={layout.tp}")
     if vae.config.decode_conditions:
         raise ValueError(f"the whole-frame control takes no decode conditions ({vae.config.family})")
-    platform = mesh_platform(mesh)
-    native, rounded = native_conv_for(platform), rounded_conv_sums_for(platform)
-    whole = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype],
-                         lambda: SingleDeviceContext(native_conv=native, rounded_conv_sums=rounded),
+    path = conv_path_for(mesh_platform(mesh))
+    whole = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], lambda: SingleDeviceContext(**path),
                          denormalize=False, output=output,
                          chunk=resolve_chunk(None), inner_frames=inner_frames)
     row_axis = frames_spec(layout, output).index(TP_AXIS)

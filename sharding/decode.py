@@ -24,7 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from models.conv import native_conv_for, rounded_conv_sums_for
+from models.conv import conv_path_for
 from models.decode import (
     check_framewise,
     full_program,
@@ -194,11 +194,10 @@ ContextType = type[BandContext]
 
 def _band_context(mesh: Mesh, layout: BandLayout, query_chunk: int,
                   context_type: ContextType = BandContext) -> Callable[[], BandContext]:
-    platform = mesh_platform(mesh)
-    native, rounded = native_conv_for(platform), rounded_conv_sums_for(platform)
+    path = conv_path_for(mesh_platform(mesh))
 
     def make() -> BandContext:
-        return context_type(layout, query_chunk=query_chunk, native_conv=native, rounded_conv_sums=rounded)
+        return context_type(layout, query_chunk=query_chunk, **path)
     return make
 
 

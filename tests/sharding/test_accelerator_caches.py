@@ -1,7 +1,7 @@
 """The accelerators' causal caches, run on this CPU: native XLA convolutions at tp = 2, whose caches
 are built window-free and travel between steps flattened (``models.conv.next_cache``,
 ``stored_cache``), as on a TPU or GPU that trades halos. A CPU mesh takes its own path (nine-tap
-matmuls, caches kept as frames), so here the accelerators' path is forced (``native_conv_for``)
+matmuls, caches kept as frames), so here the accelerators' path is forced (``conv_path_for``)
 and checked against the single-device decode: float32, max abs ≤ 1e-5, within one program (the
 scan's carry) and across stream steps (caches returned sharded, ``cache_spec``). The control: the
 same decode restoring a flattened cache in the wrong order fails it.
@@ -13,7 +13,8 @@ import pytest
 import models
 import sharding
 import sharding.decode
-from models import layers
+from models import conv, layers
+from models.conv import ConvPath
 from tests.helpers.sharding_helpers import TINY, WIDTH, make_latents
 
 SHAPE = (1, 3, 8, WIDTH)  # latent frame 0, then two more: the caches carry across steps
@@ -24,7 +25,8 @@ TOLERANCE = 1e-5
 def native(monkeypatch):
     """A fresh model (its own program cache: these programs must not serve the CPU path's tests)
     whose sharded programs take the accelerators' path."""
-    monkeypatch.setattr(sharding.decode, "native_conv_for", lambda platform: True)
+    monkeypatch.setattr(sharding.decode, "conv_path_for", lambda platform: ConvPath(native_conv=True,
+                                                                                      rounded_conv_sums=False))
     return models.init_vae(models.WanVAEConfig(**TINY), seed=0)
 
 
@@ -32,8 +34,16 @@ def _decode(vae) -> np.ndarray:
     return np.asarray(sharding.sharded_decode(vae, make_latents(*SHAPE), sharding.make_mesh(2), split="height"))
 
 
-def test_flattened_caches_decode_exactly(native, reference):
+def test_flattened_caches_decode_exactly(native, reference, monkeypatch):
+    flats: list[bool] = []
+
+    def spy(frames, *, flat):  # the path really taken: caches flattened, not kept as frames
+        flats.append(flat)
+        return conv.stored_cache(frames, flat=flat)
+
+    monkeypatch.setattr(layers, "stored_cache", spy)
     got = _decode(native)
+    assert flats and all(flats)
     assert float(np.abs(got - reference(SHAPE)).max()) <= TOLERANCE
     steps = list(sharding.sharded_decode_stream(native, make_latents(*SHAPE), sharding.make_mesh(2), split="height",
                                                 output="float"))
