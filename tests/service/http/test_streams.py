@@ -1,6 +1,6 @@
 """Answers written while the decode runs, on a real uvicorn server (in a thread, so a test can give
-it a runner): MP4 encoded step by step gives the MP4 made from the whole decode, and fragmented MP4
-the frames of the live encoding of the whole decode; the first fragment leaves before the second
+it a runner): MP4 encoded step by step, and fragmented MP4, decode to the frames of the whole decode
+(lossless H.264); the first fragment leaves before the second
 decode step ends; an error mid-stream cuts a fragmented MP4 off; slow readers hold bounded memory,
 do not hold up the device, hold no MP4 writer, are dropped at the write deadline when they take
 nothing, and get their whole answer when they take it slowly (raw sockets)."""
@@ -58,36 +58,37 @@ def test_pipelined_and_fragmented_mp4s_decode_to_the_frames_of_the_whole_mp4(tin
     # A latent size no other test decodes: the shared tiny model keeps every test's programs, and a
     # whole decode of these latents compiled elsewhere would hide one made here.
     x = latents((1, 16, 5, 4, 6), seed=11)
+    # Lossless H.264 (crf=0): the decoded frames are the frames the encoder was given, whatever it
+    # chose on the way. libx264's lossy output is not the same from run to run at sizes this small
+    # (service.codecs.video), so bytes, or lossy frames, cannot be compared.
     with thread_server(tiny_vae, max_batch=1, **LIMITS) as srv:
-        pipelined = post(srv.url, x, output_type="mp4", fps=8)
+        pipelined = post(srv.url, x, output_type="mp4", fps=8, crf=0)
         assert pipelined.status_code == 200 and pipelined.headers["content-type"] == "video/mp4", pipelined.text
         # Made from the steps: stream steps of these latents, no whole decode of them.
         programs = [p[0] for p in compiled(srv.url) if p[1][3:] == list(x.shape[3:])]
         assert "stream-step" in programs and "decode" not in programs, programs
         assert float(pipelined.headers["X-Device-Time-S"]) > 0 and pipelined.headers["X-Batch-Size"] == "1"
-        fragmented = post(srv.url, x, output_type="mp4", fps=8, stream="true")
+        fragmented = post(srv.url, x, output_type="mp4", fps=8, crf=0, stream="true")
         assert fragmented.status_code == 200 and fragmented.headers["content-type"] == "video/mp4"
-        frames = np.load(__import__("io").BytesIO(post(srv.url, x, output_type="npy").content))
-    whole = mp4_bytes(frames[0], fps=8, crf=18)  # what the service answered before it pipelined
-    expected = read_mp4(whole)
+        frames = np.load(__import__("io").BytesIO(post(srv.url, x, output_type="npy").content))[0]
+    expected = read_mp4(mp4_bytes(frames, fps=8, crf=0))  # what the service answered before it pipelined
     assert expected.shape == (17, 32, 48, 3)
-    assert mp4_boxes(pipelined.content)[:2] == ["ftyp", "moov"] and pipelined.content == whole
+    assert mp4_boxes(pipelined.content)[:2] == ["ftyp", "moov"]
+    assert np.array_equal(read_mp4(pipelined.content), expected)
     boxes = mp4_boxes(fragmented.content)
     assert boxes[:3] == ["ftyp", "moov", "moof"] and boxes.count("moof") == 17 and "mfra" not in boxes
-    assert np.array_equal(read_mp4(pipelined.content), expected)
-    live = read_mp4(live_mp4_bytes(frames[0], fps=8, crf=18))  # the stream is encoded for latency, not size
-    assert np.array_equal(read_mp4(fragmented.content), live)
-    # Negative controls: the comparisons see a change as small as another quality setting, and the
-    # two encodings differ.
-    assert not np.array_equal(read_mp4(mp4_bytes(frames[0], fps=8, crf=30)), expected)
-    assert not np.array_equal(read_mp4(live_mp4_bytes(frames[0], fps=8, crf=30)), live)
-    assert not np.array_equal(live, expected)
+    assert np.array_equal(read_mp4(live_mp4_bytes(frames, fps=8, crf=0)), expected)  # the stream's encoder too
+    assert np.array_equal(read_mp4(fragmented.content), expected)
+    # Negative controls: the comparison sees a lossy encode of the same frames, and two frames of
+    # one step swapped.
+    assert not np.array_equal(read_mp4(mp4_bytes(frames, fps=8, crf=18)), expected)
+    assert not np.array_equal(read_mp4(mp4_bytes(frames[[0, 1, 2, 4, 3, *range(5, 17)]], fps=8, crf=0)), expected)
 
 
 def test_a_shape_warmed_for_uint8_serves_every_uint8_answer_from_the_same_steps():
     x = latents((1, 16, 2, 4, 4), seed=12)
     with thread_server(make_test_model(), max_batch=1, warmup=["16x2x4x4:uint8"], shapes="warmed", **LIMITS) as srv:
-        r = post(srv.url, x, output_type="mp4", fps=8)
+        r = post(srv.url, x, output_type="mp4", fps=8, crf=0)  # lossless: see the test above
         assert r.status_code == 200, r.text
         frames = np.load(__import__("io").BytesIO(post(srv.url, x, output_type="npy").content))
         streamed = post(srv.url, x, output_type="mp4", stream="true")
@@ -95,7 +96,7 @@ def test_a_shape_warmed_for_uint8_serves_every_uint8_answer_from_the_same_steps(
         # A fresh model: what it ran, the two uint8 steps of the warm-up, and nothing else.
         assert sorted(program[2] for program in compiled(srv.url)) == ["first", "next"]
         refused = post(srv.url, x, output_type="pt")  # float frames: not warmed
-    assert np.array_equal(read_mp4(r.content), read_mp4(mp4_bytes(frames[0], fps=8, crf=18)))
+    assert np.array_equal(read_mp4(r.content), read_mp4(mp4_bytes(frames[0], fps=8, crf=0)))
     assert refused.status_code == 422 and refused.json()["type"].endswith("/shape-not-allowed")
 
 
