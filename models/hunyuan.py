@@ -26,16 +26,9 @@ from flax import nnx
 from jax import lax
 
 from .config import HunyuanVideoConfig
-from .conv import (
-    cache_frames,
-    downsample2x_causal_conv3x3x3,
-    initial_past,
-    next_cache,
-    stored_cache,
-    upsample2x_causal_conv3x3x3,
-)
+from .conv import cache_frames, downsample2x_causal_conv3x3x3, initial_past, upsample2x_causal_conv3x3x3
 from .decoder import scan_frame_groups
-from .layers import GroupNorm, PointwiseConv, ReplicateConv3d, banded_caches, scoped
+from .layers import GroupNorm, PointwiseConv, ReplicateConv3d, carried_cache, next_carried_cache, scoped
 from .shapes import output_frames
 from .spatial import SpatialContext
 
@@ -87,8 +80,7 @@ def normalized_conv(norm: GroupNorm, conv: ReplicateConv3d, x: jax.Array, ctx: S
     def activated(frames: jax.Array) -> jax.Array:
         return jax.nn.silu(norm.apply(frames, mean, var))
 
-    past = stored_cache(initial_past(ctx.pad_hw(activated(x[:, :1]), edge="replicate"), "replicate"),
-                        flat=banded_caches(ctx))
+    past = carried_cache(initial_past(ctx.pad_hw(activated(x[:, :1]), edge="replicate"), "replicate"), ctx)
     y, _ = scan_frame_groups(lambda frames, cache: conv(activated(frames), cache, ctx), x, past,
                              block_frames(x, inner_frames))
     return y
@@ -172,17 +164,17 @@ class Upsample(nnx.Module):
             x = upsample_time(x)
         if not self.spatial:
             return whole_clip_conv(self.conv, x, ctx)
-        conv, banded = self.conv.conv, banded_caches(ctx)
+        conv = self.conv.conv
 
         def upsampled(frames: jax.Array, cache: jax.Array) -> tuple[jax.Array, jax.Array]:
             padded = ctx.pad_hw(frames, edge="replicate")
             past = cache_frames(cache, padded)
             return (upsample2x_causal_conv3x3x3(past, padded, conv.kernel[...], conv.bias[...],
                                                 native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums),
-                    stored_cache(next_cache(past, padded, window_free=banded), flat=banded))
+                    next_carried_cache(past, padded, ctx))
 
         # Block by block in time, as normalized_conv: one block's 4x larger output at a time.
-        past = stored_cache(initial_past(ctx.pad_hw(x[:, :1], edge="replicate"), "replicate"), flat=banded)
+        past = carried_cache(initial_past(ctx.pad_hw(x[:, :1], edge="replicate"), "replicate"), ctx)
         y, _ = scan_frame_groups(upsampled, x, past, block_frames(x, inner_frames))
         return y
 

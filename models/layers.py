@@ -116,6 +116,16 @@ def banded_caches(ctx: SpatialContext) -> bool:
     return ctx.native_conv and ctx.exchanges_halos
 
 
+def carried_cache(frames: jax.Array, ctx: SpatialContext) -> jax.Array:
+    """A conv's two past frames as steps carry them in ``ctx`` (``stored_cache``)."""
+    return stored_cache(frames, flat=banded_caches(ctx))
+
+
+def next_carried_cache(past: jax.Array, x_padded: jax.Array, ctx: SpatialContext) -> jax.Array:
+    """The last two frames of ``past ++ x_padded`` (``next_cache``), as steps carry them in ``ctx``."""
+    return carried_cache(next_cache(past, x_padded, window_free=banded_caches(ctx)), ctx)
+
+
 class CausalConv3d(nnx.Module):
     """Causal 3x3x3 conv. Kernel ``(3, 3, 3, C, O)`` (time, height, width, in, out).
 
@@ -145,8 +155,7 @@ class CausalConv3d(nnx.Module):
             y = causal_conv3x3x3(cache, x_padded, self.kernel[...], self.bias[...], start=self.edge,
                                  native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
         past = initial_past(x_padded, self.edge) if cache is None else cache
-        banded = banded_caches(ctx)
-        return y, stored_cache(next_cache(past, x_padded, window_free=banded), flat=banded)
+        return y, next_carried_cache(past, x_padded, ctx)
 
 
 def first_frame_kernel(kernel: jax.Array) -> jax.Array:

@@ -1,9 +1,9 @@
 """Answers written while the decode runs, on a real uvicorn server (in a thread, so a test can give
 it a runner): MP4 encoded step by step, and fragmented MP4, decode to the frames of the whole decode
-(lossless H.264); the first fragment leaves before the second
-decode step ends; an error mid-stream cuts a fragmented MP4 off; slow readers hold bounded memory,
-do not hold up the device, hold no MP4 writer, are dropped at the write deadline when they take
-nothing, and get their whole answer when they take it slowly (raw sockets)."""
+(lossless H.264); the first fragment leaves before the second decode step ends; an error
+mid-stream cuts a fragmented MP4 off; slow readers hold bounded memory, do not hold up the device,
+hold no MP4 writer, are dropped at the write deadline when they take nothing, and get their whole
+answer when they take it slowly (raw sockets)."""
 
 from __future__ import annotations
 
