@@ -12,13 +12,15 @@ AutoencoderKLFlux2, AutoencoderKLQwenImage) on the same weights and latents.
     .venv/bin/python -m bench.decode --model flux1 --shape 1,16,64,64   # real Flux.1 VAE, one 512x512 image
     .venv/bin/python -m bench.decode --shape 1,16,21,60,104 --dtype bfloat16 --skip-diffusers   # 480x832x81
     .venv/bin/python -m bench.decode --skip-diffusers --inner-frames 4,1 --runs 5   # whole steps vs frame by frame
+    .venv/bin/python -m bench.decode --model ltx-video --cpu-convs matmul,onednn    # both CPU conv paths
 
 Prints min and median seconds over ``--runs`` timed runs after one warm-up (which includes our
 compile), the ratio ours/diffusers, achieved GFLOP/s on the nominal FLOPs (bench/flops.py), and
 the max abs difference between the two outputs as a sanity check. A timestep-conditioned decoder
 (LTX-Video 0.9.5) decodes at ``DECODE_TIMESTEP`` in both, with no noise mixed into the latents. diffusers'
 model is saved without its encoder (a decode-only checkpoint: one copy of the decoder each). With several
-``--inner-frames`` settings, each is compared with the first setting: ratio and max abs difference. diffusers and every
+``--inner-frames`` (or ``--cpu-convs``) settings, each is compared with the first setting: ratio and max abs difference.
+diffusers and every
 setting of ours run once each in turn within each round, so that all see the same machine load.
 """
 
@@ -54,6 +56,9 @@ def main() -> None:
     parser.add_argument("--inner-frames", type=parse_inner_frames, default=[None],
                         help="frames per inner step after each temporal upsampler, comma-separated settings to "
                              "compare in one run (auto: the automatic choice; 4: whole steps); default auto")
+    parser.add_argument("--cpu-convs", type=lambda text: text.split(","), default=["matmul"],
+                        help="how a CPU runs the convolutions (VAE.cpu_convs), comma-separated settings to compare "
+                             "in one run: matmul, onednn; default matmul")
     parser.add_argument("--skip-diffusers", action="store_true", help="time ours only (no torch needed)")
     args = parser.parse_args()
     config = models.MODEL_NAMES[args.model]()
@@ -83,18 +88,21 @@ def main() -> None:
 
             fns["diffusers"] = run_reference
             names["diffusers"] = "diffusers (PyTorch CPU, float32)"
-            vae = models.load_vae(folder, dtype=args.dtype)
-        else:
-            vae = models.init_vae(config, dtype=args.dtype)
+        vaes: dict[str, models.VAE] = {}
+        for kind in args.cpu_convs:  # one model each: a model's programs keep the path they were compiled with
+            vaes[kind] = (models.load_vae(folder, dtype=args.dtype) if not args.skip_diffusers
+                          else models.init_vae(config, dtype=args.dtype))
+            vaes[kind].cpu_convs = kind
 
-    def run_ours(inner_frames):
+    def run_ours(vae, inner_frames):
         return lambda: np.asarray(jax.block_until_ready(vae.decode(latents, chunk=args.chunk,
                                                                    inner_frames=inner_frames, **conditions)))
 
-    for inner_frames in args.inner_frames:
-        name = f"inner_frames={inner_frames or 'auto'}"
-        fns[name] = run_ours(inner_frames)
-        names[name] = f"vaeserve (JAX {jax.default_backend()}, {args.dtype}) {name}"
+    for kind, vae in vaes.items():
+        for inner_frames in args.inner_frames:
+            name = f"inner_frames={inner_frames or 'auto'}" + (f" cpu_convs={kind}" if len(vaes) > 1 else "")
+            fns[name] = run_ours(vae, inner_frames)
+            names[name] = f"vaeserve (JAX {jax.default_backend()}, {args.dtype}) {name}"
     results = timed(fns, args.runs)  # diffusers and ours in turn within each round
     reference_result = results.pop("diffusers", None)
 

@@ -29,7 +29,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs here; the TPU devi
 
 
 def per_tap_causal_conv(past, x_padded, kernel, bias, *, native, start="zero", block_bytes=None, method=None,
-                        rounded_sums=False):
+                        rounded_sums=False, onednn=False):
     """The experiment: one frame after its past as a 2-D conv per time tap, summed in float32."""
     import jax.numpy as jnp
     from jax import lax

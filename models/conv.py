@@ -34,12 +34,38 @@ IM2COL_MIN_KERNEL_BYTES = 4 * 2**20
 
 
 def native_conv_for(platform: str) -> bool:
-    """Native XLA convolutions on every platform but CPU (where the nine-tap matmul is 3-4x faster).
+    """Native XLA convolutions on every platform but CPU (where the nine-tap matmul is 1.5x faster
+    than XLA's own convolution, and oneDNN's, ``onednn_conv_for``, faster still).
 
     Chosen from the platform of the devices a program is *compiled for*, not the host's default
     backend, so a TPU program compiled ahead of time on a CPU host is the one the chip will run.
     """
     return platform != "cpu"
+
+
+# How CPU programs run their convolutions (``VAE.cpu_convs``): "matmul", the nine-tap matmuls and
+# im2col (the default, which the memory estimate, ``models.memory``, is fitted to), or "onednn".
+CPU_CONVS = ("matmul", "onednn")
+
+
+def onednn_conv_for(platform: str, cpu_convs: str = "matmul") -> bool:
+    """Whether a CPU program runs its convolutions as oneDNN's (XLA's ``__onednn$convolution``, the
+    library PyTorch's CPU convolutions call): on the decoders' shapes XLA's own CPU convolution
+    reaches 75–110 GFLOP/s, the nine-tap matmul 75–125, oneDNN's 170–200 (2 cores, AVX-512). It
+    needs the program compiled with ``compiler_options_for``; compiled without them, the same
+    program runs XLA's own convolution: the same values, slower. Convs bound by their kernels stay
+    on the im2col path (``weight_bound``): oneDNN would reorder the kernel on every call. The
+    upsamplers keep their phase convs (4/9 of the FLOPs: faster than oneDNN's conv of the
+    ``4·O``-output phase kernel, 0.21 s against 0.30 s at 128 channels of 64x64)."""
+    return platform == "cpu" and cpu_convs == "onednn"
+
+
+def compiler_options_for(platform: str, cpu_convs: str = "matmul") -> dict[str, bool]:
+    """The XLA compiler options of programs compiled for ``platform``'s devices (``jax.jit``'s
+    ``compiler_options``): oneDNN's convolutions where ``onednn_conv_for``."""
+    if onednn_conv_for(platform, cpu_convs):
+        return {"xla_cpu_use_onednn": True, "xla_cpu_experimental_onednn_custom_call": True}
+    return {}
 
 
 def rounded_conv_sums_for(platform: str) -> bool:
@@ -59,11 +85,19 @@ class ConvPath(TypedDict):
 
     native_conv: bool
     rounded_conv_sums: bool
+    onednn_conv: bool
 
 
-def conv_path_for(platform: str) -> ConvPath:
-    """The conv path of programs compiled for ``platform``'s devices."""
-    return ConvPath(native_conv=native_conv_for(platform), rounded_conv_sums=rounded_conv_sums_for(platform))
+def conv_path_for(platform: str, cpu_convs: str = "matmul") -> ConvPath:
+    """The conv path of programs compiled for ``platform``'s devices (with ``compiler_options_for``)."""
+    return ConvPath(native_conv=native_conv_for(platform), rounded_conv_sums=rounded_conv_sums_for(platform),
+                    onednn_conv=onednn_conv_for(platform, cpu_convs))
+
+
+def runs_native(*, native: bool, onednn: bool, pixels: int, kernel: jax.Array) -> bool:
+    """Whether a conv producing ``pixels`` output pixels runs as XLA's convolution: always on
+    accelerators (``native``); on CPU with oneDNN (``onednn``) unless it is bound by its kernel."""
+    return native or (onednn and not weight_bound(pixels, kernel))
 
 
 def sums_type(dtype, *, rounded: bool):
@@ -124,7 +158,8 @@ def conv_blocks(fn, seq: jax.Array, *, window: int, out_channels: int, bytes_per
 
 
 def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
-                  block_bytes: int = CPU_BLOCK_BYTES, native: bool, rounded_sums: bool = False) -> jax.Array:
+                  block_bytes: int = CPU_BLOCK_BYTES, native: bool, rounded_sums: bool = False,
+                  onednn: bool = False) -> jax.Array:
     """3x3 'valid' conv of every frame. ``(B, T, H+2, W+2, C)`` x ``(3, 3, C, O)`` → ``(B, T, H, W, O)``.
 
     On CPU, XLA's convolution reaches 55–95 GFLOP/s on the decoder's shapes while its matmul reaches
@@ -134,7 +169,7 @@ def conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
     """
     b, t, hp, wp, c = x_padded.shape
     o = kernel.shape[-1]
-    if native:
+    if runs_native(native=native, onednn=onednn, pixels=b * t * (hp - 2) * (wp - 2), kernel=kernel):
         y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), kernel, (1, 1), "VALID",
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                      precision=matmul_precision(x_padded.dtype),
@@ -302,7 +337,7 @@ def _im2col_conv(seq: jax.Array, kernel: jax.Array) -> jax.Array:
 
 def causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
                      start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES, native: bool,
-                     rounded_sums: bool = False) -> jax.Array:
+                     rounded_sums: bool = False, onednn: bool = False) -> jax.Array:
     """Causal 3x3x3 conv: frames ``(B, T, H+2, W+2, C)`` after their past ``(B, 2, H+2, W+2, C)``
     (None at the clip's start: two zero frames, or with ``start="replicate"`` two copies of the first).
 
@@ -312,7 +347,7 @@ def causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Ar
     """
     b, t, hp, wp, c = x_padded.shape
     kt, kh, kw, _, o = kernel.shape
-    if native:
+    if runs_native(native=native, onednn=onednn, pixels=b * t * (hp - 2) * (wp - 2), kernel=kernel):
         sums = _native_causal(past, x_padded, kernel, start=start, rounded_sums=rounded_sums)
         return (sums + bias).astype(x_padded.dtype)
     seq = _sequence(past, x_padded, start)
@@ -366,7 +401,7 @@ def upsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, ker
 
 def downsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, kernel: jax.Array, bias: jax.Array,
                                   *, time_stride: int, start: str = "zero", block_bytes: int = CPU_BLOCK_BYTES,
-                                  native: bool, rounded_sums: bool = False) -> jax.Array:
+                                  native: bool, rounded_sums: bool = False, onednn: bool = False) -> jax.Array:
     """Causal 3x3x3 conv with stride ``(time_stride, 2, 2)`` over frames padded by one row/column on
     every side (HunyuanVideo's downsampler): ``past (B, 2, H+2, W+2, C)`` or None (the clip's start),
     ``x_padded (B, T, H+2, W+2, C)`` (``H``, ``W`` even) → ``(B, T', H/2, W/2, O)``,
@@ -376,8 +411,10 @@ def downsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, k
     this is ``downsample2x_conv2d_frames`` (which pads after only) on the frames without it, with
     the time taps folded into channels on CPU.
     """
+    b, t, hp, wp, _ = x_padded.shape
     kt, o = kernel.shape[0], kernel.shape[-1]
-    if native:
+    pixels = b * ((t - 1) // time_stride + 1) * (hp - 2) // 2 * (wp - 2) // 2
+    if runs_native(native=native, onednn=onednn, pixels=pixels, kernel=kernel):
         y = _native_causal(None if past is None else past[:, :, :-1, :-1], x_padded[:, :, :-1, :-1], kernel,
                            start=start, strides=(time_stride, 2, 2), rounded_sums=rounded_sums)
         return (y + bias).astype(x_padded.dtype)
@@ -484,7 +521,7 @@ def _downsample_phase_kernel(kernel: jax.Array) -> jax.Array:
 
 def downsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax.Array, *,
                                block_bytes: int = CPU_BLOCK_BYTES, native: bool,
-                               rounded_sums: bool = False) -> jax.Array:
+                               rounded_sums: bool = False, onednn: bool = False) -> jax.Array:
     """3x3 stride-2 'valid' conv of every frame padded by one row/column at the bottom/right.
 
     ``(B, T, H+1, W+1, C)`` (``H``, ``W`` even) x ``(3, 3, C, O)`` → ``(B, T, H/2, W/2, O)``: the
@@ -495,7 +532,7 @@ def downsample2x_conv2d_frames(x_padded: jax.Array, kernel: jax.Array, bias: jax
     """
     b, t, hp, wp, c = x_padded.shape
     h, w, o = (hp - 1) // 2, (wp - 1) // 2, kernel.shape[-1]
-    if native:
+    if runs_native(native=native, onednn=onednn, pixels=b * t * h * w, kernel=kernel):
         y = lax.conv_general_dilated(x_padded.reshape(b * t, hp, wp, c), kernel, (2, 2), "VALID",
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                      precision=matmul_precision(x_padded.dtype),

@@ -330,7 +330,7 @@ class Downsample(nnx.Module):
         conv = self.conv.conv
         return downsample2x_causal_conv3x3x3(None, padded, conv.kernel[...], conv.bias[...], time_stride=time_stride,
                                              start="replicate", native=ctx.native_conv,
-                                             rounded_sums=ctx.rounded_conv_sums)
+                                             rounded_sums=ctx.rounded_conv_sums, onednn=ctx.onednn_conv)
 
 
 class DownBlock(nnx.Module):

@@ -105,7 +105,8 @@ class Downsample2D(nnx.Module):
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
         return downsample2x_conv2d_frames(ctx.pad_hw_after(x), self.conv.kernel[...], self.conv.bias[...],
-                                          native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
+                                          native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums,
+                                          onednn=ctx.onednn_conv)
 
 
 def _resnets(cin: int, cout: int, layers: int, groups: int, *, rngs: nnx.Rngs, dtype) -> nnx.List:

@@ -107,7 +107,7 @@ class Conv2d(nnx.Module):
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
         return conv2d_frames(ctx.pad_hw(x), self.kernel[...], self.bias[...], native=ctx.native_conv,
-                             rounded_sums=ctx.rounded_conv_sums)
+                             rounded_sums=ctx.rounded_conv_sums, onednn=ctx.onednn_conv)
 
 
 def banded_caches(ctx: SpatialContext) -> bool:
@@ -150,10 +150,10 @@ class CausalConv3d(nnx.Module):
             # copies of itself (the time taps sum): one 2-D conv, 2/3 fewer FLOPs.
             kernel = self.kernel[2] if self.edge == "zero" else first_frame_kernel(self.kernel[...])
             y = conv2d_frames(x_padded, kernel, self.bias[...], native=ctx.native_conv,
-                              rounded_sums=ctx.rounded_conv_sums)
+                              rounded_sums=ctx.rounded_conv_sums, onednn=ctx.onednn_conv)
         else:
             y = causal_conv3x3x3(cache, x_padded, self.kernel[...], self.bias[...], start=self.edge,
-                                 native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
+                                 native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums, onednn=ctx.onednn_conv)
         past = initial_past(x_padded, self.edge) if cache is None else cache
         return y, next_carried_cache(past, x_padded, ctx)
 
@@ -369,7 +369,8 @@ class Downsample(nnx.Module):
         """``cache`` None on frame 0 (and always for downsample2d)."""
         with jax.named_scope("resample"):
             x = downsample2x_conv2d_frames(ctx.pad_hw_after(x), self.resample_kernel[...], self.resample_bias[...],
-                                           native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
+                                           native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums,
+                                           onednn=ctx.onednn_conv)
         if self.mode == "downsample2d":
             return x, None
         if cache is None:  # frame 0: no time conv, its frame is the next chunk's past

@@ -230,7 +230,7 @@ class Conv(nnx.Module):
     def _conv(self, seq: jax.Array, ctx: SpatialContext) -> jax.Array:
         """The conv of every frame of ``seq`` after its first two (their past)."""
         return causal_conv3x3x3(seq[:, :2], seq[:, 2:], self.conv.kernel[...], self.conv.bias[...],
-                                native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums)
+                                native=ctx.native_conv, rounded_sums=ctx.rounded_conv_sums, onednn=ctx.onednn_conv)
 
 
 class Pointwise(nnx.Module):

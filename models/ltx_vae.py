@@ -234,7 +234,7 @@ class StridedConv(nnx.Module):
         padded = ctx.pad_hw(x, edge=self.edge)
         y = downsample2x_causal_conv3x3x3(cache, padded, self.conv.kernel[...], self.conv.bias[...], time_stride=2,
                                           start="replicate", native=ctx.native_conv,
-                                          rounded_sums=ctx.rounded_conv_sums)
+                                          rounded_sums=ctx.rounded_conv_sums, onednn=ctx.onednn_conv)
         return y, padded[:, -1:]
 
 

@@ -40,11 +40,14 @@ class SpatialContext(Protocol):
     matmuls; decided by the platform of the target devices (``models.conv.native_conv_for``).
     ``rounded_conv_sums``: native convolutions return their sums rounded to the operands' type
     (GPUs; ``models.conv.rounded_conv_sums_for``).
+    ``onednn_conv``: on CPU, run the convolutions as oneDNN's (the program is compiled with
+    ``models.conv.compiler_options_for("cpu")``; ``models.conv.onednn_conv_for``).
     ``exchanges_halos``: the frame is split over devices that trade halo rows (tp > 1).
     """
 
     native_conv: bool
     rounded_conv_sums: bool
+    onednn_conv: bool
     exchanges_halos: bool
 
     def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:
@@ -273,13 +276,15 @@ class SingleDeviceContext:
     Args:
       native_conv: native XLA convolutions (True on accelerators; see ``SpatialContext``).
       rounded_conv_sums: native convolutions round their sums to the operands' type (GPUs).
+      onednn_conv: oneDNN's convolutions on CPU (see ``SpatialContext``).
       query_chunk: attention queries per score block (``dot_product_attention``).
     """
 
     exchanges_halos = False
 
-    def __init__(self, *, native_conv: bool = False, rounded_conv_sums: bool = False, query_chunk: int = 4096):
-        self.native_conv, self.rounded_conv_sums = native_conv, rounded_conv_sums
+    def __init__(self, *, native_conv: bool = False, rounded_conv_sums: bool = False, onednn_conv: bool = False,
+                 query_chunk: int = 4096):
+        self.native_conv, self.rounded_conv_sums, self.onednn_conv = native_conv, rounded_conv_sums, onednn_conv
         self.query_chunk = query_chunk
 
     def pad_hw(self, x: jax.Array, *, edge: Edge = "zero") -> jax.Array:

@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from .config import ConfigError, VAEConfig, WanVAEConfig
-from .conv import conv_path_for
+from .conv import CPU_CONVS, ConvPath, compiler_options_for, conv_path_for
 from .decode import (
     check_framewise,
     decode_conditions,
@@ -78,6 +78,30 @@ class VAE:
         self.metadata["dtype"] = dtype
         self.programs = ProgramCache()
         self._placed: dict[Any, Any] = {}
+        self._cpu_convs = "matmul"
+
+    @property
+    def cpu_convs(self) -> str:
+        """How its CPU programs run their convolutions (``models.conv.CPU_CONVS``): ``"matmul"``
+        (the default) or ``"onednn"`` (``models.conv.onednn_conv_for``). Set it before the first
+        compile: the programs already compiled keep the path they were compiled with."""
+        return self._cpu_convs
+
+    @cpu_convs.setter
+    def cpu_convs(self, kind: str) -> None:
+        if kind not in CPU_CONVS:
+            raise ValueError(f"cpu_convs must be one of {CPU_CONVS}; received {kind!r}")
+        if kind != self._cpu_convs and self.programs.compiles:
+            raise ValueError(f"cpu_convs is set before the first compile ({self.programs.compiles} compiled)")
+        self._cpu_convs = kind
+
+    def conv_path(self, platform: str) -> ConvPath:
+        """The conv path of its programs compiled for ``platform``'s devices."""
+        return conv_path_for(platform, self.cpu_convs)
+
+    def jit(self, run, platform: str, **options):
+        """``jax.jit(run, **options)`` with the compiler options of ``platform`` (``compiler_options_for``)."""
+        return jax.jit(run, compiler_options=compiler_options_for(platform, self.cpu_convs), **options)
 
     @property
     def has_encoder(self) -> bool:
@@ -140,7 +164,10 @@ class VAE:
 
     # -- single-device programs -----------------------------------------------------------------
     def _context(self) -> SingleDeviceContext:
-        return SingleDeviceContext(**conv_path_for(jax.devices()[0].platform))
+        return SingleDeviceContext(**self.conv_path(jax.devices()[0].platform))
+
+    def _jit(self, run):
+        return self.jit(run, jax.devices()[0].platform)
 
     def compile(self, shape: tuple[int, ...], *, denormalize: bool = False, output: Output = "float",
                 chunk: int | None = None, inner_frames: int | None = None,
@@ -158,7 +185,7 @@ class VAE:
             run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
                                denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
                                framewise=framewise)
-            return jax.jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
+            return self._jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
                                       *self.conditions_avals(shape[0]))
 
         return self.programs.get(key, lower)
@@ -173,7 +200,7 @@ class VAE:
         def lower():
             run = step_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
                                denormalize=denormalize, output="uint8", inner_frames=inner_frames, **clip)
-            return jax.jit(run).lower(self.state_avals(), caches, jax.ShapeDtypeStruct(shape, jnp.float32),
+            return self._jit(run).lower(self.state_avals(), caches, jax.ShapeDtypeStruct(shape, jnp.float32),
                                       *self.conditions_avals(shape[0]))
 
         return self.programs.get(key, lower)
@@ -189,7 +216,7 @@ class VAE:
 
         def lower():
             run = encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype], self._context, chunk=chunk)
-            return jax.jit(run).lower(self.encoder_state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
+            return self._jit(run).lower(self.encoder_state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
                                       PosteriorOptions.avals(shape[0]))
 
         return self.programs.get(key, lower)

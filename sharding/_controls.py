@@ -32,7 +32,6 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from models.conv import conv_path_for
 from models.decode import full_program, resolve_chunk
 from models.encode import posterior_options, resolve_encode_chunk
 from models.shapes import Output, check_output
@@ -61,6 +60,7 @@ from .decode import (
     crop_decoded,
     decode_layout,
     frames_spec,
+    jit_for,
     latents_spec,
     mesh_platform,
     put_conditions,
@@ -132,7 +132,7 @@ def decode_with(control: str, vae: VAE, latents, mesh: Mesh, *, output: Output =
     run = _full(vae, mesh, layout, denormalize=False, output=output, chunk=resolve_chunk(None), inner_frames=None,
                 query_chunk=query_chunk, context_type=CONTROLS[control], rank=len(shape))
     avals = _conditions(vae, mesh, shape[0])[1]
-    compiled = jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh), *avals).compile()
+    compiled = jit_for(vae, mesh, run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh), *avals).compile()
     placed = put_conditions(vae.conditions(shape[0], **conditions), mesh)
     frames, _ = compiled(replicated_state(vae, mesh), put_latents(latents, mesh), *placed)
     return crop_decoded(frames, shape, vae.config.spatial_scale, output)
@@ -146,7 +146,7 @@ def encode_with(control: str, vae: VAE, frames, mesh: Mesh, *, split: Split | No
     layout = encode_layout(vae, shape, mesh, split)
     run = _encoder(vae, mesh, layout, chunk=resolve_encode_chunk(None), query_chunk=query_chunk,
                    context_type=CONTROLS[control], rank=len(shape))
-    compiled = jax.jit(run).lower(*encode_avals(vae, shape, mesh, layout)).compile()
+    compiled = jit_for(vae, mesh, run).lower(*encode_avals(vae, shape, mesh, layout)).compile()
     return compiled(replicated_encoder_state(vae, mesh), put_frames(frames, layout, mesh, vae.config.spatial_scale),
                     put_options(posterior_options(shape[0]), mesh))
 
@@ -164,7 +164,7 @@ def decode_cropped_on_devices(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, o
     def cropped(state, latents):
         frames, counts = run(state, latents)
         return crop_decoded(frames, tuple(shape), vae.config.spatial_scale, output), counts
-    return jax.jit(cropped).lower(_state_aval(vae, mesh), _latents_aval(tuple(shape), mesh)).compile()
+    return jit_for(vae, mesh, cropped).lower(_state_aval(vae, mesh), _latents_aval(tuple(shape), mesh)).compile()
 
 
 def compile_whole_frame_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "uint8",
@@ -179,7 +179,7 @@ def compile_whole_frame_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, 
         raise ValueError(f"the whole-frame control splits evenly; {shape[3]} rows do not split over tp={layout.tp}")
     if vae.config.decode_conditions:
         raise ValueError(f"the whole-frame control takes no decode conditions ({vae.config.family})")
-    path = conv_path_for(mesh_platform(mesh))
+    path = vae.conv_path(mesh_platform(mesh))
     whole = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], lambda: SingleDeviceContext(**path),
                          denormalize=False, output=output,
                          chunk=resolve_chunk(None), inner_frames=inner_frames)
@@ -192,4 +192,4 @@ def compile_whole_frame_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, 
         return mine, counts
 
     run = _shard(mesh, band_counts(band), (P(), latents_spec(layout)), (frames_spec(layout, output), COUNTS_SPEC))
-    return jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(tuple(shape), mesh)).compile()
+    return jit_for(vae, mesh, run).lower(_state_aval(vae, mesh), _latents_aval(tuple(shape), mesh)).compile()

@@ -24,7 +24,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from models.conv import conv_path_for
 from models.decode import (
     check_framewise,
     full_program,
@@ -192,9 +191,9 @@ def _shard(mesh: Mesh, fn: Callable, in_specs, out_specs) -> Callable:
 ContextType = type[BandContext]
 
 
-def _band_context(mesh: Mesh, layout: BandLayout, query_chunk: int,
+def _band_context(vae: VAE, mesh: Mesh, layout: BandLayout, query_chunk: int,
                   context_type: ContextType = BandContext) -> Callable[[], BandContext]:
-    path = conv_path_for(mesh_platform(mesh))
+    path = vae.conv_path(mesh_platform(mesh))
 
     def make() -> BandContext:
         return context_type(layout, query_chunk=query_chunk, **path)
@@ -227,7 +226,7 @@ def _full(vae: VAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output
           framewise: bool = False, rank: int = 5) -> Callable:
     """The whole decode on each band under ``shard_map``; latents padded and frames cropped around it.
     ``rank``: of the latents (4 for images), and so of the frames."""
-    context = _band_context(mesh, layout, query_chunk, context_type)
+    context = _band_context(vae, mesh, layout, query_chunk, context_type)
     local = full_program(vae.graphdef, vae.config, DTYPES[vae.dtype], context, denormalize=denormalize,
                          output=output, chunk=chunk, inner_frames=inner_frames, framewise=framewise)
     conditions, _ = _conditions(vae, mesh, 0)
@@ -243,7 +242,7 @@ def _step(vae: VAE, mesh: Mesh, layout: BandLayout, *, first: bool, denormalize:
           query_chunk: int, clip: dict[str, int], output: Output = "uint8") -> Callable:
     """One stream step on each band; its caches (None for latent frame 0) stay on their bands.
     ``clip``: ``vae.clip_frames_option`` of the stream; ``output``: its frames, as ``compile_decode``'s."""
-    local = step_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(mesh, layout, query_chunk),
+    local = step_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(vae, mesh, layout, query_chunk),
                          denormalize=denormalize, output=output, inner_frames=inner_frames, **clip)
     caches = cache_spec(layout)
     conditions, _ = _conditions(vae, mesh, 0)
@@ -287,22 +286,27 @@ def compile_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Outp
     def lower():
         run = _full(vae, mesh, layout, denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
                     query_chunk=query_chunk, framewise=framewise, rank=len(shape))
-        return jax.jit(run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh),
+        return jit_for(vae, mesh, run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh),
                                   *_conditions(vae, mesh, shape[0])[1])
 
     return vae.programs.get(key, lower)
 
 
-def _lower(run: Callable, *avals: Any, donate: tuple[int, ...] = ()) -> jax.stages.Lowered:
-    """``jax.jit(run, donate_argnums=donate).lower(*avals)``: what a ``ProgramCache`` miss compiles
-    (bound now, run then)."""
-    return jax.jit(run, donate_argnums=donate).lower(*avals)
+def jit_for(vae: VAE, mesh: Mesh, run: Callable, *, donate: tuple[int, ...] = ()):
+    """``jax.jit(run)`` with the compiler options of the mesh's platform (``VAE.jit``)."""
+    return vae.jit(run, mesh_platform(mesh), donate_argnums=donate)
 
 
-def _lower_later(run: Callable, state: Any, caches: Callable[[], Any], z: jax.ShapeDtypeStruct,
-                 *conditions: Any) -> jax.stages.Lowered:
+def _lower(vae: VAE, mesh: Mesh, run: Callable, *avals: Any, donate: tuple[int, ...] = ()) -> jax.stages.Lowered:
+    """``jit_for(vae, mesh, run, donate=donate).lower(*avals)``: what a ``ProgramCache`` miss
+    compiles (bound now, run then)."""
+    return jit_for(vae, mesh, run, donate=donate).lower(*avals)
+
+
+def _lower_later(vae: VAE, mesh: Mesh, run: Callable, state: Any, caches: Callable[[], Any],
+                 z: jax.ShapeDtypeStruct, *conditions: Any) -> jax.stages.Lowered:
     """``_lower`` of a later stream step, its abstract caches traced only now (a cache miss)."""
-    return _lower(run, state, caches(), z, *conditions, donate=(STEP_CACHES,))
+    return _lower(vae, mesh, run, state, caches(), z, *conditions, donate=(STEP_CACHES,))
 
 
 # A later step's caches (its argument 1) are donated: the new caches take their place, so a step
@@ -347,10 +351,10 @@ def _stream_programs(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormaliz
                           **inner_frames_option(inner_frames), **clip, **step_output_option(output))
         if first:
             first_step = (run, z)
-            lower = functools.partial(_lower, run, state, None, z, *conditions)
+            lower = functools.partial(_lower, vae, mesh, run, state, None, z, *conditions)
         else:
             assert first_step is not None
-            lower = functools.partial(_lower_later, run, state, functools.partial(caches_of, *first_step), z,
+            lower = functools.partial(_lower_later, vae, mesh, run, state, functools.partial(caches_of, *first_step), z,
                                       *conditions)
         programs[start, stop] = vae.programs.get(key, lower)
     return programs

@@ -35,7 +35,7 @@ from models.shapes import check_frames_shape
 from models.vae import DTYPES, VAE
 
 from .bands import BandLayout, Split, band_layout
-from .decode import ContextType, _band_context, _check_mesh, _shard, _spec, split_axis
+from .decode import ContextType, _band_context, _check_mesh, _shard, _spec, jit_for, split_axis
 from .halo import BandContext
 from .mesh import TP_AXIS, mesh_key
 
@@ -96,7 +96,7 @@ def _encoder(vae: VAE, mesh: Mesh, layout: BandLayout, *, chunk: int, query_chun
     """The encode on each band under ``shard_map``, then the posterior on the cropped latents:
     ``run(state, padded frames, options)``; ``rank``: of the frames (4 for images)."""
     local = moments_program(vae.encoder_graphdef, DTYPES[vae.dtype],
-                            _band_context(mesh, layout, query_chunk, context_type), chunk=chunk)
+                            _band_context(vae, mesh, layout, query_chunk, context_type), chunk=chunk)
     sharded = _shard(mesh, local, (P(), frames_spec(layout, rank)), moments_spec(layout))
 
     def run(state, frames, options):
@@ -128,7 +128,7 @@ def compile_encode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split
 
     def lower():
         run = _encoder(vae, mesh, layout, chunk=chunk, query_chunk=query_chunk, rank=len(shape))
-        return jax.jit(run).lower(*encode_avals(vae, shape, mesh, layout))
+        return jit_for(vae, mesh, run).lower(*encode_avals(vae, shape, mesh, layout))
 
     return vae.programs.get(key, lower)
 

@@ -80,12 +80,13 @@ class BandContext:
       query_chunk: queries per attention score block (passed to ``dot_product_attention``).
       native_conv: native XLA convolutions (the mesh is on an accelerator; see ``SpatialContext``).
       rounded_conv_sums: native convolutions round their sums to the operands' type (GPUs).
+      onednn_conv: oneDNN's convolutions on CPU (see ``SpatialContext``).
     """
 
     def __init__(self, layout: BandLayout, *, axis_name: str = TP_AXIS, query_chunk: int = 4096,
-                 native_conv: bool = False, rounded_conv_sums: bool = False):
+                 native_conv: bool = False, rounded_conv_sums: bool = False, onednn_conv: bool = False):
         self.layout, self.axis_name, self.query_chunk = layout, axis_name, query_chunk
-        self.native_conv, self.rounded_conv_sums = native_conv, rounded_conv_sums
+        self.native_conv, self.rounded_conv_sums, self.onednn_conv = native_conv, rounded_conv_sums, onednn_conv
         self.exchanges_halos = layout.tp > 1
 
     def permutations(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -277,7 +278,7 @@ class HaloRecorder:
     ``pad_hw_after`` raises: it records decode steps, whose convs all pad on every side.)
     """
 
-    native_conv = rounded_conv_sums = False  # the conv path does not change what crosses devices
+    native_conv = rounded_conv_sums = onednn_conv = False  # the conv path does not change what crosses devices
 
     def __init__(self, layout: BandLayout):
         self.layout = layout

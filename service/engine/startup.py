@@ -77,6 +77,7 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
     limits and normalization taken from its config. Nothing is compiled yet."""
     embedded = vae is None and (settings.model is None or settings.model in models.MODEL_NAMES)
     vae = vae if vae is not None else _load_vae(settings)
+    vae.cpu_convs = settings.cpu_convs
     if vae.metadata.get("random_weights") and not embedded:  # an embedded model's loader said so already
         log.warning("the model has RANDOM weights: outputs are noise-like, for testing only")
     mesh = sharding.make_mesh(settings.tp, settings.dp)

@@ -1,7 +1,7 @@
 """The accelerators' causal caches, run on this CPU: native XLA convolutions at tp = 2, whose caches
 are built window-free and travel between steps flattened (``models.conv.next_cache``,
 ``stored_cache``), as on a TPU or GPU that trades halos. A CPU mesh takes its own path (nine-tap
-matmuls, caches kept as frames), so here the accelerators' path is forced (``conv_path_for``)
+matmuls, caches kept as frames), so here the accelerators' path is forced (``VAE.conv_path``)
 and checked against the single-device decode: float32, max abs ≤ 1e-5, within one program (the
 scan's carry) and across stream steps (caches returned sharded, ``cache_spec``). The control: the
 same decode restoring a flattened cache in the wrong order fails it.
@@ -25,9 +25,10 @@ TOLERANCE = 1e-5
 def native(monkeypatch):
     """A fresh model (its own program cache: these programs must not serve the CPU path's tests)
     whose sharded programs take the accelerators' path."""
-    monkeypatch.setattr(sharding.decode, "conv_path_for", lambda platform: ConvPath(native_conv=True,
-                                                                                      rounded_conv_sums=False))
-    return models.init_vae(models.WanVAEConfig(**TINY), seed=0)
+    vae = models.init_vae(models.WanVAEConfig(**TINY), seed=0)
+    monkeypatch.setattr(vae, "conv_path", lambda platform: ConvPath(native_conv=True, rounded_conv_sums=False,
+                                                                    onednn_conv=False))
+    return vae
 
 
 def _decode(vae) -> np.ndarray:
