@@ -186,7 +186,7 @@ class VAE:
                                denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
                                framewise=framewise)
             return self._jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
-                                      *self.conditions_avals(shape[0]))
+                                        *self.conditions_avals(shape[0]))
 
         return self.programs.get(key, lower)
 
@@ -201,7 +201,7 @@ class VAE:
             run = step_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
                                denormalize=denormalize, output="uint8", inner_frames=inner_frames, **clip)
             return self._jit(run).lower(self.state_avals(), caches, jax.ShapeDtypeStruct(shape, jnp.float32),
-                                      *self.conditions_avals(shape[0]))
+                                        *self.conditions_avals(shape[0]))
 
         return self.programs.get(key, lower)
 
@@ -217,7 +217,7 @@ class VAE:
         def lower():
             run = encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype], self._context, chunk=chunk)
             return self._jit(run).lower(self.encoder_state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
-                                      PosteriorOptions.avals(shape[0]))
+                                        PosteriorOptions.avals(shape[0]))
 
         return self.programs.get(key, lower)
 

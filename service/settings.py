@@ -126,8 +126,8 @@ class Settings(BaseSettings):
         json_schema_extra=_in("model"))
     cpu_convs: Literal["matmul", "onednn"] = Field(
         "matmul", description="how a CPU runs the convolutions: matmul (nine-tap matmuls, which the memory "
-        "estimate is fitted to) or onednn (oneDNN's convolutions, 1.2-1.9x faster on AVX-512; the estimate then "
-        "overstates what a program needs, so some requests that would fit are refused); accelerators ignore it",
+        "estimate is fitted to) or onednn (oneDNN's convolutions: decodes 1.2-1.3x faster on AVX-512; the estimate "
+        "then overstates what a program needs, so some requests that would fit are refused); accelerators ignore it",
         json_schema_extra=_in("model"))
     tp: int = Field(1, ge=1, description="devices per frame (horizontal bands)", json_schema_extra=_in("model", "N"))
     dp: int = Field(1, ge=1, description="data-parallel replicas; batches are padded to a multiple",

@@ -287,7 +287,7 @@ def compile_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Outp
         run = _full(vae, mesh, layout, denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
                     query_chunk=query_chunk, framewise=framewise, rank=len(shape))
         return jit_for(vae, mesh, run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh),
-                                  *_conditions(vae, mesh, shape[0])[1])
+                                             *_conditions(vae, mesh, shape[0])[1])
 
     return vae.programs.get(key, lower)
 
