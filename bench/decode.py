@@ -20,8 +20,7 @@ the max abs difference between the two outputs as a sanity check. A timestep-con
 (LTX-Video 0.9.5) decodes at ``DECODE_TIMESTEP`` in both, with no noise mixed into the latents. diffusers'
 model is saved without its encoder (a decode-only checkpoint: one copy of the decoder each). With several
 ``--inner-frames`` (or ``--cpu-convs``) settings, each is compared with the first setting: ratio and max abs difference.
-diffusers and every
-setting of ours run once each in turn within each round, so that all see the same machine load.
+diffusers and every setting of ours run once each in turn within each round, so that all see the same machine load.
 """
 
 from __future__ import annotations

@@ -51,12 +51,12 @@ CPU_CONVS = ("matmul", "onednn")
 def onednn_conv_for(platform: str, cpu_convs: str = "matmul") -> bool:
     """Whether a CPU program runs its convolutions as oneDNN's (XLA's ``__onednn$convolution``, the
     library PyTorch's CPU convolutions call): on the decoders' shapes XLA's own CPU convolution
-    reaches 75–110 GFLOP/s, the nine-tap matmul 75–125, oneDNN's 170–200 (2 cores, AVX-512). It
+    reaches 75–110 GFLOP/s, the nine-tap matmul 90–120, oneDNN's 180–190 (2 cores, AVX-512). It
     needs the program compiled with ``compiler_options_for``; compiled without them, the same
     program runs XLA's own convolution: the same values, slower. Convs bound by their kernels stay
     on the im2col path (``weight_bound``): oneDNN would reorder the kernel on every call. The
     upsamplers keep their phase convs (4/9 of the FLOPs: faster than oneDNN's conv of the
-    ``4·O``-output phase kernel, 0.21 s against 0.30 s at 128 channels of 64x64)."""
+    ``4·O``-output phase kernel, 0.25 s against 0.33 s at 128 channels of 64x64; ``bench/conv.py``)."""
     return platform == "cpu" and cpu_convs == "onednn"
 
 
@@ -413,13 +413,12 @@ def downsample2x_causal_conv3x3x3(past: jax.Array | None, x_padded: jax.Array, k
     """
     b, t, hp, wp, _ = x_padded.shape
     kt, o = kernel.shape[0], kernel.shape[-1]
-    pixels = b * ((t - 1) // time_stride + 1) * (hp - 2) // 2 * (wp - 2) // 2
-    if runs_native(native=native, onednn=onednn, pixels=pixels, kernel=kernel):
+    frames = (t - 1) // time_stride + 1
+    if runs_native(native=native, onednn=onednn, pixels=b * frames * ((hp - 2) // 2) * ((wp - 2) // 2), kernel=kernel):
         y = _native_causal(None if past is None else past[:, :, :-1, :-1], x_padded[:, :, :-1, :-1], kernel,
                            start=start, strides=(time_stride, 2, 2), rounded_sums=rounded_sums)
         return (y + bias).astype(x_padded.dtype)
     seq = _sequence(past, x_padded, start)[:, :, :-1, :-1]
-    frames = (seq.shape[1] - kt) // time_stride + 1
     taps = [seq[:, i : i + time_stride * (frames - 1) + 1 : time_stride] for i in range(kt)]
     folded = kernel.transpose(1, 2, 0, 3, 4).reshape(3, 3, kt * kernel.shape[3], o)
     return downsample2x_conv2d_frames(jnp.concatenate(taps, axis=-1), folded, bias, block_bytes=block_bytes,
