@@ -214,17 +214,20 @@ def plot(doc: dict[str, Any], path: Path) -> str | None:
               ("decode", "peak", "decode, peak device GB")]
     for ax, (op, field, title) in zip(axes, panels, strict=True):
         for i, (impl, dtype) in enumerate(series):
-            values = []
+            values, hatches = [], []
             for video in videos:
                 m = next((m for v, o, im, d, m in found if (v, o, im, d) == (video, op, impl, dtype)), None)
                 peak = m and (m.get("peak_bytes") or m.get("process_peak_bytes"))
                 values.append(0 if m is None else (peak or 0) / 1e9 if field == "peak" else m[field])
-            ax.bar([j + i * width for j in range(len(videos))], values, width, label=f"{impl} {dtype}")
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(videos))], videos, fontsize=8)
+                hatches.append("//" if m and m.get("tiling") else None)  # diffusers' enable_tiling(): not one call
+            ax.bar([j + i * width for j in range(len(videos))], values, width, label=f"{impl} {dtype}", hatch=hatches)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(videos))], [v.replace(" ", "\n") for v in videos],
+                      fontsize=8)
         ax.set_title(title)
     axes[0].legend(fontsize=8)
     device = doc.get("device", {}).get("jax", {}).get("device_kind", "?")
-    fig.suptitle(f"vaeserve vs diffusers on {device} (JAX {doc.get('versions', {}).get('jax', '?')})")
+    tiled = " (hatched: diffusers tiled)" if any(m.get("tiling") for *_, m in found) else ""
+    fig.suptitle(f"vaeserve vs diffusers on {device} (JAX {doc.get('versions', {}).get('jax', '?')}){tiled}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
