@@ -12,7 +12,7 @@ AutoencoderKLFlux2, AutoencoderKLQwenImage) on the same weights and latents.
     .venv/bin/python -m bench.decode --model flux1 --shape 1,16,64,64   # real Flux.1 VAE, one 512x512 image
     .venv/bin/python -m bench.decode --shape 1,16,21,60,104 --dtype bfloat16 --skip-diffusers   # 480x832x81
     .venv/bin/python -m bench.decode --skip-diffusers --inner-frames 4,1 --runs 5   # whole steps vs frame by frame
-    .venv/bin/python -m bench.decode --model ltx-video --cpu-convs matmul,onednn    # both CPU conv paths
+    .venv/bin/python -m bench.decode --model ltx-video --cpu-convs onednn,matmul    # both CPU conv paths
 
 Prints min and median seconds over ``--runs`` timed runs after one warm-up (which includes our
 compile), the ratio ours/diffusers, achieved GFLOP/s on the nominal FLOPs (bench/flops.py), and
@@ -55,9 +55,9 @@ def main() -> None:
     parser.add_argument("--inner-frames", type=parse_inner_frames, default=[None],
                         help="frames per inner step after each temporal upsampler, comma-separated settings to "
                              "compare in one run (auto: the automatic choice; 4: whole steps); default auto")
-    parser.add_argument("--cpu-convs", type=lambda text: text.split(","), default=["matmul"],
+    parser.add_argument("--cpu-convs", type=lambda text: text.split(","), default=["onednn"],
                         help="how a CPU runs the convolutions (VAE.cpu_convs), comma-separated settings to compare "
-                             "in one run: matmul, onednn; default matmul")
+                             "in one run: onednn, matmul; default onednn (the server's)")
     parser.add_argument("--skip-diffusers", action="store_true", help="time ours only (no torch needed)")
     args = parser.parse_args()
     config = models.MODEL_NAMES[args.model]()

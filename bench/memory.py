@@ -17,8 +17,8 @@ on a host other processes share).
 
 ``--table`` prints, without a server, the estimate per size for a model on CPU; ``--compare``
 compiles programs of the tiny configs (and, with ``--real``, of the real ones at small sizes;
-``--families``: only those image and LTX families) and prints the estimate against their
-``memory_analysis()`` per family; ``--fit`` compiles the tiny
+``--families``: only those) and prints the estimate against their ``memory_analysis()`` per
+family; ``--fit`` compiles the tiny
 configs' programs of the families named and prints the non-negative least-squares ``Coefficients``
 (on the ratio estimate / compiled) of their temp, for ``models.memory.FAMILIES``.
 """
@@ -26,6 +26,7 @@ configs' programs of the families named and prints the non-negative least-square
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -109,14 +111,14 @@ def start(port: int, extra: list[str]) -> subprocess.Popen:
 
 
 def estimator_of(info: dict):
-    """The server's model's estimate (its config, dtype, weights and mesh; CPU convs)."""
+    """The server's model's estimate (its config, dtype, weights, mesh and conv path)."""
     import models
     from models.memory import estimator
 
     config = models.config_from_dict(info["config"])
     return config, estimator(config, dtype=info["dtype"], decoder_parameters=info["metadata"]["parameters"],
                              encoder_parameters=info["metadata"].get("encoder_parameters", 0),
-                             tp=info["mesh"]["tp"], dp=info["mesh"]["dp"], native=False)
+                             tp=info["mesh"]["tp"], dp=info["mesh"]["dp"], convs=info["mesh"]["convs"])
 
 
 def raw_params(shape: tuple[int, ...]) -> dict[str, str]:
@@ -306,6 +308,21 @@ def tiny_configs() -> dict[str, list[Tiny]]:
         decodes=[(1, 8, 3, 4, 4), (2, 8, 3, 6, 8)], encodes=[(1, 3, 9, 64, 64), (2, 3, 9, 64, 96)],
         held_decodes=[(1, 8, 5, 12, 16)], held_encodes=[(1, 3, 17, 128, 128)])
     return {
+        "wan2.1": [Tiny(models.WanVAEConfig(base_dim=8, num_res_blocks=1), [(1, 16, 3, 8, 8), (2, 16, 3, 12, 12)],
+                        [(1, 3, 5, 32, 32), (2, 3, 9, 48, 64)], [(1, 16, 5, 24, 24)], [(1, 3, 9, 128, 128)])],
+        "wan2.2": [Tiny(models.WanVAEConfig.wan22(base_dim=8, decoder_base_dim=8, num_res_blocks=1, dim_mult=(1, 2, 2),
+                                                  temperal_downsample=(False, True), scale_factor_spatial=8,
+                                                  scale_factor_temporal=2),
+                        [(1, 48, 3, 8, 8), (2, 48, 3, 8, 12)], [(1, 3, 5, 32, 32), (2, 3, 9, 48, 64)],
+                        [(1, 48, 5, 16, 16)], [(1, 3, 9, 128, 128)])],
+        "hunyuan1.0": [Tiny(models.HunyuanVideoConfig(block_out_channels=(8, 16, 16, 16), norm_num_groups=4,
+                                                      layers_per_block=1),
+                            [(1, 16, 3, 8, 8), (2, 16, 2, 8, 12)], [(1, 3, 5, 32, 32), (2, 3, 9, 48, 64)],
+                            [(1, 16, 5, 16, 16)], [(1, 3, 9, 128, 128)])],
+        "hunyuan1.5": [Tiny(models.HunyuanVideo15Config(block_out_channels=(8, 16, 16, 32, 64), layers_per_block=1,
+                                                        latent_channels=16),
+                            [(1, 16, 3, 4, 4), (2, 16, 3, 4, 6)], [(1, 3, 5, 64, 64), (2, 3, 9, 64, 96)],
+                            [(1, 16, 5, 8, 8)], [(1, 3, 9, 128, 128)])],
         "autoencoder-kl": [image(models.AutoencoderKLConfig(block_out_channels=(8, 16, 16), latent_channels=4, **kl))],
         "flux2": [image(models.AutoencoderKLFlux2Config(block_out_channels=(8, 16, 16),
                                                         decoder_block_out_channels=(8, 16, 32), layers_per_block=1,
@@ -331,10 +348,61 @@ def tiny_configs() -> dict[str, list[Tiny]]:
     }
 
 
-def measurements(family: str, *, held: bool = False):
+def real_configs() -> dict[str, tuple[Any, list[tuple[int, ...]]]]:
+    """``{family: (config, decode latent shapes)}``: the real video configs at small and 480p sizes
+    (``--real``: minutes of compiling each)."""
+    import models
+
+    return {"wan2.1": (models.WanVAEConfig(), [(1, 16, 2, 16, 16), (1, 16, 2, 60, 104)]),
+            "wan2.2": (models.WanVAEConfig.wan22(), [(1, 48, 2, 8, 8), (1, 48, 2, 30, 52)]),
+            "hunyuan1.0": (models.HunyuanVideoConfig(), [(1, 16, 3, 16, 16), (1, 16, 5, 32, 32), (1, 16, 5, 48, 48)]),
+            "hunyuan1.5": (models.HunyuanVideo15Config(), [(1, 32, 2, 8, 8), (1, 32, 2, 30, 52)])}
+
+
+def real_measurements(family: str, *, cpu_convs: Any = "matmul"):
+    """As ``measurements``, for the decodes of the family's real config (``real_configs``; none
+    for a family without one), its weights abstract (compiled, never run)."""
+    import models
+    import sharding
+    from models.memory import estimator
+    from sharding.introspect import program_memory
+
+    if family not in real_configs():
+        return
+    config, shapes = real_configs()[family]
+    vae = models.abstract_vae(config)
+    vae.cpu_convs = cpu_convs
+    model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"], convs=cpu_convs)
+    assert model is not None, family
+    mesh = sharding.make_mesh(1)
+    for shape in shapes:
+        compiled = sharding.compile_decode_stream(vae, shape, mesh)
+        for program, step in zip(model.decode_steps(shape), compiled, strict=True):
+            yield "decode", shape, program.name, program.estimate, program.estimate.weighed, program_memory(step)
+
+
+def saved_rows(path: Path | None, key: str, measure: Any) -> list:
+    """The rows of ``measure()``, kept in the JSON file ``path`` under ``key`` (compiled once: a refit
+    with other features or fixed coefficients reads them back)."""
+    from models.memory import Estimate, Features
+
+    saved = json.loads(path.read_text()) if path is not None and path.exists() else {}
+    if key not in saved:
+        saved[key] = [{"program": program, "shape": list(shape), "step": step,
+                       "estimate": {k: getattr(estimate, k) for k in ("argument", "output", "alias", "temp")},
+                       "features": dataclasses.asdict(feats), "memory": memory}
+                      for program, shape, step, estimate, feats, memory in measure()]
+        if path is not None:
+            path.write_text(json.dumps(saved))
+    return [(r["program"], tuple(r["shape"]), r["step"], Estimate(**r["estimate"]), Features(**r["features"]),
+             r["memory"]) for r in saved[key]]
+
+
+def measurements(family: str, *, held: bool = False, cpu_convs: Any = "matmul"):
     """``(program, shape, step, estimate, features, memory_analysis())`` of every program of the
     family's tiny configs (``"decode"``: every step; ``"encode"``) at the fitted shapes (``held``:
-    the held-out ones), compiled on one CPU device; the features are those the estimate weighed."""
+    the held-out ones), compiled on one CPU device with ``cpu_convs``; the features are those the
+    estimate weighed."""
     import models
     import sharding
     from models.memory import estimator
@@ -344,8 +412,9 @@ def measurements(family: str, *, held: bool = False):
     for tiny in tiny_configs()[family]:
         config = tiny.config
         vae = models.init_vae(config)
+        vae.cpu_convs = cpu_convs
         model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"],
-                          encoder_parameters=vae.metadata["encoder_parameters"])
+                          encoder_parameters=vae.metadata["encoder_parameters"], convs=cpu_convs)
         assert model is not None, family
         for shape in tiny.held_decodes if held else tiny.decodes:
             compiled = sharding.compile_decode_stream(vae, shape, mesh)
@@ -402,9 +471,15 @@ def fit(args: argparse.Namespace) -> None:
         return result.x[:n]
 
     keep = [name in (args.features or names) for name in names]
+    fixed = {name: float(value) for name, value in (item.split("=") for item in args.fix or [])}
+    unknown = set(fixed) - set(names)
+    assert not unknown, f"--fix: unknown {unknown}; the features are {names}"
     for family in args.fit:
-        rows = list(measurements(family))
-        held = list(measurements(family, held=True))
+        key, convs = f"{family} {args.cpu_convs}", args.cpu_convs
+        rows = saved_rows(args.rows, key, partial(measurements, family, cpu_convs=convs))
+        held = saved_rows(args.rows, f"{key} held", partial(measurements, family, held=True, cpu_convs=convs))
+        if args.real:  # the real config's decodes: fitted by the minimax fit, held out of least squares
+            held += saved_rows(args.rows, f"{key} real", partial(real_measurements, family, cpu_convs=convs))
         for program in ("decode", "encode"):
             chosen = [r for r in rows if r[0] == program]
             if not chosen:
@@ -412,65 +487,46 @@ def fit(args: argparse.Namespace) -> None:
             others = [r for r in held if r[0] == program]
             for how, fitted in (("least squares", chosen), ("minimax, every shape", chosen + others)):
                 a, b = system(fitted)
-                a[:, [not k for k in keep]] = 0
+                for i, name in enumerate(names):  # a fixed coefficient's share is taken off the target
+                    if name in fixed:
+                        b = b - fixed[name] * a[:, i]
+                a[:, [not k or name in fixed for k, name in zip(keep, names, strict=True)]] = 0
                 if program == "encode":
                     a[:, 0] = 0
                 solution = nnls(a, b)[0] if how == "least squares" else minimax(a, b)
+                for i, name in enumerate(names):
+                    solution[i] = fixed.get(name, solution[i])
                 coefficients = dict(zip(names, (round(float(v), 3) for v in solution), strict=True))
-                print(f"{family} {program} ({how}): {coefficients}", flush=True)
+                print(f"{family} {program} ({how}, {args.cpu_convs}): {coefficients}", flush=True)
                 show(fitted if how == "least squares" else chosen, solution, "fitted")
                 show(others, solution, "held out" if how == "least squares" else "fitted")
 
 
 def compare(args: argparse.Namespace) -> None:
-    """The estimate against memory_analysis() of compiled programs, per family (tiny configs, and
-    with ``--real`` the real ones at small sizes: minutes of compiling each)."""
+    """The estimate against memory_analysis() of compiled programs, per family: the tiny configs
+    (``tiny_configs``: decodes and encodes, at the shapes fitted and those held out), and with
+    ``--real`` the real video configs' decodes at small sizes (minutes of compiling each); every
+    program compiled with ``--cpu-convs``."""
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    import models
-    import sharding
-    from models.memory import estimator
     from sharding.fits import program_total_bytes
-    from sharding.introspect import program_memory
 
-    tiny: dict[str, tuple[models.VAEConfig, list[tuple[int, ...]]]] = {
-        "wan2.1": (models.WanVAEConfig(base_dim=8, num_res_blocks=1), [(1, 16, 3, 8, 8), (2, 16, 3, 12, 12)]),
-        "wan2.2": (models.WanVAEConfig.wan22(base_dim=8, decoder_base_dim=8, num_res_blocks=1, dim_mult=(1, 2, 2),
-                                             temperal_downsample=(False, True), scale_factor_spatial=8,
-                                             scale_factor_temporal=2), [(1, 48, 3, 8, 8), (2, 48, 3, 8, 12)]),
-        "hunyuan1.0": (models.HunyuanVideoConfig(block_out_channels=(8, 16, 16, 16), norm_num_groups=4,
-                                                 layers_per_block=1), [(1, 16, 3, 8, 8), (2, 16, 2, 8, 12)]),
-        "hunyuan1.5": (models.HunyuanVideo15Config(block_out_channels=(8, 16, 16, 32, 64), layers_per_block=1,
-                                                   latent_channels=16), [(1, 16, 3, 4, 4), (2, 16, 3, 4, 6)]),
-    }
-    real: dict[str, tuple[models.VAEConfig, list[tuple[int, ...]]]] = {
-            "wan2.1": (models.WanVAEConfig(), [(1, 16, 2, 16, 16), (1, 16, 2, 60, 104)]),
-            "wan2.2": (models.WanVAEConfig.wan22(), [(1, 48, 2, 8, 8), (1, 48, 2, 30, 52)]),
-            "hunyuan1.0": (models.HunyuanVideoConfig(), [(1, 16, 3, 16, 16), (1, 16, 5, 32, 32)]),
-            "hunyuan1.5": (models.HunyuanVideo15Config(), [(1, 32, 2, 8, 8), (1, 32, 2, 30, 52)])}
-    mesh = sharding.make_mesh(1)
+    def row(name: str, which: str, shape: tuple[int, ...], program: str, estimate: Any, measured: int) -> None:
+        print(f"| {name} | {which} | {'x'.join(map(str, shape))} | {program} | {estimate.total / 1e6:.1f} MB | "
+              f"{measured / 1e6:.1f} MB | {estimate.total / measured:.2f} |", flush=True)
+
+    print(f"CPU convs: {args.cpu_convs}")
     print("| family | config | latents | program | estimate | memory_analysis() | ratio |")
     print("|---|---|---|---|---|---|---|")
-    for which, table_ in (("tiny", {} if args.families else tiny), ("real", real if args.real else {})):
-        for name, (config, shapes) in table_.items():
-            vae = models.abstract_vae(config)
-            model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"])
-            assert model is not None
-            for shape in shapes:
-                compiled = sharding.compile_decode_stream(vae, shape, mesh)
-                for program, step in zip(model.decode_steps(shape), compiled, strict=True):
-                    measured = program_total_bytes(program_memory(step))
-                    print(f"| {name} | {which} | {'x'.join(map(str, shape))} | {program.name} | "
-                          f"{program.estimate.total / 1e6:.1f} MB | {measured / 1e6:.1f} MB | "
-                          f"{program.estimate.total / measured:.2f} |", flush=True)
-    # The image and LTX families: their fitted tiny configs (``tiny_configs``), decodes and encodes,
-    # at the shapes fitted and those held out.
     for name in args.families or tiny_configs():
         for held in (False, True):
-            for _, shape, program_name, estimate, _, memory in measurements(name, held=held):
-                measured = program_total_bytes(memory)
-                print(f"| {name} | tiny{' (held out)' if held else ''} | {'x'.join(map(str, shape))} | {program_name} | "
-                      f"{estimate.total / 1e6:.1f} MB | {measured / 1e6:.1f} MB | {estimate.total / measured:.2f} |",
-                      flush=True)
+            for _, shape, program_name, estimate, _, memory in measurements(name, held=held, cpu_convs=args.cpu_convs):
+                row(name, "tiny (held out)" if held else "tiny", shape, program_name, estimate,
+                    program_total_bytes(memory))
+    for name in real_configs() if args.real else ():
+        if args.families and name not in args.families:
+            continue
+        for _, shape, program_name, estimate, _, memory in real_measurements(name, cpu_convs=args.cpu_convs):
+            row(name, "real", shape, program_name, estimate, program_total_bytes(memory))
 
 
 def main() -> None:
@@ -486,11 +542,16 @@ def main() -> None:
     parser.add_argument("--model", help="--table: a model (default: the embedded Wan 2.1)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--compare", action="store_true", help="the estimate vs compiled programs")
-    parser.add_argument("--real", action="store_true", help="--compare: the real configs too (slow)")
-    parser.add_argument("--families", nargs="+", help="--compare: only these of the image and LTX families")
+    parser.add_argument("--real", action="store_true", help="--compare, --fit: the real video configs too (slow)")
+    parser.add_argument("--families", nargs="+", help="--compare: only these families")
+    parser.add_argument("--cpu-convs", default="matmul", choices=["matmul", "onednn"],
+                        help="--compare, --fit: compile the CPU convs this way (models.conv.CPU_CONVS)")
     parser.add_argument("--fit", nargs="+", metavar="FAMILY", help="fit these families' coefficients (tiny configs)")
     parser.add_argument("--features", nargs="+", help="--fit: only these features (caches, activation, outputs, "
                         "taps, attention, weights)")
+    parser.add_argument("--fix", nargs="+", metavar="FEATURE=VALUE", help="--fit: hold these coefficients")
+    parser.add_argument("--rows", type=Path, help="--fit: a JSON file that keeps the compiled programs' figures "
+                        "(written on the first fit, read by the next)")
     args = parser.parse_args()
     if args.table:
         table(args)

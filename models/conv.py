@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .memory import Convs
 from .spatial import matmul_precision
 
 CACHE_FRAMES = 2
@@ -48,7 +49,7 @@ def native_conv_for(platform: str) -> bool:
 CPU_CONVS = ("matmul", "onednn")
 
 
-def onednn_conv_for(platform: str, cpu_convs: str = "matmul") -> bool:
+def onednn_conv_for(platform: str, cpu_convs: str) -> bool:
     """Whether a CPU program runs its convolutions as oneDNN's (XLA's ``__onednn$convolution``, the
     library PyTorch's CPU convolutions call): on the decoders' shapes XLA's own CPU convolution
     reaches 75–110 GFLOP/s, the nine-tap matmul 90–120, oneDNN's 180–190 (2 cores, AVX-512). It
@@ -60,7 +61,7 @@ def onednn_conv_for(platform: str, cpu_convs: str = "matmul") -> bool:
     return platform == "cpu" and cpu_convs == "onednn"
 
 
-def compiler_options_for(platform: str, cpu_convs: str = "matmul") -> dict[str, bool]:
+def compiler_options_for(platform: str, cpu_convs: str) -> dict[str, bool]:
     """The XLA compiler options of programs compiled for ``platform``'s devices (``jax.jit``'s
     ``compiler_options``): oneDNN's convolutions where ``onednn_conv_for``."""
     if onednn_conv_for(platform, cpu_convs):
@@ -88,10 +89,16 @@ class ConvPath(TypedDict):
     onednn_conv: bool
 
 
-def conv_path_for(platform: str, cpu_convs: str = "matmul") -> ConvPath:
+def conv_path_for(platform: str, cpu_convs: str) -> ConvPath:
     """The conv path of programs compiled for ``platform``'s devices (with ``compiler_options_for``)."""
     return ConvPath(native_conv=native_conv_for(platform), rounded_conv_sums=rounded_conv_sums_for(platform),
                     onednn_conv=onednn_conv_for(platform, cpu_convs))
+
+
+def convs_for(platform: str, cpu_convs: str) -> Convs:
+    """How programs compiled for ``platform``'s devices convolve, in one word: ``cpu_convs`` on CPU
+    (``CPU_CONVS``), ``"native"`` elsewhere (``models.memory.Convs``: the estimate's tables)."""
+    return "native" if native_conv_for(platform) else cast(Convs, cpu_convs)
 
 
 def runs_native(*, native: bool, onednn: bool, pixels: int, kernel: jax.Array) -> bool:

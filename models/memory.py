@@ -38,7 +38,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .config import HunyuanVideo15Config, HunyuanVideoConfig, VAEConfig, WanVAEConfig
 from .image_config import AutoencoderKLConfig, AutoencoderKLFlux2Config, QwenImageConfig
@@ -56,6 +56,11 @@ CLIP_BLOCK_BYTES = 256 * 2**20
 LTXConfig = LTXVideoConfig | LTX2VideoConfig
 QUERY_CHUNK = 4096  # sharding's query_chunk default: attention scores per block of queries
 CONDITION_BYTES = 16  # models.ltx.DecodeConditions per row: float32 timestep and noise scale, a uint32 key pair
+# How a program's convolutions are compiled: on CPU, models.conv.CPU_CONVS ("matmul": nine-tap matmuls;
+# "onednn": oneDNN's convolutions, nine-tap matmuls left for the upsamplers' phase convs and the
+# kernel-bound ones); "native": an accelerator's.
+Convs = Literal["matmul", "onednn", "native"]
+CONVS: tuple[Convs, ...] = ("matmul", "onednn", "native")
 
 
 # -- a network, as the estimate sees it --------------------------------------------------------------
@@ -120,7 +125,7 @@ class Features:
     caches: int  # causal caches (elements, model dtype)
     activation: int  # the largest conv's input + output (elements)
     outputs: int  # every conv's output, summed (elements): what a step holds if little is reused
-    taps: int  # the largest nine-tap matmul block (float32 elements; 0 on accelerators)
+    taps: int  # the largest nine-tap matmul block (float32 elements; 0 for native convs)
     attention: int  # scores of one block of queries + gathered keys and values (float32 elements)
     weights: int = 0  # bytes of the program's weights (kernels are reshaped for the convs)
 
@@ -130,8 +135,7 @@ class Coefficients:
     """How much of each feature a family's compiled programs hold as temp, per platform kind.
 
     Fitted (on the ratio estimate / compiled) to ``memory_analysis()`` of the family's programs;
-    see ``bench/memory.py``. ``cpu`` applies to programs with the nine-tap CPU convs, ``native`` to
-    accelerators' native convolutions (no nine-tap buffers)."""
+    see ``bench/memory.py`` and ``Family`` (one table per conv path)."""
 
     caches: float
     activation: float
@@ -165,7 +169,10 @@ class Estimate:
 
 
 def features(layers: list[Layer], grid: Grid, *, native: bool) -> Features:
-    """The features of a program made of ``layers`` over ``grid`` (per device)."""
+    """The features of a program made of ``layers`` over ``grid`` (per device); ``native``: no
+    nine-tap buffers (an accelerator's convolutions). On CPU every conv's nine-tap block is
+    counted under either path: under oneDNN's the largest block left to the nine-tap matmuls
+    scales with it."""
     b, h, w = grid.batch, grid.rows, grid.cols
     caches = activation = outputs = taps = attention = 0
     for layer in layers:
@@ -528,13 +535,15 @@ Table = dict[str, Coefficients]  # by program: "decode" (a step, or a whole-clip
 @dataclass(frozen=True)
 class Family:
     """What the estimate knows of a family: its decoder's and encoder's layers, and its coefficients
-    by program (``"decode"``, ``"encode"``), for each conv path (``cpu``: the nine-tap CPU convs;
-    ``native``: accelerators' convolutions, None until measured there — the CPU's are used, with
-    no nine-tap buffers to count)."""
+    by program (``"decode"``, ``"encode"``), for each conv path (``Convs``; ``matmul``: the
+    nine-tap CPU convs; ``onednn``: oneDNN's CPU convs, the matmul path's when None, which
+    overstates them; ``native``: accelerators' convolutions, None until measured there — the
+    matmul path's are used, with no nine-tap buffers to count)."""
 
     decoder: Walk
     encoder: Walk
-    cpu: Table
+    matmul: Table
+    onednn: Table | None = None
     native: Table | None = None
     first_step_unused: Callable[..., int] = lambda config: 0  # parameters the first decode step leaves out
     frame_encode_unused: Callable[..., int] = lambda config: 0  # parameters the encode of one frame leaves out
@@ -545,40 +554,58 @@ def _c(caches: float, activation: float, outputs: float, taps: float, attention:
                         weights=weights)
 
 
-# AutoencoderKL's and Flux.2's, fitted over both (the same layers).
-KL_CPU: Table = {"decode": _c(0.0, 0.0, 1.018, 0.389, 0.0, 0.157), "encode": _c(0.0, 0.0, 0.0, 2.537, 0.588, 0.0)}
+# AutoencoderKL's and Flux.2's nine-tap coefficients, fitted over both (the same layers).
+KL_MATMUL: Table = {"decode": _c(0.0, 0.0, 1.018, 0.389, 0.0, 0.157), "encode": _c(0.0, 0.0, 0.0, 2.537, 0.588, 0.0)}
 
-# Fitted to memory_analysis() on XLA:CPU: the video families' of the tiny test configs at several
-# sizes and of the real configs at small and 480p sizes (the printed table is in docs/serving.md,
-# "No out-of-memory surprises"). The image and LTX families': minimax fits (the least largest
-# |estimate / compiled − 1|, non-negative; `python -m bench.memory --fit FAMILY` prints them beside
-# a least-squares fit with larger shapes held out) over every tiny-config shape `bench.memory`'s
-# `tiny_configs` lists, some features left out per program (`--features`); AutoencoderKL and
-# Flux.2 share theirs, fitted over both.
+# Fitted to memory_analysis() on XLA:CPU, one table per CPU conv path. ``matmul``: the video
+# families' of the tiny test configs at several sizes and of the real configs at small and 480p
+# sizes (the printed table is in docs/serving.md, "No out-of-memory surprises"); the image and LTX
+# families': minimax fits (the least largest |estimate / compiled − 1|, non-negative; `python -m
+# bench.memory --fit FAMILY` prints them beside a least-squares fit with larger shapes held out)
+# over every tiny-config shape `bench.memory`'s `tiny_configs` lists, some features left out per
+# program (`--features`); AutoencoderKL and Flux.2 share theirs, fitted over both. ``onednn``: minimax
+# fits over every family's tiny configs (`python -m bench.memory --fit FAMILY --cpu-convs onednn`),
+# the video families' with their real configs' decodes (`--real`) and the attention's scores and
+# keys counted once (`--fix attention=1`, as the LTX families', whose tiny configs have none).
 FAMILIES: dict[str, Family] = {
-    "wan2.1": Family(wan_decoder, wan_encoder, cpu={"decode": _c(0.667, 1.006, 0.0, 1.640, 1.0, 0.0),
-                                                    "encode": _c(0.0, 6.303, 0.0, 2.175, 1.0, 0.250)},
+    "wan2.1": Family(wan_decoder, wan_encoder,
+                     matmul={"decode": _c(0.667, 1.006, 0.0, 1.640, 1.0, 0.0), "encode": _c(0.0, 6.303, 0.0, 2.175, 1.0, 0.250)},
+                     onednn={"decode": _c(0.592, 0.156, 0.0, 0.541, 1.0, 0.0), "encode": _c(0.0, 4.008, 0.0, 0.069, 1.0, 0.0)},
                      first_step_unused=wan_first_step_unused, frame_encode_unused=wan21_frame_encode_unused),
-    "wan2.2": Family(wan_decoder, wan_encoder, cpu={"decode": _c(0.872, 0.379, 0.0, 0.464, 1.0, 0.367),
-                                                    "encode": _c(0.0, 0.0, 1.556, 2.752, 1.0, 0.784)},
+    "wan2.2": Family(wan_decoder, wan_encoder,
+                     matmul={"decode": _c(0.872, 0.379, 0.0, 0.464, 1.0, 0.367), "encode": _c(0.0, 0.0, 1.556, 2.752, 1.0, 0.784)},
+                     onednn={"decode": _c(0.614, 0.44, 0.0, 0.36, 1.0, 0.287), "encode": _c(0.0, 4.319, 0.0, 0.0, 1.0, 0.0)},
                      first_step_unused=wan_first_step_unused),
-    "hunyuan1.5": Family(hunyuan15_decoder, hunyuan15_encoder, cpu={"decode": _c(2.571, 0.0, 0.0, 1.906, 1.0, 0.340),
-                                                                   "encode": _c(0.0, 0.0, 1.653, 2.632, 1.0, 0.953)}),
-    "hunyuan1.0": Family(hunyuan_decoder, hunyuan_encoder, cpu={"decode": _c(0.0, 3.604, 0.0, 0.108, 1.0, 0.532),
-                                                               "encode": _c(0.0, 0.0, 0.199, 2.188, 1.0, 1.295)}),
+    "hunyuan1.5": Family(hunyuan15_decoder, hunyuan15_encoder,
+                         matmul={"decode": _c(2.571, 0.0, 0.0, 1.906, 1.0, 0.340), "encode": _c(0.0, 0.0, 1.653, 2.632, 1.0, 0.953)},
+                         onednn={"decode": _c(1.089, 0.0, 0.145, 0.078, 1.0, 0.015), "encode": _c(0.0, 4.169, 0.0, 0.0, 1.0, 0.0)}),
+    "hunyuan1.0": Family(hunyuan_decoder, hunyuan_encoder,
+                         matmul={"decode": _c(0.0, 3.604, 0.0, 0.108, 1.0, 0.532), "encode": _c(0.0, 0.0, 0.199, 2.188, 1.0, 1.295)},
+                         # Its whole-clip temp is 3.5-3.7x the largest activation from 17 x 256x256 up
+                         # (1.4x at 9 x 128x128): fitted to the large sizes, where the check matters.
+                         onednn={"decode": _c(0.0, 3.6, 0.0, 0.0, 1.0, 0.0),
+                                 "encode": _c(0.0, 0.0, 0.0, 0.432, 1.0, 0.278)}),
     # Images: tiny configs from 8x8 to 96x96 latents (768x768 frames). XLA:CPU's memory_analysis()
     # of the AutoencoderKL decode holds the mid block's scores only up to one block of queries
     # (4096 tokens), and the CPU convs' block budget bends the curves: 0.66-1.35.
-    "autoencoder-kl": Family(kl_decoder, kl_encoder, cpu=KL_CPU),
-    "flux2": Family(kl_decoder, kl_encoder, cpu=KL_CPU, first_step_unused=flux2_unused),
-    "qwen-image": Family(on_wan(wan_decoder), on_wan(wan_encoder), cpu={"decode": _c(0.175, 0.0, 0.0, 1.756, 0.0, 0.130),
-                                                          "encode": _c(0.0, 0.0, 0.0, 2.003, 0.0, 3.350)},
+    "autoencoder-kl": Family(kl_decoder, kl_encoder, matmul=KL_MATMUL,
+                             onednn={"decode": _c(0.0, 0.0, 0.0, 0.309, 1.659, 1.149),
+                                     "encode": _c(0.0, 0.0, 0.0, 0.275, 1.138, 0.0)}),
+    "flux2": Family(kl_decoder, kl_encoder, matmul=KL_MATMUL,
+                    onednn={"decode": _c(0.0, 0.0, 0.0, 0.275, 1.706, 0.468), "encode": _c(0.0, 0.0, 0.0, 0.285, 1.137, 0.0)},
+                    first_step_unused=flux2_unused),
+    "qwen-image": Family(on_wan(wan_decoder), on_wan(wan_encoder),
+                         matmul={"decode": _c(0.175, 0.0, 0.0, 1.756, 0.0, 0.130), "encode": _c(0.0, 0.0, 0.0, 2.003, 0.0, 3.350)},
+                         onednn={"decode": _c(0.0, 0.0, 0.0, 0.309, 1.876, 0.326),
+                                 "encode": _c(0.0, 1.701, 0.0, 0.011, 1.606, 0.371)},
                          first_step_unused=on_wan(wan_first_step_unused),
                          frame_encode_unused=on_wan(wan21_frame_encode_unused)),
-    "ltx-video": Family(ltx_decoder, ltx_encoder, cpu={"decode": _c(3.164, 0.0, 0.0, 1.238, 1.0, 0.0),
-                                                       "encode": _c(0.0, 6.434, 0.0, 1.801, 1.0, 0.0)}),
-    "ltx2": Family(ltx_decoder, ltx_encoder, cpu={"decode": _c(0.357, 3.693, 2.057, 0.0, 1.0, 0.528),
-                                                  "encode": _c(0.0, 0.0, 0.0, 3.212, 1.0, 0.0)}),
+    "ltx-video": Family(ltx_decoder, ltx_encoder,
+                        matmul={"decode": _c(3.164, 0.0, 0.0, 1.238, 1.0, 0.0), "encode": _c(0.0, 6.434, 0.0, 1.801, 1.0, 0.0)},
+                        onednn={"decode": _c(0.376, 2.105, 0.0, 0.0, 1.0, 0.0), "encode": _c(0.0, 2.653, 0.0, 0.0, 1.0, 0.0)}),
+    "ltx2": Family(ltx_decoder, ltx_encoder,
+                   matmul={"decode": _c(0.357, 3.693, 2.057, 0.0, 1.0, 0.528), "encode": _c(0.0, 0.0, 0.0, 3.212, 1.0, 0.0)},
+                   onednn={"decode": _c(0.0, 1.748, 0.0, 0.0, 1.0, 0.111), "encode": _c(0.0, 2.117, 0.0, 0.0, 1.0, 0.0)}),
 }
 
 
@@ -589,9 +616,9 @@ def family_key(config: VAEConfig) -> str:
     return config.family
 
 
-def _coefficients(family: Family, program: str, native: bool) -> Coefficients:
-    table = family.native if native and family.native is not None else family.cpu
-    return table[program]
+def _coefficients(family: Family, program: str, convs: Convs) -> Coefficients:
+    table = {"matmul": family.matmul, "onednn": family.onednn, "native": family.native}[convs]
+    return (table or family.matmul)[program]
 
 
 # -- the estimate ----------------------------------------------------------------------------------
@@ -606,15 +633,18 @@ class Program:
 
 class Estimator:
     """Estimates for one model: its config, dtype, weights and mesh (``tp`` bands of each frame,
-    ``dp`` replicas), compiled for CPU (``native=False``) or an accelerator."""
+    ``dp`` replicas), its convolutions compiled as ``convs`` says (``Convs``)."""
 
     def __init__(self, config: VAEConfig, family: Family, *, dtype: str, decoder_parameters: int,
-                 encoder_parameters: int, tp: int = 1, dp: int = 1, native: bool = False):
+                 encoder_parameters: int, tp: int = 1, dp: int = 1, convs: Convs = "matmul"):
+        if convs not in CONVS:
+            raise ValueError(f"convs={convs!r}: expected one of {CONVS}")
         self.config, self.family, self.dtype = config, family, dtype
         self.itemsize = BYTES[dtype]
         self.decoder_weights = decoder_parameters * self.itemsize
         self.encoder_weights = encoder_parameters * self.itemsize
-        self.tp, self.dp, self.native = tp, dp, native
+        self.tp, self.dp, self.convs = tp, dp, convs
+        self.native = convs == "native"
 
     def _grid(self, batch: int, frames: int, rows: int, cols: int, clip_frames: int) -> Grid:
         band = math.ceil(rows / self.tp)
@@ -664,7 +694,7 @@ class Estimator:
         donated = caches if steps and not first else 0
         # A later step's caches are arguments (donated to its outputs); their updates cost temp too.
         weighed = dataclasses.replace(feats, caches=0 if first and steps else feats.caches, weights=self.decoder_weights)
-        temp = _coefficients(self.family, "decode", self.native).temp(weighed, self.itemsize)
+        temp = _coefficients(self.family, "decode", self.convs).temp(weighed, self.itemsize)
         weights = self.decoder_weights
         if first and inputs[2] == 1:
             weights -= self.itemsize * self.family.first_step_unused(self.config)
@@ -687,13 +717,13 @@ class Estimator:
         frames = grid.batch * 3 * f * (scale * grid.rows) * (scale * grid.cols) * 4  # float32, a band
         latents = grid.batch * self.config.z_dim * t * grid.rows * grid.cols * 4
         weighed = dataclasses.replace(feats, weights=self.encoder_weights)
-        temp = _coefficients(self.family, "encode", self.native).temp(weighed, self.itemsize)
+        temp = _coefficients(self.family, "encode", self.convs).temp(weighed, self.itemsize)
         weights = self.encoder_weights - (self.itemsize * self.family.frame_encode_unused(self.config) if f == 1 else 0)
         return Estimate(argument=weights + frames, output=latents, alias=0, temp=temp, weighed=weighed)
 
 
 def estimator(config: VAEConfig, *, dtype: str, decoder_parameters: int, encoder_parameters: int = 0,
-              tp: int = 1, dp: int = 1, native: bool = False) -> Estimator | None:
+              tp: int = 1, dp: int = 1, convs: Convs = "matmul") -> Estimator | None:
     """The estimate for a model (every family of ``FAMILIES``: Wan 2.1/2.2, HunyuanVideo 1.0/1.5,
     LTX-Video, LTX-2, and the image VAEs ``AutoencoderKL``, Flux.2 and Qwen-Image), or None for a
     family without one (its programs are checked once compiled only)."""
@@ -701,7 +731,7 @@ def estimator(config: VAEConfig, *, dtype: str, decoder_parameters: int, encoder
     if family is None:
         return None
     return Estimator(config, family, dtype=dtype, decoder_parameters=decoder_parameters,
-                     encoder_parameters=encoder_parameters, tp=tp, dp=dp, native=native)
+                     encoder_parameters=encoder_parameters, tp=tp, dp=dp, convs=convs)
 
 
 def output_bytes(config: VAEConfig, shape: tuple[int, ...], output: Output) -> int:

@@ -41,7 +41,7 @@ class SpatialContext(Protocol):
     ``rounded_conv_sums``: native convolutions return their sums rounded to the operands' type
     (GPUs; ``models.conv.rounded_conv_sums_for``).
     ``onednn_conv``: on CPU, run the convolutions as oneDNN's (the program is compiled with
-    ``models.conv.compiler_options_for("cpu")``; ``models.conv.onednn_conv_for``).
+    ``models.conv.compiler_options_for("cpu", "onednn")``; ``models.conv.onednn_conv_for``).
     ``exchanges_halos``: the frame is split over devices that trade halo rows (tp > 1).
     """
 

@@ -78,13 +78,14 @@ class VAE:
         self.metadata["dtype"] = dtype
         self.programs = ProgramCache()
         self._placed: dict[Any, Any] = {}
-        self._cpu_convs = "matmul"
+        self._cpu_convs = "onednn"
 
     @property
     def cpu_convs(self) -> str:
-        """How its CPU programs run their convolutions (``models.conv.CPU_CONVS``): ``"matmul"``
-        (the default) or ``"onednn"`` (``models.conv.onednn_conv_for``). Set it before the first
-        compile: the programs already compiled keep the path they were compiled with."""
+        """How its CPU programs run their convolutions (``models.conv.CPU_CONVS``): ``"onednn"``
+        (the default: ``models.conv.onednn_conv_for``) or ``"matmul"`` (nine-tap matmuls only).
+        Set it before the first compile: the programs already compiled keep the path they were
+        compiled with."""
         return self._cpu_convs
 
     @cpu_convs.setter

@@ -125,9 +125,9 @@ class Settings(BaseSettings):
         "float32", description="weights and activations (float32 matches the PyTorch reference)",
         json_schema_extra=_in("model"))
     cpu_convs: Literal["matmul", "onednn"] = Field(
-        "matmul", description="how a CPU runs the convolutions: matmul (nine-tap matmuls, which the memory "
-        "estimate is fitted to) or onednn (oneDNN's convolutions: decodes 1.2-1.3x faster on AVX-512; the estimate "
-        "then overstates what a program needs, so some requests that would fit are refused); accelerators ignore it",
+        "onednn", description="how a CPU runs the convolutions: onednn (XLA's oneDNN convolutions; decodes "
+        "1.2-1.3x faster than matmul on x86-64 with AVX-512) or matmul (nine-tap matmuls only); the memory "
+        "estimate has coefficients for each; accelerators ignore it",
         json_schema_extra=_in("model"))
     tp: int = Field(1, ge=1, description="devices per frame (horizontal bands)", json_schema_extra=_in("model", "N"))
     dp: int = Field(1, ge=1, description="data-parallel replicas; batches are padded to a multiple",

@@ -18,6 +18,7 @@ import numpy as np
 
 import models
 import sharding
+from models.conv import convs_for
 from models.decode import has_framewise
 from models.memory import estimator
 from models.programs import ProgramKey
@@ -102,12 +103,12 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
 
 def memory_guard(vae: Any, memory: MemoryPlan, limits: Limits, settings: Settings) -> MemoryGuard:
     """The checks before compiling: the model's estimate with this server's dtype, mesh and conv path."""
-    native = memory.platform != "cpu"
+    convs = convs_for(memory.platform, vae.cpu_convs)
 
     def variant(dtype: str, tp: int) -> Any:
         return estimator(vae.config, dtype=dtype, decoder_parameters=int(vae.metadata.get("parameters", 0)),
                          encoder_parameters=int(vae.metadata.get("encoder_parameters", 0)), tp=tp, dp=settings.dp,
-                         native=native)
+                         convs=convs)
 
     return MemoryGuard(plan=memory, estimate=variant(vae.dtype, settings.tp), limits=limits,
                        devices=jax.device_count(), variants=variant)

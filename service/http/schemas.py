@@ -107,6 +107,8 @@ class MeshInfo(BaseModel):
     tp: int
     devices: list[str]
     processes: int = 1  # JAX processes (hosts) the mesh spans
+    # How its programs' convolutions are compiled: "matmul" or "onednn" on CPU (--cpu-convs), "native" elsewhere.
+    convs: Literal["matmul", "onednn", "native"] = "matmul"
 
 
 class WarmedShape(BaseModel):

@@ -1,6 +1,7 @@
 """The estimate a server refuses hopeless requests with (``models.memory``), against the compiled
 programs' ``memory_analysis()``: every family, the programs a server runs (each decode step, a
-whole-clip decode, an encode), several shapes each, tp = 1 and 2.
+whole-clip decode, an encode), several shapes each, tp = 1 and 2, with the CPU's default convs
+(oneDNN's) and, for two families, the nine-tap matmul convs (``--cpu-convs matmul``).
 
 Bounds: arguments and outputs are counted exactly (weights, inputs, output frames, the causal
 caches a step keeps and donates); the total within [0.7, 1.5] of the compiled one. A server
@@ -18,6 +19,7 @@ import pytest
 
 import models
 import sharding
+from models.conv import convs_for
 from models.memory import estimator
 from sharding.fits import program_total_bytes
 from sharding.introspect import program_memory
@@ -43,19 +45,22 @@ FAMILIES: dict[str, tuple[models.VAEConfig, list[tuple[int, ...]], list[tuple[in
     "flux2": (FLUX2_TINY, [(1, 8, 8, 8)], []),  # AutoencoderKL's encoder
     "qwen-image": (QWEN_TINY, [(1, 16, 8, 8), (2, 16, 1, 12, 16)], [(1, 3, 64, 64)]),
     # LTX: the first step (1 + lookahead latent frames) and the later ones; timestep and noise arguments.
-    "ltx-video": (LTX095, [(1, 8, 3, 4, 4)], []),  # the LTX encoder: in ltx2's
+    "ltx-video": (LTX095, [(1, 8, 3, 4, 4), (1, 8, 3, 12, 16)], []),  # the LTX encoder: in ltx2's
     "ltx2": (LTX23, [(1, 8, 3, 4, 4)], [(1, 3, 9, 64, 64)]),
 }
 
 
-def cases(name: str, tp: int = 1, *, shapes: int = 2, encode: bool = True):
+def cases(name: str, tp: int = 1, *, shapes: int = 2, encode: bool = True, cpu_convs: str | None = None):
     """``(shape, [(program, estimate, memory_analysis())] per program)``: the server's decode steps
-    of each shape (first and later step, or the whole clip or image), then the encode."""
+    of each shape (first and later step, or the whole clip or image), then the encode; compiled
+    with ``cpu_convs`` (None: the default)."""
     config, decodes, encodes = FAMILIES[name]
     vae = models.init_vae(config)
+    if cpu_convs is not None:
+        vae.cpu_convs = cpu_convs
     mesh = sharding.make_mesh(tp)
     model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"],
-                      encoder_parameters=vae.metadata["encoder_parameters"], tp=tp)
+                      encoder_parameters=vae.metadata["encoder_parameters"], tp=tp, convs=convs_for("cpu", vae.cpu_convs))
     assert model is not None
     for shape in decodes[:shapes]:
         compiled = sharding.compile_decode_stream(vae, shape, mesh)
@@ -74,13 +79,15 @@ def measured():
 
     def get(name: str) -> list:
         if name not in found:
-            found[name] = list(cases("wan21", tp=2, shapes=1, encode=False) if name == "wan21 tp=2" else cases(name))
+            family, _, variant = name.partition(" ")
+            found[name] = list(cases(family, tp=2, shapes=1, encode=False) if variant == "tp=2" else
+                               cases(family, shapes=1, cpu_convs="matmul") if variant == "matmul" else cases(name))
         return found[name]
 
     return get
 
 
-@pytest.mark.parametrize("name", [*FAMILIES, "wan21 tp=2"])
+@pytest.mark.parametrize("name", [*FAMILIES, "wan21 tp=2", "wan21 matmul", "ltx2 matmul"])
 def test_the_estimate_is_within_bounds_of_memory_analysis(measured, name):
     ratios = {(shape, program): estimate.total / program_total_bytes(memory)
               for shape, programs in measured(name) for program, estimate, memory in programs}

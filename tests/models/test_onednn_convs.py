@@ -1,8 +1,8 @@
-"""The CPU's oneDNN convolutions (``VAE.cpu_convs = "onednn"``): the programs really run oneDNN's
-convolution (its custom call in the compiled HLO), each conv equals the nine-tap matmul's to float32
-rounding, a conv bound by its kernel stays on the im2col path, and a whole decode equals the default
-path's. Controls: compiled without the compiler options, the same program has no oneDNN call; a
-perturbed kernel is caught by the same tolerance."""
+"""The CPU's oneDNN convolutions (``VAE.cpu_convs = "onednn"``, the default): the programs really
+run oneDNN's convolution (its custom call in the compiled HLO), each conv equals the nine-tap
+matmul's to float32 rounding, a conv bound by its kernel stays on the im2col path, and a whole
+decode equals the nine-tap path's (``"matmul"``). Controls: compiled without the compiler options,
+the same program has no oneDNN call; a perturbed kernel is caught by the same tolerance."""
 
 from __future__ import annotations
 
@@ -92,22 +92,23 @@ def test_a_conv_bound_by_its_kernel_stays_on_the_im2col_path():
     (models.WanVAEConfig(base_dim=8, num_res_blocks=1), (1, 16, 3, 8, 8), {}),
     (LTX095, (1, 8, 3, 4, 4), {"timestep": 0.05, "noise_scale": 0.0, "seed": 0}),
 ], ids=["wan2.1", "ltx-video"])
-def test_a_decode_with_onednn_convs_equals_the_default_paths(config, shape, conditions):
+def test_a_decode_with_onednn_convs_equals_the_nine_tap_paths(config, shape, conditions):
     latents = _normal(*shape)
-    default = models.init_vae(config, encoder=False)
+    nine_tap = models.init_vae(config, encoder=False)
+    nine_tap.cpu_convs = "matmul"
     onednn = models.init_vae(config, encoder=False)
-    onednn.cpu_convs = "onednn"
-    expected = np.asarray(default.decode(latents, **conditions))
+    assert onednn.cpu_convs == "onednn"  # the default
+    expected = np.asarray(nine_tap.decode(latents, **conditions))
     got = np.asarray(onednn.decode(latents, **conditions))
     assert len(onednn.programs) >= 1 and all(ONEDNN_CALL in _program_text(onednn, key) for key in onednn.programs.keys())
-    assert not any(ONEDNN_CALL in _program_text(default, key) for key in default.programs.keys())
+    assert not any(ONEDNN_CALL in _program_text(nine_tap, key) for key in nine_tap.programs.keys())
     assert np.abs(got - expected).max() <= 1e-5
-    # Control: the default path with one kernel scaled by 1.001 (its compiled program, other
+    # Control: the nine-tap path with one kernel scaled by 1.001 (its compiled program, other
     # weights) is caught by the same tolerance.
-    kernel_path = next(p for p, x in jax.tree_util.tree_leaves_with_path(default.state) if x.ndim == 5)
-    default.state = jax.tree_util.tree_map_with_path(lambda p, x: x * 1.001 if p == kernel_path else x,
-                                                     default.state)
-    assert np.abs(np.asarray(default.decode(latents, **conditions)) - expected).max() > 1e-5
+    kernel_path = next(p for p, x in jax.tree_util.tree_leaves_with_path(nine_tap.state) if x.ndim == 5)
+    nine_tap.state = jax.tree_util.tree_map_with_path(lambda p, x: x * 1.001 if p == kernel_path else x,
+                                                      nine_tap.state)
+    assert np.abs(np.asarray(nine_tap.decode(latents, **conditions)) - expected).max() > 1e-5
     with pytest.raises(ValueError, match="before the first compile"):
         onednn.cpu_convs = "matmul"
     with pytest.raises(ValueError, match="one of"):

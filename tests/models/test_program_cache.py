@@ -62,5 +62,10 @@ def test_the_conv_path_follows_the_target_platform(vae):
     assert native_conv_for("tpu") and native_conv_for("gpu") and not native_conv_for("cpu")
     # Only cuDNN lacks bfloat16 convolutions with float32 sums.
     assert rounded_conv_sums_for("gpu") and not rounded_conv_sums_for("tpu") and not rounded_conv_sums_for("cpu")
-    # On this CPU host the single-device program uses the nine-tap matmul: no convolution ops.
-    assert " convolution(" not in vae.compile(SHAPE).as_text()
+    # On this CPU host the single-device program hands its convolutions to oneDNN (the default);
+    # with cpu_convs="matmul" it runs nine-tap matmuls: no convolution ops at all.
+    assert "__onednn$convolution" in vae.compile(SHAPE).as_text()
+    nine_tap = models.init_vae(CONFIG, seed=0)
+    nine_tap.cpu_convs = "matmul"
+    text = nine_tap.compile(SHAPE).as_text()
+    assert " convolution(" not in text and "__onednn$convolution" not in text

@@ -9,6 +9,7 @@ K/V for both; 1.0 also all-reduces its GroupNorm statistics, (B, groups) floats 
 
 import pytest
 
+import models
 import sharding
 from tests.helpers.sharding_helpers import (
     WIDTH,
@@ -49,13 +50,18 @@ def _temp(vae, frames: int) -> int:
     return vae.compile((1, 16, frames, 12, 12), output="uint8").memory_analysis().temp_size_in_bytes
 
 
-def test_hunyuan15_temp_is_flat_in_frames_but_for_its_attention_memory(hunyuan):
-    vae = hunyuan["hy15"]
+@pytest.mark.parametrize("cpu_convs, copies", [("onednn", 2), ("matmul", 1)])
+def test_hunyuan15_temp_is_flat_in_frames_but_for_its_attention_memory(hunyuan, cpu_convs, copies):
+    """The whole-clip scan's temp grows by the attention's keys, values and scores per latent frame;
+    compiled with oneDNN's convs it holds them twice (measured: 230 KB more per latent frame at
+    12x12 against 120 KB of them; the server's stream steps keep them as arguments instead)."""
+    vae = hunyuan["hy15"] if cpu_convs == "onednn" else models.init_vae(hunyuan["hy15"].config, seed=0, encoder=False)
+    vae.cpu_convs = cpu_convs
     short, long = _temp(vae, 3), _temp(vae, 21)
     pixels, width = 12 * 12, vae.config.decoder_channels[0]
     # Per latent frame more: its keys and values (float32), and one query frame's scores over it.
     per_frame = 2 * pixels * width * 4 + pixels * pixels * 4
-    assert long <= 1.05 * short + 18 * per_frame, (short, long, per_frame)
+    assert long <= 1.05 * short + 18 * copies * per_frame, (short, long, per_frame)
 
 
 def test_hunyuan10_temp_grows_with_frames(hunyuan):

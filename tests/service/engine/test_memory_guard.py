@@ -18,9 +18,11 @@ import httpx
 import numpy as np
 import pytest
 
+from models.conv import convs_for
 from models.memory import estimator
 from service.engine.runner import DeviceRunner
 from service.engine.worker import out_of_memory
+from service.settings import Settings
 from sharding.fits import program_total_bytes
 from sharding.introspect import program_memory
 from tests.helpers.service_helpers import (
@@ -56,7 +58,8 @@ def limit(tiny_vae) -> int:
     """Bytes per device that MAYBE's later step may fit by its estimate (1.35x over it, under the
     1.5x a refusal before compiling needs) and does not by its compiled program."""
     model = estimator(tiny_vae.config, dtype="float32", decoder_parameters=tiny_vae.metadata["parameters"],
-                      encoder_parameters=tiny_vae.metadata["encoder_parameters"])
+                      encoder_parameters=tiny_vae.metadata["encoder_parameters"],
+                      convs=convs_for("cpu", Settings().cpu_convs))  # the server's
     assert model is not None
     return int(model.decode(MAYBE).total / 1.35)
 
