@@ -353,7 +353,7 @@ def real_configs() -> dict[str, tuple[Any, list[tuple[int, ...]]]]:
     (``--real``: minutes of compiling each)."""
     import models
 
-    return {"wan2.1": (models.WanVAEConfig(), [(1, 16, 2, 16, 16), (1, 16, 2, 60, 104)]),
+    return {"wan2.1": (models.WanVAEConfig(), [(1, 16, 2, 16, 16), (1, 16, 2, 60, 104), (1, 16, 2, 90, 160)]),
             "wan2.2": (models.WanVAEConfig.wan22(), [(1, 48, 2, 8, 8), (1, 48, 2, 30, 52)]),
             "hunyuan1.0": (models.HunyuanVideoConfig(), [(1, 16, 3, 16, 16), (1, 16, 5, 32, 32), (1, 16, 5, 48, 48)]),
             "hunyuan1.5": (models.HunyuanVideo15Config(), [(1, 32, 2, 8, 8), (1, 32, 2, 30, 52)])}
