@@ -53,11 +53,18 @@ def diffusers_reference(config: models.VAEConfig, folder: str | Path, *, encoder
     model_class = getattr(diffusers, config.class_name)
     reference = model_class(**{k: v for k, v in config.to_dict().items() if k != "_class_name"}).eval()
     reference.use_framewise_decoding = reference.use_framewise_encoding = False
+    dropped = {}
     if not encoder:
         for name in ("encoder", "quant_conv"):
             if getattr(reference, name, None) is not None:
+                dropped[name] = getattr(reference, name)
                 setattr(reference, name, None)
     reference.save_pretrained(folder)
+    if config.class_name == "AutoencoderKLQwenImage":
+        # Its decode counts the encoder's convs (clear_cache): the checkpoint stays decode-only,
+        # the model in memory gets its encoder back.
+        for name, module in dropped.items():
+            setattr(reference, name, module)
     return reference
 
 
