@@ -4,7 +4,8 @@
     .venv/bin/python -m bench.memory --sizes 256x256 480x832 1280x1280 --frames 5 --png docs/memory/rss.png
     .venv/bin/python -m bench.memory --table                           # docs/serving.md's table
     .venv/bin/python -m bench.memory --compare                         # the estimate vs memory_analysis()
-    .venv/bin/python -m bench.memory --fit ltx2 ltx-video              # least-squares coefficients
+    .venv/bin/python -m bench.memory --fit ltx2 ltx-video              # least-squares and minimax coefficients
+    .venv/bin/python -m bench.memory --fit wan2.1 --cpu-convs matmul --real --fix attention=1 --rows rows.json
 
 Default run: ``vaeserve serve`` with its defaults (the embedded Wan 2.1, random weights, float32,
 ``--shapes any``) in a process of its own; each size is sent once as a decode (npy), then as an
@@ -18,9 +19,10 @@ on a host other processes share).
 ``--table`` prints, without a server, the estimate per size for a model on CPU; ``--compare``
 compiles programs of the tiny configs (and, with ``--real``, of the real ones at small sizes;
 ``--families``: only those) and prints the estimate against their ``memory_analysis()`` per
-family; ``--fit`` compiles the tiny
-configs' programs of the families named and prints the non-negative least-squares ``Coefficients``
-(on the ratio estimate / compiled) of their temp, for ``models.memory.FAMILIES``.
+family; ``--fit`` compiles the tiny configs' programs of the families named and prints the
+``Coefficients`` of their temp for ``models.memory.FAMILIES`` (non-negative least squares and
+minimax, on the ratio estimate / compiled). Each compiles, and estimates, the CPU convs as
+``--cpu-convs`` says (default ``onednn``, the server's).
 """
 
 from __future__ import annotations
@@ -241,7 +243,7 @@ def table(args: argparse.Namespace) -> None:
             module, config, jax.numpy.float32))))
 
     model = estimator(config, dtype=args.dtype, decoder_parameters=parameters(family.decoder),
-                      encoder_parameters=parameters(family.encoder))
+                      encoder_parameters=parameters(family.encoder), convs=args.cpu_convs)
     assert model is not None, f"no estimate for the {config.family} family"
     s, t = config.spatial_scale, config.temporal_scale
     limits = Limits(channels=config.z_dim, max_batch=1, max_frames=10**6, max_height=10**6, max_width=10**6,
@@ -348,20 +350,25 @@ def tiny_configs() -> dict[str, list[Tiny]]:
     }
 
 
-def real_configs() -> dict[str, tuple[Any, list[tuple[int, ...]]]]:
-    """``{family: (config, decode latent shapes)}``: the real video configs at small and 480p sizes
-    (``--real``: minutes of compiling each)."""
+def real_configs() -> dict[str, tuple[Any, list[tuple[int, ...]], list[tuple[int, ...]]]]:
+    """``{family: (config, decode latent shapes, encode frame shapes)}``: the real video configs
+    from small sizes to 480p or 720p (``--real``; compiling needs no weights, seconds to a minute
+    each with oneDNN's convs, minutes with the nine-tap ones)."""
     import models
 
-    return {"wan2.1": (models.WanVAEConfig(), [(1, 16, 2, 16, 16), (1, 16, 2, 60, 104), (1, 16, 2, 90, 160)]),
-            "wan2.2": (models.WanVAEConfig.wan22(), [(1, 48, 2, 8, 8), (1, 48, 2, 30, 52)]),
-            "hunyuan1.0": (models.HunyuanVideoConfig(), [(1, 16, 3, 16, 16), (1, 16, 5, 32, 32), (1, 16, 5, 48, 48)]),
-            "hunyuan1.5": (models.HunyuanVideo15Config(), [(1, 32, 2, 8, 8), (1, 32, 2, 30, 52)])}
+    return {"wan2.1": (models.WanVAEConfig(), [(1, 16, 2, 16, 16), (1, 16, 2, 60, 104), (1, 16, 2, 90, 160)],
+                       [(1, 3, 9, 128, 128), (1, 3, 5, 480, 832), (1, 3, 81, 720, 1280)]),
+            "wan2.2": (models.WanVAEConfig.wan22(), [(1, 48, 2, 8, 8), (1, 48, 2, 30, 52)],
+                       [(1, 3, 5, 256, 256), (1, 3, 5, 480, 832)]),
+            "hunyuan1.0": (models.HunyuanVideoConfig(), [(1, 16, 3, 16, 16), (1, 16, 5, 32, 32), (1, 16, 5, 48, 48)],
+                           [(1, 3, 5, 128, 128), (1, 3, 9, 256, 256)]),
+            "hunyuan1.5": (models.HunyuanVideo15Config(), [(1, 32, 2, 8, 8), (1, 32, 2, 30, 52)],
+                           [(1, 3, 5, 256, 256), (1, 3, 5, 480, 832)])}
 
 
 def real_measurements(family: str, *, cpu_convs: Any = "matmul"):
-    """As ``measurements``, for the decodes of the family's real config (``real_configs``; none
-    for a family without one), its weights abstract (compiled, never run)."""
+    """As ``measurements``, for the decodes and encodes of the family's real config
+    (``real_configs``; none for a family without one), its weights abstract (compiled, never run)."""
     import models
     import sharding
     from models.memory import estimator
@@ -369,16 +376,20 @@ def real_measurements(family: str, *, cpu_convs: Any = "matmul"):
 
     if family not in real_configs():
         return
-    config, shapes = real_configs()[family]
-    vae = models.abstract_vae(config)
+    config, decodes, encodes = real_configs()[family]
+    vae = models.abstract_vae(config, encoder=True)
     vae.cpu_convs = cpu_convs
-    model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"], convs=cpu_convs)
+    model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"],
+                      encoder_parameters=vae.metadata["encoder_parameters"], convs=cpu_convs)
     assert model is not None, family
     mesh = sharding.make_mesh(1)
-    for shape in shapes:
+    for shape in decodes:
         compiled = sharding.compile_decode_stream(vae, shape, mesh)
         for program, step in zip(model.decode_steps(shape), compiled, strict=True):
             yield "decode", shape, program.name, program.estimate, program.estimate.weighed, program_memory(step)
+    for shape in encodes:
+        estimate = model.encode(shape)
+        yield "encode", shape, "encode", estimate, estimate.weighed, program_memory(sharding.compile_encode(vae, shape, mesh))
 
 
 def saved_rows(path: Path | None, key: str, measure: Any) -> list:
@@ -478,7 +489,7 @@ def fit(args: argparse.Namespace) -> None:
         key, convs = f"{family} {args.cpu_convs}", args.cpu_convs
         rows = saved_rows(args.rows, key, partial(measurements, family, cpu_convs=convs))
         held = saved_rows(args.rows, f"{key} held", partial(measurements, family, held=True, cpu_convs=convs))
-        if args.real:  # the real config's decodes: fitted by the minimax fit, held out of least squares
+        if args.real:  # the real config's programs: fitted by the minimax fit, held out of least squares
             held += saved_rows(args.rows, f"{key} real", partial(real_measurements, family, cpu_convs=convs))
         for program in ("decode", "encode"):
             chosen = [r for r in rows if r[0] == program]
@@ -544,8 +555,8 @@ def main() -> None:
     parser.add_argument("--compare", action="store_true", help="the estimate vs compiled programs")
     parser.add_argument("--real", action="store_true", help="--compare, --fit: the real video configs too (slow)")
     parser.add_argument("--families", nargs="+", help="--compare: only these families")
-    parser.add_argument("--cpu-convs", default="matmul", choices=["matmul", "onednn"],
-                        help="--compare, --fit: compile the CPU convs this way (models.conv.CPU_CONVS)")
+    parser.add_argument("--cpu-convs", default="onednn", choices=["onednn", "matmul"],
+                        help="--table, --compare, --fit: the CPU convs compiled and estimated (models.conv.CPU_CONVS)")
     parser.add_argument("--fit", nargs="+", metavar="FAMILY", help="fit these families' coefficients (tiny configs)")
     parser.add_argument("--features", nargs="+", help="--fit: only these features (caches, activation, outputs, "
                         "taps, attention, weights)")

@@ -132,7 +132,7 @@ class Features:
 
 @dataclass(frozen=True)
 class Coefficients:
-    """How much of each feature a family's compiled programs hold as temp, per platform kind.
+    """How much of each feature a family's compiled programs hold as temp, for one conv path.
 
     Fitted (on the ratio estimate / compiled) to ``memory_analysis()`` of the family's programs;
     see ``bench/memory.py`` and ``Family`` (one table per conv path)."""
@@ -171,8 +171,8 @@ class Estimate:
 def features(layers: list[Layer], grid: Grid, *, native: bool) -> Features:
     """The features of a program made of ``layers`` over ``grid`` (per device); ``native``: no
     nine-tap buffers (an accelerator's convolutions). On CPU every conv's nine-tap block is
-    counted under either path: under oneDNN's the largest block left to the nine-tap matmuls
-    scales with it."""
+    counted under either conv path; oneDNN's programs keep such blocks only for the upsamplers'
+    phase convs, and their fitted coefficients weigh the feature accordingly (mostly 0)."""
     b, h, w = grid.batch, grid.rows, grid.cols
     caches = activation = outputs = taps = attention = 0
     for layer in layers:
@@ -565,27 +565,27 @@ KL_MATMUL: Table = {"decode": _c(0.0, 0.0, 1.018, 0.389, 0.0, 0.157), "encode": 
 # over every tiny-config shape `bench.memory`'s `tiny_configs` lists, some features left out per
 # program (`--features`); AutoencoderKL and Flux.2 share theirs, fitted over both. ``onednn``: minimax
 # fits over every family's tiny configs (`python -m bench.memory --fit FAMILY --cpu-convs onednn`),
-# the video families' with their real configs' decodes (`--real`) and the attention's scores and
+# the video families' with their real configs' decodes and encodes (`--real`) and the attention's scores and
 # keys counted once (`--fix attention=1`, as the LTX families', whose tiny configs have none).
 FAMILIES: dict[str, Family] = {
     "wan2.1": Family(wan_decoder, wan_encoder,
                      matmul={"decode": _c(0.667, 1.006, 0.0, 1.640, 1.0, 0.0), "encode": _c(0.0, 6.303, 0.0, 2.175, 1.0, 0.250)},
-                     onednn={"decode": _c(0.592, 0.156, 0.0, 0.541, 1.0, 0.0), "encode": _c(0.0, 4.008, 0.0, 0.069, 1.0, 0.0)},
+                     onednn={"decode": _c(0.59, 0.315, 0.0, 0.509, 1.0, 0.0), "encode": _c(0.0, 1.861, 0.599, 0.0, 1.0, 0.163)},
                      first_step_unused=wan_first_step_unused, frame_encode_unused=wan21_frame_encode_unused),
     "wan2.2": Family(wan_decoder, wan_encoder,
                      matmul={"decode": _c(0.872, 0.379, 0.0, 0.464, 1.0, 0.367), "encode": _c(0.0, 0.0, 1.556, 2.752, 1.0, 0.784)},
-                     onednn={"decode": _c(0.614, 0.44, 0.0, 0.36, 1.0, 0.287), "encode": _c(0.0, 4.319, 0.0, 0.0, 1.0, 0.0)},
+                     onednn={"decode": _c(0.614, 0.44, 0.0, 0.36, 1.0, 0.287), "encode": _c(0.0, 0.0, 1.025, 0.467, 1.0, 0.054)},
                      first_step_unused=wan_first_step_unused),
     "hunyuan1.5": Family(hunyuan15_decoder, hunyuan15_encoder,
                          matmul={"decode": _c(2.571, 0.0, 0.0, 1.906, 1.0, 0.340), "encode": _c(0.0, 0.0, 1.653, 2.632, 1.0, 0.953)},
-                         onednn={"decode": _c(1.089, 0.0, 0.145, 0.078, 1.0, 0.015), "encode": _c(0.0, 4.169, 0.0, 0.0, 1.0, 0.0)}),
+                         onednn={"decode": _c(1.089, 0.0, 0.145, 0.078, 1.0, 0.015), "encode": _c(0.0, 3.869, 0.119, 0.0, 1.0, 0.0)}),
     "hunyuan1.0": Family(hunyuan_decoder, hunyuan_encoder,
                          matmul={"decode": _c(0.0, 3.604, 0.0, 0.108, 1.0, 0.532), "encode": _c(0.0, 0.0, 0.199, 2.188, 1.0, 1.295)},
                          # Its whole-clip temp is 3.5-3.7x the largest activation from 17 x 256x256 up
                          # (clips convolved in blocks), 1.4x at 9 x 128x128 (one block): 3.0 keeps
                          # every size measured within 0.83-1.47 (the large ones under 1.0).
                          onednn={"decode": _c(0.0, 3.0, 0.0, 0.0, 1.0, 0.0),
-                                 "encode": _c(0.0, 0.0, 0.0, 0.432, 1.0, 0.278)}),
+                                 "encode": _c(0.0, 0.0, 0.45, 0.159, 1.0, 0.183)}),
     # Images: tiny configs from 8x8 to 96x96 latents (768x768 frames). XLA:CPU's memory_analysis()
     # of the AutoencoderKL decode holds the mid block's scores only up to one block of queries
     # (4096 tokens), and the CPU convs' block budget bends the curves: 0.66-1.35.

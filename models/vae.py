@@ -383,12 +383,14 @@ def init_vae(config: VAEConfig | None = None, *, seed: int = 0, dtype: str = "fl
     return VAE(config, model, dtype=dtype, metadata=meta, encoder=encoder_model)
 
 
-def abstract_vae(config: VAEConfig | None = None, *, dtype: str = "float32") -> VAE:
-    """A decoder with shapes and dtypes but no weights (``nnx.eval_shape``): enough to compile
-    its programs and read their memory, at no cost of initialising the weights. It cannot decode."""
+def abstract_vae(config: VAEConfig | None = None, *, dtype: str = "float32", encoder: bool = False) -> VAE:
+    """A decoder (and with ``encoder``, its encoder) with shapes and dtypes but no weights
+    (``nnx.eval_shape``): enough to compile its programs and read their memory, at no cost of
+    initialising the weights. It cannot decode or encode."""
     config = config or WanVAEConfig()
-    decoder = family_of(config).decoder
-    model = abstract_module(decoder, config, resolve_dtype(dtype))
+    family = family_of(config)
+    model = abstract_module(family.decoder, config, resolve_dtype(dtype))
+    encoder_model = abstract_module(family.encoder, config, resolve_dtype(dtype)) if encoder else None
     return VAE(config, model, dtype=dtype, metadata={"source": "abstract (shapes only, no weights)",
-                                                     "abstract": True})
+                                                     "abstract": True}, encoder=encoder_model)
 
