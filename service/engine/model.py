@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from models.memory import Convs
 from models.shapes import Output, shape_text
 
 from ..limits import Limits
@@ -114,6 +115,7 @@ class ModelState:
     encode_served: frozenset[tuple[int, ...]] | None = None  # frames (3, F, H, W) encoded; None: any
     cluster: Cluster | None = None  # this process's part in a multi-host slice
     framewise: bool = False  # the model offers diffusers' framewise decode (HunyuanVideo 1.0: framewise=true)
+    convs: Convs = "onednn"  # how its programs convolve (models.conv.convs_for): "onednn"/"matmul" on CPU, else "native"
 
     @property
     def device_memory_bytes(self) -> int | None:

@@ -98,6 +98,7 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
         devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
         warmed=tuple(settings.warmup), served=served_shapes(settings, framewise=framewise),
         memory=memory, guard=memory_guard(vae, memory, limits, settings), framewise=framewise,
+        convs=convs_for(platform, vae.cpu_convs),
         encode_served=None if settings.shapes == "any" else frozenset(settings.encode_warmup))
 
 

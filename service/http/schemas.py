@@ -108,7 +108,7 @@ class MeshInfo(BaseModel):
     devices: list[str]
     processes: int = 1  # JAX processes (hosts) the mesh spans
     # How its programs' convolutions are compiled: "matmul" or "onednn" on CPU (--cpu-convs), "native" elsewhere.
-    convs: Literal["matmul", "onednn", "native"] = "matmul"
+    convs: Literal["matmul", "onednn", "native"]
 
 
 class WarmedShape(BaseModel):

@@ -82,9 +82,11 @@ def test_tpu_program_uses_native_convolutions(programs, vae):
         ops = conv_ops(compiled.as_text())
         assert ops["tap_matmul"] == 0, (tp, ops)
         assert ops["convolution"] >= 50, (tp, ops)  # 25 convs per step, frame 0 and the scan body
-    # Negative control: the same decode compiled for this host's CPU takes the nine-tap matmul path,
-    # and the same check sees it.
-    cpu = conv_ops(sharding.compile_decode(vae, SHAPE, sharding.make_mesh(4), output="uint8").as_text())
+    # Negative control: the same decode compiled for this host's CPU with the nine-tap convs
+    # (cpu_convs="matmul") takes the matmul path, and the same check sees it.
+    nine_tap = models.abstract_vae(vae.config)
+    nine_tap.cpu_convs = "matmul"
+    cpu = conv_ops(sharding.compile_decode(nine_tap, SHAPE, sharding.make_mesh(4), output="uint8").as_text())
     assert cpu["convolution"] == 0 and cpu["tap_matmul"] >= 50, cpu
 
 

@@ -6,7 +6,6 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from models.conv import convs_for
 from models.ltx_config import TIMESTEP_RANGE, condition_defaults
 
 from ...engine.jobs import SEED_RANGE
@@ -50,7 +49,7 @@ async def list_models(state: StateDep) -> ModelList:
         decode_conditions=conditions_info(vae), config=vae.config.to_dict(),
         metadata=meta, mesh=MeshInfo(dp=settings.dp, tp=settings.tp, devices=model.devices,
                                      processes=model.cluster.num_processes if model.cluster else 1,
-                                     convs=convs_for(model.platform, vae.cpu_convs)),
+                                     convs=model.convs),
         batch_buckets=model.runner.buckets, warmed_shapes=[list(w.shape) for w in model.warmed],
         warmed=[WarmedShape(shape=list(w.shape), outputs=list(w.outputs_for(images=config.is_image)))
                 for w in model.warmed],

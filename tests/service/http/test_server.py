@@ -223,6 +223,7 @@ def test_health_ready_models_docs(server):
     info = httpx.get(server.url + "/v1/models").json()["data"][0]
     assert info["config"]["base_dim"] == 8 and info["config"]["z_dim"] == 16
     assert info["mesh"]["tp"] == 1 and info["mesh"]["dp"] == 1 and len(info["mesh"]["devices"]) == 1
+    assert info["mesh"]["convs"] == "onednn"  # the CPU default
     assert info["warmed_shapes"] == [[16, 2, 4, 4]] and info["batch_buckets"] == [1, 2]
     assert info["dtype"] == "float32" and info["random_weights"] is False  # loaded from a folder
     assert httpx.get(server.url + "/docs").status_code == 200
