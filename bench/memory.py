@@ -17,7 +17,7 @@ Extra server flags pass through ``--serve`` (e.g. ``--serve --device-memory-byte
 on a host other processes share).
 
 ``--table`` prints, without a server, the estimate per size for a model on CPU; ``--compare``
-compiles programs of the tiny configs (and, with ``--real``, of the real ones at small sizes;
+compiles programs of the tiny configs (and, with ``--real``, of the real video ones;
 ``--families``: only those) and prints the estimate against their ``memory_analysis()`` per
 family; ``--fit`` compiles the tiny configs' programs of the families named and prints the
 ``Coefficients`` of their temp for ``models.memory.FAMILIES`` (non-negative least squares and
@@ -366,7 +366,7 @@ def real_configs() -> dict[str, tuple[Any, list[tuple[int, ...]], list[tuple[int
                            [(1, 3, 5, 256, 256), (1, 3, 5, 480, 832)])}
 
 
-def real_measurements(family: str, *, cpu_convs: Any = "matmul"):
+def real_measurements(family: str, *, cpu_convs: Any):
     """As ``measurements``, for the decodes and encodes of the family's real config
     (``real_configs``; none for a family without one), its weights abstract (compiled, never run)."""
     import models
@@ -409,7 +409,7 @@ def saved_rows(path: Path | None, key: str, measure: Any) -> list:
              r["memory"]) for r in saved[key]]
 
 
-def measurements(family: str, *, held: bool = False, cpu_convs: Any = "matmul"):
+def measurements(family: str, *, cpu_convs: Any, held: bool = False):
     """``(program, shape, step, estimate, features, memory_analysis())`` of every program of the
     family's tiny configs (``"decode"``: every step; ``"encode"``) at the fitted shapes (``held``:
     the held-out ones), compiled on one CPU device with ``cpu_convs``; the features are those the
@@ -516,8 +516,8 @@ def fit(args: argparse.Namespace) -> None:
 def compare(args: argparse.Namespace) -> None:
     """The estimate against memory_analysis() of compiled programs, per family: the tiny configs
     (``tiny_configs``: decodes and encodes, at the shapes fitted and those held out), and with
-    ``--real`` the real video configs' decodes at small sizes (minutes of compiling each); every
-    program compiled with ``--cpu-convs``."""
+    ``--real`` the real video configs' decodes and encodes (``real_configs``); every program
+    compiled with ``--cpu-convs``."""
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     from sharding.fits import program_total_bytes
 

@@ -634,10 +634,11 @@ class Program:
 
 class Estimator:
     """Estimates for one model: its config, dtype, weights and mesh (``tp`` bands of each frame,
-    ``dp`` replicas), its convolutions compiled as ``convs`` says (``Convs``)."""
+    ``dp`` replicas), its convolutions compiled as ``convs`` says (``Convs``; the default is the
+    CPU's, as ``VAE.cpu_convs``)."""
 
     def __init__(self, config: VAEConfig, family: Family, *, dtype: str, decoder_parameters: int,
-                 encoder_parameters: int, tp: int = 1, dp: int = 1, convs: Convs = "matmul"):
+                 encoder_parameters: int, tp: int = 1, dp: int = 1, convs: Convs = "onednn"):
         if convs not in CONVS:
             raise ValueError(f"convs={convs!r}: expected one of {CONVS}")
         self.config, self.family, self.dtype = config, family, dtype
@@ -724,7 +725,7 @@ class Estimator:
 
 
 def estimator(config: VAEConfig, *, dtype: str, decoder_parameters: int, encoder_parameters: int = 0,
-              tp: int = 1, dp: int = 1, convs: Convs = "matmul") -> Estimator | None:
+              tp: int = 1, dp: int = 1, convs: Convs = "onednn") -> Estimator | None:
     """The estimate for a model (every family of ``FAMILIES``: Wan 2.1/2.2, HunyuanVideo 1.0/1.5,
     LTX-Video, LTX-2, and the image VAEs ``AutoencoderKL``, Flux.2 and Qwen-Image), or None for a
     family without one (its programs are checked once compiled only)."""
