@@ -11,7 +11,9 @@ It measures, in this order, as long as ``--budget-s`` lasts (it stops cleanly an
 2. for Wan 2.1 at 1280x720x81, then Wan 2.2 at 1280x704x121 and HunyuanVideo 1.5 at 1280x720x121:
    decode and encode time (min and median of warm runs) ours and diffusers', bfloat16 then float32
    (diffusers untiled, or with ``enable_tiling()`` where the untiled one does not fit), peak device
-   memory, and our bfloat16 decode's error against our float32;
+   memory, and our bfloat16 decode's error against our float32; last, diffusers' float32 decode
+   with TF32 off (``float32-exact``: PyTorch's float32 convolves in TF32 on GPUs by default, ours
+   is true float32);
 3. with the time left, the service end to end (MP4 answers at concurrency 1, 2 and 4), when
    FastAPI, uvicorn, pydantic and PyAV are importable (they travel as wheels: docs/development.md).
 
@@ -183,12 +185,12 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, dict[str, Any]]]
 
 
 def table(doc: dict[str, Any]) -> str:
-    lines = [f"{'video':28s} {'op':6s} {'impl':9s} {'dtype':8s} {'min s':>8s} {'median s':>9s} "
+    lines = [f"{'video':28s} {'op':6s} {'impl':9s} {'dtype':13s} {'min s':>8s} {'median s':>9s} "
              f"{'compile s':>9s} {'first s':>8s} {'peak GB':>8s}"]
     for video, op, impl, dtype, m in rows(doc):
         peak = m.get("peak_bytes") or m.get("process_peak_bytes")
         tiling = " (tiled)" if m.get("tiling") else ""
-        lines.append(f"{video:28s} {op:6s} {impl:9s} {dtype:8s} {m['min_s']:8.3f} {m['median_s']:9.3f} "
+        lines.append(f"{video:28s} {op:6s} {impl:9s} {dtype:13s} {m['min_s']:8.3f} {m['median_s']:9.3f} "
                      f"{m.get('compile_s', float('nan')):9.1f} {m['warmup_s']:8.1f} "
                      f"{peak / 1e9 if peak else float('nan'):8.2f}{tiling}")
     return "\n".join(lines)

@@ -51,6 +51,7 @@ def test_every_measurement_of_the_case(check):
                                                                       "frames": [1, 3, 5, 24, 40]}
     timed = [case["ours"][op][dtype] for op in ("decode", "encode") for dtype in ("bfloat16", "float32")]
     timed += [case["diffusers"][op]["float32"] for op in ("decode", "encode")]  # float32 only on a CPU
+    timed.append(case["diffusers"]["decode"]["float32-exact"])  # TF32 off: like for like with ours on a GPU
     for m in timed:
         assert len(m["times_s"]) == 2 and 0 < m["min_s"] <= m["median_s"] and m["warmup_s"] > 0
     assert case["ours"]["decode"]["float32"]["program_bytes"]["temp_bytes"] > 0
