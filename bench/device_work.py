@@ -167,6 +167,7 @@ def inputs(latents_shape, frames_shape) -> tuple[Any, Any]:
 # -- parity: both frameworks, float32, small configs -------------------------------------------------
 EXACT_FLOAT32 = "float32-exact"  # diffusers' timing key for float32 with TF32 off (as parity runs it)
 
+
 @contextlib.contextmanager
 def exact_float32() -> Iterator[None]:
     """PyTorch on a GPU convolves float32 in TF32 by default; parity compares true float32 (ours is)."""

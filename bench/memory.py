@@ -366,30 +366,41 @@ def real_configs() -> dict[str, tuple[Any, list[tuple[int, ...]], list[tuple[int
                            [(1, 3, 5, 256, 256), (1, 3, 5, 480, 832)])}
 
 
+def programs_of(vae: Any, decodes: list[tuple[int, ...]], encodes: list[tuple[int, ...]]):
+    """``(program, shape, step, estimate, features, memory_analysis())`` of ``vae``'s decode steps of
+    each latent shape and its encode of each frame shape, compiled on one CPU device with the
+    model's conv path and estimated for it."""
+    import sharding
+    from models.conv import convs_for
+    from models.memory import estimator
+    from sharding.introspect import program_memory
+
+    model = estimator(vae.config, dtype="float32", decoder_parameters=vae.metadata["parameters"],
+                      encoder_parameters=vae.metadata["encoder_parameters"], convs=convs_for("cpu", vae.cpu_convs))
+    assert model is not None, vae.config.family
+    mesh = sharding.make_mesh(1)
+    for shape in decodes:
+        compiled = sharding.compile_decode_stream(vae, shape, mesh)
+        programs = list(model.decode_steps(shape))
+        assert len(programs) == len(compiled), (vae.config.family, shape, len(programs), len(compiled))
+        for program, step in zip(programs, compiled, strict=True):
+            yield "decode", shape, program.name, program.estimate, program.estimate.weighed, program_memory(step)
+    for shape in encodes:
+        estimate = model.encode(shape)
+        yield "encode", shape, "encode", estimate, estimate.weighed, program_memory(sharding.compile_encode(vae, shape, mesh))
+
+
 def real_measurements(family: str, *, cpu_convs: Any):
     """As ``measurements``, for the decodes and encodes of the family's real config
     (``real_configs``; none for a family without one), its weights abstract (compiled, never run)."""
     import models
-    import sharding
-    from models.memory import estimator
-    from sharding.introspect import program_memory
 
     if family not in real_configs():
         return
     config, decodes, encodes = real_configs()[family]
     vae = models.abstract_vae(config, encoder=True)
     vae.cpu_convs = cpu_convs
-    model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"],
-                      encoder_parameters=vae.metadata["encoder_parameters"], convs=cpu_convs)
-    assert model is not None, family
-    mesh = sharding.make_mesh(1)
-    for shape in decodes:
-        compiled = sharding.compile_decode_stream(vae, shape, mesh)
-        for program, step in zip(model.decode_steps(shape), compiled, strict=True):
-            yield "decode", shape, program.name, program.estimate, program.estimate.weighed, program_memory(step)
-    for shape in encodes:
-        estimate = model.encode(shape)
-        yield "encode", shape, "encode", estimate, estimate.weighed, program_memory(sharding.compile_encode(vae, shape, mesh))
+    yield from programs_of(vae, decodes, encodes)
 
 
 def saved_rows(path: Path | None, key: str, measure: Any) -> list:
@@ -415,29 +426,12 @@ def measurements(family: str, *, cpu_convs: Any, held: bool = False):
     the held-out ones), compiled on one CPU device with ``cpu_convs``; the features are those the
     estimate weighed."""
     import models
-    import sharding
-    from models.memory import estimator
-    from sharding.introspect import program_memory
 
-    mesh = sharding.make_mesh(1)
     for tiny in tiny_configs()[family]:
-        config = tiny.config
-        vae = models.init_vae(config)
+        vae = models.init_vae(tiny.config)
         vae.cpu_convs = cpu_convs
-        model = estimator(config, dtype="float32", decoder_parameters=vae.metadata["parameters"],
-                          encoder_parameters=vae.metadata["encoder_parameters"], convs=cpu_convs)
-        assert model is not None, family
-        for shape in tiny.held_decodes if held else tiny.decodes:
-            compiled = sharding.compile_decode_stream(vae, shape, mesh)
-            programs = list(model.decode_steps(shape))
-            assert len(programs) == len(compiled), (family, shape, len(programs), len(compiled))
-            for program, step in zip(programs, compiled, strict=True):
-                yield ("decode", shape, program.name, program.estimate, program.estimate.weighed,
-                       program_memory(step))
-        for shape in tiny.held_encodes if held else tiny.encodes:
-            estimate = model.encode(shape)
-            yield ("encode", shape, "encode", estimate, estimate.weighed,
-                   program_memory(sharding.compile_encode(vae, shape, mesh)))
+        yield from programs_of(vae, tiny.held_decodes if held else tiny.decodes,
+                               tiny.held_encodes if held else tiny.encodes)
 
 
 def fit(args: argparse.Namespace) -> None:

@@ -618,7 +618,7 @@ def family_key(config: VAEConfig) -> str:
 
 
 def _coefficients(family: Family, program: str, convs: Convs) -> Coefficients:
-    table = {"matmul": family.matmul, "onednn": family.onednn, "native": family.native}[convs]
+    table: Table | None = getattr(family, convs)  # the fields are named as the paths
     return (table or family.matmul)[program]
 
 
@@ -646,7 +646,6 @@ class Estimator:
         self.decoder_weights = decoder_parameters * self.itemsize
         self.encoder_weights = encoder_parameters * self.itemsize
         self.tp, self.dp, self.convs = tp, dp, convs
-        self.native = convs == "native"
 
     def _grid(self, batch: int, frames: int, rows: int, cols: int, clip_frames: int) -> Grid:
         band = math.ceil(rows / self.tp)
@@ -686,7 +685,7 @@ class Estimator:
     def _decode(self, grid: Grid, inputs: tuple[int, ...], output: Output, *, first: bool, frames_out: int,
                 steps: bool) -> Estimate:
         layers = self.family.decoder(self.config, grid, first=first, itemsize=self.itemsize)
-        feats = features(layers, grid, native=self.native)
+        feats = features(layers, grid, native=self.convs == "native")
         scale = self.config.spatial_scale
         frames = grid.batch * frames_out * 3 * (scale * grid.rows) * (scale * grid.cols) * (4 if output == "float" else 1)
         latents = grid.batch * math.prod(inputs[1:]) * 4  # replicated over tp
@@ -715,7 +714,7 @@ class Estimator:
         grid = self._grid(b, 1, rows, cols, f)  # clip_frames: the input's (HunyuanVideo 1.0 encodes them at once)
         whole = not self.config.causal and self.config.lookahead is None  # one image, or the whole clip at once
         later = self.family.encoder(self.config, grid, first=whole or f == 1, itemsize=self.itemsize)
-        feats = features(later, grid, native=self.native)
+        feats = features(later, grid, native=self.convs == "native")
         frames = grid.batch * 3 * f * (scale * grid.rows) * (scale * grid.cols) * 4  # float32, a band
         latents = grid.batch * self.config.z_dim * t * grid.rows * grid.cols * 4
         weighed = dataclasses.replace(feats, weights=self.encoder_weights)

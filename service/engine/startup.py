@@ -20,7 +20,7 @@ import models
 import sharding
 from models.conv import convs_for
 from models.decode import has_framewise
-from models.memory import estimator
+from models.memory import Convs, estimator
 from models.programs import ProgramKey
 from models.shapes import shape_text
 from sharding.chips import platforms_without_absent_tpu
@@ -92,20 +92,18 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
     memory = plan_memory(settings, platform=platform, local_devices=len(local),
                          device_limit=device_bytes_limit(list(mesh.devices.flat)))
     framewise = has_framewise(config)
+    convs = convs_for(platform, vae.cpu_convs)
     return ModelState(
         vae=vae, runner=runner, limits=limits,
         mean=np.asarray(config.latents_mean, np.float32), std=np.asarray(config.latents_std, np.float32),
         devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
         warmed=tuple(settings.warmup), served=served_shapes(settings, framewise=framewise),
-        memory=memory, guard=memory_guard(vae, memory, limits, settings), framewise=framewise,
-        convs=convs_for(platform, vae.cpu_convs),
+        memory=memory, guard=memory_guard(vae, memory, limits, settings, convs), framewise=framewise, convs=convs,
         encode_served=None if settings.shapes == "any" else frozenset(settings.encode_warmup))
 
 
-def memory_guard(vae: Any, memory: MemoryPlan, limits: Limits, settings: Settings) -> MemoryGuard:
+def memory_guard(vae: Any, memory: MemoryPlan, limits: Limits, settings: Settings, convs: Convs) -> MemoryGuard:
     """The checks before compiling: the model's estimate with this server's dtype, mesh and conv path."""
-    convs = convs_for(memory.platform, vae.cpu_convs)
-
     def variant(dtype: str, tp: int) -> Any:
         return estimator(vae.config, dtype=dtype, decoder_parameters=int(vae.metadata.get("parameters", 0)),
                          encoder_parameters=int(vae.metadata.get("encoder_parameters", 0)), tp=tp, dp=settings.dp,

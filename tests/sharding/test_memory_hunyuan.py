@@ -55,8 +55,8 @@ def test_hunyuan15_temp_is_flat_in_frames_but_for_its_attention_memory(hunyuan, 
     """The whole-clip scan's temp grows by the attention's keys, values and scores per latent frame;
     compiled with oneDNN's convs it holds them twice (measured: 230 KB more per latent frame at
     12x12 against 120 KB of them; the server's stream steps keep them as arguments instead)."""
-    vae = hunyuan["hy15"] if cpu_convs == "onednn" else models.init_vae(hunyuan["hy15"].config, seed=0, encoder=False)
-    vae.cpu_convs = cpu_convs
+    vae = hunyuan["hy15"] if cpu_convs == "onednn" else models.abstract_vae(hunyuan["hy15"].config)
+    vae.cpu_convs = cpu_convs  # the fixture's is the default: unchanged
     short, long = _temp(vae, 3), _temp(vae, 21)
     pixels, width = 12 * 12, vae.config.decoder_channels[0]
     # Per latent frame more: its keys and values (float32), and one query frame's scores over it.
