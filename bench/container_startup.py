@@ -1,7 +1,9 @@
 """Start-up of the cpu image as an operator sees it: the image's own command with a warm-up shape,
 on a new cache volume (cold) and again on the same volume (warm); for each, the seconds from the
 container's start to ``/readyz`` 200 and the latency of the first decode (an MP4 of the warm-up
-shape; then a second one, for comparison). Min and median over ``--runs`` pairs, with the ratio warm / cold.
+shape; then a second one, for comparison). Min and median over ``--runs`` pairs, with the ratio warm / cold,
+for each CPU conv path (``--cpu-convs``): a warm start finds ``matmul``'s programs on the volume, while
+``onednn``'s (the default) are compiled again at every start (XLA cannot save them).
 
     python -m bench.container_startup --runs 3                          # builds the image first
     python -m bench.container_startup --image localhost/vaeserve:cpu --warmup 16x2x16x16 --runs 3
@@ -36,9 +38,11 @@ from tests.helpers.image_helpers import (
 )
 
 
-def one_start(image: Image, volume: Path, mount: str, args: argparse.Namespace, log_path: Path) -> dict[str, float]:
+def one_start(image: Image, volume: Path, mount: str, args: argparse.Namespace, convs: str,
+              log_path: Path) -> dict[str, float]:
     volumes = {str(volume): mount}
-    env = {"VAESERVE_WARMUP": json.dumps([f"{args.warmup}:uint8"]), "VAESERVE_MAX_BATCH": "1"}
+    env = {"VAESERVE_WARMUP": json.dumps([f"{args.warmup}:uint8"]), "VAESERVE_MAX_BATCH": "1",
+           "VAESERVE_CPU_CONVS": convs}
     if args.model:
         volumes[str(Path(args.model).resolve())] = "/models/bench:ro"
         env["VAESERVE_MODEL"] = "/models/bench"
@@ -69,7 +73,8 @@ def main() -> None:
     parser.add_argument("--image", help="an image already built (default: build the cpu flavour now)")
     parser.add_argument("--warmup", default="16x2x16x16", help="latent shape CxTxHxW compiled before ready")
     parser.add_argument("--model", help="a diffusers-format model folder to mount (default: the image's own)")
-    parser.add_argument("--runs", type=int, default=3, help="cold/warm pairs, each on a new volume")
+    parser.add_argument("--runs", type=int, default=3, help="cold/warm pairs per conv path, each on a new volume")
+    parser.add_argument("--cpu-convs", default="onednn,matmul", help="the conv paths started (comma-separated)")
     parser.add_argument("--json", type=Path, help="write every measurement here")
     args = parser.parse_args()
 
@@ -81,25 +86,28 @@ def main() -> None:
             base = stand_in_base(work / "stand-in-base.log")
             image = build_image("cpu", "localhost/vaeserve-bench:cpu", base, work / "build.log")
             print(f"built {image.name} in {image.build_seconds:.0f} s")
-        runs: list[dict[str, dict[str, float]]] = []
-        for run in tqdm(range(args.runs), desc="cold + warm starts", unit="pair"):
-            volume = work / f"volume-{run}"
+        paths = args.cpu_convs.split(",")
+        runs: dict[str, list[dict[str, dict[str, float]]]] = {convs: [] for convs in paths}
+        pairs = [(run, convs) for run in range(args.runs) for convs in paths]  # the paths alternate
+        for run, convs in tqdm(pairs, desc="cold + warm starts", unit="pair"):
+            volume = work / f"volume-{convs}-{run}"
             mount, _ = new_volume(image, volume)
-            runs.append({start: one_start(image, volume, mount, args, work / f"{start}-{run}.log")
-                         for start in ("cold", "warm")})
+            runs[convs].append({start: one_start(image, volume, mount, args, convs, work / f"{start}-{convs}-{run}.log")
+                                for start in ("cold", "warm")})
         size = image.size()
         if not args.image:
             remove_image(image.name)  # the build is the bench's own; vfs keeps its layers whole
 
     print(f"\n{image.name} ({size}), model {args.model or 'the image default'}, warm-up {args.warmup}:uint8, "
           f"{args.runs} runs")
-    print(f"{'':26} {'min':>7} {'median':>7}  (seconds)")
-    for start in ("cold", "warm"):
-        for key, label in (("ready_s", "start to ready"), ("first_decode_s", "first decode (mp4)"),
-                           ("second_decode_s", "second decode (mp4)")):
-            print(f"{start + ' ' + label:26} {summary([r[start][key] for r in runs])}")
-    ratios = [r["warm"]["ready_s"] / r["cold"]["ready_s"] for r in runs]
-    print(f"{'warm / cold ready':26} {min(ratios):7.2f} {statistics.median(ratios):7.2f}")
+    for convs, pairs_run in runs.items():
+        print(f"\n--cpu-convs {convs}\n{'':26} {'min':>7} {'median':>7}  (seconds)")
+        for start in ("cold", "warm"):
+            for key, label in (("ready_s", "start to ready"), ("first_decode_s", "first decode (mp4)"),
+                               ("second_decode_s", "second decode (mp4)")):
+                print(f"{start + ' ' + label:26} {summary([r[start][key] for r in pairs_run])}")
+        ratios = [r["warm"]["ready_s"] / r["cold"]["ready_s"] for r in pairs_run]
+        print(f"{'warm / cold ready':26} {min(ratios):7.2f} {statistics.median(ratios):7.2f}")
     if args.json:
         args.json.write_text(json.dumps({"image": image.name, "size": size, "warmup": args.warmup,
                                          "model": args.model, "runs": runs}, indent=1) + "\n")

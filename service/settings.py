@@ -145,8 +145,10 @@ class Settings(BaseSettings):
         default_factory=list,
         description="frame shape whose encode is compiled before /readyz is 200 (repeatable; needs an encoder), "
         "e.g. 3x81x480x832; an image model's 3xHxW, e.g. 3x1024x1024", json_schema_extra=_in("model", "3xFxHxW|3xHxW"))
-    compile_cache: str | None = Field(None, description="JAX persistent compilation cache directory",
-                                      json_schema_extra=_in("model", "DIR"))
+    compile_cache: str | None = Field(
+        None, description="JAX persistent compilation cache directory: a restart reuses the programs compiled "
+        "before, but for those of oneDNN's convolutions (--cpu-convs onednn), which XLA cannot save",
+        json_schema_extra=_in("model", "DIR"))
     embedded_weights_cache: str | None = Field(
         None, description="folder where an embedded model keeps the random weights it draws (a subfolder such as "
         "wan2.1-random-weights-seed0), read back at the next start instead of drawn again; default: drawn at "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -93,6 +94,8 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
                          device_limit=device_bytes_limit(list(mesh.devices.flat)))
     framewise = has_framewise(config)
     convs = convs_for(platform, vae.cpu_convs)
+    if settings.compile_cache and convs == "onednn":
+        say_onednn_programs_are_not_cached()
     return ModelState(
         vae=vae, runner=runner, limits=limits,
         mean=np.asarray(config.latents_mean, np.float32), std=np.asarray(config.latents_std, np.float32),
@@ -100,6 +103,21 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
         warmed=tuple(settings.warmup), served=served_shapes(settings, framewise=framewise),
         memory=memory, guard=memory_guard(vae, memory, limits, settings, convs), framewise=framewise, convs=convs,
         encode_served=None if settings.shapes == "any" else frozenset(settings.encode_warmup))
+
+
+# What JAX warns, once per program, when XLA:CPU cannot serialize a program that calls oneDNN
+# (``jax._src.compiler``): an out-of-memory it is not.
+_ONEDNN_CACHE_WRITE = r"Error writing persistent compilation cache entry for .*: MemoryError: std::bad_alloc"
+
+
+def say_onednn_programs_are_not_cached() -> None:
+    """Say once that ``--compile-cache`` keeps no program of oneDNN's convolutions (XLA:CPU
+    cannot serialize its oneDNN calls; measured with jax 0.12), and mute JAX's warning of the
+    same, which it gives once per program and which reads as an out-of-memory."""
+    log.warning("--compile-cache keeps no program that runs oneDNN's convolutions (--cpu-convs onednn, the CPU "
+                "default): XLA cannot save them, so every start compiles them again; --cpu-convs matmul compiles "
+                "programs the cache keeps, whose decodes take 1.2-1.3x as long")
+    warnings.filterwarnings("ignore", message=_ONEDNN_CACHE_WRITE, category=UserWarning)
 
 
 def memory_guard(vae: Any, memory: MemoryPlan, limits: Limits, settings: Settings, convs: Convs) -> MemoryGuard:

@@ -1,8 +1,10 @@
 """The CPU's oneDNN convolutions (``VAE.cpu_convs = "onednn"``, the default): the programs really
 run oneDNN's convolution (its custom call in the compiled HLO), each conv equals the nine-tap
 matmul's to float32 rounding, a conv bound by its kernel stays on the im2col path, and a whole
-decode equals the nine-tap path's (``"matmul"``). Controls: compiled without the compiler options,
-the same program has no oneDNN call; a perturbed kernel is caught by the same tolerance."""
+decode equals the nine-tap path's (``"matmul"``), and XLA cannot serialize a program that calls
+oneDNN (what keeps such programs out of ``--compile-cache``). Controls: compiled without the
+compiler options, the same program has no oneDNN call (and serializes); a perturbed kernel is
+caught by the same tolerance."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import serialize_executable
 
 import models
 from models.conv import (
@@ -72,6 +75,21 @@ def test_each_conv_runs_as_onednns_and_equals_the_nine_tap_matmul(name):
     off = np.asarray(jax.jit(lambda *a: conv(*a, onednn=False))(past, x, kernel * 1.001, bias))
     assert np.abs(off - expected).max() > 1e-6 * scale
     assert compiler_options_for("cpu", "matmul") == compiler_options_for("tpu", "onednn") == {}
+
+
+def test_xla_cannot_serialize_a_program_that_calls_onednn():
+    """What the start-up's note on ``--compile-cache`` rests on (``service.engine.startup``): JAX's
+    persistent cache serializes every program it keeps, and XLA:CPU fails on oneDNN's calls (a
+    ``std::bad_alloc``). A JAX that can should make this test fail, and the note go."""
+    conv = CONVS["causal"]
+    onednn = _compiled(lambda *a: conv(*a, onednn=True), compiler_options_for("cpu", "onednn"), *ARGS)
+    with pytest.raises(MemoryError, match="bad_alloc"):
+        serialize_executable.serialize(onednn)
+    plain = _compiled(lambda *a: conv(*a, onednn=True), {}, *ARGS)  # control: XLA's own conv serializes
+    payload, in_tree, out_tree = serialize_executable.serialize(plain)
+    back = serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
+                                                     execution_devices=plain.runtime_executable().local_devices())
+    np.testing.assert_array_equal(np.asarray(back(*ARGS)), np.asarray(plain(*ARGS)))
 
 
 def test_a_conv_bound_by_its_kernel_stays_on_the_im2col_path():

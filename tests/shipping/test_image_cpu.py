@@ -74,25 +74,28 @@ def _contents(volume: Path) -> dict[str, tuple[int, int, float]]:
 
 
 def test_cache_volume_holds_what_a_warm_start_needs(cpu_image, tmp_path):
-    """The default model (the embedded Wan 2.1) with a warm-up shape, started twice on one volume:
-    the first start draws the model's random weights and compiles its programs, and writes both
-    there as the image's user; the second reads the weights, finds every program it needs there,
-    and writes nothing new.
-    Both times are printed; what they are is bench/container_startup.py's business."""
+    """The default model (the embedded Wan 2.1) with a warm-up shape, started three times on one
+    volume. Twice with ``--cpu-convs matmul``, whose programs XLA can save: the first start draws the
+    model's random weights and compiles its programs, and writes both there as the image's user;
+    the second reads the weights, finds every program it needs there, and writes nothing new. Then
+    with the CPU default, oneDNN's convolutions, whose programs XLA cannot save: the start says so
+    once (not JAX's warning per program, which reads as an out-of-memory), compiles its program
+    again and writes nothing either.
+    The times are printed; what they are is bench/container_startup.py's business."""
     volume = tmp_path / "volume"
     mount, uid = new_volume(cpu_image, volume)
     seconds, contents, logs = {}, {}, {}
-    for start in ("cold", "warm"):
+    for start, convs in (("cold", "matmul"), ("warm", "matmul"), ("onednn", "onednn")):
         with container(cpu_image, volumes={str(volume): mount}) as box:
             running, url = box.start_server(tmp_path / f"{start}.log", VAESERVE_WARMUP='["16x1x2x2:uint8"]',
-                                            VAESERVE_MAX_BATCH="1", JAX_LOG_COMPILES="1")
+                                            VAESERVE_MAX_BATCH="1", VAESERVE_CPU_CONVS=convs, JAX_LOG_COMPILES="1")
             try:
                 seconds[start] = wait_ready(url, running)
             finally:
                 assert running.stop() == 0, running.log()[-4000:]
         contents[start], logs[start] = _contents(volume), running.log()
     print(f"\ncpu image, embedded wan2.1, warm-up 16x1x2x2: ready in {seconds['cold']:.1f} s cold, "
-          f"{seconds['warm']:.1f} s warm")
+          f"{seconds['warm']:.1f} s warm (matmul), {seconds['onednn']:.1f} s warm (onednn)")
 
     cold = contents["cold"]
     assert [name for name in cold if name.startswith("jax/")] and all(cold[name][0] == uid for name in cold)
@@ -106,6 +109,11 @@ def test_cache_volume_holds_what_a_warm_start_needs(cpu_image, tmp_path):
     assert compiles["cold"] > 0 and hits["cold"] == 0
     assert hits["warm"] == compiles["warm"] > 0  # every program from the volume
     assert contents["warm"] == cold  # and nothing new written
+    # oneDNN's: the same program compiled again, nothing written, one line that says why.
+    assert compiles["onednn"] == compiles["warm"] and hits["onednn"] == 0 and contents["onednn"] == cold
+    said = "--compile-cache keeps no program that runs oneDNN's convolutions"
+    assert [start for start, log in logs.items() if said in log] == ["onednn"]
+    assert "Error writing persistent compilation cache entry" not in logs["onednn"]
 
 
 def test_build_context_is_what_the_image_needs(tmp_path):
