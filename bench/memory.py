@@ -203,8 +203,9 @@ def plot(rows: list[dict], path: Path, command: str) -> None:
         ax.plot(xs, [r["peak_rss"] / gb for r in points], marker=marker, label=f"{operation}: server peak RSS")
         for r in points:
             if r["status"] != 200:
-                ax.annotate(f"{r['status']} {r['type']}", (r["pixels"], r["peak_rss"] / gb), fontsize=7,
-                            xytext=(4, 6), textcoords="offset points")
+                # beside the estimate, which refused it (the RSS of refusals sits where it was: labels overlap)
+                ax.annotate(f"{r['status']} {r['type']}", (r["pixels"], r["estimate"] / gb), fontsize=7,
+                            xytext=(4, -10), textcoords="offset points")
     memory = meta["memory"]
     ax.axhline(memory["machine_bytes"] / gb, color="k", linewidth=1, label="the host's memory")
     ax.axhline(memory["device_bytes"] / gb, color="grey", linestyle=":", label="memory per device (programs)")
