@@ -1,6 +1,6 @@
 """Memory: the default server's peak RSS against the estimate and the host's memory, as requests grow.
 
-    .venv/bin/python -m bench.memory                                   # the sizes below, the PNG
+    .venv/bin/python -m bench.memory                                   # the sizes below, bench/results/memory-rss.png
     .venv/bin/python -m bench.memory --sizes 256x256 480x832 1280x1280 --frames 5 --png docs/memory/rss.png
     .venv/bin/python -m bench.memory --table                           # docs/serving.md's table
     .venv/bin/python -m bench.memory --compare                         # the estimate vs memory_analysis()
@@ -217,6 +217,7 @@ def plot(rows: list[dict], path: Path, command: str) -> None:
     ax.set_title(f"{meta['machine']}\n{command}", fontsize=8)
     ax.legend(fontsize=7)
     figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     print(f"wrote {path}")
@@ -541,7 +542,8 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=5, help="frames per video (1 + 4k)")
     parser.add_argument("--operations", nargs="+", default=["decode", "encode"], choices=["decode", "encode"])
     parser.add_argument("--timeout", type=float, default=1800, help="each request's timeout_s")
-    parser.add_argument("--png", type=Path, default=REPO / "docs" / "memory" / "rss.png")
+    parser.add_argument("--png", type=Path, default=REPO / "bench" / "results" / "memory-rss.png",
+                        help="where the plot goes (docs/memory/rss.png is the docs' figure: name it to refresh it)")
     parser.add_argument("--serve", nargs=argparse.REMAINDER, default=[], help="flags for vaeserve serve")
     parser.add_argument("--table", action="store_true", help="print the estimate per size (no server)")
     parser.add_argument("--table-frames", type=int, nargs="+", default=[81, 129])
