@@ -238,6 +238,11 @@ def test_sigterm_while_warming_up_exits_0_without_waiting_for_the_warm_up(tiny_m
 # ---- SIGTERM past the drain time ------------------------------------------------------------------
 
 SLOW = (1, 16, 9, 32, 32)  # 33 frames of 256x256: a cold compile, then seconds of device work each
+# The MP4 stream's latents: 97 frames of 256x256 (the same step programs as SLOW's), about 8 MB at
+# crf 0, twice what the kernel's send buffer takes in (net.ipv4.tcp_wmem's most: 4 MB), so with
+# its reader stalled the server's writes block and the stream is under way at the drain's end
+# however fast the device (SLOW's 2.75 MB fitted the buffer and could finish inside the drain).
+LONG_MP4 = (1, 16, 25, 32, 32)
 
 
 def _stream_messages(body: bytes) -> list[dict]:
@@ -251,7 +256,7 @@ def test_sigterm_past_the_drain_time_answers_every_request_503_and_exits_0(tiny_
     cut off — and the process exits 0. (Before: uvicorn's graceful timeout, equal to the drain's,
     cancelled the handlers first: 500 text/plain for all, and SIGABRT, exit 134.)"""
     server = launch_server(tiny_model_dir, tmp_path / "log", "--max-batch", "1", "--drain-timeout-s", "3",
-                           "--max-frames", "33", "--max-height", "256", "--max-width", "256",
+                           "--max-frames", "97", "--max-height", "256", "--max-width", "256",
                            "--stream-buffer-bytes", "1")
     try:
         wait_until(lambda: _ready(server.url), "the server is ready", timeout=120)
@@ -259,13 +264,14 @@ def test_sigterm_past_the_drain_time_answers_every_request_503_and_exits_0(tiny_
         query = {"shape": ",".join(map(str, SLOW)), "dtype": "float32"}
         host, port = server.url.removeprefix("http://").split(":")
         address = (host, int(port))
-        streams = {kind: send_request(address, "/v1/decode", x.tobytes(), params={**query, **params})
-                   for kind, params in (("raw", {"stream": "true"}),
-                                        ("mp4", {"stream": "true", "output_type": "mp4", "crf": "0"}))}
+        long_query = {"shape": ",".join(map(str, LONG_MP4)), "dtype": "float32"}
+        streams = {"raw": send_request(address, "/v1/decode", x.tobytes(), params={**query, "stream": "true"}),
+                   "mp4": send_request(address, "/v1/decode", latents(LONG_MP4, seed=32).tobytes(),
+                                       params={**long_query, "stream": "true", "output_type": "mp4", "crf": "0"})}
         began = {kind: read_head(sock) for kind, sock in streams.items()}  # their first step left the device
         # The raw stream's reader reads slowly (its 6.4 MB of frames take the drain and more), so the
         # stream is still under way when the drain ends and its in-band error message can reach it;
-        # the MP4's never reads again.
+        # the MP4's never reads again (LONG_MP4).
         raw_read: dict[str, Any] = {}
         raw_reader = threading.Thread(
             target=lambda: raw_read.update(answer=read_all(streams["raw"], began["raw"], rate=128 * 1024)))
