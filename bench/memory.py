@@ -218,7 +218,6 @@ def plot(rows: list[dict], path: Path, command: str) -> None:
     ax.legend(fontsize=7)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     print(f"wrote {path}")
 
