@@ -16,6 +16,8 @@ COPY pyproject.toml README.md ./
 COPY models ./models
 COPY sharding ./sharding
 COPY service ./service
+# vaeserve/ links the three folders into the one package the wheel installs.
+COPY vaeserve ./vaeserve
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
 FROM ${BASE}

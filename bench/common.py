@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    import models
+    from vaeserve import models
 
 T = TypeVar("T")
 CONFIGS = ("real", "tiny")
@@ -23,7 +23,7 @@ SAMPLE_VIDEO = Path(__file__).resolve().parents[2] / "shared" / "data" / "sample
 
 def latent_shape(text: str) -> tuple[int, ...]:
     """argparse type: ``"1x16x3x60x104"`` → ``(1, 16, 3, 60, 104)`` (B, C, T, H, W)."""
-    from models.shapes import parse_shape_text
+    from vaeserve.models.shapes import parse_shape_text
 
     try:
         return parse_shape_text(text, 5, "latents BxCxTxHxW")
@@ -33,7 +33,7 @@ def latent_shape(text: str) -> tuple[int, ...]:
 
 def bench_config(name: str) -> models.WanVAEConfig:
     """``real``: the Wan 2.1 architecture; ``tiny``: a few-channel one that compiles in seconds."""
-    import models
+    from vaeserve import models
 
     return models.WanVAEConfig() if name == "real" else models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 

@@ -25,8 +25,6 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from service.client import decode
-from service.settings import parse_latent_shape
 from tests.helpers.image_helpers import (
     Image,
     build_image,
@@ -36,6 +34,8 @@ from tests.helpers.image_helpers import (
     stand_in_base,
     wait_ready,
 )
+from vaeserve.service.client import decode
+from vaeserve.service.settings import parse_latent_shape
 
 
 def one_start(image: Image, volume: Path, mount: str, args: argparse.Namespace, convs: str,

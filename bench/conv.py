@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from bench.common import timed
-from models.conv import causal_conv3x3x3, compiler_options_for, upsample2x_causal_conv3x3x3
+from vaeserve.models.conv import causal_conv3x3x3, compiler_options_for, upsample2x_causal_conv3x3x3
 
 ONEDNN = compiler_options_for("cpu", "onednn")
 

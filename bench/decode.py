@@ -32,10 +32,10 @@ import tempfile
 import jax
 import numpy as np
 
-import models
 from bench.common import diffusers_reference, ratio, timed
-from models.flops import decode_flops
-from models.ltx_config import DEFAULT_DECODE_TIMESTEP as DECODE_TIMESTEP  # the pipelines'
+from vaeserve import models
+from vaeserve.models.flops import decode_flops
+from vaeserve.models.ltx_config import DEFAULT_DECODE_TIMESTEP as DECODE_TIMESTEP  # the pipelines'
 
 
 def parse_inner_frames(text: str) -> list[int | None]:

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from models.config import HunyuanVideo15Config, VAEConfig, WanVAEConfig  # imports no JAX
+from vaeserve.models.config import HunyuanVideo15Config, VAEConfig, WanVAEConfig  # imports no JAX
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = ("bfloat16", "float32")

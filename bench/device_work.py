@@ -11,7 +11,7 @@ has no time left for, saying so; it never starts a warm-up with less time left t
 warm-up it has seen.
 
 Nothing here imports ``service`` (FastAPI, pydantic) except the load-test client, and the server
-runs as ``python -m service serve``: a host without those packages measures everything else.
+runs as ``python -m vaeserve serve``: a host without those packages measures everything else.
 """
 
 from __future__ import annotations
@@ -143,14 +143,14 @@ def torch_device() -> dict[str, Any]:
 
 
 def config_of(spec: dict[str, Any]):
-    import models
+    from vaeserve import models
 
     return models.config_from_dict(spec["config"])
 
 
 def shapes(config, video: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Latents ``(1, C, T, H, W)`` and frames ``(1, 3, F, height, width)`` of a ``width x height x F`` video."""
-    from sharding.planner import latent_shape_for_video
+    from vaeserve.sharding.planner import latent_shape_for_video
 
     width, height, frames = video
     return (1, *latent_shape_for_video(config, width, height, frames)), (1, 3, frames, height, width)
@@ -187,8 +187,8 @@ def parity_task(spec: dict[str, Any], rec: Recorder) -> None:
     import numpy as np
     import torch
 
-    import models
     from bench.common import diffusers_reference
+    from vaeserve import models
 
     rec.put(("device",), {"jax": jax_device(), "torch": torch_device()})
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -217,8 +217,8 @@ def ours_task(spec: dict[str, Any], rec: Recorder) -> None:
     import jax
     import jax.numpy as jnp
 
-    import models
-    from sharding.introspect import program_memory
+    from vaeserve import models
+    from vaeserve.sharding.introspect import program_memory
 
     config = config_of(spec)
     latents_shape, frames_shape = shapes(config, spec["video"])
@@ -351,7 +351,7 @@ def service_task(spec: dict[str, Any], rec: Recorder) -> None:
         return
     import asyncio
 
-    from service.cli.loadtest import build_parser, run
+    from vaeserve.service.cli.loadtest import build_parser, run
 
     config = config_of(spec)
     latents_shape, _ = shapes(config, spec["video"])
@@ -360,7 +360,7 @@ def service_task(spec: dict[str, Any], rec: Recorder) -> None:
         model = spec["model_name"] or save_model(config, Path(folder))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        command = [sys.executable, "-m", "service", "serve", "--model", model, "--dtype", spec["dtype"],
+        command = [sys.executable, "-m", "vaeserve", "serve", "--model", model, "--dtype", spec["dtype"],
                    "--warmup", f"{warmup}:stream", "--port", str(port), "--log-level", "warning"]
         rec.put(("server",), {"command": command[1:], "latents": list(latents_shape), "dtype": spec["dtype"]})
         server = subprocess.Popen(command, cwd=REPO)
@@ -385,7 +385,7 @@ def service_task(spec: dict[str, Any], rec: Recorder) -> None:
 
 def save_model(config, folder: Path) -> str:
     """A model folder of ``config`` with seeded random weights (what ``--model`` reads)."""
-    import models
+    from vaeserve import models
 
     return str(models.save_vae(models.init_vae(config), folder / "model"))
 

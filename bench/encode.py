@@ -18,9 +18,9 @@ import tempfile
 import jax
 import numpy as np
 
-import models
 from bench.common import diffusers_reference, ratio, timed
-from models.flops import encode_flops
+from vaeserve import models
+from vaeserve.models.flops import encode_flops
 
 
 def main() -> None:

@@ -117,7 +117,7 @@ def start_server(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--port", str(port),
+    process = subprocess.Popen([sys.executable, "-m", "vaeserve", "serve", "--model", str(model_dir), "--port", str(port),
                                 "--log-level", "warning"], cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -206,7 +206,7 @@ def main() -> None:
 
     import os
 
-    import models
+    from vaeserve import models
 
     the_bomb, valid = bomb(), at_the_limits()
     print(f"bomb: {len(the_bomb):,} bytes (128 x 1280x1280); at the limits: {len(valid):,} bytes (129 x 1280x1280); "

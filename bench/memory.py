@@ -88,14 +88,14 @@ def size(text: str) -> tuple[int, int]:
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    from service.engine.memory import machine_memory
+    from vaeserve.service.engine.memory import machine_memory
 
     host = machine_memory()
     return f"{os.cpu_count()} cores ({cpu}), {host.bytes / 1e9:.1f} GB ({host.source})"
 
 
 def start(port: int, extra: list[str]) -> subprocess.Popen:
-    command = ["nice", "-n", "10", sys.executable, "-m", "service", "serve", "--port", str(port), *extra]
+    command = ["nice", "-n", "10", sys.executable, "-m", "vaeserve", "serve", "--port", str(port), *extra]
     process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
@@ -114,8 +114,8 @@ def start(port: int, extra: list[str]) -> subprocess.Popen:
 
 def estimator_of(info: dict):
     """The server's model's estimate (its config, dtype, weights, mesh and conv path)."""
-    import models
-    from models.memory import estimator
+    from vaeserve import models
+    from vaeserve.models.memory import estimator
 
     config = models.config_from_dict(info["config"])
     return config, estimator(config, dtype=info["dtype"], decoder_parameters=info["metadata"]["parameters"],
@@ -130,11 +130,11 @@ def raw_params(shape: tuple[int, ...]) -> dict[str, str]:
 def encode_body(shape: tuple[int, ...]) -> tuple[bytes, dict[str, str], str]:
     """An encode's body: raw float32 frames, or, past the default body limit, the same mid-grey
     frames as an H.264 MP4 (what a client sends at large sizes: a few KiB)."""
-    from service.settings import Settings
+    from vaeserve.service.settings import Settings
 
     if 4 * math.prod(shape) <= Settings.model_fields["max_body_bytes"].default:
         return np.zeros(shape, np.float32).tobytes(), raw_params(shape), "application/octet-stream"
-    from service.codecs.video import mp4_bytes
+    from vaeserve.service.codecs.video import mp4_bytes
 
     _, _, frames, height, width = shape
     return mp4_bytes(np.full((frames, height, width, 3), 128, np.uint8), fps=16, crf=18), {}, "video/mp4"
@@ -228,13 +228,13 @@ def table(args: argparse.Namespace) -> None:
     import jax
     from flax import nnx
 
-    import models
-    from models.families import family_of
-    from models.memory import estimator
-    from models.vae import abstract_module
-    from service.http.host_memory import decode_host_bytes, encode_host_bytes
-    from service.http.schemas import DecodeParams
-    from service.limits import Limits
+    from vaeserve import models
+    from vaeserve.models.families import family_of
+    from vaeserve.models.memory import estimator
+    from vaeserve.models.vae import abstract_module
+    from vaeserve.service.http.host_memory import decode_host_bytes, encode_host_bytes
+    from vaeserve.service.http.schemas import DecodeParams
+    from vaeserve.service.limits import Limits
 
     config = models.load_config(args.model) if args.model else models.WanVAEConfig()
     family = family_of(config)
@@ -288,8 +288,8 @@ class Tiny(NamedTuple):
 def tiny_configs() -> dict[str, list[Tiny]]:
     """``{family: [Tiny]}``: the tiny configs the estimate's coefficients are fitted to (for the
     families ``--fit`` has fitted)."""
-    import models
-    from models.image_config import KL_BLOCKS
+    from vaeserve import models
+    from vaeserve.models.image_config import KL_BLOCKS
 
     kl: dict[str, Any] = dict(down_block_types=(KL_BLOCKS[0],) * 3, up_block_types=(KL_BLOCKS[1],) * 3,
                               norm_num_groups=4)
@@ -355,7 +355,7 @@ def real_configs() -> dict[str, tuple[Any, list[tuple[int, ...]], list[tuple[int
     """``{family: (config, decode latent shapes, encode frame shapes)}``: the real video configs
     from small sizes to 480p or 720p (``--real``; compiling needs no weights, seconds to a minute
     each with oneDNN's convs, minutes with the nine-tap ones)."""
-    import models
+    from vaeserve import models
 
     return {"wan2.1": (models.WanVAEConfig(), [(1, 16, 2, 16, 16), (1, 16, 2, 60, 104), (1, 16, 2, 90, 160)],
                        [(1, 3, 9, 128, 128), (1, 3, 5, 480, 832), (1, 3, 81, 720, 1280)]),
@@ -371,10 +371,10 @@ def programs_of(vae: Any, decodes: list[tuple[int, ...]], encodes: list[tuple[in
     """``(program, shape, step, estimate, features, memory_analysis())`` of ``vae``'s decode steps of
     each latent shape and its encode of each frame shape, compiled on one CPU device with the
     model's conv path and estimated for it."""
-    import sharding
-    from models.conv import convs_for
-    from models.memory import estimator
-    from sharding.introspect import program_memory
+    from vaeserve import sharding
+    from vaeserve.models.conv import convs_for
+    from vaeserve.models.memory import estimator
+    from vaeserve.sharding.introspect import program_memory
 
     model = estimator(vae.config, dtype="float32", decoder_parameters=vae.metadata["parameters"],
                       encoder_parameters=vae.metadata["encoder_parameters"], convs=convs_for("cpu", vae.cpu_convs))
@@ -394,7 +394,7 @@ def programs_of(vae: Any, decodes: list[tuple[int, ...]], encodes: list[tuple[in
 def real_measurements(family: str, *, cpu_convs: Any):
     """As ``measurements``, for the decodes and encodes of the family's real config
     (``real_configs``; none for a family without one), its weights abstract (compiled, never run)."""
-    import models
+    from vaeserve import models
 
     if family not in real_configs():
         return
@@ -407,7 +407,7 @@ def real_measurements(family: str, *, cpu_convs: Any):
 def saved_rows(path: Path | None, key: str, measure: Any) -> list:
     """The rows of ``measure()``, kept in the JSON file ``path`` under ``key`` (compiled once: a refit
     with other features or fixed coefficients reads them back)."""
-    from models.memory import Estimate, Features
+    from vaeserve.models.memory import Estimate, Features
 
     saved = json.loads(path.read_text()) if path is not None and path.exists() else {}
     if key not in saved:
@@ -426,7 +426,7 @@ def measurements(family: str, *, cpu_convs: Any, held: bool = False):
     family's tiny configs (``"decode"``: every step; ``"encode"``) at the fitted shapes (``held``:
     the held-out ones), compiled on one CPU device with ``cpu_convs``; the features are those the
     estimate weighed."""
-    import models
+    from vaeserve import models
 
     for tiny in tiny_configs()[family]:
         vae = models.init_vae(tiny.config)
@@ -444,7 +444,7 @@ def fit(args: argparse.Namespace) -> None:
     import numpy as np
     from scipy.optimize import nnls  # type: ignore[import-untyped]
 
-    from sharding.fits import program_total_bytes
+    from vaeserve.sharding.fits import program_total_bytes
 
     names = ("caches", "activation", "outputs", "taps", "attention", "weights")
 
@@ -514,7 +514,7 @@ def compare(args: argparse.Namespace) -> None:
     ``--real`` the real video configs' decodes and encodes (``real_configs``); every program
     compiled with ``--cpu-convs``."""
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    from sharding.fits import program_total_bytes
+    from vaeserve.sharding.fits import program_total_bytes
 
     def row(name: str, which: str, shape: tuple[int, ...], program: str, estimate: Any, measured: int) -> None:
         print(f"| {name} | {which} | {'x'.join(map(str, shape))} | {program} | {estimate.total / 1e6:.1f} MB | "

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from bench.common import SAMPLE_VIDEO
-from service.codecs.video import Mp4Writer, mp4_boxes, read_mp4
+from vaeserve.service.codecs.video import Mp4Writer, mp4_boxes, read_mp4
 
 
 def sample_frames(frames: int) -> np.ndarray:

@@ -68,7 +68,7 @@ def _handlers(vae, mesh, record: dict) -> dict:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    import sharding
+    from vaeserve import sharding
 
     def decode(latents, output):
         start = time.perf_counter()
@@ -123,15 +123,14 @@ def lead(leader, args, record: dict) -> dict:
 
 
 def run_process(args) -> NoReturn:
-    from service.slice.broadcast import Channel, Leader, follow
-    from service.slice.control import SliceMonitor, exit_process, initialize
+    from vaeserve.service.slice.broadcast import Channel, Leader, follow
+    from vaeserve.service.slice.control import SliceMonitor, exit_process, initialize
 
     control = initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.num_processes,
                          process_id=args.process_id, heartbeat_timeout_s=60, cpu_devices=args.tp // args.num_processes)
     monitor = SliceMonitor(control, call_timeout_s=args.timeout).start()
 
-    import models
-    import sharding
+    from vaeserve import models, sharding
 
     vae = models.init_vae(bench_config(args.config), seed=0)
     record: dict = {}

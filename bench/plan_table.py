@@ -132,12 +132,11 @@ def fails_above(results: dict[tuple, dict], row: dict) -> bool:
 def run(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
-    import models
-    import sharding
-    from models.shapes import parse_shape_text
-    from sharding.chips import chip_facts, topology_devices
-    from sharding.plan_table import code_fingerprint, compiler_versions
-    from sharding.planner import latent_shape_for_video, plan_mesh
+    from vaeserve import models, sharding
+    from vaeserve.models.shapes import parse_shape_text
+    from vaeserve.sharding.chips import chip_facts, topology_devices
+    from vaeserve.sharding.plan_table import code_fingerprint, compiler_versions
+    from vaeserve.sharding.planner import latent_shape_for_video, plan_mesh
 
     finished = done(args.results)
     if args.recompile:  # the rows named are compiled again; each replaces its old line when done
@@ -268,7 +267,7 @@ def plot(results: dict[tuple, dict], table: Table) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sharding.chips import CHIPS
+    from vaeserve.sharding.chips import CHIPS
 
     fig, axes = plt.subplots(1, len(DTYPES), figsize=(12, 4.5), sharey=True)
     for ax, dtype in zip(axes, DTYPES, strict=True):

@@ -56,7 +56,7 @@ def _frames(shape) -> str:
 
 def time_decode(vae, latents, mesh, repeats: int) -> tuple[float, float]:
     """(first call incl. compile, median of ``repeats`` later calls), seconds."""
-    import sharding
+    from vaeserve import sharding
 
     start = time.perf_counter()
     sharding.sharded_decode(vae, latents, mesh).block_until_ready()
@@ -72,8 +72,7 @@ def time_decode(vae, latents, mesh, repeats: int) -> tuple[float, float]:
 def main(args: argparse.Namespace) -> None:
     import jax
 
-    import models
-    import sharding
+    from vaeserve import models, sharding
 
     tps = [int(tp) for tp in args.tps.split(",")]
     devices = jax.devices()

@@ -130,7 +130,7 @@ def row_errors(frames: np.ndarray, reference: np.ndarray, seams: list[int], seam
 
 def model_config(name: str, size: str):
     """The model's config object: the real architecture or the tests' small one."""
-    import models
+    from vaeserve import models
 
     if name in IMAGE_MODELS:
         from tests.helpers.image_reference import FLUX1_TINY, SD_TINY
@@ -194,9 +194,8 @@ def diffusers_decode(model, latents: np.ndarray, *, tiling: dict | None, timeste
 def main(args: argparse.Namespace) -> None:
     import torch
 
-    import models
-    import sharding
-    from sharding._controls import decode_with
+    from vaeserve import models, sharding
+    from vaeserve.sharding._controls import decode_with
 
     torch.set_num_threads(os.cpu_count() or 1)
     config = model_config(args.model, args.config)

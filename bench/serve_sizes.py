@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 
 from bench.common import latent_shape
-from service.codecs.tensors import npy_bytes
+from vaeserve.service.codecs.tensors import npy_bytes
 
 SIZES = ("1x16x2x16x16", "1x16x5x16x16", "1x16x2x30x52", "1x16x5x30x52", "1x16x5x60x104")
 
@@ -51,7 +51,7 @@ def memory_gb(pid: int) -> tuple[float, float]:
 def server(port: int, log: Path) -> Iterator[subprocess.Popen]:
     """``vaeserve serve`` on ``port`` with its defaults, until /readyz is 200."""
     with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "service", "serve", "--port", str(port)],
+        process = subprocess.Popen([sys.executable, "-m", "vaeserve", "serve", "--port", str(port)],
                                    stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import SAMPLE_VIDEO
-from models.shapes import Output
+from vaeserve.models.shapes import Output
 
 # What each output asks of POST /v1/decode.
 OUTPUTS = {
@@ -72,14 +72,14 @@ class SimulatedRunner:
 
     def decode(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False,
                conditions: Sequence[Any] = ()) -> Any:
-        from sharding import Decoded
+        from vaeserve.sharding import Decoded
 
         assert output == "uint8", "the simulated device makes uint8 frames only"
         return Decoded(self._video(latents, 0, len(self.frames)), np.zeros(latents.shape[0], np.int64))
 
     def decode_stream(self, latents: np.ndarray, *, output: Output = "uint8", framewise: bool = False,
                       conditions: Sequence[Any] = ()) -> Iterator[Any]:
-        from sharding import Decoded
+        from vaeserve.sharding import Decoded
 
         assert output == "uint8", "the simulated device makes uint8 frames only"
         first = 0
@@ -113,10 +113,10 @@ class SimulatedRunner:
 
 def serve(args: argparse.Namespace) -> None:
     """The server process: the real app and uvicorn, the simulated runner in place of the device's."""
-    import models
-    from service.http.app import create_app
-    from service.http.server import serve as run_server
-    from service.settings import Settings
+    from vaeserve import models
+    from vaeserve.service.http.app import create_app
+    from vaeserve.service.http.server import serve as run_server
+    from vaeserve.service.settings import Settings
 
     SimulatedRunner.device_s = args.device_s
     SimulatedRunner.frames = sample_frames(args.sample, args.frames, args.height, args.width)
@@ -257,7 +257,7 @@ def main() -> None:
         return
     from tqdm import tqdm
 
-    from service.codecs.video import mp4_bytes
+    from vaeserve.service.codecs.video import mp4_bytes
 
     # The encode alone, in this process, before the server starts: what a pipelined MP4 answer
     # (device and encoder overlapping) is held to, max(device time, encode time).

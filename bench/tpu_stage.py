@@ -34,8 +34,8 @@ def per_tap_causal_conv(past, x_padded, kernel, bias, *, native, start="zero", b
     import jax.numpy as jnp
     from jax import lax
 
-    from models.conv import CPU_BLOCK_BYTES, causal_conv3x3x3
-    from models.spatial import matmul_precision
+    from vaeserve.models.conv import CPU_BLOCK_BYTES, causal_conv3x3x3
+    from vaeserve.models.spatial import matmul_precision
 
     if not native or x_padded.shape[1] != 1 or past is None:
         return causal_conv3x3x3(past, x_padded, kernel, bias, native=native, start=start,
@@ -59,11 +59,11 @@ def main() -> None:
     import jax
     from flax import nnx
 
-    import models
-    from models import layers
-    from models.decoder import WanDecoder
-    from models.spatial import SingleDeviceContext
-    from sharding.chips import topology_devices
+    from vaeserve import models
+    from vaeserve.models import layers
+    from vaeserve.models.decoder import WanDecoder
+    from vaeserve.models.spatial import SingleDeviceContext
+    from vaeserve.sharding.chips import topology_devices
 
     if args.variant == "taps":
         layers.causal_conv3x3x3 = per_tap_causal_conv

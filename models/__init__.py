@@ -9,6 +9,9 @@ names below that need JAX load on first use (PEP 562 ``__getattr__``).
 
 from __future__ import annotations
 
+if __name__ != "vaeserve.models":  # the checkout's folder imported by its own name would load every module twice
+    raise ImportError(f"this is the package vaeserve.models: import it as `vaeserve.models`, not `{__name__}`")
+
 import ast
 import importlib
 import importlib.util

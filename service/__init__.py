@@ -10,6 +10,9 @@
 ``create_app`` and ``Settings`` are the embedding API.
 """
 
+if __name__ != "vaeserve.service":  # the checkout's folder imported by its own name would load every module twice
+    raise ImportError(f"this is the package vaeserve.service: import it as `vaeserve.service`, not `{__name__}`")
+
 from .http.app import create_app
 from .settings import Settings
 

@@ -1,6 +1,6 @@
 """A small Python client for ``POST /v1/decode`` (including the frame stream) and ``POST /v1/encode``.
 
-    from service.client import decode, decode_stream, encode
+    from vaeserve.service.client import decode, decode_stream, encode
     video = decode("http://127.0.0.1:8000", latents, output_type="mp4")          # bytes
     for chunk in decode_stream("http://127.0.0.1:8000", latents):                # (B, f, H, W, 3) uint8
         ...

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models import shapes
+from vaeserve.models import shapes
 
 from .problem import Problem
 

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from models.shapes import parse_shape_text, shape_text
+from vaeserve.models.shapes import parse_shape_text, shape_text
 
 # Shapes without the batch dim: a video model's latents (C, T, H, W) and frames (3, F, H, W); an
 # image model's latents (C, H, W) and images (3, H, W).

@@ -8,6 +8,9 @@ their ahead-of-time compiled programs (``compile_decode``, ``compile_decode_stre
 ``check_fits``).
 """
 
+if __name__ != "vaeserve.sharding":  # the checkout's folder imported by its own name would load every module twice
+    raise ImportError(f"this is the package vaeserve.sharding: import it as `vaeserve.sharding`, not `{__name__}`")
+
 from .bands import BandLayout, SplitError, band_layout, choose_split
 from .chips import TopologyError, topology_devices
 from .decode import (

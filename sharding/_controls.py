@@ -32,10 +32,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from models.decode import full_program, resolve_chunk
-from models.encode import posterior_options, resolve_encode_chunk
-from models.shapes import Output, check_output
-from models.spatial import (
+from vaeserve.models.decode import full_program, resolve_chunk
+from vaeserve.models.encode import posterior_options, resolve_encode_chunk
+from vaeserve.models.shapes import Output, check_output
+from vaeserve.models.spatial import (
     Edge,
     SingleDeviceContext,
     check_edge,
@@ -45,7 +45,7 @@ from models.spatial import (
     zero_pad_hw,
     zero_pad_hw_after,
 )
-from models.vae import DTYPES, VAE
+from vaeserve.models.vae import DTYPES, VAE
 
 from .bands import Split
 from .decode import (

@@ -24,7 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from models.decode import (
+from vaeserve.models.decode import (
     check_framewise,
     full_program,
     resolve_chunk,
@@ -33,11 +33,11 @@ from models.decode import (
     stream_frames,
     stream_steps,
 )
-from models.decoder import check_inner_frames, inner_frames_option
-from models.ltx import DecodeConditions
-from models.programs import program_key
-from models.shapes import Output, check_latents_shape, check_output, is_image_shape, time_axis
-from models.vae import DTYPES, VAE, split_stream
+from vaeserve.models.decoder import check_inner_frames, inner_frames_option
+from vaeserve.models.ltx import DecodeConditions
+from vaeserve.models.programs import program_key
+from vaeserve.models.shapes import Output, check_latents_shape, check_output, is_image_shape, time_axis
+from vaeserve.models.vae import DTYPES, VAE, split_stream
 
 from .bands import BandLayout, Split, SplitError, band_layout
 from .halo import BandContext

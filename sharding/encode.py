@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from models.encode import (
+from vaeserve.models.encode import (
     PosteriorOptions,
     image_latents,
     latents_from_moments,
@@ -30,9 +30,9 @@ from models.encode import (
     posterior_options,
     resolve_encode_chunk,
 )
-from models.programs import program_key
-from models.shapes import check_frames_shape
-from models.vae import DTYPES, VAE
+from vaeserve.models.programs import program_key
+from vaeserve.models.shapes import check_frames_shape
+from vaeserve.models.vae import DTYPES, VAE
 
 from .bands import BandLayout, Split, band_layout
 from .decode import ContextType, _band_context, _check_mesh, _shard, _spec, jit_for, split_axis

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from models.spatial import (
+from vaeserve.models.spatial import (
     Edge,
     attend_frames_local,
     check_edge,

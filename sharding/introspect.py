@@ -13,10 +13,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from models.decode import decode_step, resolve_chunk
-from models.families import DecoderModule
-from models.shapes import clip_shape
-from models.vae import DTYPES, VAE
+from vaeserve.models.decode import decode_step, resolve_chunk
+from vaeserve.models.families import DecoderModule
+from vaeserve.models.shapes import clip_shape
+from vaeserve.models.vae import DTYPES, VAE
 
 from .bands import Split, band_layout
 from .decode import compile_decode

@@ -42,22 +42,30 @@ COMPILER_PACKAGES = {"tpu": "libtpu", "gpu": "jax-cuda13-plugin"}
 PROGRAM_BUILDER = "sharding/decode.py"
 # The registry that imports every family's modules: only the decoding family's are followed from it.
 FAMILY_REGISTRY = "models/families.py"
-FIRST_PARTY = ("models", "sharding")
+PACKAGE = "vaeserve"
+FIRST_PARTY = ("models", "sharding")  # the subpackages whose code becomes programs
 
 
 # -- the code fingerprint -------------------------------------------------------------------------
+def _within_package(module: str) -> str:
+    """``vaeserve.models.x`` -> ``models.x``: a module's name relative to the package root (paths
+    and fingerprints name modules so, as they sit in a checkout)."""
+    return module.removeprefix(f"{PACKAGE}.")
+
+
 def imported_modules(path: str, source: str) -> Iterator[str]:
     """The first-party module files that ``source`` (the file at ``path``, relative to the package
-    root) imports: ``from models.x import …``, ``from .x import …``, ``import sharding.y``."""
+    root) imports: ``from vaeserve.models.x import …``, ``from .x import …``, ``import
+    vaeserve.sharding.y``."""
     package = path.rsplit("/", 1)[0]
     for node in ast.walk(ast.parse(source)):
         names: list[str] = []
         if isinstance(node, ast.ImportFrom):
             base = package.replace("/", ".") if node.level else ""
-            module = ".".join(part for part in (base, node.module or "") if part)
+            module = ".".join(part for part in (base, _within_package(node.module or "")) if part)
             names = [module] + [f"{module}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            names = [_within_package(alias.name) for alias in node.names]
         for name in names:
             if name.split(".")[0] in FIRST_PARTY:
                 yield name.replace(".", "/") + ".py"
@@ -65,9 +73,12 @@ def imported_modules(path: str, source: str) -> Iterator[str]:
 
 @cache
 def _normalized(source: str) -> str:
-    """The code without what does not change a program: comments, formatting and docstrings."""
+    """The code without what does not change a program: comments, formatting, docstrings and the
+    ``vaeserve.`` prefix of imports."""
     tree = ast.parse(source)
     for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:  # where the package is installed changes no program
+            node.module = _within_package(node.module)
         body = getattr(node, "body", None)
         if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
                 and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
@@ -78,7 +89,7 @@ def _normalized(source: str) -> str:
 def other_families_modules(family: str) -> frozenset[str]:
     """Module files of other families' layers and of the encoders, as the family registry imports
     them (a module the decoding family's code imports itself is still followed)."""
-    from models.families import FAMILIES
+    from vaeserve.models.families import FAMILIES
 
     def path(cls: Any) -> str:
         return Path(inspect.getfile(cls)).resolve().relative_to(PACKAGE_ROOT).as_posix()
@@ -148,7 +159,7 @@ def platform_of(slice_name: str) -> str:
 @cache
 def rows(platform: str) -> tuple[dict[str, Any], ...]:
     """Every row of a platform's table, as shipped."""
-    text = files("sharding").joinpath(TABLES[platform]).read_text(encoding="utf-8")
+    text = files("vaeserve.sharding").joinpath(TABLES[platform]).read_text(encoding="utf-8")
     return tuple(json.loads(line) for line in text.splitlines() if line.strip())
 
 

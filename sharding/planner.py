@@ -24,10 +24,10 @@ from typing import Any
 
 import jax
 
-from models.config import VAEConfig
-from models.flops import decode_flops
-from models.shapes import Output, check_output, clip_shape, latents_for_frames, misfits
-from models.vae import VAE
+from vaeserve.models.config import VAEConfig
+from vaeserve.models.flops import decode_flops
+from vaeserve.models.shapes import Output, check_output, clip_shape, latents_for_frames, misfits
+from vaeserve.models.vae import VAE
 
 from .bands import band_layout
 from .chips import ChipFacts, chip_facts, devices_per_chip, slice_facts
@@ -188,7 +188,7 @@ def compiler_refusal_bytes(message: str) -> int | None:
 def table_model(config: VAEConfig) -> str | None:
     """The name the table gives ``config``'s model (``"wan2.1"``, …): its rows answer for it when
     ``config`` is that model's config (a checkpoint folder of Wan 2.1 is ``"wan2.1"``); else None."""
-    from models.loading import MODEL_NAMES
+    from vaeserve.models.loading import MODEL_NAMES
 
     return next((name for name, make in MODEL_NAMES.items() if make() == config), None)
 

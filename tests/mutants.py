@@ -33,7 +33,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ("models", "sharding", "service", "tests", "pyproject.toml")
+SOURCES = ("models", "sharding", "service", "vaeserve", "tests", "pyproject.toml")
 DOCS = REPO / "docs" / "development.md"
 DOCS_BEGIN, DOCS_END = "<!-- mutants:begin -->", "<!-- mutants:end -->"
 # One pytest run (a baseline or a mutant's tests): far more than any takes.
@@ -145,7 +145,7 @@ def copy_sources(destination: Path) -> None:
     for name in SOURCES:
         source = REPO / name
         if source.is_dir():
-            shutil.copytree(source, destination / name, ignore=ignore)
+            shutil.copytree(source, destination / name, ignore=ignore, symlinks=True)  # vaeserve/ links the copies
         else:
             shutil.copy2(source, destination / name)
 

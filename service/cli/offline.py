@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from models.shapes import clip_shape
+from vaeserve.models.shapes import clip_shape
 
 from ..codecs.frames import BodyFormat, read_frames_header
 from ..codecs.latents import check_latent_dims, model_layout, serialize_latents
@@ -108,8 +108,7 @@ def _pad_to_dp(batch: np.ndarray, dp: int) -> np.ndarray:
 
 def decode(args: argparse.Namespace) -> int:
     _devices(args.cpu_devices)
-    import models
-    import sharding
+    from vaeserve import models, sharding
 
     vae = models.load_vae(args.model, dtype=args.dtype)
     latents = _load_latents(Path(args.input), vae.config)
@@ -157,8 +156,7 @@ def _load_frames(path: Path, config) -> np.ndarray:
 
 def encode(args: argparse.Namespace) -> int:
     _devices(args.cpu_devices)
-    import models
-    import sharding
+    from vaeserve import models, sharding
 
     out = Path(args.output)
     if out.suffix not in (".safetensors", ".npy"):
@@ -195,7 +193,7 @@ def encode(args: argparse.Namespace) -> int:
 
 
 def convert(args: argparse.Namespace) -> int:
-    import models
+    from vaeserve import models
 
     config = models.read_config(args.config) if args.config else None
     out = models.convert_checkpoint(args.input, args.out_dir, config=config)

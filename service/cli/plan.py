@@ -138,7 +138,7 @@ def format_table(plan: dict[str, Any]) -> str:
 
 
 def _compiler_text(versions: dict[str, str] | None) -> str:
-    from sharding.plan_table import compiler_text
+    from vaeserve.sharding.plan_table import compiler_text
 
     return compiler_text({"compiler": versions} if versions else {})
 
@@ -155,8 +155,8 @@ def _say(text: str) -> None:
 def _latents(args: argparse.Namespace, config: Any) -> tuple[int, ...]:
     """Latents ``(C, T, H, W)`` (an image model's ``(C, H, W)``) from ``--video``, ``--image`` or
     ``--shape`` (``PlanError`` for sizes the model does not decode, naming the nearest that it does)."""
-    from models.shapes import parse_shape_text
-    from sharding.planner import PlanError, latent_shape_for_video
+    from vaeserve.models.shapes import parse_shape_text
+    from vaeserve.sharding.planner import PlanError, latent_shape_for_video
 
     def dims(text: str, count: int, what: str) -> tuple[int, ...]:
         try:
@@ -178,9 +178,9 @@ def _latents(args: argparse.Namespace, config: Any) -> tuple[int, ...]:
 def _announce(args: argparse.Namespace, config: Any, latents: tuple[int, ...], tps: list[int]) -> None:
     """Before any compile: how many meshes will be compiled, and about how long each takes (the
     table's nearest row of the same model, dtype and tp)."""
-    from sharding.chips import slice_facts
-    from sharding.plan_table import estimate_compile_s
-    from sharding.planner import table_model, video_for_latents
+    from vaeserve.sharding.chips import slice_facts
+    from vaeserve.sharding.plan_table import estimate_compile_s
+    from vaeserve.sharding.planner import table_model, video_for_latents
 
     facts, model = slice_facts(args.topology), table_model(config)
     video = "x".join(map(str, video_for_latents(config, latents)))
@@ -194,7 +194,7 @@ def _announce(args: argparse.Namespace, config: Any, latents: tuple[int, ...], t
 
 def _meta(args: argparse.Namespace, where: Any, config: Any, latents: tuple[int, ...]) -> dict[str, Any]:
     """What the table's header needs, before any mesh is answered (``Plan.to_dict``'s fields)."""
-    from sharding.planner import video_for_latents
+    from vaeserve.sharding.planner import video_for_latents
 
     return {"topology": args.topology, "devices": where.devices, "devices_per_chip": where.devices_per_chip,
             "chip": {"name": where.chip.name, "hbm_bytes": where.chip.hbm_bytes},
@@ -208,10 +208,9 @@ def run(args: argparse.Namespace) -> int:
     # Planning runs nothing on the host; keep JAX off any local accelerator (and off libtpu's
     # hardware probe: the TPU devices planned for are compile-only descriptions).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import models
-    import sharding
-    from sharding.chips import TopologyError, slice_facts, topology_devices
-    from sharding.planner import PlanError, describe_slice, plan_decode, table_meshes
+    from vaeserve import models, sharding
+    from vaeserve.sharding.chips import TopologyError, slice_facts, topology_devices
+    from vaeserve.sharding.planner import PlanError, describe_slice, plan_decode, table_meshes
 
     def printed(mesh: Any) -> None:
         if not args.json:

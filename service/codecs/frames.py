@@ -37,8 +37,8 @@ from typing import Literal
 
 import numpy as np
 
-from models.config import VAEConfig
-from models.shapes import FramesError, check_frames_shape, clip_shape
+from vaeserve.models.config import VAEConfig
+from vaeserve.models.shapes import FramesError, check_frames_shape, clip_shape
 
 from ..limits import Limits
 from ..problem import Problem

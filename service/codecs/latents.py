@@ -22,7 +22,7 @@ from typing import Literal
 import numpy as np
 from safetensors.numpy import save as save_safetensors
 
-from models.shapes import LatentsError, ShapeRules, check_latents_shape, clip_shape
+from vaeserve.models.shapes import LatentsError, ShapeRules, check_latents_shape, clip_shape
 
 from ..limits import Limits
 from ..problem import Problem

@@ -22,7 +22,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from models.shapes import Output, time_axis
+from vaeserve.models.shapes import Output, time_axis
 
 from .errors import EngineError
 

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.memory import Estimate, Estimator
-from models.shapes import Output, clip_shape, shape_text
+from vaeserve.models.memory import Estimate, Estimator
+from vaeserve.models.shapes import Output, clip_shape, shape_text
 
 from ..limits import Limits
 from ..settings import Settings

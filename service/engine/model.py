@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from models.memory import Convs
-from models.shapes import Output, shape_text
+from vaeserve.models.memory import Convs
+from vaeserve.models.shapes import Output, shape_text
 
 from ..limits import Limits
 from .errors import NoEncoder, ShapeNotServed

@@ -17,15 +17,15 @@ from typing import Any
 import jax
 import numpy as np
 
-import sharding
-from models.encode import PosteriorOptions, posterior_options
-from models.ltx import DecodeConditions
-from models.programs import ProgramKey
-from models.shapes import Output, shape_text
-from sharding.decode import Decoded, band_total, put_conditions, to_host_cropped
-from sharding.fits import free_device_bytes, program_total_bytes
-from sharding.introspect import program_memory
-from sharding.mesh import mesh_key
+from vaeserve import sharding
+from vaeserve.models.encode import PosteriorOptions, posterior_options
+from vaeserve.models.ltx import DecodeConditions
+from vaeserve.models.programs import ProgramKey
+from vaeserve.models.shapes import Output, shape_text
+from vaeserve.sharding.decode import Decoded, band_total, put_conditions, to_host_cropped
+from vaeserve.sharding.fits import free_device_bytes, program_total_bytes
+from vaeserve.sharding.introspect import program_memory
+from vaeserve.sharding.mesh import mesh_key
 
 from .batches import batch_buckets, bucket_for, pad_batch
 from .errors import TooLargeForMemory

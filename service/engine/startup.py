@@ -17,18 +17,17 @@ from typing import Any
 import jax
 import numpy as np
 
-import models
-import sharding
-from models.conv import convs_for
-from models.decode import has_framewise
-from models.memory import Convs, estimator
-from models.programs import ProgramKey
-from models.shapes import shape_text
-from sharding.chips import platforms_without_absent_tpu
-from sharding.decode import mesh_platform
-from sharding.fits import WontFitError, check_fits, device_bytes_limit, program_total_bytes
-from sharding.introspect import program_memory
-from sharding.mesh import mesh_key
+from vaeserve import models, sharding
+from vaeserve.models.conv import convs_for
+from vaeserve.models.decode import has_framewise
+from vaeserve.models.memory import Convs, estimator
+from vaeserve.models.programs import ProgramKey
+from vaeserve.models.shapes import shape_text
+from vaeserve.sharding.chips import platforms_without_absent_tpu
+from vaeserve.sharding.decode import mesh_platform
+from vaeserve.sharding.fits import WontFitError, check_fits, device_bytes_limit, program_total_bytes
+from vaeserve.sharding.introspect import program_memory
+from vaeserve.sharding.mesh import mesh_key
 
 from ..limits import Limits
 from ..metrics import Metrics

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from models.shapes import Output, clip_shape, is_image_shape, time_axis
+from vaeserve.models.shapes import Output, clip_shape, is_image_shape, time_axis
 
 from ..metrics import Metrics
 from .errors import (

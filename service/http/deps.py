@@ -9,7 +9,7 @@ from typing import Annotated
 import numpy as np
 from fastapi import Depends, Header, Query, Request
 
-from models.ltx_config import TIMESTEP_RANGE
+from vaeserve.models.ltx_config import TIMESTEP_RANGE
 
 from ..codecs.frames import check_frame_dims, check_frames_content_type
 from ..codecs.latents import check_latent_dims, check_latents_content_type

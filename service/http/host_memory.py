@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from models.shapes import clip_shape, latents_for_frames
+from vaeserve.models.shapes import clip_shape, latents_for_frames
 
 from ..codecs.frames import FramesHeader
 from ..limits import Limits

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.ltx_config import refused_conditions
-from models.shapes import clip_shape
+from vaeserve.models.ltx_config import refused_conditions
+from vaeserve.models.shapes import clip_shape
 
 from ..codecs.frames import FramesHeader, frames_header
 from ..codecs.latents import parse_latents, unscale_latents

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from models.shapes import Output
+from vaeserve.models.shapes import Output
 
 OutputType = Literal["mp4", "pt", "npy", "png", "jpeg", "pil"]
 # pil: an image file, its format from image_format (diffusers' remote_decode names JPEG "jpg").

@@ -16,9 +16,9 @@ import math
 import numpy as np
 from flax import nnx
 
-import models
-from models import keys
-from models.families import family_of
+from vaeserve import models
+from vaeserve.models import keys
+from vaeserve.models.families import family_of
 
 # Small configs that run in about a second on CPU. 1.0: GroupNorm(4) over 8 and 16 channels.
 # 1.5: every up/down block's shortcut repeats or averages more than one channel (64 channels at

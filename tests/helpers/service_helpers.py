@@ -28,11 +28,11 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-import models
-from service import Settings, create_app
-from service.engine.runner import DeviceRunner
-from service.problem import Problem
-from sharding import Decoded
+from vaeserve import models
+from vaeserve.service import Settings, create_app
+from vaeserve.service.engine.runner import DeviceRunner
+from vaeserve.service.problem import Problem
+from vaeserve.sharding import Decoded
 
 REPO = Path(__file__).resolve().parents[2]
 # The real 832x480x81 video in the shared folder beside the checkout (CI clones next to it too).
@@ -115,7 +115,7 @@ def launch_server(model_dir: Path, log_path: Path, *args: str, unset_env: tuple[
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if k not in unset_env}, "PYTHONPATH": str(REPO),
            "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
+    cmd = [sys.executable, "-m", "vaeserve", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
            "--port", str(port), *args]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -256,7 +256,7 @@ class ThreadServer:
 def thread_server(vae, *, runner_factory=None, **settings) -> Iterator[ThreadServer]:
     """``create_app`` served by uvicorn (configured as ``vaeserve serve`` configures it) on
     127.0.0.1 in a thread: real sockets, real HTTP/1.1, and the runner a test injects."""
-    from service.http.server import uvicorn_config
+    from vaeserve.service.http.server import uvicorn_config
 
     config_settings = settings_for_tests(port=free_port(), **settings)
     app = create_app(config_settings, vae=vae, runner_factory=runner_factory)

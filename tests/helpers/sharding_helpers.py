@@ -54,7 +54,7 @@ def assert_halo_and_statistics_collectives(found: list[dict], latent_hw: tuple[i
 def assert_memory_split_over_tp(programs: dict, tp: int, *, temp_at_most: float) -> None:
     """Per-device memory of the same decode compiled at tp = 1 and ``tp``: temp bytes shrink to at
     most ``temp_at_most`` x tp = 1's; each device holds 1/tp of the frames."""
-    from sharding.introspect import program_memory
+    from vaeserve.sharding.introspect import program_memory
 
     memory = {n: program_memory(compiled) for n, compiled in programs.items()}
     assert 0 < memory[tp]["temp_bytes"] <= temp_at_most * memory[1]["temp_bytes"], memory

@@ -103,7 +103,7 @@ def start_serve_slice(model_dir: Path, out: Path, *args: str, num_processes: int
     for pid in range(num_processes):
         port = free_port()
         log_path = out / f"serve{pid}.log"
-        cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "vaeserve", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
                "--port", str(port), "--cpu-devices", "2", "--coordinator-address", f"127.0.0.1:{coordinator}",
                "--num-processes", str(num_processes), "--process-id", str(pid), *args]
         with open(log_path, "wb") as log:

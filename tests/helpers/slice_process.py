@@ -33,8 +33,15 @@ from typing import Any
 
 import numpy as np
 
-from service.engine.jobs import EncodeOptions
-from service.slice.control import SliceFailed, SliceMonitor, exit_on_failure, exit_process, initialize, wait_for_exit
+from vaeserve.service.engine.jobs import EncodeOptions
+from vaeserve.service.slice.control import (
+    SliceFailed,
+    SliceMonitor,
+    exit_on_failure,
+    exit_process,
+    initialize,
+    wait_for_exit,
+)
 
 # The smallest Wan-shaped decoder (one up stage, 2x in space and time): compiles dominate these tests.
 MICRO = dict(base_dim=8, num_res_blocks=0, dim_mult=(1, 2), temperal_downsample=(True,), scale_factor_spatial=2,
@@ -49,9 +56,9 @@ INTERVAL_S, GRACE_S = 0.5, 1.5
 def micro_vae():
     """The MICRO decoder with seeded NumPy weights (perturbed gammas and biases): built in well
     under a second, where ``init_vae``'s one small compile per initializer took ~20 s here."""
-    import models
-    from models.loading import build_vae
     from tests.helpers.wan_reference import seeded_decoder_weights
+    from vaeserve import models
+    from vaeserve.models.loading import build_vae
 
     config = models.WanVAEConfig(**MICRO)
     return build_vae(config, seeded_decoder_weights(config, seed=7), dtype="float32", metadata={"source": "seed 7"})
@@ -60,9 +67,9 @@ def micro_vae():
 def micro_encoder_vae():
     """MICRO with one residual block per stage (the encoder needs them to widen its stages), decoder
     and encoder seeded: for the encode call."""
-    import models
-    from models.loading import build_vae
     from tests.helpers.wan_reference import seeded_vae_weights
+    from vaeserve import models
+    from vaeserve.models.loading import build_vae
 
     config = models.WanVAEConfig(**{**MICRO, "num_res_blocks": 1})
     return build_vae(config, seeded_vae_weights(config, seed=7), dtype="float32", metadata={"source": "seed 7"})
@@ -80,9 +87,9 @@ def slice_frames() -> tuple[np.ndarray, list[tuple[EncodeOptions, int]]]:
 
 
 def build_handlers(vae, runners, encode_runner) -> dict[str, Callable[..., Any]]:
-    import sharding
-    from service.slice.member import runner_handlers
-    from sharding._controls import decode_with
+    from vaeserve import sharding
+    from vaeserve.service.slice.member import runner_handlers
+    from vaeserve.sharding._controls import decode_with
 
     handlers: dict[str, Callable[..., Any]] = {}
     for name, runner in runners.items():
@@ -170,9 +177,9 @@ def main() -> int:
     monitor = SliceMonitor(control, interval_s=INTERVAL_S, call_timeout_s=120,
                            on_stop_request=lambda pid, reason: stop_requested.set()).start()
 
-    import sharding
-    from service.engine.runner import DeviceRunner
-    from service.slice.broadcast import Channel, Leader, follow
+    from vaeserve import sharding
+    from vaeserve.service.engine.runner import DeviceRunner
+    from vaeserve.service.slice.broadcast import Channel, Leader, follow
 
     vae = micro_vae()
     runners = {"tp4": DeviceRunner(vae, sharding.make_mesh(4), max_batch=2, dp=1),

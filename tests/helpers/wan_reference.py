@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import models
-from models import keys
-from models.decoder import WanDecoder
-from models.encoder import WanEncoder
-from models.loading import WEIGHTS_NAME
+from vaeserve import models
+from vaeserve.models import keys
+from vaeserve.models.decoder import WanDecoder
+from vaeserve.models.encoder import WanEncoder
+from vaeserve.models.loading import WEIGHTS_NAME
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-import models
 from tests.helpers.sharding_helpers import OUTPUT_OVERHEAD_BYTES
+from vaeserve import models
 
 # Activations dominate: ~38 MB temp vs ~1 MB of weights (Wan 2.1); Wan 2.2 in small (residual up
 # blocks, DupUp3D, unpatchify; 2x temporal) as in tests/sharding.

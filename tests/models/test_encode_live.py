@@ -5,8 +5,8 @@ and diffusers). Wan 2.1 and Wan 2.2 (a small config laid out as the real one: ti
 import numpy as np
 import pytest
 
-import models
 from tests.helpers.wan_reference import PARITY_TOL, perturbed_diffusers_vae
+from vaeserve import models
 
 WAN22 = {**models.WanVAEConfig.wan22(base_dim=8, decoder_base_dim=8, num_res_blocks=1).to_dict(),
          "latents_mean": [0.0] * 48, "latents_std": [1.0] * 48}

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-import models
+from vaeserve import models
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 SIZE = (64, 64)  # activations dominate the working memory, not the ~1 MB of weights

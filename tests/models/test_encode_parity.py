@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import models
-from models.encode import PosteriorOptions, posterior_options, prng_key
 from tests.helpers.wan_reference import (
     ENCODE_CASES,
     PARITY_PROMISE,
@@ -22,6 +20,8 @@ from tests.helpers.wan_reference import (
     seeded_vae_weights,
     write_diffusers_folder,
 )
+from vaeserve import models
+from vaeserve.models.encode import PosteriorOptions, posterior_options, prng_key
 
 # Wan 2.1 cases; Wan 2.2's are in test_encode_parity_wan22.py (its real config without a full checkpoint).
 CASE_SHAPES = [(name, shape) for name, (_, _, shapes) in ENCODE_CASES.items() if not case_config(name).is_residual

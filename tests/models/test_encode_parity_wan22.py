@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import models
-from models import encoder, layers
 from tests.helpers.wan_reference import (
     ENCODE_CASES,
     PARITY_PROMISE,
@@ -28,6 +26,8 @@ from tests.helpers.wan_reference import (
     seeded_vae_weights,
     write_diffusers_folder,
 )
+from vaeserve import models
+from vaeserve.models import encoder, layers
 
 SMALL = "wan22_small"
 SMALL_SHAPES = ENCODE_CASES[SMALL][2]

@@ -15,11 +15,6 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-import models
-from models.decode import step_program
-from models.decoder import STREAM_MIN_FRAME_BYTES, check_inner_frames, scan_frame_groups, stream_group
-from models.layers import CausalConv3d
-from models.spatial import SingleDeviceContext
 from tests.helpers.wan_reference import (
     ALL_CASES,
     PARITY_TOL,
@@ -28,6 +23,11 @@ from tests.helpers.wan_reference import (
     seeded_decoder_weights,
     write_diffusers_folder,
 )
+from vaeserve import models
+from vaeserve.models.decode import step_program
+from vaeserve.models.decoder import STREAM_MIN_FRAME_BYTES, check_inner_frames, scan_frame_groups, stream_group
+from vaeserve.models.layers import CausalConv3d
+from vaeserve.models.spatial import SingleDeviceContext
 
 EXACT = 1e-6
 # Activation-dominated (tiny weights, 256x256 frames at 8 channels in the last stage). Wan 2.2 in

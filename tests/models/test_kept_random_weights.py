@@ -10,9 +10,9 @@ import logging
 import numpy as np
 import pytest
 
-import models
-from models import loading
-from models.loading import WEIGHTS_NAME, iter_diffusers_tensors, kept_random_vae
+from vaeserve import models
+from vaeserve.models import loading
+from vaeserve.models.loading import WEIGHTS_NAME, iter_diffusers_tensors, kept_random_vae
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 SEED = 3
@@ -85,9 +85,9 @@ def test_abstract_module_is_the_module_without_values(config):
     import jax.numpy as jnp
     from flax import nnx
 
-    from models.decoder import WanDecoder
-    from models.encoder import WanEncoder
-    from models.vae import abstract_module
+    from vaeserve.models.decoder import WanDecoder
+    from vaeserve.models.encoder import WanEncoder
+    from vaeserve.models.vae import abstract_module
 
     def layout(module):
         graphdef, state = nnx.split(module)

@@ -7,8 +7,8 @@ encoder tensors included (the decoder skips them); Wan 2.1 and a held-out Wan 2.
 import numpy as np
 import pytest
 
-import models
 from tests.helpers.wan_reference import PARITY_TOL, WAN22_SMALL, perturbed_diffusers_vae
+from vaeserve import models
 
 # A held-out Wan 2.2 config (not the fixtures'): two res blocks, time upsampling in stages 0 and 2.
 WAN22_HELD_OUT = {**WAN22_SMALL, "decoder_base_dim": 16, "num_res_blocks": 2, "temperal_downsample": [True, False, True]}

@@ -7,15 +7,15 @@ import jax
 import numpy as np
 import pytest
 
-import models
-from models import keys
-from models.loading import WEIGHTS_NAME
 from tests.helpers.wan_reference import (
     seeded_decoder_weights,
     seeded_encoder_weights,
     seeded_latents,
     write_diffusers_folder,
 )
+from vaeserve import models
+from vaeserve.models import keys
+from vaeserve.models.loading import WEIGHTS_NAME
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 LATENTS = seeded_latents((1, 16, 2, 3, 4), 11)
@@ -220,7 +220,7 @@ def test_converted_real_config_loads_in_diffusers(tmp_path):
 
 
 def test_convert_command_line(tmp_path, weights, reference_frames):
-    from service.cli import main
+    from vaeserve.service.cli import main
 
     _write_original_pth(tmp_path / "Wan2.1_VAE.pth", weights, CONFIG.num_res_blocks)
     (tmp_path / "tiny.json").write_text(json.dumps(CONFIG.to_dict()))

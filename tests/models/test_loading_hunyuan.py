@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
-import models
-from models import keys
-from models.loading import WEIGHTS_NAME, config_for_names
 from tests.helpers.hunyuan_reference import CASES, seeded_weights
 from tests.helpers.wan_reference import write_diffusers_folder
+from vaeserve import models
+from vaeserve.models import keys
+from vaeserve.models.loading import WEIGHTS_NAME, config_for_names
 
 
 def _weights(name: str) -> dict[str, np.ndarray]:

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-import models
-from models import keys
-from models.loading import MODEL_NAMES, config_for_names
 from tests.helpers.hunyuan_reference import seeded_weights
 from tests.helpers.image_reference import CASES
 from tests.helpers.wan_reference import write_diffusers_folder
+from vaeserve import models
+from vaeserve.models import keys
+from vaeserve.models.loading import MODEL_NAMES, config_for_names
 
 
 def _weights(name: str) -> dict[str, np.ndarray]:
@@ -133,8 +133,8 @@ def test_embedded_names_are_the_real_architectures(name):
     diffusers = pytest.importorskip("diffusers")
     from flax import nnx
 
-    from models.families import family_of
-    from models.vae import abstract_module
+    from vaeserve.models.families import family_of
+    from vaeserve.models.vae import abstract_module
 
     with torch.device("meta"):
         theirs = getattr(diffusers, config.class_name)(**{k: v for k, v in config.to_dict().items()

@@ -12,13 +12,19 @@ import pytest
 from flax import nnx
 from safetensors.numpy import save_file
 
-import models
-from models import keys
-from models.families import family_of
-from models.loading import MODEL_NAMES, WeightsError, config_for_names, iter_diffusers_tensors, ltx_release_config
-from models.vae import abstract_module
 from tests.helpers.ltx_reference import CASES, seeded_weights
 from tests.helpers.wan_reference import write_diffusers_folder
+from vaeserve import models
+from vaeserve.models import keys
+from vaeserve.models.families import family_of
+from vaeserve.models.loading import (
+    MODEL_NAMES,
+    WeightsError,
+    config_for_names,
+    iter_diffusers_tensors,
+    ltx_release_config,
+)
+from vaeserve.models.vae import abstract_module
 
 has_diffusers = importlib.util.find_spec("diffusers") is not None
 REAL = {"0.9.0": models.LTXVideoConfig(), "0.9.1": models.LTXVideoConfig.v091(), "0.9.5": models.LTXVideoConfig.v095(),

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import models
-from models import keys
-from models.config import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
-from models.loading import embedded_vae, original_release_config
 from tests.helpers.wan_reference import WAN22_SMALL, perturbed_diffusers_vae
+from vaeserve import models
+from vaeserve.models import keys
+from vaeserve.models.config import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
+from vaeserve.models.loading import embedded_vae, original_release_config
 
 # The published vae/config.json of Wan-AI/Wan2.2-TI2V-5B-Diffusers, including ``clip_output``,
 # which diffusers' AutoencoderKLWan drops.

@@ -17,15 +17,14 @@ import dataclasses
 
 import pytest
 
-import models
-import sharding
-from models.conv import convs_for
-from models.memory import estimator
-from sharding.fits import program_total_bytes
-from sharding.introspect import program_memory
 from tests.helpers.hunyuan_reference import HY10_TINY, HY15_TINY
 from tests.helpers.image_reference import FLUX2_TINY, QWEN_TINY, SD_TINY
 from tests.helpers.ltx_reference import LTX095, LTX23
+from vaeserve import models, sharding
+from vaeserve.models.conv import convs_for
+from vaeserve.models.memory import estimator
+from vaeserve.sharding.fits import program_total_bytes
+from vaeserve.sharding.introspect import program_memory
 
 LOW, HIGH = 0.7, 1.5
 BESIDE = 1024  # bytes: counts, tuple tables

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from models.conv import (
+from vaeserve.models.conv import (
     causal_conv3x3x3,
     conv2d_frames,
     downsample2x_conv2d_frames,
@@ -14,8 +14,8 @@ from models.conv import (
     upsample2x_conv2d_frames,
     upsample_nearest_2x,
 )
-from models.decode import nonfinite_count, to_uint8
-from models.spatial import SingleDeviceContext, dot_product_attention
+from vaeserve.models.decode import nonfinite_count, to_uint8
+from vaeserve.models.spatial import SingleDeviceContext, dot_product_attention
 
 RNG = np.random.default_rng(0)
 
@@ -127,7 +127,7 @@ def test_weight_bound_convs_read_the_kernel_as_stored(monkeypatch):
     (the control: the same conv over more pixels)."""
     import jax
 
-    import models.conv as conv
+    import vaeserve.models.conv as conv
 
     monkeypatch.setattr(conv, "IM2COL_MIN_KERNEL_BYTES", 9 * 16 * 24 * 4)  # the test's kernels are "large"
     k = jnp.asarray(RNG.standard_normal((3, 3, 3, 16, 24)).astype(np.float32))

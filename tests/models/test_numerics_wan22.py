@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.layers import average_down, duplicate_up, patchify, unpatchify
+from vaeserve.models.layers import average_down, duplicate_up, patchify, unpatchify
 
 RNG = np.random.default_rng(0)
 

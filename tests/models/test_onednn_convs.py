@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from jax.experimental import serialize_executable
 
-import models
-from models.conv import (
+from tests.helpers.ltx_reference import LTX095
+from vaeserve import models
+from vaeserve.models.conv import (
     IM2COL_MIN_KERNEL_BYTES,
     causal_conv3x3x3,
     compiler_options_for,
@@ -23,7 +24,6 @@ from models.conv import (
     downsample2x_causal_conv3x3x3,
     downsample2x_conv2d_frames,
 )
-from tests.helpers.ltx_reference import LTX095
 
 ONEDNN_CALL = "__onednn$convolution"
 RNG = np.random.default_rng(0)

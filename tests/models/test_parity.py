@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import models
 from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.wan_reference import (
     CASES,
@@ -19,6 +18,7 @@ from tests.helpers.wan_reference import (
     seeded_decoder_weights,
     write_diffusers_folder,
 )
+from vaeserve import models
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import models
 from tests.helpers.hunyuan_reference import CASES, FRAMEWISE_CASE, FRAMEWISE_SHAPE, seeded_weights
 from tests.helpers.wan_reference import (
     encode_fixture_path,
@@ -22,6 +21,7 @@ from tests.helpers.wan_reference import (
     seeded_latents,
     write_diffusers_folder,
 )
+from vaeserve import models
 
 TOLERANCE = 2e-5
 has_diffusers = importlib.util.find_spec("diffusers") is not None

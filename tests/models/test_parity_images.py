@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import models
-from models.loading import WeightsError, build_vae
-from models.shapes import FramesError, LatentsError
 from tests.helpers.hunyuan_reference import seeded_weights
 from tests.helpers.image_reference import CASES, FLUX1_TINY, SD_TINY, seeded_images
 from tests.helpers.wan_reference import encode_fixture_path, fixture_path, seeded_latents, write_diffusers_folder
+from vaeserve import models
+from vaeserve.models.loading import WeightsError, build_vae
+from vaeserve.models.shapes import FramesError, LatentsError
 
 TOLERANCE = 2e-5
 has_diffusers = importlib.util.find_spec("diffusers") is not None

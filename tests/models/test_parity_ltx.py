@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import models
 from tests.helpers.ltx_reference import CASES, decode_kwargs, seeded_weights
 from tests.helpers.wan_reference import (
     encode_fixture_path,
@@ -25,6 +24,7 @@ from tests.helpers.wan_reference import (
     seeded_latents,
     write_diffusers_folder,
 )
+from vaeserve import models
 
 TOLERANCE = 2e-5
 has_diffusers = importlib.util.find_spec("diffusers") is not None

@@ -11,9 +11,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import models
-from models import decoder, layers
-from models.loading import build_vae
 from tests.helpers.wan_reference import (
     CASES22,
     PARITY_PROMISE,
@@ -23,6 +20,9 @@ from tests.helpers.wan_reference import (
     seeded_decoder_weights,
     write_diffusers_folder,
 )
+from vaeserve import models
+from vaeserve.models import decoder, layers
+from vaeserve.models.loading import build_vae
 
 SMALL = "wan22_small"
 SMALL_SHAPES = CASES22[SMALL][2]

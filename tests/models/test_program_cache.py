@@ -5,9 +5,9 @@ import re
 import numpy as np
 import pytest
 
-import models
-from models.conv import native_conv_for, rounded_conv_sums_for
-from models.programs import ProgramCache, ProgramKey
+from vaeserve import models
+from vaeserve.models.conv import native_conv_for, rounded_conv_sums_for
+from vaeserve.models.programs import ProgramCache, ProgramKey
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 SHAPE = (1, 16, 2, 3, 3)

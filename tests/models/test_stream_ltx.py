@@ -12,12 +12,12 @@ import importlib.util
 import numpy as np
 import pytest
 
-import models
-from models.decode import stream_frames, stream_steps
-from models.ltx import emitted
-from sharding.introspect import program_memory
 from tests.helpers.ltx_reference import CASES, LTX23, seeded_weights
 from tests.helpers.wan_reference import seeded_latents, write_diffusers_folder
+from vaeserve import models
+from vaeserve.models.decode import stream_frames, stream_steps
+from vaeserve.models.ltx import emitted
+from vaeserve.sharding.introspect import program_memory
 
 TOLERANCE = 2e-5
 SHAPE = (1, 8, 10, 2, 1)  # 10 latent frames: the first step (8) and two more, the last past the end

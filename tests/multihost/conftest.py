@@ -7,10 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import models
-import sharding
-from service.engine.runner import encode_rows
 from tests.helpers.slice_process import micro_encoder_vae, micro_vae, slice_frames, slice_latents
+from vaeserve import models, sharding
+from vaeserve.service.engine.runner import encode_rows
 
 # The sharded references against the single-device decode and encode (float32; see tests/sharding).
 TOLERANCE = 1e-5

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from service.slice.control import EXIT_SLICE_FAILED
 from tests.helpers.slice_helpers import start_slice, stop_all, wait_until_ready
 from tests.helpers.slice_process import FAULT_HEARTBEAT_S, GRACE_S, INTERVAL_S
+from vaeserve.service.slice.control import EXIT_SLICE_FAILED
 
 START_TIMEOUT_S = 240
 EXIT_BOUND_S = FAULT_HEARTBEAT_S + INTERVAL_S + GRACE_S + 10

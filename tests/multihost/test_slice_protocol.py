@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from service.slice.broadcast import (
+from vaeserve.service.slice.broadcast import (
     HEADER_BYTES,
     MIN_PAYLOAD_BYTES,
     Call,
@@ -17,7 +17,7 @@ from service.slice.broadcast import (
     unpack_header,
     unpack_payload,
 )
-from service.slice.control import DistributedError, initialize
+from vaeserve.service.slice.control import DistributedError, initialize
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8, jnp.bfloat16, np.float16])

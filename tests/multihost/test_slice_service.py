@@ -19,10 +19,10 @@ import httpx
 import numpy as np
 import pytest
 
-from service.client import decode_stream
 from tests.helpers.service_helpers import metric, wait_until
 from tests.helpers.slice_helpers import start_serve_slice, stop_all, wait_until_serving
 from tests.helpers.slice_process import slice_latents
+from vaeserve.service.client import decode_stream
 
 HEARTBEAT_S, GRACE_S = 3, 3
 MESH = ["--tp", "2", "--dp", "2", "--max-batch", "2", "--heartbeat-timeout-s", str(HEARTBEAT_S),

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-import models
 from tests.helpers.service_helpers import make_test_model
+from vaeserve import models
 
 
 @pytest.fixture(scope="session")

@@ -13,13 +13,13 @@ from tests.helpers.service_helpers import REPO
 
 SERVICE = REPO / "service"
 SUBPACKAGES = {"http", "engine", "slice", "codecs", "cli"}
-SHARED = {"__init__", "__main__", "settings", "limits", "metrics", "problem", "client"}  # used by every subpackage
+SHARED = {"__init__", "settings", "limits", "metrics", "problem", "client"}  # used by every subpackage
 # Modules that import JAX when imported: the device side (loaded in the device thread) and the slice.
-DEVICE_SIDE = {"service.engine.runner", "service.engine.startup", "service.slice.member"}
+DEVICE_SIDE = {"vaeserve.service.engine.runner", "vaeserve.service.engine.startup", "vaeserve.service.slice.member"}
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
+    parts = ("vaeserve", *path.relative_to(REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -41,7 +41,7 @@ def service_imports() -> dict[str, set[str]]:
                 targets = [alias.name for alias in node.names]
             else:
                 continue
-            found |= {t for t in targets if t.startswith("service")}
+            found |= {t for t in targets if t.startswith("vaeserve.service")}
         graph[name] = found
     modules = set(graph)
     return {name: {t for t in targets if t in modules and t != name} for name, targets in graph.items()}
@@ -72,8 +72,8 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def subpackage(module: str) -> str:
     """The subpackage a module belongs to; ``entry`` for the package itself and ``__main__`` (they
     import the app and the command line), ``shared`` for settings, limits, metrics, problem, client."""
-    parts = module.split(".")
-    if module in ("service", "service.__main__"):
+    parts = module.split(".")[1:]  # without "vaeserve."
+    if parts == ["service"]:
         return "entry"
     return parts[1] if len(parts) > 2 or parts[1] in SUBPACKAGES else "shared"
 
@@ -98,7 +98,7 @@ def test_no_import_cycles_between_modules_or_subpackages():
     assert packages["codecs"] <= {"shared"}, packages["codecs"]
     assert "http" not in packages["slice"]
     # Negative control: the checker sees a cycle when there is one.
-    assert cycle({**graph, "service.engine.errors": {"service.http.problems"}}) is not None
+    assert cycle({**graph, "vaeserve.service.engine.errors": {"vaeserve.service.http.problems"}}) is not None
 
 
 def test_no_imports_hidden_under_type_checking():
@@ -110,13 +110,13 @@ def test_the_http_layer_imports_no_jax():
     """Everything but the device side, imported in a fresh interpreter: JAX stays out, so the
     server answers /healthz while the device thread imports it and loads the model."""
     modules = sorted(m for m in service_imports() if m not in DEVICE_SIDE and not m.endswith("__main__"))
-    assert "service.http.app" in modules and "service.cli" in modules
+    assert "vaeserve.service.http.app" in modules and "vaeserve.service.cli" in modules
     code = ("import importlib, sys\n"
             f"for name in {modules!r}: importlib.import_module(name)\n"
             "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith('jax.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
     # Negative control: the device side does import it.
-    code = "import sys, service.engine.runner; print('jax' in sys.modules)"
+    code = "import sys, vaeserve.service.engine.runner; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"

@@ -8,10 +8,10 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from service.cli import build_parser
-from service.cli.serve import settings_from
-from service.settings import Settings, parse_latent_shape, settings_markdown
 from tests.helpers.service_helpers import REPO
+from vaeserve.service.cli import build_parser
+from vaeserve.service.cli.serve import settings_from
+from vaeserve.service.settings import Settings, parse_latent_shape, settings_markdown
 
 
 def serve_parser():

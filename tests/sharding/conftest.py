@@ -9,8 +9,8 @@ import functools
 import numpy as np
 import pytest
 
-import models
 from tests.helpers.sharding_helpers import TINY, TINY22, make_latents
+from vaeserve import models
 
 
 @pytest.fixture(scope="session")

@@ -10,12 +10,10 @@ same decode restoring a flattened cache in the wrong order fails it.
 import numpy as np
 import pytest
 
-import models
-import sharding
-import sharding.decode
-from models import conv, layers
-from models.conv import ConvPath
 from tests.helpers.sharding_helpers import TINY, WIDTH, make_latents
+from vaeserve import models, sharding
+from vaeserve.models import conv, layers
+from vaeserve.models.conv import ConvPath
 
 SHAPE = (1, 3, 8, WIDTH)  # latent frame 0, then two more: the caches carry across steps
 TOLERANCE = 1e-5

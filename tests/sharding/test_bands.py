@@ -4,9 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-import sharding
-from sharding._controls import CyclicHaloContext
-from sharding.bands import band_size, halo_permutations, padding
+from vaeserve import sharding
+from vaeserve.sharding._controls import CyclicHaloContext
+from vaeserve.sharding.bands import band_size, halo_permutations, padding
 
 
 @pytest.mark.parametrize("size, tp, band, pad", [(8, 1, 8, 0), (8, 4, 2, 0), (5, 4, 2, 3), (7, 3, 3, 2), (13, 8, 2, 3), (3, 8, 1, 5)])

@@ -8,9 +8,9 @@ matters (band boundaries; image edges), while the exact path stays ≤ 1e-5 on t
 import numpy as np
 import pytest
 
-import sharding
-from sharding._controls import decode_with
 from tests.helpers.sharding_helpers import WIDTH, make_latents
+from vaeserve import sharding
+from vaeserve.sharding._controls import decode_with
 
 SHAPE = (1, 3, 8, WIDTH)  # shared with test_exact (tp=8 there; tp=4 here)
 TP = 4

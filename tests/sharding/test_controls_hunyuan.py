@@ -11,9 +11,9 @@ on the same pixels.
 import numpy as np
 import pytest
 
-import sharding
-from sharding._controls import decode_with
 from tests.helpers.sharding_helpers import WIDTH, make_latents
+from vaeserve import sharding
+from vaeserve.sharding._controls import decode_with
 
 TP, SHAPE = 3, (1, 3, 7, WIDTH)  # shared with test_exact_hunyuan (tp = 3): bands of 3, 3 and 1 latent rows
 

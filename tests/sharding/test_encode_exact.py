@@ -13,9 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-import sharding
-from sharding._controls import encode_with
 from tests.helpers.sharding_helpers import assert_halo_collectives
+from vaeserve import sharding
+from vaeserve.sharding._controls import encode_with
 
 TOLERANCE = 1e-5
 UNEVEN = (2, 3, 5, 40, 32)  # latents (2, 16, 2, 5, 4): frame 0 + one scanned 4-frame chunk

@@ -8,8 +8,8 @@ import functools
 import numpy as np
 import pytest
 
-import sharding
-from sharding._controls import encode_with
+from vaeserve import sharding
+from vaeserve.sharding._controls import encode_with
 
 TOLERANCE = 1e-5
 LATENT_HW = (7, 4)

@@ -13,10 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-import models
-import sharding
-from sharding._controls import encode_with
 from tests.helpers.sharding_helpers import assert_one_row_permutes
+from vaeserve import models, sharding
+from vaeserve.sharding._controls import encode_with
 
 TOLERANCE = 1e-5
 SHAPE = (2, 3, 1, 80, 16)  # -> latents (2, 48, 1, 5, 1)

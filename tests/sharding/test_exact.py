@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-import sharding
 from tests.helpers.sharding_helpers import WIDTH, make_latents
+from vaeserve import sharding
 
 TOLERANCE = 1e-5
 

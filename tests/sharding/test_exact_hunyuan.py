@@ -11,8 +11,8 @@ and streaming.
 import numpy as np
 import pytest
 
-import sharding
 from tests.helpers.sharding_helpers import WIDTH, make_latents
+from vaeserve import sharding
 
 TOLERANCE = 1e-5
 FRAMES = 3  # 1.0: statistics over three latent frames; 1.5: frame 0, then a scan of two steps

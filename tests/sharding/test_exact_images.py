@@ -14,12 +14,11 @@ import functools
 import numpy as np
 import pytest
 
-import models
-import sharding
-from sharding._controls import decode_cropped_on_devices, decode_with, encode_with
-from sharding.introspect import program_memory
 from tests.helpers.image_reference import KL_SHARD, QWEN_TINY, seeded_images
 from tests.helpers.sharding_helpers import assert_halo_and_statistics_collectives, make_latents
+from vaeserve import models, sharding
+from vaeserve.sharding._controls import decode_cropped_on_devices, decode_with, encode_with
+from vaeserve.sharding.introspect import program_memory
 
 TOLERANCE = 1e-5
 HEIGHT, WIDTH = 13, 4  # latent rows: uneven over tp = 2, 3, 4 and 8

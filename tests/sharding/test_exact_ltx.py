@@ -12,11 +12,11 @@ stream; negative controls (zeros where reflection is due, no halo) must break it
 import numpy as np
 import pytest
 
-import sharding
-from sharding._controls import decode_with
-from sharding.introspect import collectives, hlo_text
 from tests.helpers.sharding_helpers import assert_one_row_permutes, make_latents
 from tests.sharding.conftest import LTX_CONDITIONS
+from vaeserve import sharding
+from vaeserve.sharding._controls import decode_with
+from vaeserve.sharding.introspect import collectives, hlo_text
 
 TOLERANCE = 1e-5
 FRAMES = 2  # one step: the first takes 1 + lookahead (7) latent frames, zeros past the clip's end

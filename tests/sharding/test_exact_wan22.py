@@ -12,10 +12,10 @@ one-row halos and the latent-resolution K/V gather. Negative control: no halo br
 import numpy as np
 import pytest
 
-import sharding
-from models.decode import to_uint8
-from sharding._controls import decode_with
 from tests.helpers.sharding_helpers import make_latents
+from vaeserve import sharding
+from vaeserve.models.decode import to_uint8
+from vaeserve.sharding._controls import decode_with
 
 TOLERANCE = 1e-5
 SHAPE = (1, 3, 7, 5)  # (B, T, H, W): 7 rows over tp = 2, 3, 4, 8 pad to 8, 9, 8, 8

@@ -13,16 +13,15 @@ import re
 
 import pytest
 
-import models
-import sharding
-from sharding.chips import topology_devices
-from sharding.introspect import collectives, conv_ops, program_memory
-from sharding.planner import plan_decode
 from tests.helpers.sharding_helpers import (
     assert_halo_collectives,
     assert_memory_split_over_tp,
     cuda_compiler_installed,
 )
+from vaeserve import models, sharding
+from vaeserve.sharding.chips import topology_devices
+from vaeserve.sharding.introspect import collectives, conv_ops, program_memory
+from vaeserve.sharding.planner import plan_decode
 
 TOPOLOGY = "h100-4"
 SHAPE = (1, 16, 3, 16, 16)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-import sharding
-from models.spatial import SingleDeviceContext, zero_pad_hw
+from vaeserve import sharding
+from vaeserve.models.spatial import SingleDeviceContext, zero_pad_hw
 
 
 def _bands(plan, mesh, fn, x, out_axis):
@@ -80,7 +80,7 @@ def test_attend_equals_whole_frame_attention(split, size, tp):
 def test_pad_hw_after_equals_bottom_right_zero_padding_of_the_whole_frame(split, size, tp):
     """The encoder's stride-2 convs: each band gets only the next band's first row (zeros at the
     image's far edge and below padded rows), and one zero column/row on the other axis."""
-    from models.spatial import zero_pad_hw_after
+    from vaeserve.models.spatial import zero_pad_hw_after
 
     plan = sharding.band_layout(size, size, tp, split)
     _assert_bands_equal_padded_whole(plan, tp, lambda ctx, band: ctx.pad_hw_after(band), zero_pad_hw_after,
@@ -93,7 +93,7 @@ def test_pad_hw_reflect_equals_reflect_padding_of_the_whole_frame(split, size, t
     edge) is the whole frame's reflect padding — the top band reflects its own row 1, the last real
     row takes row R − 2 (in its band or its halo from above), never a padded row (uneven splits: 7 over
     4; 34 and 22 latent rows over 8, as 1088 and 704 pixel frames give; the last bands wholly padded)."""
-    from models.spatial import reflect_pad_hw
+    from vaeserve.models.spatial import reflect_pad_hw
 
     plan = sharding.band_layout(size, size, tp, split)
     scale = 2  # at upsampling scale 2

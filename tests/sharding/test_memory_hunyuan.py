@@ -9,14 +9,13 @@ K/V for both; 1.0 also all-reduces its GroupNorm statistics, (B, groups) floats 
 
 import pytest
 
-import models
-import sharding
 from tests.helpers.sharding_helpers import (
     WIDTH,
     assert_halo_and_statistics_collectives,
     assert_halo_collectives,
     assert_memory_split_over_tp,
 )
+from vaeserve import models, sharding
 
 SHARDED = (1, 16, 3, 32, 32)  # 1.0: frames (1, 3, 9, 128, 128); activations dominate tiny weights
 EVEN = (1, 16, 3, 4, WIDTH)  # 1.5's HLO: 2 latent rows per band at tp = 2 (uneven splits move padding too)

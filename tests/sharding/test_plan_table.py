@@ -7,10 +7,9 @@ import json
 
 import pytest
 
-import models
-import sharding.chips
-from service import cli
-from sharding.plan_table import (
+from vaeserve import models, sharding
+from vaeserve.service import cli
+from vaeserve.sharding.plan_table import (
     code_fingerprint,
     compiler_versions,
     current_fingerprint,
@@ -19,7 +18,7 @@ from sharding.plan_table import (
     rows,
     staleness,
 )
-from sharding.planner import table_model
+from vaeserve.sharding.planner import table_model
 
 README_ROWS = {tp: lookup("wan2.1", "1280x720x81", "v5e-8", "bfloat16", tp) for tp in (1, 2, 4, 8)}
 
@@ -65,7 +64,7 @@ def test_a_row_of_other_code_or_another_compiler_is_stale():
 
 def read_with(path: str, change: str):
     """This checkout's files, with ``change`` appended to ``path``."""
-    from sharding.plan_table import PACKAGE_ROOT
+    from vaeserve.sharding.plan_table import PACKAGE_ROOT
 
     def read(name: str) -> str | None:
         file = PACKAGE_ROOT / name

@@ -9,15 +9,14 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import models
-import sharding
-from models.shapes import parse_shape_text
-from service import cli
-from sharding.chips import CHIPS, TopologyError, chip_facts, gpu_target_config, topology_devices, topology_name
-from sharding.fits import WontFitError, check_fits, device_bytes_limit, program_total_bytes, what_would_fit
-from sharding.introspect import collective_summary, collectives, conv_ops, program_memory
-from sharding.planner import MeshPlan, PlanError, latent_shape_for_video, recommend, video_for_latents
 from tests.helpers.sharding_helpers import cuda_compiler_installed
+from vaeserve import models, sharding
+from vaeserve.models.shapes import parse_shape_text
+from vaeserve.service import cli
+from vaeserve.sharding.chips import CHIPS, TopologyError, chip_facts, gpu_target_config, topology_devices, topology_name
+from vaeserve.sharding.fits import WontFitError, check_fits, device_bytes_limit, program_total_bytes, what_would_fit
+from vaeserve.sharding.introspect import collective_summary, collectives, conv_ops, program_memory
+from vaeserve.sharding.planner import MeshPlan, PlanError, latent_shape_for_video, recommend, video_for_latents
 
 WAN21 = models.WanVAEConfig()
 

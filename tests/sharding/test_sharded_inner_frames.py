@@ -9,9 +9,9 @@ not stream them: one frame per inner step is asked for explicitly.
 
 import numpy as np
 
-import sharding
-from models.decode import to_uint8
 from tests.helpers.sharding_helpers import WIDTH, make_latents
+from vaeserve import sharding
+from vaeserve.models.decode import to_uint8
 
 TOLERANCE = 1e-5
 TP, SHAPE = 4, (1, 3, 5, WIDTH)  # latent height 5 over 4 bands: 2, 2, 1 and 0 real rows (padded)

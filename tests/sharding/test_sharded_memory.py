@@ -7,8 +7,8 @@ all-gather nothing at (or near) full resolution: only the latent-resolution K/V 
 
 import pytest
 
-import sharding
 from tests.helpers.sharding_helpers import assert_halo_collectives, assert_output_split_over_tp
+from vaeserve import sharding
 
 SHAPE = (1, 16, 2, 32, 32)  # latents → (1, 3, 5, 256, 256) frames
 

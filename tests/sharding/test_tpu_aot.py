@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 
-import models
-import sharding
-from service import cli
-from sharding.chips import topology_devices
-from sharding.introspect import collectives, conv_ops, program_memory
-from sharding.planner import device_flops
 from tests.helpers.sharding_helpers import assert_halo_collectives, assert_memory_split_over_tp
+from vaeserve import models, sharding
+from vaeserve.service import cli
+from vaeserve.sharding.chips import topology_devices
+from vaeserve.sharding.introspect import collectives, conv_ops, program_memory
+from vaeserve.sharding.planner import device_flops
 
 TOPOLOGY = "v5e:2x2"
 SHAPE = (1, 16, 3, 16, 16)
@@ -53,7 +52,7 @@ def plan_process(vae, tmp_path_factory):
     _require_libtpu()
     model_dir = models.save_vae(vae, tmp_path_factory.mktemp("tiny-vae"))
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "service", "plan", "--topology", TOPOLOGY, "--shape", "x".join(map(str, SHAPE[1:])),
+    command = [sys.executable, "-m", "vaeserve", "plan", "--topology", TOPOLOGY, "--shape", "x".join(map(str, SHAPE[1:])),
                "--model", str(model_dir), "--tp", "4", "--json"]
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     yield process

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-import models
+from vaeserve import models
 
 TOPOLOGY = "v6e:2x2"
 TPS = (1, 2, 4)
@@ -43,10 +43,10 @@ CONTROL = ("wan2.1", 4)
 def measure() -> dict:
     """Compile every family at every tp (``compile_decode``: the program ``vaeserve plan`` compiles,
     uint8 frames, the inner loop of one frame) and the whole-frame control; their temp bytes."""
-    import sharding
-    from sharding._controls import compile_whole_frame_decode
-    from sharding.chips import topology_devices
-    from sharding.introspect import program_memory
+    from vaeserve import sharding
+    from vaeserve.sharding._controls import compile_whole_frame_decode
+    from vaeserve.sharding.chips import topology_devices
+    from vaeserve.sharding.introspect import program_memory
 
     devices = topology_devices(TOPOLOGY)
     vaes = {name: models.abstract_vae(config, dtype="bfloat16") for name, (config, _) in FAMILIES.items()}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import models
 from tests.helpers.image_helpers import Image, build_image, remove_image, stand_in_base
 from tests.helpers.service_helpers import make_test_model
+from vaeserve import models
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from service.cli import build_parser
-from service.settings import Settings
 from tests.helpers.image_helpers import REPO
+from vaeserve.service.cli import build_parser
+from vaeserve.service.settings import Settings
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 

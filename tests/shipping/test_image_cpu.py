@@ -131,5 +131,5 @@ def test_build_context_is_what_the_image_needs(tmp_path):
         buildah("rm", box)
     finally:
         buildah("rmi", "--force", name)
-    assert top == {"pyproject.toml", "README.md", "locks", "models", "sharding", "service"}
+    assert top == {"pyproject.toml", "README.md", "locks", "models", "sharding", "service", "vaeserve"}
     assert caches == []

@@ -18,7 +18,7 @@ from ..middleware import CONTENT_SECURITY_POLICY, REDOC_POLICY
 
 router = APIRouter(include_in_schema=False)
 
-_DOCS = files("service.http").joinpath("static/docs")
+_DOCS = files("vaeserve.service.http").joinpath("static/docs")
 _SWAGGER = _DOCS.joinpath("swagger.html").read_text(encoding="utf-8")
 _REDOC = _DOCS.joinpath("redoc.html").read_text(encoding="utf-8")
 ASSETS_PATH = "/docs/assets"

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from models.ltx_config import TIMESTEP_RANGE, condition_defaults
+from vaeserve.models.ltx_config import TIMESTEP_RANGE, condition_defaults
 
 from ...engine.jobs import SEED_RANGE
 from ...engine.model import ModelState

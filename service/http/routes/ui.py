@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, Response
 
 router = APIRouter(include_in_schema=False)
 
-_STATIC = files("service.http").joinpath("static")
+_STATIC = files("vaeserve.service.http").joinpath("static")
 _PAGE = _STATIC.joinpath("ui.html").read_text(encoding="utf-8")
 _ASSETS = {"app.js": ("text/javascript", _STATIC.joinpath("app.js").read_bytes()),
            "app.css": ("text/css", _STATIC.joinpath("app.css").read_bytes())}

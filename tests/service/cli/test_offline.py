@@ -7,13 +7,13 @@ import numpy as np
 import safetensors.numpy
 from PIL import Image
 
-from service.codecs.video import read_mp4
 from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.service_helpers import latents
+from vaeserve.service.codecs.video import read_mp4
 
 
 def test_offline_decode_cli(tmp_path, tiny_model_dir, tiny_vae, capsys):
-    from service.cli import main
+    from vaeserve.service.cli import main
 
     x = latents((1, 16, 3, 4, 4), seed=30)
     np.save(tmp_path / "z.npy", x)
@@ -42,9 +42,9 @@ def _luma(frames: np.ndarray) -> np.ndarray:
 def test_offline_decode_and_encode_of_an_image_model(tmp_path):
     """An image model's latents ``(B, C, H, W)`` to a PNG and uint8 ``(B, H, W, 3)``; the PNG back to
     latents ``(1, C, H, W)``. (KL_SHARD: a 2x AutoencoderKL whose programs compile in seconds.)"""
-    import models
-    from service.cli import main
     from tests.helpers.image_reference import KL_SHARD
+    from vaeserve import models
+    from vaeserve.service.cli import main
 
     vae = models.init_vae(KL_SHARD, seed=3)
     models.save_vae(vae, tmp_path / "vae")

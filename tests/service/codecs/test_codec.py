@@ -13,18 +13,25 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from models.config import WanVAEConfig
-from service.codecs.latents import (
+from tests.helpers.service_helpers import latents, problem_of
+from vaeserve.models.config import WanVAEConfig
+from vaeserve.service.codecs.latents import (
     check_latent_dims,
     check_limits,
     parse_latents,
     scale_latents,
     unscale_latents,
 )
-from service.codecs.tensors import WIRE_DTYPES, check_finite, npy_bytes, parse_npy, parse_safetensors, parse_shape
-from service.codecs.video import mp4_boxes, mp4_bytes, png_bytes, read_mp4
-from service.limits import Limits
-from tests.helpers.service_helpers import latents, problem_of
+from vaeserve.service.codecs.tensors import (
+    WIRE_DTYPES,
+    check_finite,
+    npy_bytes,
+    parse_npy,
+    parse_safetensors,
+    parse_shape,
+)
+from vaeserve.service.codecs.video import mp4_boxes, mp4_bytes, png_bytes, read_mp4
+from vaeserve.service.limits import Limits
 
 LIMITS = Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)
 RULES = WanVAEConfig(base_dim=8, num_res_blocks=1)  # the shape rules of a video model with 16 latent channels

@@ -26,18 +26,18 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 from PIL import Image
 
-import models
-from service.codecs import frames as frames_module
-from service.codecs.frames import parse_frames
-from service.codecs.mp4 import mp4_header
-from service.codecs.tensors import parse_npy
-from service.codecs.video import mp4_bytes, read_mp4
-from service.http.admission import MemoryBudget
-from service.http.problems import ClientGone
-from service.limits import Limits
-from service.problem import Problem
-from service.settings import DEFAULT_VIDEO_CODECS, Settings
 from tests.helpers.service_helpers import SAMPLE_VIDEO, TINY, app_client, thread_server
+from vaeserve import models
+from vaeserve.service.codecs import frames as frames_module
+from vaeserve.service.codecs.frames import parse_frames
+from vaeserve.service.codecs.mp4 import mp4_header
+from vaeserve.service.codecs.tensors import parse_npy
+from vaeserve.service.codecs.video import mp4_bytes, read_mp4
+from vaeserve.service.http.admission import MemoryBudget
+from vaeserve.service.http.problems import ClientGone
+from vaeserve.service.limits import Limits
+from vaeserve.service.problem import Problem
+from vaeserve.service.settings import DEFAULT_VIDEO_CODECS, Settings
 
 CONFIG = models.WanVAEConfig(base_dim=TINY["base_dim"], num_res_blocks=TINY["num_res_blocks"])
 SMALL = Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)

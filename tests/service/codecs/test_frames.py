@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import models
-from service.codecs.frames import body_format, check_frames_content_type, check_shape, parse_frames
-from service.codecs.latents import scale_latents, serialize_latents
-from service.limits import Limits
 from tests.helpers.service_helpers import problem_of
+from vaeserve import models
+from vaeserve.service.codecs.frames import body_format, check_frames_content_type, check_shape, parse_frames
+from vaeserve.service.codecs.latents import scale_latents, serialize_latents
+from vaeserve.service.limits import Limits
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 LIMITS = Limits(channels=16, max_batch=2, max_frames=9, max_height=64, max_width=64)

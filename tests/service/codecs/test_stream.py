@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from service.client import read_stream
-from service.codecs.stream import stream_message
+from vaeserve.service.client import read_stream
+from vaeserve.service.codecs.stream import stream_message
 
 
 def test_stream_framing_survives_any_chunking():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.engine.batches import batch_buckets, bucket_for, pad_batch
+from vaeserve.service.engine.batches import batch_buckets, bucket_for, pad_batch
 
 
 def test_batch_buckets():

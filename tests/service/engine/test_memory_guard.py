@@ -18,13 +18,6 @@ import httpx
 import numpy as np
 import pytest
 
-from models.conv import convs_for
-from models.memory import estimator
-from service.engine.runner import DeviceRunner
-from service.engine.worker import out_of_memory
-from service.settings import Settings
-from sharding.fits import program_total_bytes
-from sharding.introspect import program_memory
 from tests.helpers.service_helpers import (
     REPO,
     PoisonRunner,
@@ -35,6 +28,13 @@ from tests.helpers.service_helpers import (
     poisoned,
     start_server,
 )
+from vaeserve.models.conv import convs_for
+from vaeserve.models.memory import estimator
+from vaeserve.service.engine.runner import DeviceRunner
+from vaeserve.service.engine.worker import out_of_memory
+from vaeserve.service.settings import Settings
+from vaeserve.sharding.fits import program_total_bytes
+from vaeserve.sharding.introspect import program_memory
 
 MICRO = dict(dim_mult=(1, 2), temperal_downsample=(True,), scale_factor_temporal=2, scale_factor_spatial=2)
 WARM = "16x2x8x8:uint8"
@@ -128,7 +128,7 @@ def test_models_and_the_log_state_the_largest_video(server, limit):
 
 
 def test_serve_refuses_to_start_when_a_warmup_program_does_not_fit(tiny_model_dir):
-    command = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--port", str(free_port()),
+    command = [sys.executable, "-m", "vaeserve", "serve", "--model", str(tiny_model_dir), "--port", str(free_port()),
                "--warmup", "16x2x4x4:uint8", "--max-batch", "2", "--device-memory-bytes", "1000000"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -203,12 +203,12 @@ def test_image_and_ltx_models_are_estimated_before_compiling(family):
     """The image and LTX families have an estimate too: an image's (B, C, H, W) latents and frames
     (and an LTX clip) far over the memory are refused before compiling, naming what would fit; the
     largest sizes are stated. No server, no compile: the estimate alone."""
-    from models.memory import FAMILIES
-    from service.engine.errors import TooLargeForMemory
-    from service.engine.memory import MemoryGuard, MemoryPlan
-    from service.limits import Limits
     from tests.helpers.image_reference import SD_TINY
     from tests.helpers.ltx_reference import LTX23
+    from vaeserve.models.memory import FAMILIES
+    from vaeserve.service.engine.errors import TooLargeForMemory
+    from vaeserve.service.engine.memory import MemoryGuard, MemoryPlan
+    from vaeserve.service.limits import Limits
 
     config = SD_TINY if family == "autoencoder-kl" else LTX23
     assert config.family in FAMILIES

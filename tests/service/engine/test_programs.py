@@ -11,8 +11,8 @@ import re
 
 import numpy as np
 
-from service.client import read_stream
 from tests.helpers.service_helpers import app_client, latents, make_test_model
+from vaeserve.service.client import read_stream
 
 CONTENT = {"Content-Type": "tensor/binary"}
 MICRO = dict(dim_mult=(1, 2), temperal_downsample=(True,), scale_factor_temporal=2, scale_factor_spatial=2)

@@ -5,9 +5,9 @@ itself, saved and read back by a restart, is tested on the image: ``tests/shippi
 
 import logging
 
-from service.engine.startup import load_model
-from service.settings import Settings
 from tests.helpers.service_helpers import make_test_model
+from vaeserve.service.engine.startup import load_model
+from vaeserve.service.settings import Settings
 
 SAID = "--compile-cache keeps no program that runs oneDNN's convolutions"
 

@@ -2,10 +2,10 @@
 injects noise too, its conditions request parameters (served, warmed up and batched in
 ``tests/service/http/test_serving_ltx.py``)."""
 
-import models
-from service.engine.startup import load_model
-from service.settings import Settings
 from tests.helpers.ltx_reference import LTX090, LTX2_SHARD
+from vaeserve import models
+from vaeserve.service.engine.startup import load_model
+from vaeserve.service.settings import Settings
 
 
 def test_decoders_with_and_without_conditions_start():

@@ -14,10 +14,6 @@ import httpx
 import numpy as np
 import pytest
 
-from service import create_app
-from service.client import read_stream
-from service.codecs.tensors import npy_bytes
-from service.engine.runner import DeviceRunner
 from tests.helpers.service_helpers import (
     GarbageRunner,
     PoisonRunner,
@@ -26,6 +22,10 @@ from tests.helpers.service_helpers import (
     poisoned,
     settings_for_tests,
 )
+from vaeserve.service import create_app
+from vaeserve.service.client import read_stream
+from vaeserve.service.codecs.tensors import npy_bytes
+from vaeserve.service.engine.runner import DeviceRunner
 
 PROBLEM = "application/problem+json"
 KEY = "s3cret"

@@ -16,14 +16,13 @@ import pytest
 import safetensors.numpy
 from PIL import Image
 
-import models
-import sharding
-from service.client import DecodeError, encode as client_encode
-from service.codecs.tensors import npy_bytes
-from service.codecs.video import mp4_bytes, read_mp4
-from service.engine.jobs import EncodeOptions
-from service.engine.runner import DeviceRunner
 from tests.helpers.service_helpers import app_client, thread_server
+from vaeserve import models, sharding
+from vaeserve.service.client import DecodeError, encode as client_encode
+from vaeserve.service.codecs.tensors import npy_bytes
+from vaeserve.service.codecs.video import mp4_bytes, read_mp4
+from vaeserve.service.engine.jobs import EncodeOptions
+from vaeserve.service.engine.runner import DeviceRunner
 
 PROBLEM = "application/problem+json"
 VIDEO = (1, 3, 5, 16, 24)  # -> latents (1, 16, 2, 2, 3)
@@ -265,7 +264,7 @@ def test_decode_only_checkpoint_answers_501_and_auth_applies():
 
 
 def test_command_line_encode(tiny_model_dir, tiny_vae, tmp_path):
-    from service.cli import main
+    from vaeserve.service.cli import main
 
     rgb = pixels(seed=13)
     (tmp_path / "first.png").write_bytes(png(rgb))

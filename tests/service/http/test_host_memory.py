@@ -6,10 +6,6 @@ flight until the test lets it go."""
 
 from __future__ import annotations
 
-from service.http.host_memory import decode_host_bytes
-from service.http.schemas import DecodeParams
-from service.limits import Limits
-from service.settings import Settings
 from tests.helpers.service_helpers import (
     GatedRunner,
     gated_warm_up,
@@ -19,6 +15,10 @@ from tests.helpers.service_helpers import (
     thread_server,
     wait_until,
 )
+from vaeserve.service.http.host_memory import decode_host_bytes
+from vaeserve.service.http.schemas import DecodeParams
+from vaeserve.service.limits import Limits
+from vaeserve.service.settings import Settings
 
 SHAPE = (1, 16, 2, 4, 4)
 NPY = DecodeParams(output_type="npy", denormalize=False, partial_postprocess=False, stream=False, mp4_stream=False,

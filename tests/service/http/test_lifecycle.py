@@ -15,11 +15,11 @@ import httpx
 import numpy as np
 import pytest
 
-from service.client import read_stream
-from service.codecs.video import mp4_boxes
 from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.raw_http import read_all, read_head, send_request
 from tests.helpers.service_helpers import WARM, latents, launch_server, start_server, wait_until
+from vaeserve.service.client import read_stream
+from vaeserve.service.codecs.video import mp4_boxes
 
 KEY = "s3cret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

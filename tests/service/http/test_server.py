@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from service.client import DecodeError, decode, decode_stream
-from service.codecs.tensors import npy_bytes
-from service.codecs.video import read_mp4
 from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.service_helpers import WARM, latents, start_server
+from vaeserve.service.client import DecodeError, decode, decode_stream
+from vaeserve.service.codecs.tensors import npy_bytes
+from vaeserve.service.codecs.video import read_mp4
 
 PROBLEM = "application/problem+json"
 LIMITS = ["--max-frames", "9", "--max-height", "64", "--max-width", "64", "--max-body-bytes", "65536"]
@@ -335,7 +335,7 @@ def test_413_for_chunked_body_over_the_limit(server):
 
 @pytest.mark.parametrize("mode", [["--concurrency", "3"], ["--rate", "40"]], ids=["closed", "open"])
 def test_loadtest_reports_what_it_sent(server, tmp_path, mode, capsys):
-    from service.cli.loadtest import main
+    from vaeserve.service.cli.loadtest import main
 
     out = tmp_path / "lt.json"
     answered0 = {status: server.metric("vaeserve_requests_total", route="/v1/decode", status=status)
@@ -362,7 +362,7 @@ def test_loadtest_reports_what_it_sent(server, tmp_path, mode, capsys):
 
 
 def test_loadtest_compiles_every_batch_bucket_before_it_measures(server, tmp_path, capsys):
-    from service.cli.loadtest import main
+    from vaeserve.service.cli.loadtest import main
 
     # A shape the server was not warmed with: its programs are compiled by the loadtest's warm-up,
     # the decode's two steps (latent frame 0, then one more) per batch bucket (max_batch 2: buckets
@@ -387,7 +387,7 @@ def test_loadtest_compiles_every_batch_bucket_before_it_measures(server, tmp_pat
 
 
 def test_loadtest_refuses_a_window_with_a_compile_in_it(monkeypatch, tmp_path, capsys):
-    from service.cli import loadtest
+    from vaeserve.service.cli import loadtest
 
     async def window_with_a_compile(args):
         return {"config": {}, "warmup": {}, "compiles_in_window": 1, "summary": {"ok": 5}, "samples": []}

@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import models
-from models.decode import to_uint8
-from service.cli import main
-from service.client import decode, decode_stream
-from service.codecs.video import read_mp4
 from tests.helpers.hunyuan_reference import CASES, FRAMEWISE_CASE, FRAMEWISE_SHAPE, HY10_TINY, HY15_TINY, seeded_weights
 from tests.helpers.service_helpers import app_client, latents, thread_server
 from tests.helpers.wan_reference import fixture_path, write_diffusers_folder
+from vaeserve import models
+from vaeserve.models.decode import to_uint8
+from vaeserve.service.cli import main
+from vaeserve.service.client import decode, decode_stream
+from vaeserve.service.codecs.video import read_mp4
 
 CONFIGS = {"hy10": HY10_TINY, "hy15": HY15_TINY}
 LATENT = (1, 16, 3, 3, 2)  # 9 frames; 1.0: 24 x 16, 1.5: 48 x 32

@@ -22,17 +22,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import models
-from models.programs import ProgramCache
-from service.codecs.video import jpeg_bytes
-from service.engine.errors import StartupRefused
-from service.engine.runner import DeviceRunner
-from service.engine.startup import guard_programs, load_model, warm_up
 from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.hunyuan_reference import reference_model, seeded_weights
 from tests.helpers.image_reference import CASES, reference_decode, reference_posterior
 from tests.helpers.service_helpers import metric, settings_for_tests, thread_server, wait_until
 from tests.helpers.wan_reference import write_diffusers_folder
+from vaeserve import models
+from vaeserve.models.programs import ProgramCache
+from vaeserve.service.codecs.video import jpeg_bytes
+from vaeserve.service.engine.errors import StartupRefused
+from vaeserve.service.engine.runner import DeviceRunner
+from vaeserve.service.engine.startup import guard_programs, load_model, warm_up
 
 torch = pytest.importorskip("torch")
 remote_utils = pytest.importorskip("diffusers.utils.remote_utils")

@@ -18,13 +18,12 @@ import json
 import numpy as np
 import pytest
 
-import models
-import sharding
-from service.client import read_stream
-from service.engine.jobs import DecodeOptions
-from service.engine.runner import DeviceRunner
 from tests.helpers.ltx_reference import LTX095, LTX2_SHARD
 from tests.helpers.service_helpers import app_client
+from vaeserve import models, sharding
+from vaeserve.service.client import read_stream
+from vaeserve.service.engine.jobs import DecodeOptions
+from vaeserve.service.engine.runner import DeviceRunner
 
 SHAPE = (1, 8, 2, 4, 4)  # -> 5 frames of 16 x 16
 WARM = "8x2x4x4:uint8"

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import models
-from models.decode import to_uint8
-from service.codecs.video import read_mp4
 from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.service_helpers import app_client, latents, thread_server
+from vaeserve import models
+from vaeserve.models.decode import to_uint8
+from vaeserve.service.codecs.video import read_mp4
 
 PROBLEM = "application/problem+json"
 LATENT = (1, 48, 2, 3, 2)  # -> (1, 5, 48, 32, 3) frames
@@ -157,7 +157,7 @@ def test_encode_errors_name_the_frame_channels_and_the_16x_sizes(server):
 
 
 def test_command_line_encode(folder22, vae22, tmp_path):
-    from service.cli import main
+    from vaeserve.service.cli import main
 
     rgb = _pixels(*IMAGE, seed=6)
     (tmp_path / "first.png").write_bytes(_png(rgb))

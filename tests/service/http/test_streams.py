@@ -14,10 +14,6 @@ import httpx
 import numpy as np
 import pytest
 
-from service.client import read_stream
-from service.codecs.video import Mp4Writer, mp4_boxes, mp4_bytes, read_mp4
-from service.engine.runner import DeviceRunner
-from sharding import Decoded
 from tests.helpers.raw_http import read_all, read_head, send_request
 from tests.helpers.service_helpers import (
     FirstStepRunner,
@@ -27,6 +23,10 @@ from tests.helpers.service_helpers import (
     poisoned,
     thread_server,
 )
+from vaeserve.service.client import read_stream
+from vaeserve.service.codecs.video import Mp4Writer, mp4_boxes, mp4_bytes, read_mp4
+from vaeserve.service.engine.runner import DeviceRunner
+from vaeserve.sharding import Decoded
 
 FRAMES_5 = (1, 16, 5, 4, 4)  # -> 17 frames of 32x32, in steps of 1, 4, 4, 4, 4
 LIMITS = dict(max_frames=21, max_height=64, max_width=64)

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from service.http.middleware import PAGE_POLICY, REDOC_POLICY
 from tests.helpers.service_helpers import HeldRunner, latents, thread_server
+from vaeserve.service.http.middleware import PAGE_POLICY, REDOC_POLICY
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 needs_browser = pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
