@@ -34,8 +34,8 @@ import numpy as np
 
 from bench.common import diffusers_reference, ratio, timed
 from vaeserve import models
+from vaeserve.models.conditions import DEFAULT_DECODE_TIMESTEP as DECODE_TIMESTEP  # the pipelines'
 from vaeserve.models.flops import decode_flops
-from vaeserve.models.ltx_config import DEFAULT_DECODE_TIMESTEP as DECODE_TIMESTEP  # the pipelines'
 
 
 def parse_inner_frames(text: str) -> list[int | None]:

@@ -36,7 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vaeserve.models.config import HunyuanVideo15Config, VAEConfig, WanVAEConfig  # imports no JAX
+from vaeserve.models.config import VAEConfig  # these import no JAX
+from vaeserve.models.families.hunyuan15.config import HunyuanVideo15Config
+from vaeserve.models.families.wan.config import WanVAEConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = ("bfloat16", "float32")

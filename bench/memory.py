@@ -115,7 +115,7 @@ def start(port: int, extra: list[str]) -> subprocess.Popen:
 def estimator_of(info: dict):
     """The server's model's estimate (its config, dtype, weights, mesh and conv path)."""
     from vaeserve import models
-    from vaeserve.models.memory import estimator
+    from vaeserve.models.estimate import estimator
 
     config = models.config_from_dict(info["config"])
     return config, estimator(config, dtype=info["dtype"], decoder_parameters=info["metadata"]["parameters"],
@@ -229,8 +229,8 @@ def table(args: argparse.Namespace) -> None:
     from flax import nnx
 
     from vaeserve import models
-    from vaeserve.models.families import family_of
-    from vaeserve.models.memory import estimator
+    from vaeserve.models.estimate import estimator
+    from vaeserve.models.family_modules import family_modules as family_of
     from vaeserve.models.vae import abstract_module
     from vaeserve.service.http.host_memory import decode_host_bytes, encode_host_bytes
     from vaeserve.service.http.schemas import DecodeParams
@@ -289,7 +289,7 @@ def tiny_configs() -> dict[str, list[Tiny]]:
     """``{family: [Tiny]}``: the tiny configs the estimate's coefficients are fitted to (for the
     families ``--fit`` has fitted)."""
     from vaeserve import models
-    from vaeserve.models.image_config import KL_BLOCKS
+    from vaeserve.models.families.kl.config import KL_BLOCKS
 
     kl: dict[str, Any] = dict(down_block_types=(KL_BLOCKS[0],) * 3, up_block_types=(KL_BLOCKS[1],) * 3,
                               norm_num_groups=4)
@@ -373,7 +373,7 @@ def programs_of(vae: Any, decodes: list[tuple[int, ...]], encodes: list[tuple[in
     model's conv path and estimated for it."""
     from vaeserve import sharding
     from vaeserve.models.conv import convs_for
-    from vaeserve.models.memory import estimator
+    from vaeserve.models.estimate import estimator
     from vaeserve.sharding.introspect import program_memory
 
     model = estimator(vae.config, dtype="float32", decoder_parameters=vae.metadata["parameters"],
@@ -407,7 +407,7 @@ def real_measurements(family: str, *, cpu_convs: Any):
 def saved_rows(path: Path | None, key: str, measure: Any) -> list:
     """The rows of ``measure()``, kept in the JSON file ``path`` under ``key`` (compiled once: a refit
     with other features or fixed coefficients reads them back)."""
-    from vaeserve.models.memory import Estimate, Features
+    from vaeserve.models.estimate import Estimate, Features
 
     saved = json.loads(path.read_text()) if path is not None and path.exists() else {}
     if key not in saved:

@@ -61,7 +61,7 @@ def main() -> None:
 
     from vaeserve import models
     from vaeserve.models import layers
-    from vaeserve.models.decoder import WanDecoder
+    from vaeserve.models.families.wan.decoder import WanDecoder
     from vaeserve.models.spatial import SingleDeviceContext
     from vaeserve.sharding.chips import topology_devices
 

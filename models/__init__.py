@@ -1,10 +1,9 @@
-"""The VAEs (video: Wan 2.1 / 2.2, HunyuanVideo 1.0 / 1.5, LTX-Video, LTX-2; image: AutoencoderKL for SD,
-SDXL and Flux.1, Flux.2, Qwen-Image) in Flax nnx: configuration, shape rules, weight loading and compiled
-programs.
+"""The VAEs in Flax nnx: configuration, shape rules, weight loading and compiled programs. Each
+family lives in a folder of ``models/families/``; ``models.registry`` lists them (``FAMILIES``).
 
-``models.config`` and ``models.shapes`` (and this package itself) import without JAX, so a caller
-that only checks request shapes against a model's rules (the HTTP layer) never starts it. The
-names below that need JAX load on first use (PEP 562 ``__getattr__``).
+``models.config``, ``models.shapes``, ``models.registry`` (and this package itself) import without
+JAX, so a caller that only checks request shapes against a model's rules (the HTTP layer) never
+starts it. The names below that need JAX load on first use (PEP 562 ``__getattr__``).
 """
 
 from __future__ import annotations
@@ -19,16 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import (
-    AutoencoderKLConfig as AutoencoderKLConfig,
-    AutoencoderKLFlux2Config as AutoencoderKLFlux2Config,
     ConfigError as ConfigError,
-    HunyuanVideo15Config as HunyuanVideo15Config,
-    HunyuanVideoConfig as HunyuanVideoConfig,
-    LTX2VideoConfig as LTX2VideoConfig,
-    LTXVideoConfig as LTXVideoConfig,
-    QwenImageConfig as QwenImageConfig,
     VAEConfig as VAEConfig,
-    WanVAEConfig as WanVAEConfig,
     config_from_dict as config_from_dict,
     read_config as read_config,
 )
@@ -41,8 +32,9 @@ from .shapes import (
     ShapeError as ShapeError,
 )
 
-# The names that need JAX, each declared once: in this block, which type checkers read. At run time
-# the same block is the table of what ``__getattr__`` imports on first use (``_lazy_names``).
+# The names that need JAX (and the families' config classes, whose folders the registry imports on
+# first use), each declared once: in this block, which type checkers read. At run time the same
+# block is the table of what ``__getattr__`` imports on first use (``_lazy_names``).
 if TYPE_CHECKING:
     from .decode import (
         denormalize_latents as denormalize_latents,
@@ -52,6 +44,18 @@ if TYPE_CHECKING:
         latent_frames as latent_frames,
         normalize_latents as normalize_latents,
     )
+    from .families.hunyuan.config import HunyuanVideoConfig as HunyuanVideoConfig
+    from .families.hunyuan15.config import HunyuanVideo15Config as HunyuanVideo15Config
+    from .families.kl.config import (
+        AutoencoderKLConfig as AutoencoderKLConfig,
+        AutoencoderKLFlux2Config as AutoencoderKLFlux2Config,
+    )
+    from .families.ltx.config import (
+        LTX2VideoConfig as LTX2VideoConfig,
+        LTXVideoConfig as LTXVideoConfig,
+    )
+    from .families.qwen_image.config import QwenImageConfig as QwenImageConfig
+    from .families.wan.config import WanVAEConfig as WanVAEConfig
     from .loading import (
         MODEL_NAMES as MODEL_NAMES,
         WeightsError as WeightsError,

@@ -14,18 +14,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .memory import Convs
+from .estimate import CPU_BLOCK_BYTES, Convs
 from .spatial import matmul_precision
 
 CACHE_FRAMES = 2
 _RMS_EPS = 1e-12  # torch.nn.functional.normalize's eps
 
 
-# On CPU a conv whose temporary buffers (nine tap outputs, folded time taps) would exceed this
-# many bytes runs as a loop over groups of frames, or over blocks of rows of one frame, writing
+# On CPU a conv whose temporary buffers (nine tap outputs, folded time taps) would exceed
+# CPU_BLOCK_BYTES runs as a loop over groups of frames, or over blocks of rows of one frame, writing
 # into one output buffer: a 480x832 decode then holds tens of MB of such buffers instead of
 # 9x copies of its largest activation (≈ 5 GB each).
-CPU_BLOCK_BYTES = 128 * 2**20
 # On CPU a 3x3(x3) conv whose kernel outweighs its frames (``weight_bound``) runs as one im2col
 # matmul against the kernel as stored: the nine-tap matmul's kernel layout costs a copy of the
 # kernel per call, which at 1024 channels (113 MB in float32) takes longer than the conv itself.

@@ -3,7 +3,7 @@ model that is not causal in time (HunyuanVideo 1.0), the whole clip in one call;
 a first step of ``1 + lookahead`` latent frames, then a scan of steps that run on past the clip's
 end until every frame is out (``models.ltx``).
 
-These are pure functions of a merged decoder (any family's: ``models.families``) and a spatial
+These are pure functions of a merged decoder (any family's: ``models.family_modules``) and a spatial
 context, so the single-device path (``VAE.decode``) and the sharded path (``sharding``) run the
 very same code. Layouts: ``(B, z, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` inside;
 an image model's latents ``(B, z, H, W)`` run as one-frame clips and come out as images
@@ -22,12 +22,10 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
+from .conditions import TIMESTEP_RANGE, DecodeConditions, condition_defaults, refused_conditions
 from .config import VAEConfig
-from .decoder import DecoderCache
 from .encode import prng_key
-from .families import DecoderModule, family_of
-from .ltx import DecodeConditions
-from .ltx_config import TIMESTEP_RANGE, condition_defaults, refused_conditions
+from .family_modules import Caches, DecoderModule, family_modules
 from .shapes import Output, one_frame_clip, output_frames, time_axis, without_time
 from .spatial import SpatialContext
 
@@ -115,9 +113,9 @@ def _layout(frames: jax.Array, output: Output) -> jax.Array:
     return jnp.moveaxis(frames, -1, 1) if output == "float" else frames
 
 
-def decode_step(model: DecoderModule, caches: DecoderCache | None, z: jax.Array, ctx: SpatialContext, *,
+def decode_step(model: DecoderModule, caches: Caches | None, z: jax.Array, ctx: SpatialContext, *,
                 output: Output, inner_frames: int | None = None, clip_frames: int | None = None,
-                conditions: DecodeConditions | None = None) -> tuple[jax.Array, DecoderCache, jax.Array]:
+                conditions: DecodeConditions | None = None) -> tuple[jax.Array, Caches, jax.Array]:
     """One decode step: latents ``(B, c, H, W, z)`` and the previous step's caches (None for latent
     frame 0, then ``c`` must be 1 — ``1 + lookahead`` for an LTX decoder) → (frames in the output
     layout, the new caches, the ``(B,)`` non-finite count of its frames). ``inner_frames``: frames per
@@ -255,13 +253,13 @@ def decode_conditions(config: VAEConfig, batch: int, *, timestep: float | None =
 
 
 Program = Callable[..., tuple[jax.Array, jax.Array]]
-StepProgram = Callable[..., tuple[jax.Array, DecoderCache, jax.Array]]
+StepProgram = Callable[..., tuple[jax.Array, Caches, jax.Array]]
 
 
 def has_framewise(config: VAEConfig) -> bool:
     """Whether the model offers diffusers' framewise decode: only HunyuanVideo 1.0's diffusers
     default tiles clips in time."""
-    return hasattr(family_of(config).decoder, "decode_framewise")
+    return hasattr(family_modules(config).decoder, "decode_framewise")
 
 
 def check_framewise(config: VAEConfig, framewise: bool) -> dict[str, bool]:
@@ -299,8 +297,8 @@ def step_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], 
     streaming decode step, with ``caches=None`` for the first (``clip_frames``: the stream's latent
     frames, for a model that ``needs_clip_frames``)."""
 
-    def run(state, caches: DecoderCache | None, latents: jax.Array,
-            conditions: DecodeConditions | None = None) -> tuple[jax.Array, DecoderCache, jax.Array]:
+    def run(state, caches: Caches | None, latents: jax.Array,
+            conditions: DecodeConditions | None = None) -> tuple[jax.Array, Caches, jax.Array]:
         z = prepare_latents(latents, config, dtype, denormalize=denormalize)
         return decode_step(nnx.merge(graphdef, state), caches, z, make_context(), output=output,
                            inner_frames=inner_frames, clip_frames=clip_frames if caches is None else None,

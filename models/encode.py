@@ -1,7 +1,7 @@
 """Encode programs: frame 0 outside, later chunks of 4 frames in a ``lax.scan`` (or, for a model
 that is not causal in time, HunyuanVideo 1.0, the whole clip at once); the posterior after.
 
-Pure functions of a merged encoder (any family's: ``models.families``) and a spatial context, so
+Pure functions of a merged encoder (any family's: ``models.family_modules``) and a spatial context, so
 the single-device path (``VAE.encode``) and the sharded path (``sharding.encode``) run the very
 same code. The encoder
 part (``encode_moments``) is what runs per band; the posterior (mean or sample, normalization)
@@ -25,15 +25,14 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
+from .conditions import SEED_RANGE
 from .config import VAEConfig
-from .encoder import EncoderCache
-from .families import EncoderModule
+from .family_modules import Caches, EncoderModule
 from .shapes import frames_per_step, latents_for_frames, one_frame_clip, without_time
 from .spatial import SpatialContext
 
 DEFAULT_ENCODE_CHUNK = 1  # 4-frame groups per encode step: 1 is the reference's chunking and the least memory
 LOGVAR_RANGE = (-30.0, 20.0)  # diffusers' DiagonalGaussianDistribution clamps the log-variance here
-SEED_RANGE = 2**32  # jax.random.PRNGKey keeps 32 bits of a seed without x64
 
 
 def latent_frames(frames: int, config: VAEConfig) -> int:
@@ -50,8 +49,8 @@ def resolve_encode_chunk(chunk: int | None) -> int:
     return chunk
 
 
-def encode_step(model: EncoderModule, caches: EncoderCache | None, frames: jax.Array, ctx: SpatialContext,
-                dtype, clip_frames: int | None = None) -> tuple[jax.Array, EncoderCache]:
+def encode_step(model: EncoderModule, caches: Caches | None, frames: jax.Array, ctx: SpatialContext,
+                dtype, clip_frames: int | None = None) -> tuple[jax.Array, Caches]:
     """Frames ``(B, 3, f, H, W)`` NCTHW (``f = 1`` with ``caches=None``, for a causal model) → moments
     ``(B, t, H/s, W/s, 2z)`` and the new caches. Only this chunk is moved channels-last."""
     with jax.named_scope("encode_step"):

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -46,44 +45,18 @@ import numpy as np
 from flax import nnx
 
 from . import keys
-from .config import (
-    CONFIG_CLASSES,
-    AutoencoderKLConfig,
-    AutoencoderKLFlux2Config,
-    ConfigError,
-    HunyuanVideo15Config,
-    HunyuanVideoConfig,
-    LTX2VideoConfig,
-    LTXVideoConfig,
-    QwenImageConfig,
-    VAEConfig,
-    WanVAEConfig,
-    config_from_dict,
-    read_config,
-)
-from .families import family_of
-from .ltx_config import STATISTICS_TENSORS
+from .conditions import PIPELINE_DEFAULTS
+from .config import ConfigError, VAEConfig, config_from_dict, read_config
+from .family_modules import family_modules
+from .registry import DEFAULT_MODEL, EMBEDDED, FAMILIES, default_config, embedded_model, family_of, known_class_name
 from .vae import VAE, abstract_module, init_vae, resolve_dtype
 
 log = logging.getLogger("vaeserve.models")
 
 DEFAULT_SEED = 0
-# Architectures by name: their configs need no checkpoint (planning compiles from shapes alone), and
-# ``load_vae(name)`` builds them with seeded random weights (the embedded models).
-MODEL_NAMES: dict[str, Callable[[], VAEConfig]] = {
-    "wan2.1": WanVAEConfig, "wan2.2": WanVAEConfig.wan22, "hunyuan1.0": HunyuanVideoConfig,
-    "hunyuan1.5": HunyuanVideo15Config, "ltx-video": LTXVideoConfig.v095, "ltx2": LTX2VideoConfig.ltx2,
-    "sd": AutoencoderKLConfig.sd, "sdxl": AutoencoderKLConfig.sdxl, "flux1": AutoencoderKLConfig.flux1,
-    "flux2": AutoencoderKLFlux2Config, "qwen-image": QwenImageConfig}
-# What each embedded name is, in words (logs and metadata).
-MODEL_TITLES = {"wan2.1": "Wan 2.1", "wan2.2": "Wan 2.2", "hunyuan1.0": "HunyuanVideo",
-                "hunyuan1.5": "HunyuanVideo 1.5", "ltx-video": "LTX-Video 0.9.5", "ltx2": "LTX-2",
-                "sd": "Stable Diffusion 1.x/2.x", "sdxl": "SDXL", "flux1": "Flux.1", "flux2": "Flux.2",
-                "qwen-image": "Qwen-Image"}
-# A pipeline's decode defaults, read from its ``model_index.json`` when it states them (the names of
-# the LTX pipelines' call arguments), kept in ``vae.metadata`` and used by ``VAE.decode``.
-PIPELINE_DEFAULTS = ("decode_timestep", "decode_noise_scale")
-DEFAULT_MODEL = "wan2.1"
+# Embedded models by name (``models.registry.EMBEDDED``): their configs need no checkpoint (planning
+# compiles from shapes alone), and ``load_vae(name)`` builds them with seeded random weights.
+MODEL_NAMES: dict[str, Any] = {name: model.config for name, model in EMBEDDED.items()}
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 # The encoder's tensors: optional as a whole (a decode-only checkpoint has none of them).
@@ -91,8 +64,6 @@ ENCODER_PREFIXES = ("encoder.", "quant_conv.")
 # Tensors a checkpoint may hold that are no weights of the model: passed over. (Flux.2's BatchNorm
 # counts its training batches; diffusers initialises the count to 0 where a checkpoint lacks it.)
 IGNORED_TENSORS = frozenset({"bn.num_batches_tracked"})
-# Where a whole latent-diffusion checkpoint (SD, SDXL) holds its VAE, in latent diffusion's names.
-LDM_PREFIXES = ("first_stage_model.", "vae.")
 
 
 class WeightsError(ValueError):
@@ -152,152 +123,39 @@ def _torch_to_numpy(tensor) -> np.ndarray:
     return tensor.numpy()
 
 
-def _is_original_naming(names) -> bool:
-    """Original Wan release names (``decoder.middle.*``, ``decoder.upsamples.*``, ``conv2.*``)."""
-    return any(n.startswith(("decoder.middle.", "decoder.upsamples.", "conv2.")) for n in names)
-
-
-def _is_original_hunyuan15_naming(names) -> bool:
-    """Original HunyuanVideo 1.5 names (``decoder.mid.block_1.*``, ``decoder.up.0.block.0.*``, RMS
-    ``gamma``s: latent diffusion's names of an AutoencoderKL are alike, with GroupNorm ``weight``s)."""
-    return (any(n.startswith(("decoder.mid.", "decoder.up.", "encoder.down.", "encoder.mid.")) for n in names)
-            and _ldm_prefix(names) is None)
-
-
-def _ldm_prefix(names) -> str | None:
-    """The prefix under which a checkpoint holds an AutoencoderKL in latent diffusion's names (``""``
-    for a VAE file, ``"first_stage_model."`` in a whole SD/SDXL checkpoint), or None."""
-    names = set(names)
-    return next((p for p in ("", *LDM_PREFIXES) if f"{p}decoder.mid.block_1.norm1.weight" in names), None)
-
-
-def kl_config_for_names(names, prefix: str = "") -> AutoencoderKLConfig | AutoencoderKLFlux2Config:
-    """The real config of an AutoencoderKL checkpoint (its tensors under ``prefix``, in latent
-    diffusion's names or diffusers'): Flux.2 (BatchNorm statistics ``bn.*``), Flux.1 (no
-    ``post_quant_conv``), SDXL (a whole checkpoint with SDXL's ``conditioner.*`` text encoders) or
-    SD. A stand-alone SDXL VAE file reads as SD: the two differ only in ``scaling_factor`` (what
-    ``denormalize`` uses); a config.json beside it says which."""
-    names = list(names)
-    if f"{prefix}bn.running_mean" in names:
-        return AutoencoderKLFlux2Config()
-    if f"{prefix}post_quant_conv.weight" not in names:
-        return AutoencoderKLConfig.flux1()
-    if any(n.startswith("conditioner.") for n in names):
-        return AutoencoderKLConfig.sdxl()
-    return AutoencoderKLConfig.sd()
-
-
-def from_ldm_names(tensors: dict[str, Any], config: AutoencoderKLConfig | AutoencoderKLFlux2Config) -> dict[str, Any]:
-    """An AutoencoderKL's tensors in latent diffusion's names (under their prefix; the rest of a
-    whole checkpoint passed over) in diffusers' names and layouts: the attention's 1x1 conv
-    weights ``(O, I, 1, 1)`` become the linear layers' ``(O, I)``."""
-    prefix = _ldm_prefix(tensors) or ""
-    renamed = {keys.ldm_to_diffusers(n.removeprefix(prefix), len(config.block_out_channels)): t
-               for n, t in tensors.items() if n.startswith(prefix)}
-    attention = re.compile(r"(encoder|decoder)\.mid_block\.attentions\.0\.to_(q|k|v|out\.0)\.weight")
-    return {n: t[:, :, 0, 0] if attention.fullmatch(n) and np.ndim(t) == 4 else t for n, t in renamed.items()}
-
-
-def original_release_config(names) -> WanVAEConfig:
-    """The real config of the original Wan release whose key names these are: Wan 2.2's blocks nest
-    their layers (``decoder.upsamples.0.upsamples.0.*``), Wan 2.1's are flat."""
-    nested = re.compile(r"decoder\.upsamples\.\d+\.upsamples\.")
-    return WanVAEConfig.wan22() if any(nested.match(n) for n in names) else WanVAEConfig()
-
-
-def _is_original_ltx_naming(names) -> bool:
-    """Lightricks' LTX-Video / LTX-2 names (``vae.decoder.up_blocks.0.res_blocks.0.*``)."""
-    return any(n.startswith("vae.") and ".res_blocks." in n for n in names)
-
-
-def ltx_release_config(names) -> VAEConfig:
-    """The real config of the LTX release whose (original) tensor names these are: LTX-Video 0.9.0
-    (ten decoder blocks), 0.9.1 (a timestep embedding, strided-conv encoder), 0.9.5 – 0.9.8 (a
-    timestep embedding, space-to-depth encoder), LTX-2.3 / 2.5 (nine decoder blocks) or LTX-2."""
-    names = {n.removeprefix("vae.") for n in names}
-    if "decoder.up_blocks.9.res_blocks.0.conv1.conv.weight" in names:
-        return LTXVideoConfig()
-    if "decoder.last_time_embedder.timestep_embedder.linear_1.weight" in names:
-        return LTXVideoConfig.v095() if "encoder.down_blocks.1.conv.conv.weight" in names else LTXVideoConfig.v091()
-    if any(n.startswith("decoder.up_blocks.8.") for n in names):
-        return LTX2VideoConfig.ltx23()
-    return LTX2VideoConfig.ltx2()
-
-
-def _ltx_diffusers_release(names: set[str]) -> VAEConfig:
-    """``ltx_release_config`` for diffusers' names: four up blocks are LTX-Video 0.9.0 (strided-conv
-    encoder) or LTX-2.3; a decoder time embedding LTX-Video 0.9.1 (strided-conv encoder) or 0.9.5."""
-    strided = "encoder.down_blocks.0.downsamplers.0.conv.weight" in names
-    if "decoder.time_embedder.timestep_embedder.linear_1.weight" in names:
-        return LTXVideoConfig.v091() if strided else LTXVideoConfig.v095()
-    if any(n.startswith("decoder.up_blocks.3.") for n in names):
-        return LTXVideoConfig() if strided else LTX2VideoConfig.ltx23()
-    return LTX2VideoConfig.ltx2()
-
-
-def _without_vae_prefix(names) -> bool:
-    """HunyuanVideo's original checkpoint may hold its VAE under ``vae.`` (its loader keeps those)."""
-    return any(n.startswith("vae.") for n in names)
-
-
 def config_for_names(names) -> VAEConfig:
     """The real config of the family (and release) whose tensor names these are, for a checkpoint
-    without a diffusers ``config.json``: an original release's names (latent diffusion's for the
-    AutoencoderKL family), else diffusers' names of AutoencoderKL (GroupNorm ``conv_norm_out`` and a
-    plain ``conv_in``), HunyuanVideo (GroupNorm ``conv_norm_out``, wrapped ``conv_in.conv``),
-    HunyuanVideo 1.5 (``norm_out.gamma`` and wrapped ``conv_in.conv``), LTX (the ``latents_mean``
-    tensor beside a wrapped ``conv_in.conv``) or, by default, Wan (whose names Qwen-Image's share: a
-    Qwen-Image file needs its config.json beside it)."""
+    without a diffusers ``config.json``: the first family (``models.registry.FAMILIES``, in order)
+    whose ``weights`` claim them as an original release's names (latent diffusion's for the
+    AutoencoderKL family), else as diffusers' names; by default Wan 2.1 (whose names Qwen-Image's
+    share: a Qwen-Image file needs its config.json beside it)."""
     names = list(names)
-    if (prefix := _ldm_prefix(names)) is not None:
-        return kl_config_for_names(names, prefix)
-    if _is_original_naming(names):
-        return original_release_config(names)
-    if _is_original_hunyuan15_naming(names):
-        return HunyuanVideo15Config()
-    if _is_original_ltx_naming(names):
-        return ltx_release_config(names)
-    if {"decoder.conv_norm_out.weight", "decoder.conv_in.weight"} <= set(names):
-        return kl_config_for_names(names)
-    names = [n.removeprefix("vae.") for n in names]
-    if "latents_mean" in names and "decoder.conv_in.conv.weight" in names:  # diffusers' LTX buffers
-        return _ltx_diffusers_release(set(names))
-    if "decoder.conv_norm_out.weight" in names:
-        return HunyuanVideoConfig()
-    if "decoder.conv_in.conv.weight" in names:
-        return HunyuanVideo15Config()
-    return WanVAEConfig()
+    for kind in ("release_config", "diffusers_config"):
+        for family in FAMILIES:
+            weights = family.part("weights")
+            if weights is not None and (config := getattr(weights, kind)(names)) is not None:
+                return config
+    return default_config()
+
+
+def is_release_naming(names) -> bool:
+    """Whether a family claims these tensor names as an original release's."""
+    names = list(names)
+    return any((weights := family.part("weights")) is not None and weights.release_config(names) is not None
+               for family in FAMILIES)
 
 
 def to_diffusers_names(tensors: dict[str, Any], config: VAEConfig) -> dict[str, Any]:
-    """Checkpoint tensors under diffusers' names: original Wan (also as Qwen-Image), HunyuanVideo 1.5
-    and latent diffusion's names renamed, HunyuanVideo's ``vae.`` prefix dropped (with whatever else
-    its checkpoint holds); diffusers' names unchanged."""
-    if _ldm_prefix(tensors) is not None and isinstance(config, AutoencoderKLConfig | AutoencoderKLFlux2Config):
-        return from_ldm_names(tensors, config)
-    if _is_original_naming(tensors) and isinstance(config, WanVAEConfig | QwenImageConfig):
-        return {keys.original_to_diffusers(n, config.num_res_blocks): t for n, t in tensors.items()}
-    if _is_original_hunyuan15_naming(tensors):
-        return {keys.hunyuan15_original_to_diffusers(n): t for n, t in tensors.items()}
-    if _is_original_ltx_naming(tensors) and isinstance(config, LTXVideoConfig | LTX2VideoConfig):
-        return ltx_to_diffusers_names(tensors, config)
-    if _without_vae_prefix(tensors):
+    """Checkpoint tensors under diffusers' names, renamed by the config's family (``weights``) from an
+    original release's names; a ``vae.`` prefix (HunyuanVideo's checkpoint) dropped, with whatever
+    else such a checkpoint holds; diffusers' names unchanged."""
+    weights = family_of(config).part("weights")
+    renamed = weights.to_diffusers_names(tensors, config) if weights is not None else None
+    if renamed is not None:
+        return renamed
+    if any(n.startswith("vae.") for n in tensors):
         return {n.removeprefix("vae."): t for n, t in tensors.items() if n.startswith("vae.")}
     return tensors
-
-
-def ltx_to_diffusers_names(tensors: dict[str, Any], config: LTXVideoConfig | LTX2VideoConfig) -> dict[str, Any]:
-    """A Lightricks checkpoint's ``vae.*`` tensors under diffusers' names (``keys.ltx_original_to_diffusers``);
-    the transformer's, the audio VAE's and the statistics diffusers does not keep are left out."""
-    prefixes = keys.ltx_block_prefixes(config.decoder_plan(), config.encoder_plan())
-    wrapped = config.decoder_plan().conv_shortcut_wrapped
-    renamed = {}
-    for name, tensor in tensors.items():
-        if name.startswith(keys.LTX_PREFIX):
-            new = keys.ltx_original_to_diffusers(name[len(keys.LTX_PREFIX):], prefixes, wrapped_shortcut=wrapped)
-            if new is not None:
-                renamed[new] = tensor
-    return renamed
 
 
 def pipeline_defaults(path: Path) -> dict[str, float]:
@@ -363,13 +221,15 @@ def _assemble(graphdef, expected: dict[str, tuple], tensors: dict[str, Any], tar
 
 
 def _with_statistics(config: VAEConfig, tensors: dict[str, Any]) -> tuple[VAEConfig, dict[str, Any]]:
-    """An LTX checkpoint's ``latents_mean`` / ``latents_std`` tensors (diffusers' buffers) moved into
-    its config; the other tensors. Other families keep their statistics in the config itself."""
-    if not hasattr(config, "with_statistics"):
+    """A checkpoint's statistics tensors (an LTX config's ``statistics_tensors``: diffusers' buffers
+    ``latents_mean`` / ``latents_std``) moved into its config; the other tensors. Other families keep
+    their statistics in the config itself."""
+    statistics = getattr(config, "statistics_tensors", ())
+    if not statistics or not hasattr(config, "with_statistics"):
         return config, tensors
-    rest = {n: t for n, t in tensors.items() if n not in STATISTICS_TENSORS}
-    if all(n in tensors for n in STATISTICS_TENSORS):
-        config = config.with_statistics(*(np.asarray(tensors[n], np.float32).reshape(-1) for n in STATISTICS_TENSORS))
+    rest = {n: t for n, t in tensors.items() if n not in statistics}
+    if all(n in tensors for n in statistics):
+        config = config.with_statistics(*(np.asarray(tensors[n], np.float32).reshape(-1) for n in statistics))
     return config, rest
 
 
@@ -381,7 +241,7 @@ def build_vae(config: VAEConfig, tensors: dict[str, Any], *, dtype: str, metadat
     (also, with a warning, when this implementation cannot run the config's encoder).
     """
     target = resolve_dtype(dtype)
-    family = family_of(config)
+    family = family_modules(config)
     tensors = {n: t for n, t in tensors.items() if n not in IGNORED_TENSORS}
     config, tensors = _with_statistics(config, tensors)
     graphdef, expected = _parameters(family.decoder, config, target)
@@ -424,13 +284,12 @@ def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32", *,
     see ``kept_random_vae``), so that a later start reads them instead of drawing them again
     (the real Wan 2.1's take about 10 s to draw on 2 cores).
     """
-    if name not in MODEL_NAMES:
-        raise ValueError(f"no embedded model {name!r}; expected one of {sorted(MODEL_NAMES)}")
+    model = embedded_model(name)
+    config = model.config()
     log.warning("using the embedded %s VAE with RANDOM weights (seed %d): it decodes noise, not %s",
-                name, DEFAULT_SEED, "images" if MODEL_NAMES[name]().is_image else "video")
-    config = MODEL_NAMES[name]()
+                name, DEFAULT_SEED, "images" if config.is_image else "video")
     metadata = {"name": name,
-                "source": f"embedded default ({MODEL_TITLES[name]} architecture, random weights, seed {DEFAULT_SEED})"}
+                "source": f"embedded default ({model.title} architecture, random weights, seed {DEFAULT_SEED})"}
     if weights_cache is None:
         return init_vae(config, seed=DEFAULT_SEED, dtype=dtype, metadata=metadata)
     folder = Path(weights_cache) / f"{name}-random-weights-seed{DEFAULT_SEED}"
@@ -479,11 +338,10 @@ def _checkpoint_config(config_file: Path, read_names: Callable[[], Iterable[str]
     names are read only when the config alone does not decide."""
     if config_file.is_file():
         raw = json.loads(config_file.read_text(encoding="utf-8"))
-        if raw.get("_class_name", WanVAEConfig.class_name) in CONFIG_CLASSES:
+        if known_class_name(raw.get("_class_name", default_config().class_name)):
             return config_from_dict(raw)
         names = list(read_names())
-        if not (_is_original_naming(names) or _is_original_hunyuan15_naming(names) or _is_original_ltx_naming(names)
-                or _ldm_prefix(names) is not None):
+        if not is_release_naming(names):
             return config_from_dict(raw)  # its own error names the class it expected
         log.warning("%s is no diffusers VAE config (_class_name %r): using the release its tensor names belong to",
                     config_file, raw.get("_class_name"))
@@ -568,11 +426,11 @@ def iter_diffusers_tensors(vae: VAE) -> Iterator[tuple[str, np.ndarray]]:
     for state in (vae.state, vae.encoder_state):
         for path, var in nnx.to_flat_state(state) if state is not None else ():
             yield keys.diffusers_key(path), keys.to_torch(var, np.asarray(var[...], np.float32))
-    if hasattr(vae.config, "with_statistics"):
+    if names := getattr(vae.config, "statistics_tensors", ()):
         statistics = getattr(vae.config, "statistics", None)
         z = vae.config.z_dim
         mean, std = statistics if statistics else ((0.0,) * z, (1.0,) * z)
-        yield from zip(STATISTICS_TENSORS, (np.asarray(mean, np.float32), np.asarray(std, np.float32)), strict=True)
+        yield from zip(names, (np.asarray(mean, np.float32), np.asarray(std, np.float32)), strict=True)
 
 
 def save_vae(vae: VAE, out_dir: str | Path) -> Path:
@@ -584,7 +442,7 @@ def save_vae(vae: VAE, out_dir: str | Path) -> Path:
 def convert_checkpoint(in_path: str | Path, out_dir: str | Path, *, config: VAEConfig | None = None) -> Path:
     """Turn an original release's checkpoint — Wan's ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth``,
     HunyuanVideo's ``vae/pytorch_model.pt``, HunyuanVideo 1.5's ``vae/diffusion_pytorch_model.safetensors``,
-    Lightricks' LTX-Video / LTX-2 single files (``ltx_release_config``), an SD/SDXL/Flux checkpoint in
+    Lightricks' LTX-Video / LTX-2 single files, an SD/SDXL/Flux checkpoint in
     latent diffusion's names — into a diffusers folder that loads without torch (``config``: default,
     the real config of the release the names belong to).
 
@@ -594,8 +452,7 @@ def convert_checkpoint(in_path: str | Path, out_dir: str | Path, *, config: VAEC
     in_path = Path(in_path)
     tensors = _read_pth(in_path) if in_path.suffix in PYTORCH_SUFFIXES else _read_safetensors([in_path])
     names = list(tensors)
-    if not (_is_original_naming(names) or _is_original_hunyuan15_naming(names) or _without_vae_prefix(names)
-            or _is_original_ltx_naming(names) or _ldm_prefix(names) is not None or in_path.suffix in PYTORCH_SUFFIXES):
+    if not (is_release_naming(names) or any(n.startswith("vae.") for n in names) or in_path.suffix in PYTORCH_SUFFIXES):
         raise ValueError(f"{in_path} does not look like an original release's VAE state dict (no Wan "
                          "decoder.middle.*, HunyuanVideo 1.5 or latent diffusion decoder.mid.*, LTX vae.*.res_blocks.* "
                          "or vae.* keys; nor a PyTorch file)")

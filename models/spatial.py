@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .estimate import QUERY_CHUNK
+
 Edge = Literal["zero", "replicate", "reflect"]
 EDGES: tuple[Edge, ...] = ("zero", "replicate", "reflect")
 
@@ -143,7 +145,7 @@ def dot_product_attention(
     key_valid: jax.Array | None = None,
     query_frames: jax.Array | None = None,
     key_frames: jax.Array | None = None,
-    query_chunk: int = 4096,
+    query_chunk: int = QUERY_CHUNK,
     key_chunk: int = KEY_CHUNK,
 ) -> jax.Array:
     """Softmax attention, one head, scale ``C**-0.5``, scores in float32.
@@ -283,7 +285,7 @@ class SingleDeviceContext:
     exchanges_halos = False
 
     def __init__(self, *, native_conv: bool = False, rounded_conv_sums: bool = False, onednn_conv: bool = False,
-                 query_chunk: int = 4096):
+                 query_chunk: int = QUERY_CHUNK):
         self.native_conv, self.rounded_conv_sums, self.onednn_conv = native_conv, rounded_conv_sums, onednn_conv
         self.query_chunk = query_chunk
 

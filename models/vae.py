@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .config import ConfigError, VAEConfig, WanVAEConfig
+from .conditions import DecodeConditions
+from .config import ConfigError, VAEConfig
 from .conv import CPU_CONVS, ConvPath, compiler_options_for, conv_path_for
 from .decode import (
     check_framewise,
@@ -24,11 +25,11 @@ from .decode import (
     stream_frames,
     stream_steps,
 )
-from .decoder import check_inner_frames, inner_frames_option
 from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
-from .families import family_of
-from .ltx import DecodeConditions
+from .family_modules import family_modules
+from .frame_groups import check_inner_frames, inner_frames_option
 from .programs import ProgramCache, program_key
+from .registry import default_config
 from .shapes import (
     NoEncoderError,
     Output,
@@ -60,7 +61,7 @@ class VAE:
     compiled ahead of time once per (shape, options, target) and kept in ``programs``, the model's
     one program cache (the sharded programs use it too). The decoder's weights are
     ``graphdef``/``state``, the encoder's ``encoder_graphdef``/``encoder_state`` (None for a
-    decode-only checkpoint); the modules are the config's family's (``models.families``).
+    decode-only checkpoint); the modules are the config's family's (``models.family_modules``).
     """
 
     def __init__(self, config: VAEConfig, model: nnx.Module, *, dtype: str, metadata: dict[str, Any],
@@ -112,7 +113,7 @@ class VAE:
     def steps(self) -> bool:
         """Whether the decoder streams step by step with caches (Wan, HunyuanVideo 1.5, LTX); else
         it decodes the whole clip at once (HunyuanVideo 1.0)."""
-        return bool(family_of(self.config).decoder.causal)
+        return bool(family_modules(self.config).decoder.causal)
 
     def conditions(self, batch: int, *, timestep: float | None = None, noise_scale: float | None = None,
                    seed: int | None = None) -> DecodeConditions | None:
@@ -130,7 +131,7 @@ class VAE:
         """``{"clip_frames": T}`` for a model whose stream steps depend on the clip's length (the first
         step sizes a cache by it: HunyuanVideo 1.5's mid-block keys and values), else ``{}``: a
         program-key option, and the step program's argument."""
-        return {"clip_frames": latent_frames} if family_of(self.config).decoder.needs_clip_frames else {}
+        return {"clip_frames": latent_frames} if family_modules(self.config).decoder.needs_clip_frames else {}
 
     # -- the weights, placed and abstract -------------------------------------------------------
     def placed_state(self, sharding: jax.sharding.Sharding):
@@ -368,8 +369,8 @@ def init_vae(config: VAEConfig | None = None, *, seed: int = 0, dtype: str = "fl
     """A VAE with deterministic seeded random weights (it decodes noise: for tests and demos);
     ``encoder=False`` leaves out the encoder, as a decode-only checkpoint does (so does a config
     whose encoder is not implemented, saying why in ``metadata["no_encoder_reason"]``)."""
-    config = config or WanVAEConfig()
-    family = family_of(config)
+    config = config or default_config()
+    family = family_modules(config)
     rng = np.random.default_rng(seed)
     model = seeded_module(family.decoder, config, rng, resolve_dtype(dtype))
     meta = {"source": f"random weights (seed {seed})", "random_weights": True}
@@ -387,8 +388,8 @@ def abstract_vae(config: VAEConfig | None = None, *, dtype: str = "float32", enc
     """A decoder (and with ``encoder``, its encoder) with shapes and dtypes but no weights
     (``nnx.eval_shape``): enough to compile its programs and read their memory, at no cost of
     initialising the weights. It cannot decode or encode."""
-    config = config or WanVAEConfig()
-    family = family_of(config)
+    config = config or default_config()
+    family = family_modules(config)
     model = abstract_module(family.decoder, config, resolve_dtype(dtype))
     encoder_model = abstract_module(family.encoder, config, resolve_dtype(dtype)) if encoder else None
     return VAE(config, model, dtype=dtype, metadata={"source": "abstract (shapes only, no weights)",

@@ -34,6 +34,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from vaeserve.models.decode import full_program, resolve_chunk
 from vaeserve.models.encode import posterior_options, resolve_encode_chunk
+from vaeserve.models.estimate import QUERY_CHUNK
 from vaeserve.models.shapes import Output, check_output
 from vaeserve.models.spatial import (
     Edge,
@@ -123,7 +124,7 @@ CONTROLS: dict[str, ContextType] = {"none": NoHaloContext, "cyclic": CyclicHaloC
 
 
 def decode_with(control: str, vae: VAE, latents, mesh: Mesh, *, output: Output = "float",
-                split: Split | None = None, query_chunk: int = 4096, **conditions) -> jax.Array:
+                split: Split | None = None, query_chunk: int = QUERY_CHUNK, **conditions) -> jax.Array:
     """``sharded_decode(vae, latents, mesh, output=, split=, **conditions)`` with the control
     ``control`` (a key of ``CONTROLS``) in place of the band context (compiled for this call, not
     cached); ``conditions``: an LTX decoder's ``timestep``, ``noise_scale``, ``seed``."""
@@ -139,7 +140,7 @@ def decode_with(control: str, vae: VAE, latents, mesh: Mesh, *, output: Output =
 
 
 def encode_with(control: str, vae: VAE, frames, mesh: Mesh, *, split: Split | None = None,
-                query_chunk: int = 4096) -> jax.Array:
+                query_chunk: int = QUERY_CHUNK) -> jax.Array:
     """``sharded_encode(vae, frames, mesh, split=)`` (posterior mean) with the control ``control`` (a
     key of ``CONTROLS``) in place of the band context (compiled for this call, not cached)."""
     shape = tuple(np.shape(frames))
@@ -159,7 +160,7 @@ def decode_cropped_on_devices(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, o
     output = check_output(output)
     layout = decode_layout(vae, tuple(shape), mesh, split)
     run = _full(vae, mesh, layout, denormalize=False, output=output, chunk=resolve_chunk(None), inner_frames=None,
-                query_chunk=4096, rank=len(shape))
+                query_chunk=QUERY_CHUNK, rank=len(shape))
 
     def cropped(state, latents):
         frames, counts = run(state, latents)

@@ -24,6 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from vaeserve.models.conditions import DecodeConditions
 from vaeserve.models.decode import (
     check_framewise,
     full_program,
@@ -33,8 +34,8 @@ from vaeserve.models.decode import (
     stream_frames,
     stream_steps,
 )
-from vaeserve.models.decoder import check_inner_frames, inner_frames_option
-from vaeserve.models.ltx import DecodeConditions
+from vaeserve.models.estimate import QUERY_CHUNK
+from vaeserve.models.frame_groups import check_inner_frames, inner_frames_option
 from vaeserve.models.programs import program_key
 from vaeserve.models.shapes import Output, check_latents_shape, check_output, is_image_shape, time_axis
 from vaeserve.models.vae import DTYPES, VAE, split_stream
@@ -264,7 +265,7 @@ def _state_aval(vae: VAE, mesh: Mesh):
 
 def compile_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "float",
                    denormalize: bool = False, split: Split | None = None, chunk: int | None = None,
-                   inner_frames: int | None = None, query_chunk: int = 4096,
+                   inner_frames: int | None = None, query_chunk: int = QUERY_CHUNK,
                    framewise: bool = False) -> jax.stages.Compiled:
     """The compiled sharded decode of NCTHW latents of ``shape`` on ``mesh`` (see ``sharded_decode``).
 
@@ -362,7 +363,7 @@ def _stream_programs(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormaliz
 
 def compile_decode_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool = False,
                           split: Split | None = None, chunk: int | None = None, inner_frames: int | None = None,
-                          query_chunk: int = 4096, framewise: bool = False,
+                          query_chunk: int = QUERY_CHUNK, framewise: bool = False,
                           output: Output = "uint8") -> tuple[jax.stages.Compiled, ...]:
     """Every compiled program a ``sharded_decode_stream`` of latents ``shape`` runs (first step, later
     steps, a shorter last step), compiled now and cached in ``vae.programs`` (for a model that is not
@@ -389,7 +390,7 @@ def sharded_decode(
     split: Split | None = None,
     chunk: int | None = None,
     inner_frames: int | None = None,
-    query_chunk: int = 4096,
+    query_chunk: int = QUERY_CHUNK,
     framewise: bool = False,
     timestep: float | None = None,
     noise_scale: float | None = None,
@@ -449,7 +450,7 @@ def sharded_decode_stream(
     split: Split | None = None,
     chunk: int | None = None,
     inner_frames: int | None = None,
-    query_chunk: int = 4096,
+    query_chunk: int = QUERY_CHUNK,
     framewise: bool = False,
     timestep: float | None = None,
     noise_scale: float | None = None,

@@ -30,6 +30,7 @@ from vaeserve.models.encode import (
     posterior_options,
     resolve_encode_chunk,
 )
+from vaeserve.models.estimate import QUERY_CHUNK
 from vaeserve.models.programs import program_key
 from vaeserve.models.shapes import check_frames_shape
 from vaeserve.models.vae import DTYPES, VAE
@@ -114,7 +115,7 @@ def encode_avals(vae: VAE, shape: tuple[int, ...], mesh: Mesh, layout: BandLayou
 
 
 def compile_encode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split | None = None,
-                   chunk: int | None = None, query_chunk: int = 4096) -> jax.stages.Compiled:
+                   chunk: int | None = None, query_chunk: int = QUERY_CHUNK) -> jax.stages.Compiled:
     """The compiled sharded encode of NCTHW frames of ``shape`` on ``mesh`` (see ``sharded_encode``).
 
     Compiled ahead of time from abstract weights and frames (``mesh`` may hold abstract devices)
@@ -149,7 +150,7 @@ def sharded_encode(
     options: PosteriorOptions | None = None,
     split: Split | None = None,
     chunk: int | None = None,
-    query_chunk: int = 4096,
+    query_chunk: int = QUERY_CHUNK,
 ) -> jax.Array:
     """Encode frames ``(B, 3, F, H, W)`` on ``mesh``; the same latents as ``vae.encode``.
 

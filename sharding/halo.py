@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from vaeserve.models.estimate import QUERY_CHUNK
 from vaeserve.models.spatial import (
     Edge,
     attend_frames_local,
@@ -83,7 +84,7 @@ class BandContext:
       onednn_conv: oneDNN's convolutions on CPU (see ``SpatialContext``).
     """
 
-    def __init__(self, layout: BandLayout, *, axis_name: str = TP_AXIS, query_chunk: int = 4096,
+    def __init__(self, layout: BandLayout, *, axis_name: str = TP_AXIS, query_chunk: int = QUERY_CHUNK,
                  native_conv: bool = False, rounded_conv_sums: bool = False, onednn_conv: bool = False):
         self.layout, self.axis_name, self.query_chunk = layout, axis_name, query_chunk
         self.native_conv, self.rounded_conv_sums, self.onednn_conv = native_conv, rounded_conv_sums, onednn_conv

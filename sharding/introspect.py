@@ -14,7 +14,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vaeserve.models.decode import decode_step, resolve_chunk
-from vaeserve.models.families import DecoderModule
+from vaeserve.models.family_modules import DecoderModule
 from vaeserve.models.shapes import clip_shape
 from vaeserve.models.vae import DTYPES, VAE
 

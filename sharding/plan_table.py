@@ -40,8 +40,6 @@ ROW_SETTINGS = {"batch": 1, "dp": 1, "output": "uint8", "inner_frames": None}
 COMPILER_PACKAGES = {"tpu": "libtpu", "gpu": "jax-cuda13-plugin"}
 # Where the decode program's code starts: the module that builds the program.
 PROGRAM_BUILDER = "sharding/decode.py"
-# The registry that imports every family's modules: only the decoding family's are followed from it.
-FAMILY_REGISTRY = "models/families.py"
 PACKAGE = "vaeserve"
 FIRST_PARTY = ("models", "sharding")  # the subpackages whose code becomes programs
 
@@ -86,42 +84,42 @@ def _normalized(source: str) -> str:
     return ast.dump(tree, include_attributes=False)
 
 
-def other_families_modules(family: str) -> frozenset[str]:
-    """Module files of other families' layers and of the encoders, as the family registry imports
-    them (a module the decoding family's code imports itself is still followed)."""
-    from vaeserve.models.families import FAMILIES
+def family_module_files(family: str) -> list[str]:
+    """The module files of the decoders of configs whose ``family`` is ``family`` (the registry names
+    them by dotted path, so the imports do not lead there)."""
+    from vaeserve.models.registry import FAMILIES
 
-    def path(cls: Any) -> str:
-        return Path(inspect.getfile(cls)).resolve().relative_to(PACKAGE_ROOT).as_posix()
-
-    ours = {path(FAMILIES[family].decoder)}
-    return frozenset({path(f.decoder) for f in FAMILIES.values()} | {path(f.encoder) for f in FAMILIES.values()}) - ours
+    files = []
+    for descriptor in FAMILIES:
+        for cls in descriptor.configs:
+            if cls.family == family:
+                decoder = descriptor.load(descriptor.modules[cls.class_name].decoder)
+                files.append(Path(inspect.getfile(decoder)).resolve().relative_to(PACKAGE_ROOT).as_posix())
+    return files
 
 
 def code_fingerprint(family: str, read: Callable[[str], str | None] | None = None) -> str:
     """A fingerprint of the code that becomes ``family``'s decode program: 12 hex digits of the
-    SHA-256 of every module ``sharding/decode.py`` imports, transitively, within ``models`` and
-    ``sharding`` — not following the family registry to other families' layers or the encoders —
-    each without its comments, formatting and docstrings. Coarse on purpose: a change it sees may
-    leave the program as it was, but a change to the program's code is never missed. ``read(path)``
-    gives a file's text (None: no such file); by default this checkout's (a git revision's, to stamp
-    rows compiled before)."""
+    SHA-256 of every module ``sharding/decode.py`` and the family's decoder module import,
+    transitively, within ``models`` and ``sharding``, each without its comments, formatting and
+    docstrings. Coarse on purpose: a change it sees may leave the program as it was, but a change to
+    the program's code is never missed. ``read(path)`` gives a file's text (None: no such file); by
+    default this checkout's (a git revision's, to stamp rows compiled before)."""
     read = read or _read_checkout
-    excluded = other_families_modules(family)
     seen: dict[str, str] = {}
-    todo = [(PROGRAM_BUILDER, "")]  # (module, the module that imports it)
+    todo = [PROGRAM_BUILDER, *family_module_files(family)]
     while todo:
-        path, parent = todo.pop()
-        if path in seen or (parent == FAMILY_REGISTRY and path in excluded):
+        path = todo.pop()
+        if path in seen:
             continue
         source = read(path)
         if source is None:  # a name imported from a module, or a package (its __init__)
             init = path.removesuffix(".py") + "/__init__.py"
             if init != path and init not in seen and read(init) is not None:
-                todo.append((init, parent))
+                todo.append(init)
             continue
         seen[path] = _normalized(source)
-        todo.extend((module, path) for module in imported_modules(path, source))
+        todo.extend(imported_modules(path, source))
     digest = hashlib.sha256()
     for path in sorted(seen):
         digest.update(f"{path}\n{seen[path]}\n".encode())

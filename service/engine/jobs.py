@@ -22,13 +22,13 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from vaeserve.models.conditions import SEED_RANGE
 from vaeserve.models.shapes import Output, time_axis
 
 from .errors import EngineError
 
 Operation = Literal["decode", "encode"]
 STREAM_END = object()  # stream sentinel: no more chunks
-SEED_RANGE = 2**32  # models.encode's: jax.random.PRNGKey keeps 32 bits of a seed (that module imports JAX)
 
 
 class EncodeOptions(NamedTuple):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vaeserve.models.memory import Estimate, Estimator
+from vaeserve.models.estimate import Estimate, Estimator
 from vaeserve.models.shapes import Output, clip_shape, shape_text
 
 from ..limits import Limits

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vaeserve.models.memory import Convs
+from vaeserve.models.estimate import Convs
 from vaeserve.models.shapes import Output, shape_text
 
 from ..limits import Limits

@@ -18,8 +18,8 @@ import jax
 import numpy as np
 
 from vaeserve import sharding
+from vaeserve.models.conditions import DecodeConditions
 from vaeserve.models.encode import PosteriorOptions, posterior_options
-from vaeserve.models.ltx import DecodeConditions
 from vaeserve.models.programs import ProgramKey
 from vaeserve.models.shapes import Output, shape_text
 from vaeserve.sharding.decode import Decoded, band_total, put_conditions, to_host_cropped

@@ -20,7 +20,7 @@ import numpy as np
 from vaeserve import models, sharding
 from vaeserve.models.conv import convs_for
 from vaeserve.models.decode import has_framewise
-from vaeserve.models.memory import Convs, estimator
+from vaeserve.models.estimate import Convs, estimator
 from vaeserve.models.programs import ProgramKey
 from vaeserve.models.shapes import shape_text
 from vaeserve.sharding.chips import platforms_without_absent_tpu

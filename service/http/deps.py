@@ -9,12 +9,11 @@ from typing import Annotated
 import numpy as np
 from fastapi import Depends, Header, Query, Request
 
-from vaeserve.models.ltx_config import TIMESTEP_RANGE
+from vaeserve.models.conditions import SEED_RANGE, TIMESTEP_RANGE
 
 from ..codecs.frames import check_frame_dims, check_frames_content_type
 from ..codecs.latents import check_latent_dims, check_latents_content_type
 from ..codecs.tensors import TENSOR_CONTENT_TYPES, media_type, parse_shape
-from ..engine.jobs import SEED_RANGE
 from ..problem import Problem
 from ..settings import Settings
 from .schemas import DecodeParams, EncodeOutputType, EncodeParams, ImageFormat, OutputType
@@ -97,7 +96,7 @@ TimeoutQuery = Annotated[float | None, Query(gt=0, allow_inf_nan=False, descript
                                              "max_request_timeout_s")]
 
 
-# An LTX decoder's conditions (``models.decode.decode_conditions``), each checked here for range;
+# A decoder's conditions (``models.conditions``), each checked here for range;
 # whether the model takes them is checked once it is known (``service.http.inputs.decode_options``).
 TimestepQuery = Annotated[float | None, Query(ge=TIMESTEP_RANGE[0], le=TIMESTEP_RANGE[1], allow_inf_nan=False,
                                                description="timestep-conditioned decoders (LTX-Video 0.9.1+, "

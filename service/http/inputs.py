@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vaeserve.models.ltx_config import refused_conditions
+from vaeserve.models.conditions import refused_conditions
 from vaeserve.models.shapes import clip_shape
 
 from ..codecs.frames import FramesHeader, frames_header

@@ -18,7 +18,7 @@ from flax import nnx
 
 from vaeserve import models
 from vaeserve.models import keys
-from vaeserve.models.families import family_of
+from vaeserve.models.family_modules import family_modules as family_of
 
 # Small configs that run in about a second on CPU. 1.0: GroupNorm(4) over 8 and 16 channels.
 # 1.5: every up/down block's shortcut repeats or averages more than one channel (64 channels at

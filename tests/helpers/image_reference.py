@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from vaeserve import models
-from vaeserve.models.image_config import KL_BLOCKS
+from vaeserve.models.families.kl.config import KL_BLOCKS
 
 # A few channels each; every class's own options in play: SD's quant convs, Flux.1's absence of
 # them and its shift factor (two resnets per block), Flux.2's decoder widths of its own, Qwen-Image

@@ -18,7 +18,7 @@ from flax import nnx
 
 from vaeserve import models
 from vaeserve.models import keys
-from vaeserve.models.families import family_of
+from vaeserve.models.family_modules import family_modules as family_of
 
 # Four variants, small enough to compile in seconds: 8 latent channels, patch 1 or 2 (8x or 16x),
 # one resnet per block. ``lookahead`` is 10 (0.9.0), 7 (0.9.5, LTX-2.3) and 0 (the causal LTX-2).

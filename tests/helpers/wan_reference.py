@@ -17,8 +17,8 @@ from flax import nnx
 
 from vaeserve import models
 from vaeserve.models import keys
-from vaeserve.models.decoder import WanDecoder
-from vaeserve.models.encoder import WanEncoder
+from vaeserve.models.families.wan.decoder import WanDecoder
+from vaeserve.models.families.wan.encoder import WanEncoder
 from vaeserve.models.loading import WEIGHTS_NAME
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -25,7 +25,8 @@ from tests.helpers.wan_reference import (
 )
 from vaeserve import models
 from vaeserve.models.decode import step_program
-from vaeserve.models.decoder import STREAM_MIN_FRAME_BYTES, check_inner_frames, scan_frame_groups, stream_group
+from vaeserve.models.estimate import STREAM_MIN_FRAME_BYTES
+from vaeserve.models.frame_groups import check_inner_frames, scan_frame_groups, stream_group
 from vaeserve.models.layers import CausalConv3d
 from vaeserve.models.spatial import SingleDeviceContext
 

@@ -85,8 +85,8 @@ def test_abstract_module_is_the_module_without_values(config):
     import jax.numpy as jnp
     from flax import nnx
 
-    from vaeserve.models.decoder import WanDecoder
-    from vaeserve.models.encoder import WanEncoder
+    from vaeserve.models.families.wan.decoder import WanDecoder
+    from vaeserve.models.families.wan.encoder import WanEncoder
     from vaeserve.models.vae import abstract_module
 
     def layout(module):

@@ -15,6 +15,7 @@ from tests.helpers.wan_reference import (
 )
 from vaeserve import models
 from vaeserve.models import keys
+from vaeserve.models.families.wan import weights as wan_weights
 from vaeserve.models.loading import WEIGHTS_NAME
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
@@ -165,13 +166,13 @@ def test_original_key_mapping_agrees_with_diffusers_converter():
     with torch.device("meta"):
         reference = diffusers.AutoencoderKLWan()
     names = list(reference.state_dict())
-    original = {keys.diffusers_to_original(n, 2): n for n in names}
+    original = {wan_weights.diffusers_to_original(n, 2): n for n in names}
     assert len(original) == len(names)
     converted = convert_wan_vae_to_diffusers({old: old for old in original})  # value: the original name
     assert sorted(converted) == sorted(names)
     for new, old in converted.items():
-        assert keys.diffusers_to_original(new, 2) == old
-        assert keys.original_to_diffusers(old, 2) == new
+        assert wan_weights.diffusers_to_original(new, 2) == old
+        assert wan_weights.original_to_diffusers(old, 2) == new
     assert "decoder.upsamples.4.shortcut.weight" in original and "decoder.middle.1.to_qkv.weight" in original
 
 
@@ -179,7 +180,7 @@ def _write_original_pth(path, weights, num_res_blocks):
     """The original release's names for the decoder and (seeded) encoder, as ``torch.save`` writes them."""
     torch = pytest.importorskip("torch")
     everything = {**weights, **seeded_encoder_weights(CONFIG, 5)}
-    state = {keys.diffusers_to_original(k, num_res_blocks): torch.from_numpy(v) for k, v in everything.items()}
+    state = {wan_weights.diffusers_to_original(k, num_res_blocks): torch.from_numpy(v) for k, v in everything.items()}
     assert "encoder.downsamples.1.resample.1.weight" in state and "conv1.weight" in state
     torch.save(state, path)
     return state
@@ -210,7 +211,7 @@ def test_converted_real_config_loads_in_diffusers(tmp_path):
     torch = pytest.importorskip("torch")
     diffusers = pytest.importorskip("diffusers")
     source = diffusers.AutoencoderKLWan(base_dim=8, num_res_blocks=2).eval()
-    state = {keys.diffusers_to_original(k, 2): v for k, v in source.state_dict().items()}
+    state = {wan_weights.diffusers_to_original(k, 2): v for k, v in source.state_dict().items()}
     torch.save(state, tmp_path / "Wan2.1_VAE.pth")
     config = models.WanVAEConfig(base_dim=8, num_res_blocks=2)
     out = models.convert_checkpoint(tmp_path / "Wan2.1_VAE.pth", tmp_path / "out", config=config)

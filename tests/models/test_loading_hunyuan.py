@@ -13,7 +13,7 @@ from safetensors.numpy import save_file
 from tests.helpers.hunyuan_reference import CASES, seeded_weights
 from tests.helpers.wan_reference import write_diffusers_folder
 from vaeserve import models
-from vaeserve.models import keys
+from vaeserve.models.families.hunyuan15 import weights as hy15_weights
 from vaeserve.models.loading import WEIGHTS_NAME, config_for_names
 
 
@@ -52,7 +52,7 @@ def test_original_hunyuan15_names_with_its_own_config(tmp_path, reference):
     """tencent/HunyuanVideo-1.5's ``vae/``: ``decoder.up.{i}.block.{j}`` names and a config.json that
     is no diffusers config: the names decide, and the tensors load renamed."""
     config = CASES["hy15_tiny"][0]
-    original = {keys.hunyuan15_diffusers_to_original(n): t for n, t in _weights("hy15_tiny").items()}
+    original = {hy15_weights.hunyuan15_diffusers_to_original(n): t for n, t in _weights("hy15_tiny").items()}
     assert "decoder.up.0.upsample.conv.conv.weight" in original and "decoder.mid.attn_1.q.weight" in original
     folder = tmp_path / "vae"
     folder.mkdir()

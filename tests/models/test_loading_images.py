@@ -16,6 +16,8 @@ from tests.helpers.image_reference import CASES
 from tests.helpers.wan_reference import write_diffusers_folder
 from vaeserve import models
 from vaeserve.models import keys
+from vaeserve.models.families.kl import weights as kl_weights
+from vaeserve.models.families.wan import weights as wan_weights
 from vaeserve.models.loading import MODEL_NAMES, config_for_names
 
 
@@ -41,7 +43,7 @@ def _ldm(weights: dict[str, np.ndarray], blocks: int, prefix: str = "") -> dict[
     """Weights in latent diffusion's names, the attention's linear layers as 1x1 convs."""
     out = {}
     for name, tensor in weights.items():
-        ldm = prefix + keys.diffusers_to_ldm(name, blocks)
+        ldm = prefix + kl_weights.diffusers_to_ldm(name, blocks)
         out[ldm] = tensor[:, :, None, None] if ".mid.attn_1." in ldm and ldm.endswith(("q.weight", "k.weight",
                                                                                           "v.weight", "out.weight")) \
             else tensor
@@ -99,7 +101,7 @@ def test_qwen_image_in_wan_original_names_with_its_config(tmp_path, reference):
     """Qwen-Image's weights in the original Wan release's names (ComfyUI's file): with Qwen-Image's
     config.json beside them they load as Qwen-Image."""
     config = CASES["qwen_tiny"][0]
-    original = {keys.diffusers_to_original(n, config.num_res_blocks): t for n, t in _weights("qwen_tiny").items()}
+    original = {wan_weights.diffusers_to_original(n, config.num_res_blocks): t for n, t in _weights("qwen_tiny").items()}
     assert "decoder.middle.1.norm.gamma" in original
     save_file(original, str(tmp_path / "qwen_image_vae.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
@@ -133,7 +135,7 @@ def test_embedded_names_are_the_real_architectures(name):
     diffusers = pytest.importorskip("diffusers")
     from flax import nnx
 
-    from vaeserve.models.families import family_of
+    from vaeserve.models.family_modules import family_modules as family_of
     from vaeserve.models.vae import abstract_module
 
     with torch.device("meta"):

@@ -16,13 +16,13 @@ from tests.helpers.ltx_reference import CASES, seeded_weights
 from tests.helpers.wan_reference import write_diffusers_folder
 from vaeserve import models
 from vaeserve.models import keys
-from vaeserve.models.families import family_of
+from vaeserve.models.families.ltx import weights as ltx_weights
+from vaeserve.models.family_modules import family_modules as family_of
 from vaeserve.models.loading import (
     MODEL_NAMES,
     WeightsError,
     config_for_names,
     iter_diffusers_tensors,
-    ltx_release_config,
 )
 from vaeserve.models.vae import abstract_module
 
@@ -58,9 +58,9 @@ def _names(config) -> list[str]:
 def _original(config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Diffusers-named weights in Lightricks' names, as a single file holds them (with the
     statistics diffusers drops, and tensors of other models)."""
-    prefixes = keys.ltx_block_prefixes(config.decoder_plan(), config.encoder_plan())
+    prefixes = ltx_weights.ltx_block_prefixes(config.decoder_plan(), config.encoder_plan())
     wrapped = config.decoder_plan().conv_shortcut_wrapped
-    original = {keys.ltx_diffusers_to_original(n, prefixes, wrapped_shortcut=wrapped): t for n, t in weights.items()}
+    original = {ltx_weights.ltx_diffusers_to_original(n, prefixes, wrapped_shortcut=wrapped): t for n, t in weights.items()}
     z = config.z_dim
     original.update({"vae.per_channel_statistics.channel": np.arange(z, dtype=np.float32),
                      "vae.per_channel_statistics.mean-of-stds": np.ones(z, np.float32),
@@ -120,12 +120,12 @@ def test_each_release_is_known_by_its_names(release):
     their release; so are bare diffusers-named files (no config.json beside them)."""
     config = REAL[release]
     names = _names(config)
-    prefixes = keys.ltx_block_prefixes(config.decoder_plan(), config.encoder_plan())
+    prefixes = ltx_weights.ltx_block_prefixes(config.decoder_plan(), config.encoder_plan())
     wrapped = config.decoder_plan().conv_shortcut_wrapped
-    original = [keys.ltx_diffusers_to_original(n, prefixes, wrapped_shortcut=wrapped) for n in names]
-    assert ltx_release_config(original) == config and config_for_names(original) == config
+    original = [ltx_weights.ltx_diffusers_to_original(n, prefixes, wrapped_shortcut=wrapped) for n in names]
+    assert ltx_weights.release_naming_config(original) == config and config_for_names(original) == config
     assert config_for_names([*names, "latents_mean", "latents_std"]) == config
-    assert [keys.ltx_original_to_diffusers(n[4:], prefixes, wrapped_shortcut=wrapped) for n in original] == names
+    assert [ltx_weights.ltx_original_to_diffusers(n[4:], prefixes, wrapped_shortcut=wrapped) for n in original] == names
 
 
 @pytest.mark.skipif(not has_diffusers, reason="needs diffusers")
@@ -136,9 +136,9 @@ def test_lightricks_names_match_diffusers_converter(release):
 
     config = REAL[release]
     names = [*_names(config), "latents_mean", "latents_std"]
-    prefixes = keys.ltx_block_prefixes(config.decoder_plan(), config.encoder_plan())
+    prefixes = ltx_weights.ltx_block_prefixes(config.decoder_plan(), config.encoder_plan())
     wrapped = config.decoder_plan().conv_shortcut_wrapped
-    checkpoint = {keys.ltx_diffusers_to_original(n, prefixes, wrapped_shortcut=wrapped): np.zeros((1, 1))
+    checkpoint = {ltx_weights.ltx_diffusers_to_original(n, prefixes, wrapped_shortcut=wrapped): np.zeros((1, 1))
                   for n in names}
     if isinstance(config, models.LTXVideoConfig):
         checkpoint["vae.encoder.conv_out.conv.weight"] = np.zeros((129, 2048 if release == "0.9.5" else 512))

@@ -9,9 +9,9 @@ from flax import nnx
 
 from tests.helpers.wan_reference import WAN22_SMALL, perturbed_diffusers_vae
 from vaeserve import models
-from vaeserve.models import keys
-from vaeserve.models.config import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
-from vaeserve.models.loading import embedded_vae, original_release_config
+from vaeserve.models.families.wan import weights as wan_weights
+from vaeserve.models.families.wan.config import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
+from vaeserve.models.loading import embedded_vae
 
 # The published vae/config.json of Wan-AI/Wan2.2-TI2V-5B-Diffusers, including ``clip_output``,
 # which diffusers' AutoencoderKLWan drops.
@@ -51,10 +51,10 @@ def test_published_config_is_the_real_wan22():
 
 def test_original_names_map_both_ways():
     for original, diffusers_name in ORIGINAL_22.items():
-        assert keys.original_to_diffusers(original, 2) == diffusers_name
-        assert keys.diffusers_to_original(diffusers_name, 2, residual=True) == original
-    assert original_release_config(ORIGINAL_22) == models.WanVAEConfig.wan22()
-    assert original_release_config(["decoder.upsamples.3.time_conv.weight"]) == models.WanVAEConfig()
+        assert wan_weights.original_to_diffusers(original, 2) == diffusers_name
+        assert wan_weights.diffusers_to_original(diffusers_name, 2, residual=True) == original
+    assert wan_weights.release_naming_config(ORIGINAL_22) == models.WanVAEConfig.wan22()
+    assert wan_weights.release_naming_config(["decoder.upsamples.3.time_conv.weight"]) == models.WanVAEConfig()
 
 
 def test_every_real_diffusers_name_round_trips():
@@ -66,9 +66,9 @@ def test_every_real_diffusers_name_round_trips():
         reference = diffusers.AutoencoderKLWan(**{k: v for k, v in PUBLISHED.items()
                                                   if not k.startswith("_") and k != "clip_output"})
     names = list(reference.state_dict())
-    original = {keys.diffusers_to_original(n, 2, residual=True): n for n in names}
+    original = {wan_weights.diffusers_to_original(n, 2, residual=True): n for n in names}
     assert len(original) == len(names) and set(ORIGINAL_22) <= set(original)
-    assert all(keys.original_to_diffusers(old, 2) == new for old, new in original.items())
+    assert all(wan_weights.original_to_diffusers(old, 2) == new for old, new in original.items())
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +101,8 @@ def test_original_pth_loads_and_converts_to_a_folder_diffusers_loads(tmp_path, r
                           if k.startswith(("encoder.", "quant_conv.")))
     assert from_folder.metadata["encoder_parameters"] == encoder_tensors > 0  # both halves loaded
     assert "encoder.downsamples.1.downsamples.1.resample.1.weight" in {  # R = 1: the downsampler is layer 1
-        keys.diffusers_to_original(k, 1, residual=True) for k in reference.state_dict()}
-    state = {keys.diffusers_to_original(k, 1, residual=True): v for k, v in reference.state_dict().items()}
+        wan_weights.diffusers_to_original(k, 1, residual=True) for k in reference.state_dict()}
+    state = {wan_weights.diffusers_to_original(k, 1, residual=True): v for k, v in reference.state_dict().items()}
     assert "decoder.upsamples.1.upsamples.2.time_conv.weight" in state  # R = 1: the upsampler is layer 2
     torch.save(state, tmp_path / "Wan2.2_VAE.pth")
     (tmp_path / "config.json").write_text(json.dumps(from_folder.config.to_dict()))

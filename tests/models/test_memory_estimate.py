@@ -22,7 +22,7 @@ from tests.helpers.image_reference import FLUX2_TINY, QWEN_TINY, SD_TINY
 from tests.helpers.ltx_reference import LTX095, LTX23
 from vaeserve import models, sharding
 from vaeserve.models.conv import convs_for
-from vaeserve.models.memory import estimator
+from vaeserve.models.estimate import estimator
 from vaeserve.sharding.fits import program_total_bytes
 from vaeserve.sharding.introspect import program_memory
 

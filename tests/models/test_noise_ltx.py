@@ -14,7 +14,7 @@ from tests.helpers.ltx_reference import LTX090, LTX095, LTX2_SHARD, seeded_weigh
 from tests.helpers.wan_reference import seeded_latents, write_diffusers_folder
 from vaeserve import models
 from vaeserve.models.decode import decode_conditions
-from vaeserve.models.ltx import INJECTED_NOISE, LATENT_NOISE, Resnet, Step
+from vaeserve.models.families.ltx.layers import INJECTED_NOISE, LATENT_NOISE, Resnet, Step
 from vaeserve.models.spatial import SingleDeviceContext, frame_normal
 
 SHAPE = (2, 8, 2, 3, 2)

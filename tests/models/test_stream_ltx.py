@@ -16,7 +16,7 @@ from tests.helpers.ltx_reference import CASES, LTX23, seeded_weights
 from tests.helpers.wan_reference import seeded_latents, write_diffusers_folder
 from vaeserve import models
 from vaeserve.models.decode import stream_frames, stream_steps
-from vaeserve.models.ltx import emitted
+from vaeserve.models.families.ltx.layers import emitted
 from vaeserve.sharding.introspect import program_memory
 
 TOLERANCE = 2e-5

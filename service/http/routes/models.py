@@ -6,9 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from vaeserve.models.ltx_config import TIMESTEP_RANGE, condition_defaults
+from vaeserve.models.conditions import SEED_RANGE, TIMESTEP_RANGE, condition_defaults
 
-from ...engine.jobs import SEED_RANGE
 from ...engine.model import ModelState
 from ..deps import ApiKeyDep, StateDep
 from ..schemas import (

@@ -14,7 +14,7 @@ import pytest
 import safetensors.numpy
 
 from tests.helpers.service_helpers import latents, problem_of
-from vaeserve.models.config import WanVAEConfig
+from vaeserve.models.families.wan.config import WanVAEConfig
 from vaeserve.service.codecs.latents import (
     check_latent_dims,
     check_limits,

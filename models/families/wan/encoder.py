@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .config import ConfigError, WanVAEConfig
-from .layers import (
+from vaeserve.models.config import ConfigError
+from vaeserve.models.layers import (
     AvgDown3D,
     CausalConv3d,
     ConvCache,
@@ -36,8 +36,10 @@ from .layers import (
     patchify,
     scoped,
 )
-from .shapes import FRAMES_PER_CHUNK
-from .spatial import SpatialContext
+from vaeserve.models.shapes import FRAMES_PER_CHUNK
+from vaeserve.models.spatial import SpatialContext
+
+from .config import WanVAEConfig
 
 
 class ResidualDownCache(NamedTuple):

@@ -21,10 +21,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from vaeserve.models.config import ConfigError
+from vaeserve.models.layers import PointwiseConv, ReplicateConv3d, ResidualBlock, ResidualCache, RMSNorm, scoped
+from vaeserve.models.shapes import FRAMES_PER_CHUNK
+from vaeserve.models.spatial import SpatialContext
+
 from .config import HunyuanVideo15Config
-from .layers import PointwiseConv, ReplicateConv3d, ResidualBlock, ResidualCache, RMSNorm, scoped
-from .shapes import FRAMES_PER_CHUNK
-from .spatial import SpatialContext
 
 
 # -- channel ↔ sub-position rearrangements (pure; local to a band of rows) -------------------------
@@ -338,3 +340,10 @@ class HunyuanVideo15Encoder(nnx.Module):
             raise ValueError(f"later encode steps take multiples of {FRAMES_PER_CHUNK} frames; got {x.shape[1]}")
         with jax.named_scope("encoder"):
             return self.encoder(x, caches, ctx, clip_frames=clip_frames)
+
+
+def check_encoder_config(config: HunyuanVideo15Config) -> None:
+    """Raise ``ConfigError`` for a config whose decoder runs but whose encoder does not."""
+    problems = config.encoder_problems()
+    if problems:
+        raise ConfigError("this HunyuanVideo 1.5 config's encoder cannot run: " + "; ".join(problems))

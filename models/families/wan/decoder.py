@@ -19,16 +19,14 @@ the whole step's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax import lax
 
-from .config import WanVAEConfig
-from .layers import (
+from vaeserve.models.frame_groups import scan_frame_groups, stream_group
+from vaeserve.models.layers import (
     CausalConv3d,
     ConvCache,
     DupUp3D,
@@ -42,71 +40,15 @@ from .layers import (
     scoped,
     unpatchify,
 )
-from .spatial import SpatialContext
+from vaeserve.models.spatial import SpatialContext
+
+from .config import WanVAEConfig
 
 # (conv_in, mid_block, *up_blocks, conv_out): what one decode step hands to the next.
 DecoderCache: TypeAlias = tuple[ConvCache | MidBlockCache | UpBlockCache, ...]
 # A block's caches while it runs: entry i belongs to its i-th layer, whose own signature types it
 # (None before latent frame 0). A variable-length tuple cannot say which entry has which type.
 LayerCaches: TypeAlias = tuple[Any, ...]
-
-# ``inner_frames=None`` streams one frame at a time once a full-resolution frame of the decoder's
-# last stage (per device, before conv_out) holds this many bytes; smaller frames keep the whole
-# step together: a step of them is a few MB anyway, and an inner loop would only add iterations.
-STREAM_MIN_FRAME_BYTES = 4 * 2**20
-
-
-def check_inner_frames(inner_frames: int | None) -> int | None:
-    """``None`` (automatic: see ``stream_group``) or an integer ≥ 1; anything else is refused."""
-    if inner_frames is not None and (not isinstance(inner_frames, int) or isinstance(inner_frames, bool)
-                                     or inner_frames < 1):
-        raise ValueError(f"inner_frames must be None (automatic) or an integer ≥ 1 frame; received {inner_frames!r}")
-    return inner_frames
-
-
-def inner_frames_option(inner_frames: int | None) -> dict[str, int]:
-    """``inner_frames`` as a program-key option: absent for the default (None), so the keys of
-    default programs (listed by the service) read as they did before the option existed."""
-    return {} if inner_frames is None else {"inner_frames": inner_frames}
-
-
-def stream_group(inner_frames: int | None, full_frame_bytes: int) -> int | None:
-    """Frames per inner step: ``inner_frames`` if given, else 1 for frames of at least
-    ``STREAM_MIN_FRAME_BYTES`` at full resolution, else None (no inner loop)."""
-    if inner_frames is not None:
-        return inner_frames
-    return 1 if full_frame_bytes >= STREAM_MIN_FRAME_BYTES else None
-
-
-Carry = Any  # a pytree of causal caches
-
-
-def scan_frame_groups(stage: Callable[[jax.Array, Carry], tuple[jax.Array, Carry]], x: jax.Array, carry: Carry,
-                      group: int) -> tuple[jax.Array, Carry]:
-    """Run a causal stage over ``x (B, T, ...)`` ``group`` frames at a time, carrying its caches.
-
-    ``stage(x_group, carry) → (y_group, carry)`` must map ``g`` input frames to ``r·g`` output
-    frames (``r`` fixed) and depend on earlier frames only through ``carry``; the result then equals
-    ``stage(x, carry)``. Whole groups run in a ``lax.scan`` (one group's activations alive at a time),
-    a shorter last group after it. ``group ≥ T`` is the stage itself, with no loop.
-    """
-    frames = x.shape[1]
-    if group >= frames:
-        return stage(x, carry)
-    count, remainder = divmod(frames, group)
-
-    def body(carry, index):
-        y, carry = stage(lax.dynamic_slice_in_dim(x, index * group, group, axis=1), carry)
-        return carry, y
-
-    carry, ys = lax.scan(body, carry, jnp.arange(count))  # ys (count, B, r·g, ...)
-    y = jnp.moveaxis(ys, 0, 1)
-    y = y.reshape(y.shape[0], count * y.shape[2], *y.shape[3:])
-    if remainder:
-        tail, carry = stage(x[:, count * group :], carry)
-        y = jnp.concatenate([y, tail], axis=1)
-    return y, carry
-
 
 class UpBlock(nnx.Module):
     """``num_res_blocks + 1`` residual blocks, then (except in the last stage) a 2x upsampler.

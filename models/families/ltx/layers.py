@@ -35,48 +35,17 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax import lax
 
-from .conv import causal_conv3x3x3
-from .layers import PointwiseConv, _bias, _kernel, scoped
-from .ltx_config import PIXEL_NORM_EPS, TIME_PROJECTION_CHANNELS
-from .spatial import SpatialContext, check_edge
+from vaeserve.models.conv import causal_conv3x3x3
+from vaeserve.models.layers import PointwiseConv, _bias, _kernel, scoped
+from vaeserve.models.spatial import SpatialContext, check_edge
+
+from .config import PIXEL_NORM_EPS, TIME_PROJECTION_CHANNELS
 
 # Keys of the noise a decode draws: the latents' noise (``noise_scale``) and each resnet's.
 LATENT_NOISE, INJECTED_NOISE = 0, 1
-
-
-class DecodeConditions(NamedTuple):
-    """Per-row arguments of a decode of an LTX decoder that takes them (a pytree of arrays, so one
-    compiled program serves every value; per row, so requests with different values share a batch).
-
-    Attributes:
-      timestep: ``(B,)`` float32, the decode timestep of a timestep-conditioned decoder.
-      noise_scale: ``(B,)`` float32, the pipelines' ``decode_noise_scale``: latents become
-        ``(1 − s)·z + s·noise`` before decoding (0: as given).
-      keys: ``(B, 2)`` uint32, ``jax.random.PRNGKey(seed)`` of the row's noise: the latents' noise
-        and the noise the decoder's resnets inject (``frame_noise``).
-    """
-
-    timestep: Any
-    noise_scale: Any
-    keys: Any
-
-    @staticmethod
-    def avals(batch: int, sharding=None) -> DecodeConditions:
-        def aval(shape, dtype):
-            return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-        return DecodeConditions(aval((batch,), jnp.float32), aval((batch,), jnp.float32), aval((batch, 2), jnp.uint32))
-
-    @staticmethod
-    def concatenate(parts: list[DecodeConditions], batch: int) -> DecodeConditions:
-        """Host conditions of several requests stacked, then padded to ``batch`` rows with zeros
-        (timestep 0, no latent noise: rows of padding, whose frames are dropped)."""
-        fields = [np.concatenate([np.asarray(getattr(p, name)) for p in parts]) for name in DecodeConditions._fields]
-        missing = batch - len(fields[0])
-        return DecodeConditions(*(np.concatenate([f, np.zeros((missing, *f.shape[1:]), f.dtype)]) for f in fields))
 
 
 # -- pure functions ----------------------------------------------------------------------------------

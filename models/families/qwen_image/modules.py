@@ -13,9 +13,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from .decoder import WanDecoder
-from .encoder import WanEncoder
-from .image_config import QwenImageConfig
+from vaeserve.models.families.wan.decoder import WanDecoder
+from vaeserve.models.families.wan.encoder import WanEncoder, check_encoder_config as check_wan_encoder
+
+from .config import QwenImageConfig
 
 
 class QwenImageDecoder(WanDecoder):
@@ -30,3 +31,8 @@ class QwenImageEncoder(WanEncoder):
 
     def __init__(self, config: QwenImageConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
         super().__init__(config.wan(), rngs=rngs, dtype=dtype)
+
+
+def check_encoder_config(config: QwenImageConfig) -> None:
+    """Raise ``ConfigError`` for a config whose decoder runs but whose encoder does not (Wan's rules)."""
+    check_wan_encoder(config.wan())

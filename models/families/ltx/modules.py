@@ -16,12 +16,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .conv import downsample2x_causal_conv3x3x3
-from .layers import patchify, scoped, unpatchify
-from .ltx import (
+from vaeserve.models.conditions import DecodeConditions
+from vaeserve.models.config import ConfigError
+from vaeserve.models.conv import downsample2x_causal_conv3x3x3
+from vaeserve.models.layers import patchify, scoped, unpatchify
+from vaeserve.models.spatial import SpatialContext, check_edge
+
+from .config import DecoderPlan, DownBlockPlan, EncoderPlan, LTX2VideoConfig, LTXVideoConfig, UpBlockPlan
+from .layers import (
     LATENT_NOISE,
     Conv,
-    DecodeConditions,
     Resnet,
     Step,
     TimeEmbedder,
@@ -30,8 +34,6 @@ from .ltx import (
     pixel_norm,
     space_to_depth,
 )
-from .ltx_config import DecoderPlan, DownBlockPlan, EncoderPlan, UpBlockPlan
-from .spatial import SpatialContext, check_edge
 
 
 class Clock(NamedTuple):
@@ -366,3 +368,10 @@ class LTXEncoder(nnx.Module):
             raise ValueError(f"later encode steps take multiples of {self.temporal_scale} frames; got {x.shape[1]}")
         with jax.named_scope("encoder"):
             return self.encoder(x, caches, ctx, Step(caches is None, 0))
+
+
+def check_encoder_config(config: LTXVideoConfig | LTX2VideoConfig) -> None:
+    """Raise ``ConfigError`` for a config whose decoder runs but whose encoder does not."""
+    problems = config.encoder_problems()
+    if problems:
+        raise ConfigError(f"this {config.class_name} config's encoder cannot run: " + "; ".join(problems))

@@ -25,12 +25,14 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from vaeserve.models.conv import cache_frames, downsample2x_causal_conv3x3x3, initial_past, upsample2x_causal_conv3x3x3
+from vaeserve.models.frame_groups import scan_frame_groups
+from vaeserve.models.layers import GroupNorm, PointwiseConv, ReplicateConv3d, carried_cache, next_carried_cache, scoped
+from vaeserve.models.shapes import output_frames
+from vaeserve.models.spatial import SpatialContext
+
 from .config import HunyuanVideoConfig
-from .conv import cache_frames, downsample2x_causal_conv3x3x3, initial_past, upsample2x_causal_conv3x3x3
-from .decoder import scan_frame_groups
-from .layers import GroupNorm, PointwiseConv, ReplicateConv3d, carried_cache, next_carried_cache, scoped
-from .shapes import output_frames
-from .spatial import SpatialContext
+from .estimate import CLIP_BLOCK_BYTES
 
 # diffusers' framewise decode of clips longer than one tile (``use_framewise_decoding``, on by
 # default): tiles of ``tile_sample_min_num_frames`` frames (16: 4 latent frames, plus one of
@@ -38,10 +40,6 @@ from .spatial import SpatialContext
 # These are diffusers' defaults, kept so that the option reproduces what a pipeline shows.
 FRAMEWISE_TILE_FRAMES = 16
 FRAMEWISE_STRIDE_FRAMES = 12
-# Frames of a whole clip's conv input taken per block (``normalized_conv``) when ``inner_frames`` is
-# None: as many as hold about this many bytes (one 720p frame of 256 channels in a band of tp = 8
-# holds 59 MB in bfloat16: blocks of 4 frames). Small clips run in one block.
-CLIP_BLOCK_BYTES = 256 * 2**20
 
 
 def block_frames(x: jax.Array, inner_frames: int | None) -> int:

@@ -18,21 +18,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, NamedTuple
 
-from .config import ConfigError, _from_dict
-from .shapes import output_frames
+from vaeserve.models.config import ConfigError, config_fields_from_dict
+from vaeserve.models.shapes import output_frames
 
-# The timestep a pipeline passes to a timestep-conditioned decoder when nobody says otherwise
-# (Lightricks' published inference configs and the LTX-Video documentation use 0.05).
-DEFAULT_DECODE_TIMESTEP = 0.05
-# The timesteps a decode takes: pipelines decode at a flow-matching sigma, ``decode_timestep`` in [0, 1].
-TIMESTEP_RANGE = (0.0, 1.0)
 # Per-pixel RMS norms (``RMSNorm(eps=1e-8)``, ``PerChannelRMSNorm``) and the up blocks' time embedding
 # (``PixArtAlphaCombinedTimestepSizeEmbeddings``: 256 sinusoidal channels).
 PIXEL_NORM_EPS = 1e-8
 TIME_PROJECTION_CHANNELS = 256
 # Upsampler strides (time, space) by diffusers' ``upsample_type`` / ``downsample_type``.
 STRIDES = {"spatial": (1, 2), "temporal": (2, 1), "spatiotemporal": (2, 2), "conv": (2, 2)}
-STATISTICS_TENSORS = ("latents_mean", "latents_std")
 
 
 class UpBlockPlan(NamedTuple):
@@ -140,41 +134,6 @@ def lookahead(plan: DecoderPlan) -> int:
     return extra
 
 
-def condition_defaults(defaults: dict[str, Any] | None) -> tuple[float, float]:
-    """``(timestep, noise_scale)`` of a decode that names neither: the checkpoint's pipeline's
-    ``decode_timestep`` and ``decode_noise_scale`` (``defaults``: ``vae.metadata``), else the
-    pipelines' 0.05 and 0 (the latents as given)."""
-    defaults = defaults or {}
-    return (float(defaults.get("decode_timestep", DEFAULT_DECODE_TIMESTEP)),
-            float(defaults.get("decode_noise_scale", 0.0)))
-
-
-class RefusedConditions(NamedTuple):
-    """Decode conditions given to a decoder that does not take them: why, what it takes, what came."""
-
-    detail: str
-    expected: str
-    received: dict[str, float]
-
-
-def refused_conditions(config: Any, *, timestep: float | None, noise_scale: float | None,
-                       seed: int | None) -> RefusedConditions | None:
-    """The conditions given (not None) that ``config``'s decoder does not take, or None when it takes
-    them all: any of the three for a decoder that takes none (``decode_conditions``); a timestep or
-    a noise scale for one that only injects noise (it takes a seed only). The one rule of the
-    Python API (``models.decode.decode_conditions``) and of the HTTP layer (which imports no JAX)."""
-    given: dict[str, float] = {name: value for name, value in (("timestep", timestep), ("noise_scale", noise_scale),
-                                                              ("seed", seed)) if value is not None}
-    if not config.decode_conditions:
-        return RefusedConditions(f"the {config.class_name} decoder takes no timestep and draws no noise",
-                                 "no timestep, noise_scale or seed", given) if given else None
-    unconditioned: dict[str, float] = {name: given[name] for name in ("timestep", "noise_scale") if name in given}
-    if unconditioned and not getattr(config, "timestep_conditioning", False):
-        return RefusedConditions(f"the {config.class_name} decoder is not timestep-conditioned",
-                                 "seed only", unconditioned)
-    return None
-
-
 # -- the two configs ---------------------------------------------------------------------------------
 class _LTXConfig:
     """What both LTX configs derive from their plans (the ``VAEConfig`` answers and the checks)."""
@@ -191,6 +150,8 @@ class _LTXConfig:
     spatial_compression_ratio: int | None
     temporal_compression_ratio: int | None
     statistics: tuple[tuple[float, ...], tuple[float, ...]] | None
+    # diffusers keeps the latents' statistics as buffers of these names (moved into the config on loading).
+    statistics_tensors: ClassVar[tuple[str, ...]] = ("latents_mean", "latents_std")
 
     def decoder_plan(self) -> DecoderPlan:
         raise NotImplementedError
@@ -464,7 +425,7 @@ class LTXVideoConfig(_LTXConfig):
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> LTXVideoConfig:
-        return _from_dict(cls, raw)
+        return config_fields_from_dict(cls, raw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -569,7 +530,7 @@ class LTX2VideoConfig(_LTXConfig):
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> LTX2VideoConfig:
-        return _from_dict(cls, raw)
+        return config_fields_from_dict(cls, raw)
 
 
 def _decoder_plan(latent_channels: int, widths: tuple[int, ...], layers: tuple[int, ...], scaling: tuple[bool, ...],

@@ -20,10 +20,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .conv import downsample2x_conv2d_frames, upsample2x_conv2d_frames
-from .image_config import AutoencoderKLConfig, AutoencoderKLFlux2Config
-from .layers import Conv2d, GroupNorm, PointwiseConv, scoped
-from .spatial import SpatialContext
+from vaeserve.models.conv import downsample2x_conv2d_frames, upsample2x_conv2d_frames
+from vaeserve.models.layers import Conv2d, GroupNorm, PointwiseConv, scoped
+from vaeserve.models.spatial import SpatialContext
+
+from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config
 
 KLConfig = AutoencoderKLConfig | AutoencoderKLFlux2Config
 

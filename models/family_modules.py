@@ -1,0 +1,72 @@
+"""A family's decoder and encoder module types, as the decode and encode loops call them.
+
+Every family's decoder and encoder are called the same way by the decode and encode loops
+(``models.decode``, ``models.encode``): ``module(x, caches, ctx, *, clip_frames=…)`` → ``(y,
+caches)``, with four static facts on the module: ``causal`` (steps: latent frame 0 first, then
+chunks with the caches it returns; else the whole clip at once), ``lookahead`` (None, or for a
+decoder that sees ahead the latent frames beyond frame 0 its first step takes: its frames then come
+that far behind its input, and the stream runs on past the clip's end), ``needs_clip_frames`` (the
+first step sizes a cache by the clip's latent frames) and ``temporal_scale`` (frames per latent
+frame). A decoder whose config takes ``decode_conditions`` also takes ``conditions=`` (timestep,
+noise: ``models.conditions``). Which modules a config's family builds is its descriptor's
+(``models.registry``), loaded here by their dotted paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+
+from .config import VAEConfig
+from .registry import family_of, module_types
+from .spatial import SpatialContext
+
+# A pytree of a decoder's or encoder's causal caches, as a step hands them to the next.
+Caches = Any
+
+
+class DecoderModule(Protocol):
+    """What the decode loop needs of a family's decoder (see the module docstring)."""
+
+    causal: bool
+    lookahead: int | None
+    needs_clip_frames: bool
+    temporal_scale: int
+
+    def __call__(self, z: jax.Array, caches: Any, ctx: SpatialContext, *, inner_frames: int | None = None,
+                 clip_frames: int | None = None, conditions: Any = None) -> tuple[jax.Array, Any]: ...
+
+
+class EncoderModule(Protocol):
+    """What the encode loop needs of a family's encoder."""
+
+    causal: bool
+    needs_clip_frames: bool
+    temporal_scale: int
+
+    def __call__(self, x: jax.Array, caches: Any, ctx: SpatialContext, *,
+                 clip_frames: int | None = None) -> tuple[jax.Array, Any]: ...
+
+
+def _every_encoder_runs(config: Any) -> None:
+    del config
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyModules:
+    """A config's decoder and encoder module types, and the check of its encoder's config (raises
+    ``ConfigError`` for a config whose decoder runs but whose encoder does not)."""
+
+    decoder: Any  # a DecoderModule type
+    encoder: Any  # an EncoderModule type
+    check_encoder: Callable[[Any], None]
+
+
+def family_modules(config: VAEConfig) -> FamilyModules:
+    """The module types of ``config``'s family, imported now (they import JAX)."""
+    family, types = family_of(config), module_types(config)
+    check = family.load(types.check_encoder) if types.check_encoder else _every_encoder_runs
+    return FamilyModules(family.load(types.decoder), family.load(types.encoder), check)

@@ -1,0 +1,85 @@
+"""The model families, one descriptor each, and every list made from them. No JAX here.
+
+A family is a folder, ``models/families/<folder>/``: its config classes (``config.py``), its
+modules, and, by convention, the parts generic code asks it for — each optional, each a module of
+the folder with a fixed interface:
+
+* ``estimate``: ``family_estimate(config) -> models.estimate.FamilyEstimate`` (the memory estimate's
+  layers and coefficients; without it, programs are checked once compiled only);
+* ``flops``: ``decode_flops(config, t, h, w)`` and ``encode_flops(config, f, h, w)``, per row;
+* ``weights``: ``release_config(names)`` and ``diffusers_config(names)`` (the config a checkpoint's
+  tensor names belong to, or None) and ``to_diffusers_names(tensors, config)`` (None: already
+  diffusers' names).
+
+Its ``__init__.py`` exports one ``FamilyDescriptor``, ``FAMILY``: the config classes, the module
+types by lazy dotted path (JAX is imported only when a model is built), the embedded models
+(``vaeserve serve --model NAME``) and the decode conditions it takes (``models.conditions``). This
+module lists the descriptors, in the order tensor names are matched to families; adding a family is
+its folder plus one line here. Generic code never imports a family's modules: it asks this registry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import ConfigError, VAEConfig
+from .descriptor import EmbeddedModel, FamilyDescriptor, ModuleTypes
+
+__all__ = ["DEFAULT_MODEL", "EMBEDDED", "FAMILIES", "EmbeddedModel", "FamilyDescriptor", "ModuleTypes", "config_class",
+           "default_config", "default_family", "embedded_model", "embedded_names_text", "family_of",
+           "known_class_name", "module_types"]
+
+
+def _families() -> tuple[FamilyDescriptor, ...]:
+    from .families import hunyuan, hunyuan15, kl, ltx, qwen_image, wan
+
+    # The order tensor names are matched in (models.loading.config_for_names); Wan's diffusers names
+    # are the default, so it comes first in every list.
+    return (wan.FAMILY, hunyuan.FAMILY, hunyuan15.FAMILY, ltx.FAMILY, kl.FAMILY, qwen_image.FAMILY)
+
+
+FAMILIES: tuple[FamilyDescriptor, ...] = _families()
+_BY_CLASS: dict[str, tuple[FamilyDescriptor, type]] = {
+    cls.class_name: (family, cls) for family in FAMILIES for cls in family.configs}
+EMBEDDED: dict[str, EmbeddedModel] = {model.name: model for family in FAMILIES for model in family.embedded}
+DEFAULT_MODEL = FAMILIES[0].embedded[0].name
+
+
+def default_family() -> FamilyDescriptor:
+    return FAMILIES[0]
+
+
+def default_config() -> VAEConfig:
+    """The default embedded model's config (Wan 2.1's real architecture)."""
+    return EMBEDDED[DEFAULT_MODEL].config()
+
+
+def config_class(class_name: str) -> Any:
+    """The config class of a diffusers ``_class_name``; ``ConfigError`` naming the known ones."""
+    if class_name not in _BY_CLASS:
+        raise ConfigError(f"config _class_name is {class_name!r}; expected one of {sorted(_BY_CLASS)}")
+    return _BY_CLASS[class_name][1]
+
+
+def known_class_name(class_name: str) -> bool:
+    return class_name in _BY_CLASS
+
+
+def family_of(config: VAEConfig) -> FamilyDescriptor:
+    """The family a config belongs to (by its class name)."""
+    return _BY_CLASS[config.class_name][0]
+
+
+def module_types(config: VAEConfig) -> ModuleTypes:
+    return family_of(config).modules[config.class_name]
+
+
+def embedded_model(name: str) -> EmbeddedModel:
+    if name not in EMBEDDED:
+        raise ValueError(f"no embedded model {name!r}; expected one of {list(EMBEDDED)}")
+    return EMBEDDED[name]
+
+
+def embedded_names_text() -> str:
+    """The embedded model names, for help texts: ``wan2.1 (the default), wan2.2, …``."""
+    return ", ".join(f"{name} (the default)" if name == DEFAULT_MODEL else name for name in EMBEDDED)
