@@ -17,12 +17,8 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import (
-    ConfigError as ConfigError,
-    VAEConfig as VAEConfig,
-    config_from_dict as config_from_dict,
-    read_config as read_config,
-)
+from .config import ConfigError as ConfigError, VAEConfig as VAEConfig
+from .registry import config_from_dict as config_from_dict, read_config as read_config
 from .shapes import (
     OUTPUTS as OUTPUTS,
     FramesError as FramesError,

@@ -61,6 +61,16 @@ class RefusedConditions(NamedTuple):
     received: dict[str, float]
 
 
+def conditions_taken(config: Any) -> tuple[str, ...]:
+    """The conditions ``config``'s decoder takes: none (``decode_conditions`` false), the seed of the
+    noise it injects, or also a timestep and a noise scale (``timestep_conditioning``)."""
+    if not config.decode_conditions:
+        return ()
+    if getattr(config, "timestep_conditioning", False):
+        return (TIMESTEP.name, NOISE_SCALE.name, SEED.name)
+    return (SEED.name,)
+
+
 def refused_conditions(config: Any, *, timestep: float | None, noise_scale: float | None,
                        seed: int | None) -> RefusedConditions | None:
     """The conditions given (not None) that ``config``'s decoder does not take, or None when it takes

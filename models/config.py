@@ -1,6 +1,6 @@
-"""What every VAE configuration is (``VAEConfig``), and reading one from a diffusers
-``config.json``: its ``_class_name`` names the family (``models.registry``), whose folder under
-``models/families/`` holds the config class. No JAX here: the HTTP layer reads configs too.
+"""What every VAE configuration is (``VAEConfig``), and the helpers each family's config classes
+read and write a diffusers ``config.json`` with (``models.registry.config_from_dict`` finds the class
+by its ``_class_name``). No JAX here: the HTTP layer reads configs too.
 
 Every family answers the same questions (``VAEConfig``): latent channels, spatial and temporal
 scale, the output frame count, the latents' normalisation, whether decoding is causal in time and
@@ -10,8 +10,6 @@ whether it makes images (no time axis at the API; a one-frame clip inside).
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from .shapes import ShapeRules
@@ -102,19 +100,3 @@ def config_to_dict(config) -> dict[str, Any]:
 def exact_log2(value: int) -> int | None:
     """``log2(value)`` for a power of two ≥ 1, else None."""
     return value.bit_length() - 1 if value >= 1 and value & (value - 1) == 0 else None
-
-
-
-def config_from_dict(raw: dict[str, Any]) -> VAEConfig:
-    """The config of a diffusers ``config.json`` body, by its ``_class_name`` (the default family's
-    when absent: ``models.registry``)."""
-    from .registry import config_class, default_family
-
-    class_name = raw.get("_class_name", default_family().configs[0].class_name)
-    return config_class(class_name).from_dict(raw)
-
-
-def read_config(path: str | Path) -> VAEConfig:
-    """``config_from_dict`` of a ``config.json`` file."""
-    with open(path, encoding="utf-8") as f:
-        return config_from_dict(json.load(f))

@@ -2,7 +2,7 @@
 SD, SDXL, Flux.1; Flux.2; Qwen-Image) — from diffusers folders, safetensors files or the original releases'
 checkpoints.
 
-The family comes from the config's ``_class_name`` (``models.config.config_from_dict``), or, for a
+The family comes from the config's ``_class_name`` (``models.registry.config_from_dict``), or, for a
 checkpoint file without a diffusers config beside it, from its tensor names. The decoder's
 tensors must all be there. The encoder's (``encoder.*``, ``quant_conv.*``) are loaded when the
 checkpoint has any of them (and must then all be there); a decode-only checkpoint loads for
@@ -46,9 +46,19 @@ from flax import nnx
 
 from . import keys
 from .conditions import PIPELINE_DEFAULTS
-from .config import ConfigError, VAEConfig, config_from_dict, read_config
+from .config import ConfigError, VAEConfig
 from .family_modules import family_modules
-from .registry import DEFAULT_MODEL, EMBEDDED, FAMILIES, default_config, embedded_model, family_of, known_class_name
+from .registry import (
+    DEFAULT_MODEL,
+    EMBEDDED,
+    FAMILIES,
+    config_from_dict,
+    default_config,
+    embedded_model,
+    family_of,
+    known_class_name,
+    read_config,
+)
 from .vae import VAE, abstract_module, init_vae, resolve_dtype
 
 log = logging.getLogger("vaeserve.models")

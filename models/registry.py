@@ -20,12 +20,16 @@ its folder plus one line here. Generic code never imports a family's modules: it
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any
 
+from .conditions import conditions_taken
 from .config import ConfigError, VAEConfig
 from .descriptor import EmbeddedModel, FamilyDescriptor, ModuleTypes
 
-__all__ = ["DEFAULT_MODEL", "EMBEDDED", "FAMILIES", "EmbeddedModel", "FamilyDescriptor", "ModuleTypes", "config_class",
+__all__ = ["DEFAULT_MODEL", "EMBEDDED", "FAMILIES", "EmbeddedModel", "FamilyDescriptor", "ModuleTypes", "config_class", "config_from_dict", "read_config",
            "default_config", "default_family", "embedded_model", "embedded_names_text", "family_of",
            "known_class_name", "module_types"]
 
@@ -83,3 +87,36 @@ def embedded_model(name: str) -> EmbeddedModel:
 def embedded_names_text() -> str:
     """The embedded model names, for help texts: ``wan2.1 (the default), wan2.2, …``."""
     return ", ".join(f"{name} (the default)" if name == DEFAULT_MODEL else name for name in EMBEDDED)
+
+
+def config_from_dict(raw: dict[str, Any]) -> VAEConfig:
+    """The config of a diffusers ``config.json`` body, by its ``_class_name`` (the default family's
+    when absent: ``models.registry``)."""
+    class_name = raw.get("_class_name", default_family().configs[0].class_name)
+    return config_class(class_name).from_dict(raw)
+
+
+def read_config(path: str | Path) -> VAEConfig:
+    """``config_from_dict`` of a ``config.json`` file."""
+    with open(path, encoding="utf-8") as f:
+        return config_from_dict(json.load(f))
+
+
+def models_in_words() -> str:
+    """Every embedded model's title, in the registry's order, as prose: what the README, the docs'
+    index and the package's description say the service holds (``tests/models/test_registry_lists.py``)."""
+    titles = [re.sub(r" \d+\.\d+\.\d+$", "", model.title) for model in EMBEDDED.values()]  # "LTX-Video 0.9.5" -> "LTX-Video"
+    return ", ".join(titles[:-1]) + " and " + titles[-1]
+
+
+def families_markdown() -> str:
+    """The table of families docs/models.md shows (generated; a test holds the page to it): each
+    embedded model with the decode conditions it takes (``models.conditions.conditions_taken``)."""
+    rows = ["| family | diffusers classes | embedded models (`--model NAME`, random weights): decode conditions |",
+            "| --- | --- | --- |"]
+    for family in FAMILIES:
+        classes = ", ".join(f"`{cls.class_name}`" for cls in family.configs)
+        embedded = "; ".join(f"`{m.name}` ({m.title}): {', '.join(f'`{c}`' for c in conditions_taken(m.config())) or 'none'}"
+                             for m in family.embedded)
+        rows.append(f"| {family.title} (`models/families/{family.folder}/`) | {classes} | {embedded} |")
+    return "\n".join(rows) + "\n"

@@ -35,6 +35,11 @@ class Limits:
         return shapes.output_frames(latent_frames, self.temporal_scale)
 
     @property
+    def encode_step(self) -> int:
+        """Valid clip lengths to encode are ``1 + k·encode_step`` (4; LTX: 8): ``models.shapes.frames_per_step``."""
+        return shapes.frames_per_step(self.temporal_scale)
+
+    @property
     def max_latent_frames(self) -> int:
         return shapes.latents_for_frames(self.max_frames, self.temporal_scale)
 

@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from vaeserve.models.registry import embedded_names_text, models_in_words
 from vaeserve.models.shapes import parse_shape_text, shape_text
 
 # Shapes without the batch dim: a video model's latents (C, T, H, W) and frames (3, F, H, W); an
@@ -115,11 +116,10 @@ class Settings(BaseSettings):
 
     # --- model and mesh -------------------------------------------------------------------
     model: str | None = Field(
-        None, description="diffusers-format VAE folder (or a pipeline folder with vae/) of Wan 2.1/2.2, "
-        "HunyuanVideo 1.0/1.5, Stable Diffusion/SDXL/Flux.1 (AutoencoderKL), Flux.2 or Qwen-Image, a .safetensors "
-        "file, an original release's checkpoint (Wan2.x_VAE.pth, HunyuanVideo's vae/pytorch_model.pt), or an "
-        "embedded model with random weights: wan2.1 (the default), wan2.2, hunyuan1.0, hunyuan1.5, sd, sdxl, flux1, "
-        "flux2, qwen-image",
+        None, description=f"diffusers-format VAE folder (or a pipeline folder with vae/) of {models_in_words()}, "
+        "a .safetensors file, an original release's checkpoint (Wan2.x_VAE.pth, HunyuanVideo's "
+        "vae/pytorch_model.pt, Lightricks' single files), or an embedded model with random weights: "
+        f"{embedded_names_text()}",
         json_schema_extra=_in("model", "PATH|NAME"))
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="weights and activations (float32 matches the PyTorch reference)",

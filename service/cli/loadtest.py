@@ -92,7 +92,7 @@ async def served_model(client: httpx.AsyncClient, base: str, headers: dict) -> d
 def model_frames(model: dict, latent_frames: int) -> int:
     """Output frames per video, from the config the server reports: the frame formula lives in
     the model config only (a Wan 2.2 or test model need not make 4 frames per latent frame)."""
-    from vaeserve.models.config import config_from_dict
+    from vaeserve.models.registry import config_from_dict
 
     return config_from_dict(model["config"]).num_output_frames(latent_frames)
 

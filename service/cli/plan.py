@@ -26,6 +26,8 @@ import os
 import sys
 from typing import Any
 
+from vaeserve.models.registry import DEFAULT_MODEL, embedded_names_text
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="per-chip memory of a decode on a TPU slice or GPU host, compiled without one",
@@ -38,9 +40,9 @@ def add_parser(sub) -> None:
     shape.add_argument("--image", metavar="WxH", help="an image model's decoded image, e.g. 4096x4096")
     shape.add_argument("--shape", metavar="CxTxHxW", help="latents, e.g. 16x21x90x160 (an image model's CxHxW, "
                        "e.g. 4x512x512)")
-    p.add_argument("--model", default="wan2.1",
-                   help="wan2.1 (default), wan2.2, hunyuan1.0, hunyuan1.5, ltx-video, ltx2, sd, sdxl, flux1, flux2, "
-                        "qwen-image, or a model path as `serve --model` takes; only its config is read")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"an embedded model: {embedded_names_text()}; or a model path as `serve --model` takes; only "
+                        "its config is read")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--tp", default="1,2,4,8", help="candidate tp sizes, comma-separated (default 1,2,4,8)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of each candidate mesh")

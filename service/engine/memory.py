@@ -298,9 +298,11 @@ class MemoryGuard:
                             h // s - 1)
             if rows:
                 found.append(f"{f} frames of {s * max(1, rows * w // h)}x{s * rows}")
-            chunks = _largest(lambda k: self._fits(self.estimate, lambda e: e.encode((b, c, 1 + 4 * k, h, w))), (f - 1) // 4 - 1)
+            step = self.limits.encode_step
+            chunks = _largest(lambda k: self._fits(self.estimate, lambda e: e.encode((b, c, 1 + step * k, h, w))),
+                              (f - 1) // step - 1)
             if chunks:
-                found.append(f"{1 + 4 * chunks} frames of {w}x{h}")
+                found.append(f"{1 + step * chunks} frames of {w}x{h}")
             return found + self._variants(lambda e: e.encode(shape))
         return suggest
 
@@ -336,11 +338,11 @@ class MemoryGuard:
         if not self.checks:
             return []
         limits = self.limits
-        s = limits.spatial_scale
-        chunks = (limits.max_frames - 1) // 4
-        return self._largest_videos(lambda rows, cols, k: (1, 3, 1 + 4 * k, s * rows, s * cols), chunks,
+        s, step = limits.spatial_scale, limits.encode_step
+        chunks = (limits.max_frames - 1) // step
+        return self._largest_videos(lambda rows, cols, k: (1, 3, 1 + step * k, s * rows, s * cols), chunks,
                                     limits.max_latent_height, limits.max_latent_width, lambda e, sh: e.encode(sh),
-                                    lambda k: 1 + 4 * k, first=0)
+                                    lambda k: 1 + step * k, first=0)
 
     def _largest_videos(self, shape: Callable[[int, int, int], tuple[int, ...]], frames: int, rows: int, cols: int,
                         program: Callable[[Estimator, tuple[int, ...]], Estimate], frames_of: Callable[[int], int],
