@@ -192,13 +192,14 @@ function outputsOf(shape) {
 // batch to (batch_buckets): the same channels, height and width (and clip length, for a model that
 // decodes the whole clip at once). None listed means that this request compiles them: the first
 // request of a size compiles its programs, which takes seconds to minutes. The page's answers
-// are uint8 frames, so float programs (the pt tensors of other clients) do not count.
+// are uint8 frames of whole clips, so float programs (the pt tensors of other clients) and
+// HunyuanVideo 1.0's framewise ones do not count.
 function programsFor(shape) {
   const { latents, batch_buckets: buckets, compiled } = ui.model;
   const [height, width] = shape.slice(-2), batch = batchOf(shape);
   const bucket = buckets.find(size => size >= batch) || batch;
   const length = !latents.is_image && !latents.causal ? shape.at(-3) : null;
-  return compiled.filter(([name, size, variant]) => name !== "encode" && !variant.includes("float") &&
+  return compiled.filter(([name, size, variant]) => name !== "encode" && !/float|framewise/.test(variant) &&
     size[0] === bucket && size[1] === latents.channels && size.at(-2) === height && size.at(-1) === width &&
     (length === null || size.at(-3) === length));
 }
@@ -374,13 +375,21 @@ $("decode").addEventListener("click", async () => {
     const request = post(`/v1/decode?${queryFor(latents, mode)}`, latents.body,
       { "Content-Type": latents.contentType, ...headers() }, {
         sending: (loaded, total) => { ui.sent = [loaded, total]; tell(); },
-        sent: () => { ui.sentAt = performance.now(); setPhase(ui.firstOfSize ? "compiling" : "decoding"); },
+        sent: () => {
+          ui.sentAt = performance.now();
+          if (ui.phase === "sending") setPhase(ui.firstOfSize ? "compiling" : "decoding");  // not once answered
+        },
       });
     const xhr = await request.answered;
     ui.status = xhr.status;
     ui.requestId = xhr.getResponseHeader("X-Request-Id");
     stop();
-    if (xhr.status !== 200) { say(problemText(await request.chunks.all(), xhr), true); return; }
+    if (xhr.status !== 200) {
+      $("progress").hidden = true;
+      $("frames").textContent = "";
+      say(problemText(await request.chunks.all(), xhr), true);
+      return;
+    }
     setPhase("answering");
     if (mode === "mp4-stream") await playFragments(request.chunks);
     else if (mode === "frames") await drawFrames(request.chunks);
@@ -388,7 +397,8 @@ $("decode").addEventListener("click", async () => {
     ui.endedAt = performance.now();
     say(`request ${ui.requestId}: ${summary(xhr)}`);
   } catch (error) {
-    say(`request ${ui.requestId || "?"}: ${error.message || error} (an answer cut off: the server log names the problem)`, true);
+    const cut = ui.status === 200 ? " (an answer cut off: the server log names the problem)" : "";
+    say(`request ${ui.requestId || "?"}: ${error.message || error}${cut}`, true);
   } finally {
     stop();
     ui.phase = "done";
@@ -397,11 +407,11 @@ $("decode").addEventListener("click", async () => {
   }
 });
 
-// How the request went: its first frame and its end, and where the time went — the device time
+// How the request went: its first frame (a stream's) and its end, and where the time went — the device time
 // and queue time the server reports for a whole answer, and whether this size was compiled for it.
 function summary(xhr) {
   const what = isImage() ? `${ui.framesReceived} image${ui.framesReceived === 1 ? "" : "s"}` : `${ui.framesReceived} frames`;
-  const first = ui.firstBytesAt === null || isImage() ? ""
+  const first = ui.firstBytesAt === null || !ui.streaming ? ""
     : `first frame after ${((ui.firstBytesAt - ui.startedAt) / 1000).toFixed(2)} s, `;
   const device = xhr.getResponseHeader("X-Device-Time-S"), queued = xhr.getResponseHeader("X-Queue-Time-S");
   const compiled = ui.firstOfSize ? ", compiling this size included" : "";
