@@ -4,8 +4,9 @@
 
 // What a test (or a curious person) can read: set as things happen.
 const ui = window.vaeserveUi = { latents: null, model: null, requestId: null, status: null, responseEnded: false,
-  firstBytesAt: null, startedAt: null, endedAt: null, framesReceived: 0, framesTotal: null, download: null,
-  errors: [] };
+  firstBytesAt: null, startedAt: null, sentAt: null, endedAt: null, framesReceived: 0, framesTotal: null, download: null,
+  images: [], phase: null, phases: [], said: [], sent: [0, 0], compiledAfter: null, firstOfSize: false, fps: 16,
+  streaming: false, errors: [] };
 window.addEventListener("error", e => ui.errors.push(String(e.message)));
 window.addEventListener("unhandledrejection", e => ui.errors.push(String(e.reason)));
 const $ = id => document.getElementById(id);
@@ -31,7 +32,8 @@ function readNpy(bytes) {
   const header = new TextDecoder().decode(bytes.slice(start, start + length));
   const shape = header.match(/'shape':\s*\(([^)]*)\)/)[1].split(",").filter(s => s.trim()).map(Number);
   const descr = header.match(/'descr':\s*'([^']*)'/)[1];
-  return { shape, dtype: DTYPES[descr] || descr, body: bytes, contentType: "application/x-npy" };
+  return { shape, dtype: DTYPES[descr] || descr, body: bytes, contentType: "application/x-npy",
+           data: bytes.subarray(start + length) };
 }
 
 function readSafetensors(bytes) {
@@ -167,20 +169,150 @@ $("drop").addEventListener("drop", e => {
   if (e.dataTransfer.files[0]) useFile(e.dataTransfer.files[0]);
 });
 
-// ---- this request's progress and its download ---------------------------------------------------
-// Frames a decode of these latents yields: 1 + temporal_scale (T - 1) per video (GET /v1/models).
-function framesOf(shape) {
-  if (!ui.model) return null;
-  const [t] = shape.slice(-3, -2), videos = shape.length === 5 ? shape[0] : 1;
-  return videos * (1 + ui.model.latents.temporal_scale * (t - 1));
+// ---- the model: what its latents are, and which programs the server holds for them -------------
+const isImage = () => Boolean(ui.model && ui.model.latents.is_image);
+
+// Inputs in a request of latents `shape`: B of (B, C, T, H, W) or, for an image model, of (B, C, H, W)
+// (Qwen-Image also takes (B, C, 1, H, W)); 1 without the batch axis.
+function batchOf(shape) {
+  if (isImage()) return shape.length === 3 ? 1 : shape[0];
+  return shape.length === 5 ? shape[0] : 1;
 }
 
-function showProgress(frames, what) {
-  ui.framesReceived = frames;
-  const bar = $("progress"), total = ui.framesTotal;
+// What a decode of these latents yields: images (one per input of the batch) or frames, 1 +
+// temporal_scale (T − 1) per video.
+function outputsOf(shape) {
+  if (!ui.model) return null;
+  if (isImage()) return batchOf(shape);
+  const [t] = shape.slice(-3, -2);
+  return batchOf(shape) * (1 + ui.model.latents.temporal_scale * (t - 1));
+}
+
+// The decode programs GET /v1/models lists for latents `shape` at the size the server pads its
+// batch to (batch_buckets): the same channels, height and width (and clip length, for a model that
+// decodes the whole clip at once). None listed means that this request compiles them: the first
+// request of a size compiles its programs, which takes seconds to minutes. The page's answers
+// are uint8 frames of whole clips, so float programs (the pt tensors of other clients) and
+// HunyuanVideo 1.0's framewise ones do not count.
+function programsFor(shape) {
+  const { latents, batch_buckets: buckets, compiled } = ui.model;
+  const [height, width] = shape.slice(-2), batch = batchOf(shape);
+  const bucket = buckets.find(size => size >= batch) || batch;
+  const length = !latents.is_image && !latents.causal ? shape.at(-3) : null;
+  return compiled.filter(([name, size, variant]) => name !== "encode" && !/float|framewise/.test(variant) &&
+    size[0] === bucket && size[1] === latents.channels && size.at(-2) === height && size.at(-1) === width &&
+    (length === null || size.at(-3) === length));
+}
+
+// ---- one request: XMLHttpRequest, for what fetch does not tell -----------------------------------
+// fetch says nothing of a request body on its way (its upload streams need HTTP/2), and the page
+// must know when the latents have been sent: from then on, the wait is the server's (compiling a
+// new size, decoding). XMLHttpRequest tells (upload progress and load), and its answer is read as it
+// arrives: the body as text in the x-user-defined charset, each byte one character
+// (U+0000–U+007F, or U+F780–U+F7FF for bytes 0x80–0xFF), handed on as byte chunks.
+class Chunks {
+  constructor() { this.items = []; this.ended = false; this.error = null; this.wake = null; }
+  put(chunk) { this.items.push(chunk); this.notify(); }
+  end(error = null) { if (!this.ended) { this.ended = true; this.error = error; this.notify(); } }
+  notify() { const wake = this.wake; this.wake = null; if (wake) wake(); }
+  async read() {
+    while (!this.items.length && !this.ended) await new Promise(resolve => { this.wake = resolve; });
+    if (this.items.length) return { done: false, value: this.items.shift() };
+    if (this.error) throw this.error;
+    return { done: true, value: undefined };
+  }
+  async all() {
+    const parts = [];
+    for (;;) {
+      const { done, value } = await this.read();
+      if (done) return joined(parts);
+      parts.push(value);
+    }
+  }
+}
+
+function joined(parts) {
+  const out = new Uint8Array(parts.reduce((n, part) => n + part.length, 0));
+  let at = 0;
+  for (const part of parts) { out.set(part, at); at += part.length; }
+  return out;
+}
+
+function post(url, body, headers, { sending, sent }) {
+  const xhr = new XMLHttpRequest(), chunks = new Chunks();
+  let taken = 0;
+  const take = () => {
+    const text = xhr.responseText;
+    if (text.length <= taken) return;
+    const bytes = new Uint8Array(text.length - taken);
+    for (let i = taken; i < text.length; i++) bytes[i - taken] = text.charCodeAt(i) & 0xff;
+    taken = text.length;
+    chunks.put(bytes);
+  };
+  const answered = new Promise((resolve, reject) => {
+    xhr.onreadystatechange = () => { if (xhr.readyState >= XMLHttpRequest.HEADERS_RECEIVED) resolve(xhr); };
+    xhr.onerror = () => {
+      reject(new Error("no answer (the connection failed)"));
+      chunks.end(new Error("the answer was cut off"));
+    };
+  });
+  xhr.open("POST", url);
+  xhr.overrideMimeType("text/plain; charset=x-user-defined");
+  for (const [name, value] of Object.entries(headers)) xhr.setRequestHeader(name, value);
+  xhr.upload.onprogress = event => sending(event.loaded, event.total);
+  xhr.upload.onload = sent;
+  xhr.onprogress = take;
+  xhr.onload = () => { take(); chunks.end(); };
+  xhr.send(body);
+  return { answered, chunks };
+}
+
+// ---- what the page says while a request runs -------------------------------------------------------
+// The phase of this request, from what the page can know: "sending" (upload progress), then, once
+// the latents are sent and no answer has come, "compiling" when no program of this size was listed
+// (an image model's one program appearing in GET /v1/models ends it; a video's first frames do), or
+// "decoding"; the time since the latents were sent runs beside it. Then the answer's own progress:
+// frames counted from a stream, bytes received of a whole answer.
+function setPhase(phase) {
+  if (ui.phase === phase) return;
+  ui.phase = phase;
+  ui.phases.push(phase);
+  if (phase === "decoding" && ui.sentAt !== null && ui.phases.includes("compiling")) ui.compiledAfter = seconds(ui.sentAt);
+  if (phase === "compiling" || phase === "decoding") {  // no count yet: the bar runs without a value
+    const total = ui.framesTotal ? `${ui.framesTotal} ` : "", noun = isImage() ? "images" : "frames";
+    showProgress(0, ui.streaming ? "waiting for the first frames" : `${total}${noun}, answered whole once decoded`, 0);
+  }
+  tell();
+  ui.said.push($("status").textContent);  // what the page said in each phase (a test reads it)
+}
+
+function tell() {
+  const waited = ui.sentAt === null ? "" : `: ${Math.floor((performance.now() - ui.sentAt) / 1000)} s`;
+  const compiled = ui.compiledAfter === null ? "" : ` (this size compiled in ${ui.compiledAfter} s)`;
+  const texts = {
+    sending: `sending ${ui.latents.name}: ${megabytes(ui.sent[0])} of ${megabytes(ui.sent[1])} MB`,
+    compiling: `compiling this size (first request)${waited}`,
+    decoding: `decoding${waited}${compiled}`,
+    answering: `request ${ui.requestId}: ${ui.streaming ? "decoding, its frames shown as they arrive" : "receiving the answer"}`,
+  };
+  if (ui.phase in texts) say(texts[ui.phase]);
+}
+
+function watch() {
+  // The clock runs in whole seconds; GET /v1/models (refresh, every second) ends an image's compiling.
+  const timer = setInterval(() => {
+    if (ui.phase === "compiling" && isImage() && programsFor(ui.latents.shape).length) setPhase("decoding");
+    tell();
+  }, 250);
+  return () => clearInterval(timer);
+}
+
+function showProgress(count, what, total = ui.framesTotal) {
+  ui.framesReceived = count;
+  const bar = $("progress");
   bar.hidden = false;
-  if (total) { bar.max = total; bar.value = frames; } else bar.removeAttribute("value");
-  $("frames").textContent = `${what}: ${frames}${total ? ` of ${total}` : ""} frames`;
+  if (total) { bar.max = total; bar.value = count; } else bar.removeAttribute("value");
+  $("frames").textContent = what;
 }
 
 function offerDownload(blob, name) {
@@ -204,45 +336,89 @@ function npyBlob(frames, shape) {
 }
 
 // ---- decoding ---------------------------------------------------------------------------------
-async function problemText(response) {
-  try { const p = await response.json(); return `${p.status} ${p.title}: ${p.detail}`; }
-  catch { return `${response.status} ${response.statusText}`; }
+function problemText(bytes, xhr) {
+  try {
+    const p = JSON.parse(new TextDecoder().decode(bytes));
+    return `${p.status} ${p.title}: ${p.detail}`;
+  } catch { return `${xhr.status} ${xhr.statusText}`; }
+}
+
+// What the page asks for: an image model's images as PNG (a batch as raw uint8 frames, made into
+// PNGs here: a PNG holds one image), a video as the output chosen.
+function queryFor(latents, mode) {
+  const query = new URLSearchParams({ denormalize: $("denormalize").checked });
+  if (mode === "png") query.set("output_type", batchOf(latents.shape) > 1 ? "npy" : "png");
+  else {
+    query.set("fps", $("fps").value);
+    if (mode !== "frames") query.set("output_type", "mp4");
+    if (mode !== "mp4") query.set("stream", "true");
+  }
+  if (latents.raw) { query.set("shape", latents.shape.join(",")); query.set("dtype", latents.dtype); }
+  return query;
 }
 
 $("decode").addEventListener("click", async () => {
   const latents = ui.latents, mode = $("output").value;
   Object.assign(ui, { responseEnded: false, firstBytesAt: null, endedAt: null, startedAt: performance.now(),
-                      status: null, requestId: null, framesReceived: 0, framesTotal: framesOf(latents.shape),
-                      download: null });
-  const query = new URLSearchParams({ fps: $("fps").value, denormalize: $("denormalize").checked });
-  if (mode !== "frames") query.set("output_type", "mp4");
-  if (mode !== "mp4") query.set("stream", "true");
-  if (latents.raw) { query.set("shape", latents.shape.join(",")); query.set("dtype", latents.dtype); }
+                      sentAt: null, status: null, requestId: null, framesReceived: 0,
+                      framesTotal: outputsOf(latents.shape), download: null, images: [], pngs: [], phase: null, phases: [],
+                      said: [], sent: [0, latents.body.length], compiledAfter: null, fps: Number($("fps").value) || 16,
+                      streaming: mode === "mp4-stream" || mode === "frames",
+                      firstOfSize: ui.model ? programsFor(latents.shape).length === 0 : false });
   $("decode").disabled = true;
   $("download").hidden = true;
   $("frames").textContent = "";
   $("progress").hidden = true;
-  say(`sending ${latents.name} (${megabytes(latents.body.length)} MB)…`);
+  const stop = watch();
   try {
-    const response = await fetch(`/v1/decode?${query}`, { method: "POST", body: latents.body,
-      headers: { "Content-Type": latents.contentType, ...headers() } });
-    ui.status = response.status;
-    ui.requestId = response.headers.get("X-Request-Id");
-    if (!response.ok) { say(await problemText(response), true); return; }
-    say(`request ${ui.requestId}: decoding…`);
-    if (mode === "mp4-stream") await playFragments(response);
-    else if (mode === "mp4") await playWhole(response);
-    else await drawFrames(response);
+    setPhase("sending");
+    const request = post(`/v1/decode?${queryFor(latents, mode)}`, latents.body,
+      { "Content-Type": latents.contentType, ...headers() }, {
+        sending: (loaded, total) => { ui.sent = [loaded, total]; tell(); },
+        sent: () => {
+          ui.sentAt = performance.now();
+          if (ui.phase === "sending") setPhase(ui.firstOfSize ? "compiling" : "decoding");  // not once answered
+        },
+      });
+    const xhr = await request.answered;
+    ui.status = xhr.status;
+    ui.requestId = xhr.getResponseHeader("X-Request-Id");
+    stop();
+    if (xhr.status !== 200) {
+      $("progress").hidden = true;
+      $("frames").textContent = "";
+      say(problemText(await request.chunks.all(), xhr), true);
+      return;
+    }
+    setPhase("answering");
+    if (mode === "mp4-stream") await playFragments(request.chunks);
+    else if (mode === "frames") await drawFrames(request.chunks);
+    else await takeWhole(xhr, request.chunks, mode);
     ui.endedAt = performance.now();
-    const first = ui.firstBytesAt === null ? "" : `first frame after ${((ui.firstBytesAt - ui.startedAt) / 1000).toFixed(2)} s, `;
-    say(`request ${ui.requestId}: ${first}all ${ui.framesReceived} frames after ${seconds(ui.startedAt)} s`);
+    say(`request ${ui.requestId}: ${summary(xhr)}`);
   } catch (error) {
-    say(`request ${ui.requestId || "?"}: ${error.message || error} (an answer cut off: the server log names the problem)`, true);
+    const cut = ui.status === 200 ? " (an answer cut off: the server log names the problem)" : "";
+    say(`request ${ui.requestId || "?"}: ${error.message || error}${cut}`, true);
   } finally {
+    stop();
+    ui.phase = "done";
     ui.responseEnded = true;
     $("decode").disabled = false;
   }
 });
+
+// How the request went: its first frame (a stream's) and its end, and where the time went — the device time
+// and queue time the server reports for a whole answer, and whether this size was compiled for it.
+function summary(xhr) {
+  const what = isImage() ? `${ui.framesReceived} image${ui.framesReceived === 1 ? "" : "s"}` : `${ui.framesReceived} frames`;
+  const first = ui.firstBytesAt === null || !ui.streaming ? ""
+    : `first frame after ${((ui.firstBytesAt - ui.startedAt) / 1000).toFixed(2)} s, `;
+  const device = xhr.getResponseHeader("X-Device-Time-S"), queued = xhr.getResponseHeader("X-Queue-Time-S");
+  const compiled = ui.firstOfSize ? ", compiling this size included" : "";
+  const server = device === null ? (ui.firstOfSize ? " (this size compiled first)" : "")
+    : ` (${Number(device).toFixed(2)} s on the device${compiled}, ${Number(queued).toFixed(2)} s queued)`;
+  return `${first}all ${what} after ${seconds(ui.startedAt)} s${server}`;
+}
 
 function once(target, event) { return new Promise(resolve => target.addEventListener(event, resolve, { once: true })); }
 
@@ -262,8 +438,7 @@ function codecOf(bytes) {
 class BoxCounter {
   constructor() { this.data = new Uint8Array(0); this.at = 0; this.frames = 0; }
   push(chunk) {
-    const joined = new Uint8Array(this.data.length + chunk.length);
-    joined.set(this.data); joined.set(chunk, this.data.length); this.data = joined;
+    this.data = joined([this.data, chunk]);
     const view = new DataView(this.data.buffer);
     while (this.at + 8 <= this.data.length) {
       const size = view.getUint32(this.at);
@@ -275,29 +450,29 @@ class BoxCounter {
 }
 
 function show(element) {
-  $("video").hidden = element !== "video";
-  $("canvas").hidden = element !== "canvas";
+  for (const id of ["video", "canvas", "images"]) $(id).hidden = element !== id;
+  $("player").hidden = element !== "video";
 }
 
-async function playFragments(response) {
-  const video = $("video"), source = new MediaSource(), boxes = new BoxCounter(), chunks = [];
+const counted = (count, total, noun) => `${count}${total ? ` of ${total}` : ""} ${noun}`;
+
+async function playFragments(chunks) {
+  const video = $("video"), source = new MediaSource(), boxes = new BoxCounter(), kept = [];
   show("video");
   video.src = URL.createObjectURL(source);
   await once(source, "sourceopen");
-  const reader = response.body.getReader();
   let buffer = null, head = new Uint8Array(0);
   const append = async data => {
     buffer.appendBuffer(data);
     await once(buffer, "updateend");
   };
   for (;;) {
-    const { done, value } = await reader.read();
+    const { done, value } = await chunks.read();
     if (done) break;
-    chunks.push(value);
+    kept.push(value);
     boxes.push(value);
     if (buffer === null) {  // wait for the init segment (ftyp + moov) to learn the codec
-      const joined = new Uint8Array(head.length + value.length);
-      joined.set(head); joined.set(value, head.length); head = joined;
+      head = joined([head, value]);
       const codec = codecOf(head);
       if (codec === null) continue;
       buffer = source.addSourceBuffer(`video/mp4; codecs="${codec}"`);
@@ -305,45 +480,109 @@ async function playFragments(response) {
     } else {
       await append(value);
     }
-    showProgress(boxes.frames, "playing while it decodes");
+    showProgress(boxes.frames, `playing while it decodes: ${counted(boxes.frames, ui.framesTotal, "frames")}`);
     if (ui.firstBytesAt === null && buffer.buffered.length) {
       ui.firstBytesAt = performance.now();
       video.play().catch(() => {});
     }
   }
   if (buffer !== null && source.readyState === "open") source.endOfStream();
-  showProgress(boxes.frames, "decoded");
-  offerDownload(new Blob(chunks, { type: "video/mp4" }), "video.mp4");
+  showProgress(boxes.frames, `decoded: ${counted(boxes.frames, ui.framesTotal, "frames")}`);
+  offerDownload(new Blob(kept, { type: "video/mp4" }), "video.mp4");
 }
 
-async function playWhole(response) {
-  showProgress(0, "decoding (the whole file comes at the end)");
-  const blob = await response.blob();
+// A whole answer: its bytes counted as they arrive (Content-Length), then shown — an MP4, a PNG, or
+// a batch of images as raw frames (B, H, W, 3), each made a PNG here.
+async function takeWhole(xhr, chunks, mode) {
+  const total = Number(xhr.getResponseHeader("Content-Length")) || 0, parts = [];
+  let received = 0;
+  for (;;) {
+    const { done, value } = await chunks.read();
+    if (done) break;
+    parts.push(value);
+    received += value.length;
+    showProgress(received, `receiving: ${megabytes(received)}${total ? ` of ${megabytes(total)}` : ""} MB`, total);
+  }
   ui.firstBytesAt = performance.now();
-  show("video");
-  $("video").src = URL.createObjectURL(blob);
-  $("video").play().catch(() => {});
-  showProgress(ui.framesTotal || 0, "decoded");
-  offerDownload(blob, "video.mp4");
+  const body = joined(parts), count = ui.framesTotal || 0;
+  if (mode === "mp4") {
+    const blob = new Blob([body], { type: "video/mp4" });
+    show("video");
+    $("video").src = URL.createObjectURL(blob);
+    $("video").play().catch(() => {});
+    showProgress(count, `decoded: ${counted(count, count, "frames")}`, count);
+    offerDownload(blob, "video.mp4");
+    return;
+  }
+  const images = xhr.getResponseHeader("Content-Type").startsWith("image/png")
+    ? [new Blob([body], { type: "image/png" })] : await pngsOf(body);
+  showImages(images);
+  showProgress(images.length, `decoded: ${counted(images.length, images.length, images.length === 1 ? "image" : "images")}`,
+               images.length);
+}
+
+// uint8 images (B, H, W, 3) or (H, W, 3) in a .npy answer, each as a PNG (drawn on a canvas).
+async function pngsOf(bytes) {
+  const { shape, data } = readNpy(bytes);
+  const [h, w] = shape.slice(-3, -1), count = shape.length === 4 ? shape[0] : 1;
+  const canvas = document.createElement("canvas"), context = canvas.getContext("2d");
+  canvas.width = w; canvas.height = h;
+  const pngs = [];
+  for (let i = 0; i < count; i++) {
+    context.putImageData(imageOf(data.subarray(i * h * w * 3, (i + 1) * h * w * 3), context, w, h), 0, 0);
+    pngs.push(await new Promise(resolve => canvas.toBlob(resolve, "image/png")));
+  }
+  return pngs;
+}
+
+// RGB bytes (H, W, 3) as the RGBA ImageData a canvas draws.
+function imageOf(rgb, context, w, h) {
+  const image = context.createImageData(w, h);
+  for (let p = 0, q = 0; p < h * w; p++, q += 3) {
+    image.data.set(rgb.subarray(q, q + 3), p * 4);
+    image.data[p * 4 + 3] = 255;
+  }
+  return image;
+}
+
+function showImages(pngs) {
+  const box = $("images");
+  for (const old of box.querySelectorAll("img")) URL.revokeObjectURL(old.src);
+  box.replaceChildren();
+  box.className = pngs.length === 1 ? "images one" : "images";
+  ui.images = [];
+  ui.pngs = pngs;  // the files themselves (their blob: URLs are for the page's elements, not for fetch)
+  pngs.forEach((png, index) => {
+    const name = pngs.length === 1 ? "image.png" : `image-${index + 1}.png`;
+    const figure = document.createElement("figure"), img = document.createElement("img");
+    const link = document.createElement("a");
+    img.src = link.href = URL.createObjectURL(png);
+    img.alt = name;
+    link.download = name;
+    link.textContent = `${name} (${(png.size / 1e3).toFixed(1)} kB)`;
+    figure.append(img, link);
+    box.appendChild(figure);
+    ui.images.push({ name, bytes: png.size });
+  });
+  show("images");
+  if (pngs.length === 1) offerDownload(pngs[0], "image.png");
 }
 
 // The raw frame stream (application/x-vaeserve-stream): u32 LE header length, JSON header, payload.
-async function drawFrames(response) {
-  const canvas = $("canvas"), context = canvas.getContext("2d"), reader = response.body.getReader();
+async function drawFrames(chunks) {
+  const canvas = $("canvas"), context = canvas.getContext("2d");
   show("canvas");
   let data = new Uint8Array(0), shape = null;
   const frames = [], kept = [];
-  const fps = Number($("fps").value) || 16;
   const timer = setInterval(() => {
     const frame = frames.shift();
     if (frame) context.putImageData(frame, 0, 0);
-  }, 1000 / fps);
+  }, 1000 / ui.fps);
   try {
     for (;;) {
-      const { done, value } = await reader.read();
+      const { done, value } = await chunks.read();
       if (done) break;
-      const joined = new Uint8Array(data.length + value.length);
-      joined.set(data); joined.set(value, data.length); data = joined;
+      data = joined([data, value]);
       for (;;) {
         if (data.length < 4) break;
         const length = new DataView(data.buffer).getUint32(0, true);
@@ -356,25 +595,57 @@ async function drawFrames(response) {
         if (header.type !== "frames") continue;
         const [f, h, w] = header.shape.slice(-4, -1);
         canvas.width = w; canvas.height = h;
-        for (let i = 0; i < f; i++) {
-          const image = context.createImageData(w, h);
-          for (let p = 0, q = i * h * w * 3; p < h * w; p++, q += 3) {
-            image.data.set(payload.subarray(q, q + 3), p * 4); image.data[p * 4 + 3] = 255;
-          }
-          frames.push(image);
-        }
+        for (let i = 0; i < f; i++) frames.push(imageOf(payload.subarray(i * h * w * 3, (i + 1) * h * w * 3), context, w, h));
         kept.push(payload);
         shape = [header.frame_start + f, h, w, 3];
-        showProgress(shape[0], "drawn as they decode");
+        showProgress(shape[0], `drawn as they decode: ${counted(shape[0], ui.framesTotal, "frames")}`);
         if (ui.firstBytesAt === null) ui.firstBytesAt = performance.now();
       }
     }
-    while (frames.length) await new Promise(resolve => setTimeout(resolve, 1000 / fps));
+    while (frames.length) await new Promise(resolve => setTimeout(resolve, 1000 / ui.fps));
   } finally {
     clearInterval(timer);
   }
   if (shape) offerDownload(npyBlob(kept, shape), "frames.npy");
 }
+
+// The player's own controls: the browser's count whole seconds, so a short clip (5 frames at 16
+// fps: 0.31 s) read 0:00 / 0:00. These count hundredths of a second and frames, and seek by frame.
+function showClock() {
+  const video = $("video"), seek = $("seek"), fps = ui.fps || 16;
+  const t = video.currentTime, d = video.duration;
+  const frames = Number.isFinite(d) && d > 0 ? Math.round(d * fps) : ui.framesReceived;
+  const frame = Math.min(frames, Math.floor(t * fps + 1e-6) + 1);
+  seek.max = Math.max(0, frames - 1);
+  seek.value = Math.max(0, frame - 1);
+  $("clock").textContent = `${t.toFixed(2)} s of ${Number.isFinite(d) ? `${d.toFixed(2)} s` : "a video still decoding"}` +
+    (frames ? ` · frame ${Math.max(frame, 1)} of ${frames} at ${fps} fps` : "");
+  $("play").textContent = video.paused || video.ended ? "Play" : "Pause";
+}
+
+function setUpPlayer() {
+  const video = $("video");
+  for (const event of ["timeupdate", "durationchange", "seeked", "ended", "play", "pause", "loadedmetadata"]) {
+    video.addEventListener(event, showClock);
+  }
+  if ("requestVideoFrameCallback" in video) {  // every frame shown, not only timeupdate's 4 a second
+    const onFrame = () => { showClock(); video.requestVideoFrameCallback(onFrame); };
+    video.requestVideoFrameCallback(onFrame);
+  }
+  $("play").addEventListener("click", () => {
+    if (video.paused || video.ended) {
+      if (video.ended) video.currentTime = 0;
+      video.play().catch(() => {});
+    } else video.pause();
+  });
+  $("seek").addEventListener("input", () => {  // the middle of the frame: its start may round to the one before
+    video.pause();
+    video.currentTime = (Number($("seek").value) + 0.5) / (ui.fps || 16);
+  });
+  $("loop").addEventListener("change", () => { video.loop = $("loop").checked; });
+  $("fullscreen").addEventListener("click", () => video.requestFullscreen().catch(() => {}));
+}
+setUpPlayer();
 
 // ---- the service beside it: the model, the mesh and its bands, queue, compiled programs ------------
 function metric(text, name) {
@@ -382,14 +653,22 @@ function metric(text, name) {
   return match ? Number(match[1]) : null;
 }
 
+// The frame drawn before any latents are loaded: 720p for a video model, 1024x1024 for an image
+// model, in latents of the model's spatial scale.
+function defaultFrame(scale) {
+  const [height, width] = isImage() ? [1024, 1024] : [720, 1280];
+  return { latents: [Math.ceil(height / scale), Math.ceil(width / scale)], name: isImage() ? "1024x1024" : "720p" };
+}
+
 // The band layout of sharding/bands.py: the axis that needs less padding (ties: height), split into
 // tp bands of ceil(size / tp) latent rows (or columns), the last ones padded. Drawn for one frame of
-// the latents loaded (or, before any, a 16:9 frame of 90x160 latents), one band per device of a
-// replica; `mesh` is GET /v1/models' (dp, tp, devices).
+// the latents loaded (or, before any, a default frame), one band per device of a replica; `mesh` is
+// GET /v1/models' (dp, tp, devices).
 function drawMesh(mesh = ui.model && ui.model.mesh, shape = ui.latents && ui.latents.shape) {
   if (!mesh) return;
   const { dp, tp, devices } = mesh, scale = ui.model ? ui.model.latents.spatial_scale : 8;
-  const [height, width] = shape ? shape.slice(-2) : [90, 160];
+  const fallback = defaultFrame(scale);
+  const [height, width] = shape ? shape.slice(-2) : fallback.latents;
   const band = size => Math.ceil(size / tp), pad = size => band(size) * tp - size;
   const split = pad(height) <= pad(width) ? "height" : "width", size = split === "height" ? height : width;
   const unit = split === "height" ? "rows" : "columns";
@@ -405,64 +684,97 @@ function drawMesh(mesh = ui.model && ui.model.mesh, shape = ui.latents && ui.lat
     const cell = document.createElement("div");
     cell.style.background = `hsl(${210 + (rank * 360) / tp}, 35%, ${rank % 2 ? 38 : 46}%)`;
     const padded = rows < band(size) ? ` (${band(size) - rows} padding)` : "";
-    cell.textContent = tp === 1 ? "device 0: the whole frame" : tp <= 4 ? `device ${rank}: ${rows} ${unit}${padded}`
+    cell.textContent = tp === 1 ? `device 0: the whole ${isImage() ? "image" : "frame"}` : tp <= 4 ? `device ${rank}: ${rows} ${unit}${padded}`
       : `${rank}${padded}`;
     cell.title = `device ${rank}: latent ${unit} ${rank * band(size)}–${rank * band(size) + rows - 1} ` +
       `(${rows * scale} pixel ${unit})`;
     bands.appendChild(cell);
   }
+  const what = isImage() ? "image" : "frame";
   const frame = `${width}×${height} latents, ${width * scale}×${height * scale} pixels` +
-    (shape ? "" : ": 720p, before any latents are loaded");
+    (shape ? "" : `: ${fallback.name}, before any latents are loaded`);
   $("mesh-note").textContent = tp === 1
-    ? `One device decodes the whole frame (${frame}). With tp = N, N devices would each decode a band of ` +
-      "every frame, exchanging one-row halos with their neighbours: each holds 1/N of the activations, and the " +
-      "frames are the same."
-    : `Each frame (${frame}) is split by ${split} into ${tp} bands of ${band(size)} latent ${unit} ` +
+    ? `One device decodes the whole ${what} (${frame}). With tp = N, N devices would each decode a band of ` +
+      `every ${what}, exchanging one-row halos with their neighbours: each holds 1/N of the activations, and the ` +
+      `${what}s are the same.`
+    : `Each ${what} (${frame}) is split by ${split} into ${tp} bands of ${band(size)} latent ${unit} ` +
       `(${band(size) * scale} pixel ${unit}), one per device, each exchanging one-row halos with its neighbours` +
       (pad(size) ? `; the last ${pad(size)} latent ${unit} are padding.` : ".") +
       (dp > 1 ? ` ${dp} replicas (dp) decode different latents, each on its own ${tp} devices.` : "");
 }
 ui.drawMesh = drawMesh;
 
-function showModel(model) {
-  ui.model = model;
-  $("model").textContent = `${model.id}: ${model.config._class_name || "VAE"}, ${model.dtype}, ` +
-    `${model.latents.channels} latent channels, ${model.latents.spatial_scale}x spatial, ` +
-    `${model.latents.temporal_scale}x temporal`;
-  const banner = $("banner");
-  banner.hidden = !model.random_weights;
-  banner.textContent = model.random_weights
-    ? `This server's model (${model.id}) has random weights: it decodes noise, not video — a test model. ` +
-      "Serve real weights with vaeserve serve --model PATH."
-    : "";
-  $("programs").replaceChildren(...model.compiled.map(([name, shape, output]) => {
+// What the model takes and gives, in words, as rows of the model panel: an image model has no time
+// axis (GET /v1/models says temporal_scale null), which is said, never printed as a number.
+function describeModel(model) {
+  const l = model.latents;
+  const scale = l.is_image ? `${l.spatial_scale}x spatial; images, no time axis`
+    : `${l.spatial_scale}x spatial, ${l.temporal_scale}x temporal: T latent frames make 1 + ${l.temporal_scale}(T − 1) frames`;
+  const frames = l.is_image ? "" : `, ${1 + l.temporal_scale * (l.max_latent_frames - 1)} frames`;
+  return [[model.id, `${model.config._class_name || "VAE"}, ${model.dtype}${model.encodes ? ", encodes too" : ""}`],
+          ["latents", `${l.layout}, ${l.channels} channels`],
+          ["scale", scale],
+          ["largest", `${l.max_width}×${l.max_height} pixels${frames}, ${l.max_batch} per request`]];
+}
+
+function fillTable(table, cells) {
+  table.replaceChildren(...cells.map(texts => {
     const row = document.createElement("tr");
-    for (const text of [name, shape.join("x"), output]) row.insertCell().textContent = text;
+    for (const text of texts) row.insertCell().textContent = text;
     return row;
   }));
+}
+
+// The outputs offered: a video model's three; an image model's PNG (one per image of a batch).
+const OUTPUTS = {
+  video: [["mp4-stream", "MP4, playing while it decodes (fragmented)"], ["mp4", "MP4, the whole file"],
+          ["frames", "raw frames, drawn as they decode"]],
+  image: [["png", "PNG (a batch: one per image)"]],
+};
+
+function offerOutputs(kind) {
+  const select = $("output");
+  if (select.dataset.kind === kind) return;
+  select.dataset.kind = kind;
+  select.replaceChildren(...OUTPUTS[kind].map(([value, text]) => new Option(text, value)));
+  $("fps-label").hidden = kind === "image";
+}
+
+function showModel(model) {
+  ui.model = model;
+  const kind = model.latents.is_image ? "image" : "video";
+  fillTable($("model"), describeModel(model));
+  offerOutputs(kind);
+  const banner = $("banner");
+  banner.hidden = model.random_weights !== true;
+  banner.textContent = model.random_weights === true
+    ? `This server's model (${model.id}) has random weights: it decodes noise, not ${kind === "image" ? "images" : "video"}` +
+      " — a test model. Serve real weights with vaeserve serve --model PATH."
+    : "";
+  fillTable($("programs"), model.compiled.length ? model.compiled.map(([name, shape, output]) => [name, shape.join("x"), output])
+    : [["none yet: each new size compiles on its first request"]]);
   drawMesh();
 }
 
 ui.showModel = showModel;
 
+const shown = (value, digits = 0) => value === null ? "not reported" : value.toFixed(digits);
+
 async function refresh() {
   try {
     const text = await (await fetch("/metrics")).text();
-    const rows = [["waiting for the device", metric(text, "vaeserve_queue_depth")],
-                  ["MP4 encoders at work", metric(text, "vaeserve_encoders_busy")],
-                  ["frames held for readers (MB)", (metric(text, "vaeserve_stream_buffered_bytes") / 1e6).toFixed(1)],
-                  ["frames decoded (all requests)", metric(text, "vaeserve_frames_decoded_total")]];
-    $("queue").replaceChildren(...rows.map(([name, value]) => {
-      const row = document.createElement("tr");
-      row.insertCell().textContent = name;
-      row.insertCell().textContent = value;
-      return row;
-    }));
+    const buffered = metric(text, "vaeserve_stream_buffered_bytes");
+    const queue = [["waiting for the device", shown(metric(text, "vaeserve_queue_depth"))],
+                  ["MP4 encoders at work", shown(metric(text, "vaeserve_encoders_busy"))],
+                  ["frames held for readers (MB)", shown(buffered === null ? null : buffered / 1e6, 1)],
+                  [`${isImage() ? "images" : "frames"} decoded (all requests)`,
+                   shown(metric(text, "vaeserve_frames_decoded_total"))]];
+    fillTable($("queue"), queue);
     const models = await fetch("/v1/models", { headers: headers() });
     if (models.ok) showModel((await models.json()).data[0]);
-    else $("model").textContent = models.status === 401 ? "an API key is needed to read the model" : `model: ${models.status}`;
+    else fillTable($("model"), [[models.status === 401 ? "an API key is needed to read the model" : `model: ${models.status}`]]);
   } catch (error) {
-    $("model").textContent = `service unreachable: ${error.message || error}`;
+    fillTable($("model"), [[`service unreachable: ${error.message || error}`]]);
   }
 }
 refresh();

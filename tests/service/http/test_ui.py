@@ -1,28 +1,40 @@
-"""The pages the service serves, against a real uvicorn server with the tiny model: their security
+"""The pages the service serves, against a real uvicorn server with a tiny model: their security
 headers (a strict Content-Security-Policy, no framing, no sniffing) and, in a real browser
 (Debian's Chromium, ``apt-get install chromium chromium-driver``, which ``.ci/run`` installs,
 driven by Selenium), that they work under them with no error logged — the browser logs every CSP
 violation — and load nothing from another origin (air-gapped hosts).
 
-``GET /ui``: a ``.pt`` file of latents goes in; the fragmented MP4 plays (its ``currentTime``
-advancing) while the last decode step is still held back, so before the answer has ended, and the
-page counts this request's frames as they arrive, then offers the video for download; it says the
-model has random weights, scales the video to the page, shows no canvas, and draws the mesh for one
-device and for eight; it reports no error. ``GET /docs`` (Swagger UI) and ``GET /redoc`` (Redoc) render the operations
-from the package's own copies of their scripts."""
+``GET /ui`` with a video model: a ``.pt`` file of latents goes in; while the server compiles the
+size (its first request) the page says so, not "sending"; the fragmented MP4 plays (its
+``currentTime`` advancing) while the last decode step is still held back, so before the answer has
+ended, and the page counts this request's frames as they arrive, then offers the video for
+download; it says the model has random weights, scales the video to the page, shows no canvas,
+and draws the mesh for one device and for eight; a 5-frame clip of the size now compiled goes
+straight to decoding, and the player's own clock reads its 0.31 s. With an image model (Flux.1's
+architecture): a batch of two shows two PNGs (made by the page from the raw frames, pixel for pixel
+the server's decode), one image the server's own PNG; the page says "compiling this size", then
+"decoding" with a running clock while the decode is held, and a size already compiled goes straight
+to decoding. Neither page says "null" anywhere, nor scrolls sideways at 1400 px; neither reports
+an error. ``GET /docs`` (Swagger UI) and ``GET /redoc`` (Redoc) render the operations from the
+package's own copies of their scripts."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import io
 import re
 import shutil
 import time
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import pytest
 
+from tests.helpers.image_reference import FLUX1_TINY
 from tests.helpers.service_helpers import HeldRunner, latents, thread_server
+from vaeserve import models
 from vaeserve.service.http.middleware import PAGE_POLICY, REDOC_POLICY
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -65,10 +77,18 @@ def page_server(tiny_vae):
 
 
 @pytest.fixture(scope="module")
+def image_server():
+    """A Flux.1-architecture image model (2x spatial, random weights) whose decode is held until released."""
+    with thread_server(models.init_vae(FLUX1_TINY, seed=0), runner_factory=HeldRunner, max_batch=2) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     if CHROMIUM is None or DRIVER is None:
         pytest.skip("needs Debian's chromium and chromium-driver (.ci/run installs them)")
     with chromium(tmp_path_factory.mktemp("profile")) as browser:
+        browser.set_window_size(1400, 900)  # the width at which a stray scrollbar once showed
         yield browser
 
 
@@ -103,12 +123,17 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(page_server, bro
 
     x = latents((1, 16, 11, 4, 4), seed=21)  # 41 frames of 32x32: 2.6 s at 16 fps
     torch.save(torch.from_numpy(x), tmp_path / "latents.pt")
+    torch.save(torch.from_numpy(latents((1, 16, 2, 4, 4), seed=22)), tmp_path / "short.pt")  # 5 frames
     HeldRunner.release.clear()
     assets = [httpx.get(page_server.url + f"/ui/app.{kind}").headers["content-type"] for kind in ("js", "css")]
     browser.get_log("browser")  # what earlier pages logged
     browser.get(page_server.url + "/ui")
     wait_for(browser, "return window.vaeserveUi.model")
     assert not browser.find_element(By.ID, "banner").is_displayed()  # a checkpoint's weights
+    assert [o.get_attribute("value") for o in Select(browser.find_element(By.ID, "output")).options] == [
+        "mp4-stream", "mp4", "frames"]
+    model = browser.find_element(By.ID, "model").text
+    assert "4x temporal: T latent frames make 1 + 4(T − 1) frames" in model and "41 frames" in model, model
     browser.find_element(By.ID, "file").send_keys(str(tmp_path / "latents.pt"))
     wait_for(browser, "return !document.getElementById('decode').disabled")
     assert browser.execute_script("return window.vaeserveUi.latents.shape") == [1, 16, 11, 4, 4]
@@ -125,7 +150,7 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(page_server, bro
     HeldRunner.release.set()
     wait_for(browser, "return window.vaeserveUi.responseEnded")
     ui = browser.execute_script("const ui = window.vaeserveUi; return {status: ui.status, errors: ui.errors, "
-                                "frames: ui.framesReceived, download: ui.download}")
+                                "frames: ui.framesReceived, download: ui.download, phases: ui.phases, said: ui.said}")
     duration = browser.execute_script("return document.getElementById('video').duration")
     link = browser.find_element(By.ID, "download")
     link = [link.is_displayed(), link.get_attribute("href"), link.get_attribute("download")]
@@ -136,6 +161,7 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(page_server, bro
     one_device = browser.execute_script(
         "return [document.getElementById('mesh').textContent, [...document.getElementById('bands').children]"
         ".map(band => band.textContent), document.getElementById('mesh-note').textContent]")
+    text, sideways = _page_text(browser), _sideways(browser)
     # Eight devices (drawn from what GET /v1/models says of a mesh): 720p latents, split by width.
     eight = browser.execute_script(
         "window.vaeserveUi.drawMesh({dp: 1, tp: 8, devices: [...Array(8).keys()].map(i => `TPU_${i}`)}, "
@@ -145,7 +171,10 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(page_server, bro
     banner = browser.execute_script(
         "const ui = window.vaeserveUi; ui.showModel({...ui.model, random_weights: true}); "
         "const banner = document.getElementById('banner'); return [banner.checkVisibility(), banner.textContent]")
-    logs = browser.get_log("browser")
+    # The first request of this size compiled its programs: the page said so once the latents were sent.
+    assert ui.pop("phases") == ["sending", "compiling", "answering"], ui
+    said = ui.pop("said")
+    assert said[1].startswith("compiling this size (first request)") and "decoding" in said[2], said
     assert banner[0] is True and "has random weights: it decodes noise, not video" in banner[1]
     assert ui == {"status": 200, "errors": [], "frames": 41, "download": {"name": "video.mp4", "bytes": ui["download"]["bytes"]}}
     assert link[0] is True and link[1].startswith("blob:") and link[2] == "video.mp4" and ui["download"]["bytes"] > 1000
@@ -156,9 +185,127 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(page_server, bro
     assert one_device[0].startswith("dp = 1 × tp = 1 on 1 device") and one_device[1] == ["device 0: the whole frame"]
     assert "One device decodes" in one_device[2]
     assert eight[:2] == ["bands by-width", 8] and "split by width into 8 bands of 20 latent columns" in eight[2]
+    assert "null" not in text and sideways == [], (text, sideways)
+
+    # A 5-frame clip of the size now compiled: straight to decoding; the player's clock reads 0.31 s.
+    browser.find_element(By.ID, "file").send_keys(str(tmp_path / "short.pt"))
+    wait_for(browser, "return window.vaeserveUi.latents.shape[2] === 2")
+    browser.find_element(By.ID, "decode").click()
+    wait_for(browser, "return window.vaeserveUi.responseEnded && document.getElementById('video').ended")
+    short = browser.execute_script("const ui = window.vaeserveUi; return [ui.phases, ui.framesReceived, "
+                                   "document.getElementById('clock').textContent, document.getElementById('video').controls]")
+    assert short == [["sending", "decoding", "answering"], 5, "0.31 s of 0.31 s · frame 5 of 5 at 16 fps", False]
+    logs = browser.get_log("browser")
     assert [entry for entry in logs if entry["level"] == "SEVERE"] == []
     assert _foreign_resources(browser, page_server.url) == []
     assert assets[0].startswith("text/javascript") and assets[1].startswith("text/css")
+
+
+@needs_browser
+def test_the_page_shows_an_image_models_pngs_and_says_when_it_compiles(image_server, browser, tmp_path):
+    from PIL import Image
+    from safetensors.numpy import save_file
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    batch = latents((2, 16, 12, 20), seed=31)  # two images of 40x24 (2x spatial)
+    np.save(tmp_path / "batch.npy", batch)
+    save_file({"latents": batch[:1]}, str(tmp_path / "one.safetensors"))
+    HeldRunner.release.clear()
+    browser.get_log("browser")  # what earlier pages logged
+    browser.get(image_server.url + "/ui")
+    wait_for(browser, "return window.vaeserveUi.model")
+    banner = browser.find_element(By.ID, "banner")
+    assert banner.is_displayed() and "it decodes noise, not images" in banner.text, banner.text
+    assert [o.get_attribute("value") for o in Select(browser.find_element(By.ID, "output")).options] == ["png"]
+    assert not browser.find_element(By.ID, "fps").is_displayed()
+    model = browser.find_element(By.ID, "model").text
+    assert "(B, C, H, W), 16 channels" in model and "2x spatial; images, no time axis" in model, model
+
+    # A batch, on its first request: compiling, then (the program listed, the decode held) decoding, its clock running.
+    _decode_in_page(browser, tmp_path / "batch.npy")
+    wait_for(browser, "return window.vaeserveUi.phase === 'decoding'")
+    progress = browser.execute_script("const bar = document.getElementById('progress'); return [bar.hidden, "
+                                      "bar.hasAttribute('value'), document.getElementById('frames').textContent]")
+    ticking = wait_for(browser, "const text = document.getElementById('status').textContent; "
+                                "return /^decoding: [1-9]\\d* s/.test(text) && text")
+    assert browser.execute_script("return window.vaeserveUi.responseEnded") is False
+    HeldRunner.release.set()
+    pngs = _pngs_shown(browser)
+    ui = browser.execute_script("const ui = window.vaeserveUi; return [ui.status, ui.phases, ui.said, ui.images]")
+    text, sideways = _page_text(browser), _sideways(browser)
+    assert progress == [False, False, "2 images, answered whole once decoded"]
+    assert "(this size compiled in" in ticking, ticking
+    assert ui[:2] == [200, ["sending", "compiling", "decoding", "answering"]], ui
+    assert ui[2][1].startswith("compiling this size (first request)"), ui[2]
+    assert [image["name"] for image in ui[3]] == ["image-1.png", "image-2.png"]
+    # The page's PNGs are the server's decode, pixel for pixel (made here from its raw frames).
+    decoded = np.load(io.BytesIO(_decode(image_server.url, batch, "npy")))
+    assert decoded.shape == (2, 24, 40, 3)
+    for index, png in enumerate(pngs):
+        np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(png)).convert("RGB")), decoded[index])
+    assert "null" not in text and sideways == [], (text, sideways)
+
+    # The same size again: no compiling; then one image (batch 1: a size of its own) is the server's PNG.
+    _decode_in_page(browser, tmp_path / "batch.npy")
+    wait_for(browser, "return window.vaeserveUi.responseEnded")
+    again = browser.execute_script("return window.vaeserveUi.phases")
+    _decode_in_page(browser, tmp_path / "one.safetensors")
+    single = _pngs_shown(browser)
+    one = browser.execute_script("const ui = window.vaeserveUi; return [ui.phases, ui.images.map(i => i.name), "
+                                 "ui.download.name, document.getElementById('download').checkVisibility()]")
+    assert again == ["sending", "decoding", "answering"]
+    assert one[0][:2] == ["sending", "compiling"] and one[0][-1] == "answering"  # decoding, if seen, between
+    assert one[1:] == [["image.png"], "image.png", True]
+    assert single == [_decode(image_server.url, batch[:1], "png")]
+    assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []
+    assert _foreign_resources(browser, image_server.url) == []
+
+
+def _decode(url: str, x: np.ndarray, output_type: str) -> bytes:
+    """What the server answers a client other than the page for raw latents ``x``."""
+    HeldRunner.release.set()
+    answer = httpx.post(url + "/v1/decode", content=x.tobytes(), timeout=120, headers={"Content-Type": "application/octet-stream"},
+                        params={"shape": ",".join(map(str, x.shape)), "dtype": "float32", "output_type": output_type})
+    assert answer.status_code == 200, answer.text
+    return answer.content
+
+
+def _decode_in_page(browser, path) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.execute_script("window.vaeserveUi.latents = null; document.getElementById('file').value = ''")
+    browser.find_element(By.ID, "file").send_keys(str(path))
+    wait_for(browser, f"const l = window.vaeserveUi.latents; return l && l.name === '{path.name}' && "
+                      "!document.getElementById('decode').disabled")
+    browser.find_element(By.ID, "decode").click()
+
+
+def _pngs_shown(browser) -> list[bytes]:
+    """The PNG files of the images the page shows, once its answer has ended."""
+    wait_for(browser, "return window.vaeserveUi.responseEnded")
+    encoded = browser.execute_async_script(
+        "const done = arguments[0]; const shown = [...document.querySelectorAll('#images img')];"
+        "Promise.all(shown.map(img => img.decode())).then(() => Promise.all(window.vaeserveUi.pngs.map(async png => {"
+        "const bytes = new Uint8Array(await png.arrayBuffer()); let text = '';"
+        "for (const b of bytes) text += String.fromCharCode(b); return btoa(text); })))"
+        ".then(pngs => done({shown: shown.length, pngs}), error => done({error: String(error)}))")
+    assert "error" not in encoded and encoded["shown"] == len(encoded["pngs"]), encoded
+    return [base64.b64decode(item) for item in encoded["pngs"]]
+
+
+def _page_text(browser) -> str:
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.TAG_NAME, "body").text
+
+
+def _sideways(browser) -> list[str]:
+    """The page and the elements on it that scroll sideways (their content wider than their box)."""
+    return browser.execute_script(
+        "return [document.scrollingElement, ...document.querySelectorAll('*')].filter(e => e.scrollWidth > e.clientWidth "
+        "&& (e === document.scrollingElement || ['auto', 'scroll'].includes(getComputedStyle(e).overflowX)))"
+        ".map(e => `${e.tagName}#${e.id}: ${e.scrollWidth} > ${e.clientWidth}`)")
 
 
 @needs_browser
