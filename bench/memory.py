@@ -11,7 +11,7 @@ Default run: ``vaeserve serve`` with its defaults (the embedded Wan 2.1, random 
 ``--shapes any``) in a process of its own; each size is sent once as a decode (npy), then as an
 encode (raw float32 frames), growing; the server's RSS is sampled every 20 ms from /proc. For
 each request: the answer (200, or the refusal and its ``type``), the peak RSS, and the estimate
-of its largest program (``models.memory``). The PNG plots peak RSS and estimate against the
+of its largest program (``models.estimate``). The PNG plots peak RSS and estimate against the
 video's pixels, with the host's memory and the per-device memory the server shares out.
 Extra server flags pass through ``--serve`` (e.g. ``--serve --device-memory-bytes 8000000000``
 on a host other processes share).
@@ -20,7 +20,7 @@ on a host other processes share).
 compiles programs of the tiny configs (and, with ``--real``, of the real video ones;
 ``--families``: only those) and prints the estimate against their ``memory_analysis()`` per
 family; ``--fit`` compiles the tiny configs' programs of the families named and prints the
-``Coefficients`` of their temp for ``models.memory.FAMILIES`` (non-negative least squares and
+``Coefficients`` of their temp for ``models.estimate.FAMILIES`` (non-negative least squares and
 minimax, on the ratio estimate / compiled). Each compiles, and estimates, the CPU convs as
 ``--cpu-convs`` says (default ``onednn``, the server's).
 """
@@ -440,7 +440,7 @@ def fit(args: argparse.Namespace) -> None:
     family's; ``--features``: only those), two ways: non-negative least squares on the ratio
     (estimate / compiled total − 1) at the fitted shapes, with the ratios of the larger shapes held
     out; then the minimax fit (the least largest |ratio − 1|, non-negative) over every shape, held
-    out ones included — what ``models.memory.FAMILIES`` holds for the image and LTX families."""
+    out ones included — what ``models.estimate.FAMILIES`` holds for the image and LTX families."""
     import numpy as np
     from scipy.optimize import nnls  # type: ignore[import-untyped]
 

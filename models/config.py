@@ -41,7 +41,7 @@ class VAEConfig(ShapeRules, Protocol):
         (each conv sees one frame ahead) but stream ``lookahead`` latent frames behind their input.
       lookahead: None for a decoder that streams frame 0 alone, then chunks (or not at all); for
         an LTX decoder, the latent frames beyond frame 0 a stream's first step takes.
-      decode_conditions: whether a decode takes a timestep and noise (``models.ltx.DecodeConditions``).
+      decode_conditions: whether a decode takes a timestep and noise (``models.conditions.DecodeConditions``).
       is_image: an image model: latents ``(B, C, H, W)`` in, images ``(B, 3, H, W)`` out (inside, a
         one-frame clip ``(B, 1, H, W, C)`` runs through the same programs as a video).
       takes_one_frame_clips: an image model that also takes diffusers' video layout with one frame,

@@ -44,7 +44,7 @@ def native_conv_for(platform: str) -> bool:
 
 
 # How CPU programs run their convolutions (``VAE.cpu_convs``): "matmul", the nine-tap matmuls and
-# im2col (the default, which the memory estimate, ``models.memory``, is fitted to), or "onednn".
+# im2col (the default, which the memory estimate, ``models.estimate``, is fitted to), or "onednn".
 CPU_CONVS = ("matmul", "onednn")
 
 
@@ -96,7 +96,7 @@ def conv_path_for(platform: str, cpu_convs: str) -> ConvPath:
 
 def convs_for(platform: str, cpu_convs: str) -> Convs:
     """How programs compiled for ``platform``'s devices convolve, in one word: ``cpu_convs`` on CPU
-    (``CPU_CONVS``), ``"native"`` elsewhere (``models.memory.Convs``: the estimate's tables)."""
+    (``CPU_CONVS``), ``"native"`` elsewhere (``models.estimate.Convs``: the estimate's tables)."""
     return "native" if native_conv_for(platform) else cast(Convs, cpu_convs)
 
 

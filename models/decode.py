@@ -1,7 +1,7 @@
 """Decode programs: frame 0 outside, the remaining latent frames in a ``lax.scan`` — or, for a
 model that is not causal in time (HunyuanVideo 1.0), the whole clip in one call; for an LTX decoder,
 a first step of ``1 + lookahead`` latent frames, then a scan of steps that run on past the clip's
-end until every frame is out (``models.ltx``).
+end until every frame is out (``models.families.ltx.layers``).
 
 These are pure functions of a merged decoder (any family's: ``models.family_modules``) and a spatial
 context, so the single-device path (``VAE.decode``) and the sharded path (``sharding``) run the
@@ -119,7 +119,7 @@ def decode_step(model: DecoderModule, caches: Caches | None, z: jax.Array, ctx: 
     """One decode step: latents ``(B, c, H, W, z)`` and the previous step's caches (None for latent
     frame 0, then ``c`` must be 1 — ``1 + lookahead`` for an LTX decoder) → (frames in the output
     layout, the new caches, the ``(B,)`` non-finite count of its frames). ``inner_frames``: frames per
-    inner step after each temporal upsampler (``models.decoder.Decoder3d``); ``clip_frames``: the
+    inner step after each temporal upsampler (``models.families.wan.decoder.Decoder3d``); ``clip_frames``: the
     clip's latent frames (the first step of a model that ``needs_clip_frames``); ``conditions``: the
     rows' timestep and noise (a decoder whose config takes ``decode_conditions``). A model that is
     not ``causal`` takes the whole clip in one step."""
@@ -196,7 +196,7 @@ def decode_frames(
 
 def decode_ahead(model: DecoderModule, z: jax.Array, ctx: SpatialContext, *, chunk: int, output: Output,
                  conditions: DecodeConditions | None) -> tuple[jax.Array, jax.Array]:
-    """An LTX decode (``models.ltx``): the first step on latent frames ``[0, 1 + lookahead)``, then a
+    """An LTX decode (``models.families.ltx.layers``): the first step on latent frames ``[0, 1 + lookahead)``, then a
     ``lax.scan`` of steps of ``chunk`` latent frames, zeros past the clip's end, until the steps have
     given every frame (they come behind their input); frames past the clip's end are cropped.
     ``z (B, T, H, W, z)`` → frames in the output layout and their ``(B,)`` non-finite count."""

@@ -24,6 +24,7 @@ class Limits:
     max_width: int
     temporal_scale: int = 4  # the model's: frames per latent frame after the first (Wan: 4)
     spatial_scale: int = 8  # the model's: pixels per latent row/column (Wan 2.1: 8, Wan 2.2: 16)
+    images: bool = False  # an image model: one frame, said as images
 
     @classmethod
     def unlimited(cls, channels: int = 3) -> Limits:

@@ -8,7 +8,7 @@ from the array's rank). Inside the mesh, the batch is split over
 ``dp`` and the split axis (height or width, see ``layout.choose_split``) over ``tp``; causal caches
 stay on the device of their band, and time is never split. A model that is not causal in time
 (HunyuanVideo 1.0, the AutoencoderKL image models) decodes the whole clip (image) on each band, its
-statistics summed over the bands. An LTX decoder steps with a look-ahead (``models.ltx``); its
+statistics summed over the bands. An LTX decoder steps with a look-ahead (``models.families.ltx.layers``); its
 per-row timestep and noise (``DecodeConditions``) are split over ``dp`` with the batch.
 """
 
@@ -411,7 +411,7 @@ def sharded_decode(
       chunk: latent frames per scan step (default 1: least memory).
       inner_frames: frames per inner step of the stages after each temporal upsampler (None:
         automatic, one frame at a time once a band's full-resolution frame holds ≥ 4 MB; see
-        ``models.decoder.Decoder3d``). The frames are the same computation whatever it is.
+        ``models.families.wan.decoder.Decoder3d``). The frames are the same computation whatever it is.
       query_chunk: attention queries per score block on each device.
       framewise: HunyuanVideo 1.0 only: diffusers' default tiled decode instead of the whole clip
         (see ``VAE.decode``).

@@ -202,9 +202,12 @@ class Video:
     height: int
     frames: int
     bytes: int
+    image: bool = False  # an image model's image (one frame)
 
     def __str__(self) -> str:
-        return f"{self.frames} frames of {self.width}x{self.height}"
+        if self.image:
+            return f"an image of {self.width}x{self.height}"
+        return f"{self.frames} frame{'s' if self.frames != 1 else ''} of {self.width}x{self.height}"
 
 
 def _largest(fits: Callable[[int], bool], most: int) -> int:
@@ -282,10 +285,10 @@ class MemoryGuard:
             rows = _largest(lambda k: self._fits(self.estimate, lambda e: e.decode((b, c, t, k, max(1, k * w // h)),
                                                                                   output)), h - 1)
             if rows:
-                found.append(f"{self.limits.output_frames(t)} frames of {s * max(1, rows * w // h)}x{s * rows}")
+                found.append(self._said(s * max(1, rows * w // h), s * rows, self.limits.output_frames(t)))
             frames = _largest(lambda k: self._fits(self.estimate, lambda e: e.decode((b, c, k, h, w), output)), t - 1)
             if frames:
-                found.append(f"{self.limits.output_frames(frames)} frames of {s * w}x{s * h}")
+                found.append(self._said(s * w, s * h, self.limits.output_frames(frames)))
             return found + self._variants(lambda e: e.decode(shape, output))
         return suggest
 
@@ -297,14 +300,17 @@ class MemoryGuard:
             rows = _largest(lambda k: self._fits(self.estimate, lambda e: e.encode((b, c, f, s * k, s * max(1, k * w // h)))),
                             h // s - 1)
             if rows:
-                found.append(f"{f} frames of {s * max(1, rows * w // h)}x{s * rows}")
+                found.append(self._said(s * max(1, rows * w // h), s * rows, f))
             step = self.limits.encode_step
             chunks = _largest(lambda k: self._fits(self.estimate, lambda e: e.encode((b, c, 1 + step * k, h, w))),
                               (f - 1) // step - 1)
             if chunks:
-                found.append(f"{1 + step * chunks} frames of {w}x{h}")
+                found.append(self._said(w, h, 1 + step * chunks))
             return found + self._variants(lambda e: e.encode(shape))
         return suggest
+
+    def _said(self, width: int, height: int, frames: int) -> str:
+        return str(Video(width, height, frames, 0, image=self.limits.images))
 
     def _variants(self, program: Callable[[Estimator], Estimate]) -> list[str]:
         """A larger tp or bfloat16 that would fit, where this server could offer them."""
@@ -351,7 +357,7 @@ class MemoryGuard:
         assert estimate is not None
 
         def video(r: int, c: int, k: int) -> Video:
-            return Video(s * c, s * r, frames_of(k), program(estimate, shape(r, c, k)).total)
+            return Video(s * c, s * r, frames_of(k), program(estimate, shape(r, c, k)).total, image=self.limits.images)
 
         def fits(r: int, c: int, k: int) -> bool:
             return video(r, c, k).bytes <= (self.plan.device_bytes or 0)

@@ -84,7 +84,8 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
     mesh = sharding.make_mesh(settings.tp, settings.dp)
     runner = (runner_factory or DeviceRunner)(vae, mesh, max_batch=settings.max_batch, dp=settings.dp)
     config = vae.config
-    limits = Limits(channels=config.z_dim, max_batch=settings.max_batch, max_frames=settings.max_frames,
+    limits = Limits(channels=config.z_dim, max_batch=settings.max_batch,
+                    max_frames=1 if config.is_image else settings.max_frames, images=config.is_image,
                     max_height=settings.max_height, max_width=settings.max_width,
                     temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale)
     platform = mesh_platform(mesh)

@@ -82,10 +82,12 @@ def test_the_fingerprint_sees_code_not_comments_and_follows_the_family_imports()
     two = code_fingerprint("wan", read_with("models/conv.py", '\ndef f():\n    """Two words."""\n    return 1\n'))
     assert one == two != wan  # a docstring is not code; the function is
     assert code_fingerprint("wan", read_with("models/conv.py", "\nSCALE = 2\n")) != wan
-    # Another family's layers are not Wan's program; Wan's decoder module is HunyuanVideo's too
-    # (it imports its frame-group scan).
-    assert code_fingerprint("wan", read_with("models/hunyuan15.py", "\nSCALE = 2\n")) == wan
-    assert code_fingerprint("hunyuan1.0", read_with("models/decoder.py", "\nSCALE = 2\n")) != hunyuan
+    # Another family's layers are not Wan's program; a generic module both import is both families'
+    # (HunyuanVideo's and Wan's decoders run the frame-group scan).
+    assert code_fingerprint("wan", read_with("models/families/hunyuan15/modules.py", "\nSCALE = 2\n")) == wan
+    assert code_fingerprint("hunyuan1.0", read_with("models/families/wan/decoder.py", "\nSCALE = 2\n")) == hunyuan
+    assert code_fingerprint("hunyuan1.0", read_with("models/frame_groups.py", "\nSCALE = 2\n")) != hunyuan
+    assert code_fingerprint("wan", read_with("models/frame_groups.py", "\nSCALE = 2\n")) != wan
     assert code_fingerprint("wan", read_with("sharding/planner.py", "\nSCALE = 2\n")) == wan  # not the program
 
 

@@ -17,12 +17,12 @@ CLIP_BLOCK_BYTES = 256 * 2**20
 
 
 def _block(frames: int, pixels: int, channels: int, itemsize: int) -> int:
-    """Frames of a whole-clip conv taken per block (``models.hunyuan.block_frames``)."""
+    """Frames of a whole-clip conv taken per block (``models.families.hunyuan.modules.block_frames``)."""
     return max(1, min(frames, CLIP_BLOCK_BYTES // max(1, pixels * channels * itemsize)))
 
 
 def hunyuan_decoder(config: HunyuanVideoConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
-    """The layers of HunyuanVideo 1.0's whole-clip decode (``models.hunyuan``): every conv reads and
+    """The layers of HunyuanVideo 1.0's whole-clip decode (``models.families.hunyuan.modules``): every conv reads and
     writes the whole clip, block by block in time."""
     del first
     dims = tuple(reversed(config.block_out_channels))

@@ -18,7 +18,7 @@ from .config import HunyuanVideo15Config
 
 
 def hunyuan15_decoder(config: HunyuanVideo15Config, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
-    """The layers of one decode step of HunyuanVideo 1.5 (``models.hunyuan15``)."""
+    """The layers of one decode step of HunyuanVideo 1.5 (``models.families.hunyuan15.modules``)."""
     del itemsize
     dims = config.decoder_channels
     frames = 1 if first else grid.frames

@@ -10,7 +10,7 @@ from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config
 
 def kl_decoder(config: AutoencoderKLConfig | AutoencoderKLFlux2Config, grid: Grid, *, first: bool,
                itemsize: int) -> list[Layer]:
-    """The layers of an ``AutoencoderKL``'s whole-image decode (``models.kl``): 2-D convs, no caches,
+    """The layers of an ``AutoencoderKL``'s whole-image decode (``models.families.kl.modules``): 2-D convs, no caches,
     the mid block's attention over every token of the image."""
     del first, itemsize
     dims = tuple(reversed(config.decoder_channels))

@@ -2,7 +2,7 @@
 2.3, 2.5) VAE configurations. No JAX here: the HTTP layer reads configs too.
 
 The two classes spell the same architecture differently, so each reduces to one plan that the
-shared layers (``models.ltx``) build from: ``decoder_plan()`` (the mid block, then each up block's
+shared layers (``models.families.ltx.layers``) build from: ``decoder_plan()`` (the mid block, then each up block's
 widths, depth, upsampler strides, residual and noise) and ``encoder_plan()``. The plan also gives
 the stream arithmetic of a decoder that is not causal in time (``lookahead``, ``step_frames``):
 every conv there sees one frame ahead, so a stream holds each layer's last frames back until the
@@ -204,7 +204,7 @@ class _LTXConfig:
 
     @property
     def decode_conditions(self) -> bool:
-        """Whether a decode takes a timestep and noise (``models.ltx.DecodeConditions``): a
+        """Whether a decode takes a timestep and noise (``models.conditions.DecodeConditions``): a
         timestep-conditioned decoder or one that injects noise."""
         return self.timestep_conditioning or self.injects_noise
 

@@ -12,7 +12,7 @@ LTXConfig = LTXVideoConfig | LTX2VideoConfig
 
 
 def ltx_decoder(config: LTXConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
-    """The layers of one decode step of an LTX decoder (``models.ltx_vae``): the first step's
+    """The layers of one decode step of an LTX decoder (``models.families.ltx.modules``): the first step's
     ``1 + lookahead`` latent frames, or a later step's one. Every 3x3x3 conv keeps its last two
     padded input frames; in a decoder that sees ahead, each conv of a first step emits one frame
     fewer than it takes, and each resnet (each residual upsampler) keeps the two (one) input frames

@@ -13,7 +13,7 @@ before it emitted, after the two it keeps from the last step (``ConvCache``), an
 for each frame it takes, one frame behind: output frame ``i`` needs input frame ``i + 1``. On the
 clip's first step its past is one copy of frame 0, so it emits one fewer. A residual adds its
 input to its convs' output through a delay line that holds the frames the convs still owe. So a
-stream's first step takes ``1 + lookahead`` latent frames (``models.ltx_config.lookahead``) to get
+stream's first step takes ``1 + lookahead`` latent frames (``models.families.ltx.config.lookahead``) to get
 a frame out of the last layer, and every later step takes ``chunk`` latent frames and gives
 ``temporal_scale · chunk`` frames, behind its input. Past the clip's end the stream takes zero
 latents: each conv knows how many frames its input has in the whole clip (its time scale and the

@@ -1,7 +1,7 @@
-"""The LTX-Video and LTX-2 decoder and encoder modules, built from the shared layers (``models.ltx``)
-by each config's plan (``models.ltx_config``).
+"""The LTX-Video and LTX-2 decoder and encoder modules, built from the shared layers (``models.families.ltx.layers``)
+by each config's plan (``models.families.ltx.config``).
 
-The decoder streams (``models.ltx`` explains how): called with ``caches=None`` on the clip's first
+The decoder streams (``models.families.ltx.layers`` explains how): called with ``caches=None`` on the clip's first
 ``1 + lookahead`` latent frames (``clip_frames``: the clip's length), then with the caches it
 returned on ``chunk`` latent frames at a time — zeros once the clip has ended — until every frame
 is out (``models.decode`` runs that loop). The encoder is causal: frame 0 alone, then chunks of

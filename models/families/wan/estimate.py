@@ -19,7 +19,7 @@ from .config import WanVAEConfig
 
 
 def wan_decoder(config: WanVAEConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
-    """The layers of one decode step of a Wan decoder (``models.decoder``)."""
+    """The layers of one decode step of a Wan decoder (``models.families.wan.decoder``)."""
     dims = config.decoder_dims
     frames = 1 if first else grid.frames
     layers: list[Layer] = [ConvLayer(frames, 1, config.z_dim, dims[0])]
@@ -56,7 +56,7 @@ def wan_first_step_unused(config: WanVAEConfig) -> int:
 
 
 def wan_encoder(config: WanVAEConfig, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
-    """The layers of one encode step of a Wan encoder (``models.encoder``): frame 0, or 4 frames."""
+    """The layers of one encode step of a Wan encoder (``models.families.wan.encoder``): frame 0, or 4 frames."""
     del itemsize
     dims = tuple(config.base_dim * m for m in (1, *config.dim_mult))
     frames = 1 if first else FRAMES_PER_CHUNK

@@ -14,7 +14,7 @@ from vaeserve.models.shapes import ShapeError, check_frames_shape, check_latents
 from vaeserve.service.engine.memory import MemoryGuard, MemoryPlan
 from vaeserve.service.limits import Limits
 
-SIZE = re.compile(r"(\d+) frames of (\d+)x(\d+)")
+SIZE = re.compile(r"(\d+) frames? of (\d+)x(\d+)|an image of (\d+)x(\d+)")
 
 
 def guard_for(config, *, fits_latents: tuple[int, ...] | None = None, fits_frames: tuple[int, ...] | None = None,
@@ -28,8 +28,14 @@ def guard_for(config, *, fits_latents: tuple[int, ...] | None = None, fits_frame
                       host_bytes=2**30, host_source="test", machine=None, reserve_bytes=0)
     t, s = config.temporal_scale, config.spatial_scale
     limits = Limits(channels=config.z_dim, max_batch=1, max_frames=1 if config.is_image else 1 + 32 * t,
-                    max_height=2048, max_width=2048, temporal_scale=t, spatial_scale=s)
+                    max_height=2048, max_width=2048, temporal_scale=t, spatial_scale=s, images=config.is_image)
     return MemoryGuard(plan=plan, estimate=model, limits=limits, devices=1)
+
+
+def size_of(match: re.Match) -> tuple[int, int, int]:
+    """``(frames, width, height)`` of "N frames of WxH" or "an image of WxH"."""
+    frames, width, height, image_width, image_height = match.groups()
+    return (int(frames), int(width), int(height)) if frames else (1, int(image_width), int(image_height))
 
 
 def accepted_encode(config, frames: int, width: int, height: int) -> bool:
@@ -64,8 +70,9 @@ def test_every_suggested_and_advertised_size_is_accepted(name):
     huge_frames = (1, 3, 160 * s, 160 * s) if image else (1, 3, 1 + 24 * max(4, t), 96 * s, 160 * s)
     decodes = [str(v) for v in guard.largest_decode()] + guard.decode_suggestions(huge_latents, "uint8")()
     encodes = [str(v) for v in guard.largest_encode()] + guard.encode_suggestions(huge_frames)()
-    sizes = [(kind, tuple(map(int, m.groups()))) for kind, texts in (("decode", decodes), ("encode", encodes))
+    sizes = [(kind, size_of(m)) for kind, texts in (("decode", decodes), ("encode", encodes))
              for text in texts if (m := SIZE.fullmatch(text))]
+    assert not image or all(text.startswith("an image of ") for text in decodes + encodes if SIZE.fullmatch(text))
     assert any(kind == "encode" for kind, _ in sizes) and any(kind == "decode" for kind, _ in sizes), (decodes, encodes)
     refused = [(kind, size) for kind, size in sizes
                if not (accepted_decode if kind == "decode" else accepted_encode)(config, *size)]
@@ -76,7 +83,7 @@ def test_every_suggested_and_advertised_size_is_accepted(name):
         # memory for 3.5 steps: a step of 4 would suggest 1 + 4·7 = 29 frames, which LTX (1 + 8k) refuses
         fewer = guard_for(config, fits_frames=(1, 3, 1 + 3 * step + step // 2, 32 * s, 32 * s))
         suggested = fewer.encode_suggestions((1, 3, 1 + 12 * step, 32 * s, 32 * s))()
-        frames = [tuple(map(int, m.groups())) for text in suggested if (m := SIZE.fullmatch(text))]
+        frames = [size_of(m) for text in suggested if (m := SIZE.fullmatch(text))]
         assert any(size[1:] == (32 * s, 32 * s) for size in frames), suggested
         assert all(accepted_encode(config, *size) for size in frames), suggested
 
