@@ -3,12 +3,10 @@ descriptor, generic code reaches a family only through the registry, and no impo
 
 from __future__ import annotations
 
-import ast
 import importlib
-from pathlib import Path
 
+from tests.helpers.imports import cycle, import_graph
 from tests.helpers.service_helpers import REPO
-from tests.service.test_layout import cycle
 
 MODELS = REPO / "models"
 FAMILIES = "vaeserve.models.families"
@@ -17,34 +15,8 @@ FAMILIES = "vaeserve.models.families"
 MAY_NAME_FAMILIES = {"vaeserve.models.registry", "vaeserve.models"}
 
 
-def module_name(path: Path) -> str:
-    parts = ("vaeserve", *path.relative_to(REPO).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports(path: Path) -> set[str]:
-    """The ``vaeserve.models`` modules a file imports (every import statement, top level or not)."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            found |= {base, *(f"{base}.{alias.name}" for alias in node.names)}
-        elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-    return {t for t in found if t.startswith("vaeserve.models")}
-
-
 def graph() -> dict[str, set[str]]:
-    """``{module: models modules it imports}``; a package a module sits in is left out (importing
-    any module runs its packages' __init__ first: ``from . import keys`` is an edge to ``keys`` only)."""
-    files = {module_name(p): p for p in MODELS.rglob("*.py")}
-    return {name: {t for t in imports(path) if t in files and t != name and not name.startswith(t + ".")}
-            for name, path in files.items()}
+    return import_graph(MODELS)
 
 
 def generic_imports_of_families(edges: dict[str, set[str]]) -> dict[str, set[str]]:

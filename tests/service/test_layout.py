@@ -4,11 +4,10 @@ imports no JAX, and the engine knows nothing of HTTP."""
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
-from pathlib import Path
 
+from tests.helpers.imports import cycle, import_graph
 from tests.helpers.service_helpers import REPO
 
 SERVICE = REPO / "service"
@@ -18,55 +17,9 @@ SHARED = {"__init__", "settings", "limits", "metrics", "problem", "client"}  # u
 DEVICE_SIDE = {"vaeserve.service.engine.runner", "vaeserve.service.engine.startup", "vaeserve.service.slice.member"}
 
 
-def module_name(path: Path) -> str:
-    parts = ("vaeserve", *path.relative_to(REPO).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def service_imports() -> dict[str, set[str]]:
     """``{module: service modules it imports}``, every import statement (top level or not)."""
-    graph: dict[str, set[str]] = {}
-    for path in sorted(SERVICE.rglob("*.py")):
-        name = module_name(path)
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*anchor, base] if base else anchor)
-                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
-            elif isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                continue
-            found |= {t for t in targets if t.startswith("vaeserve.service")}
-        graph[name] = found
-    modules = set(graph)
-    return {name: {t for t in targets if t in modules and t != name} for name, targets in graph.items()}
-
-
-def cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return None
+    return import_graph(SERVICE)
 
 
 def subpackage(module: str) -> str:
