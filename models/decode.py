@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -111,6 +111,43 @@ def prepare_latents(latents: jax.Array, config: VAEConfig, dtype, *, denormalize
 def _layout(frames: jax.Array, output: Output) -> jax.Array:
     """Per-step frames ``(B, f, H, W, 3)`` → the output layout: float NCTHW, uint8 NTHWC."""
     return jnp.moveaxis(frames, -1, 1) if output == "float" else frames
+
+
+# A first step that takes the clip's length at run time serves every clip of up to a power of two
+# latent frames (at least this many) or of at least its reach: its program computes the frames of the
+# longest of them. A few first-step programs for every clip length, none of which computes much more
+# than its clip needs.
+CLIP_BUCKET_MIN = 4
+
+
+class StreamStart(NamedTuple):
+    """The caches argument of a stream's first step for a decoder that takes the clip's length at run
+    time (``runtime_clip_frames``): ``clip_frames``, an int32 scalar."""
+
+    clip_frames: Any
+
+
+def first_step_clip(config: VAEConfig, latent_frames: int) -> int:
+    """The clip length a stream's first step is compiled for: the clip's own, or for a decoder that
+    takes it at run time the longest clip its program serves: ``latent_frames`` rounded up to a power
+    of two (at least ``CLIP_BUCKET_MIN``), at most the first step's reach (``1 + lookahead``: every
+    longer clip's first step is the same)."""
+    if not family_modules(config).decoder.runtime_clip_frames:
+        return latent_frames
+    reach = 1 + (config.lookahead or 0)
+    return min(reach, max(CLIP_BUCKET_MIN, 1 << (latent_frames - 1).bit_length()))
+
+
+def stream_start(config: VAEConfig, latent_frames: int) -> StreamStart | None:
+    """The first step's caches: None, or for a decoder that takes the clip's length at run time its
+    ``StreamStart``."""
+    if not family_modules(config).decoder.runtime_clip_frames:
+        return None
+    return StreamStart(np.asarray(latent_frames, np.int32))
+
+
+def is_first_step(caches: Any) -> bool:
+    return caches is None or isinstance(caches, StreamStart)
 
 
 def decode_step(model: DecoderModule, caches: Caches | None, z: jax.Array, ctx: SpatialContext, *,
@@ -294,14 +331,14 @@ def step_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], 
                  denormalize: bool, output: Output, inner_frames: int | None = None,
                  clip_frames: int | None = None) -> StepProgram:
     """``(state, caches, latents NCTHW[, conditions]) → (frames, caches, (B,) non-finite count)``: one
-    streaming decode step, with ``caches=None`` for the first (``clip_frames``: the stream's latent
-    frames, for a model that ``needs_clip_frames``)."""
+    streaming decode step, with ``caches`` None (or a ``StreamStart``) for the first (``clip_frames``:
+    ``first_step_clip`` of the stream's latent frames, for a model that ``needs_clip_frames``)."""
 
     def run(state, caches: Caches | None, latents: jax.Array,
             conditions: DecodeConditions | None = None) -> tuple[jax.Array, Caches, jax.Array]:
         z = prepare_latents(latents, config, dtype, denormalize=denormalize)
         return decode_step(nnx.merge(graphdef, state), caches, z, make_context(), output=output,
-                           inner_frames=inner_frames, clip_frames=clip_frames if caches is None else None,
+                           inner_frames=inner_frames, clip_frames=clip_frames if is_first_step(caches) else None,
                            conditions=conditions)
 
     return run

@@ -7,7 +7,10 @@ chunks with the caches it returns; else the whole clip at once), ``lookahead`` (
 decoder that sees ahead the latent frames beyond frame 0 its first step takes: its frames then come
 that far behind its input, and the stream runs on past the clip's end), ``needs_clip_frames`` (the
 first step sizes a cache by the clip's latent frames) and ``temporal_scale`` (frames per latent
-frame). A decoder whose config takes ``decode_conditions`` also takes ``conditions=`` (timestep,
+frame). A decoder whose first step needs the clip's length may take it at run time
+(``runtime_clip_frames``: its first step's caches are a ``models.decode.StreamStart``, and
+``clip_frames`` the longest clip its program serves), so one first-step program serves many clip
+lengths. A decoder whose config takes ``decode_conditions`` also takes ``conditions=`` (timestep,
 noise: ``models.conditions``). Which modules a config's family builds is its descriptor's
 (``models.registry``), loaded here by their dotted paths.
 """
@@ -34,6 +37,7 @@ class DecoderModule(Protocol):
     causal: bool
     lookahead: int | None
     needs_clip_frames: bool
+    runtime_clip_frames: bool
     temporal_scale: int
 
     def __call__(self, z: jax.Array, caches: Any, ctx: SpatialContext, *, inner_frames: int | None = None,

@@ -51,10 +51,16 @@ class ProgramKey(NamedTuple):
         """``[program, [B, C, T, H, W], variant]``: the program as ``/v1/models`` lists it. What a
         client chooses per request is named in the variant: a stream step's float frames
         (``"next+float"``: ``pt`` tensors; uint8 steps serve every other answer) and HunyuanVideo
-        1.0's framewise decode (``"uint8+framewise"``); the others follow from the server's settings."""
-        float_step = "+float" if ("output", "float") in self.options else ""
-        framewise = "+framewise" if ("framewise", True) in self.options else ""
-        return [self.program, list(self.shape), self.variant + float_step + framewise]
+        1.0's framewise decode (``"uint8+framewise"``); a first step built for the clip's length says
+        for which (``"first+clip=3"``, HunyuanVideo 1.5) or up to which (``"first+clips<=4"``, LTX: the
+        length taken at run time); the others follow from the server's settings."""
+        options = dict(self.options)
+        float_step = "+float" if options.get("output") == "float" else ""
+        framewise = "+framewise" if options.get("framewise") is True else ""
+        clip = ""  # a first step built for the clip's length: for that clip, or for clips up to it
+        if self.variant == "first" and "clip_frames" in options:
+            clip = f"+clips<={options['clip_frames']}" if options.get("clip_at_run_time") is True else f"+clip={options['clip_frames']}"
+        return [self.program, list(self.shape), self.variant + float_step + framewise + clip]
 
 
 def program_key(program: ProgramName, shape: tuple[int, ...], variant: str, *, mesh: Hashable | None = None,

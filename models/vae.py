@@ -18,11 +18,14 @@ from .conv import CPU_CONVS, ConvPath, compiler_options_for, conv_path_for
 from .decode import (
     check_framewise,
     decode_conditions,
+    first_step_clip,
     full_program,
+    is_first_step,
     resolve_chunk,
     step_latents,
     step_program,
     stream_frames,
+    stream_start,
     stream_steps,
 )
 from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
@@ -127,11 +130,17 @@ class VAE:
         program's compile takes after the latents."""
         return (DecodeConditions.avals(batch, sharding),) if self.config.decode_conditions else ()
 
-    def clip_frames_option(self, latent_frames: int) -> dict[str, int]:
-        """``{"clip_frames": T}`` for a model whose stream steps depend on the clip's length (the first
-        step sizes a cache by it: HunyuanVideo 1.5's mid-block keys and values), else ``{}``: a
-        program-key option, and the step program's argument."""
-        return {"clip_frames": latent_frames} if family_modules(self.config).decoder.needs_clip_frames else {}
+    def clip_frames_option(self, latent_frames: int) -> dict[str, Any]:
+        """``{"clip_frames": n}`` for a model whose stream steps depend on the clip's length, else ``{}``:
+        a program-key option, and the step program's argument. ``n`` is the clip's latent frames where
+        the first step is built for them (HunyuanVideo 1.5 sizes its mid-block's keys and values by
+        them), else the longest clip the first step serves (``models.decode.first_step_clip``: an LTX
+        decoder takes the length at run time), with ``clip_at_run_time``."""
+        decoder = family_modules(self.config).decoder
+        if not decoder.needs_clip_frames:
+            return {}
+        runtime = {"clip_at_run_time": True} if decoder.runtime_clip_frames else {}
+        return {"clip_frames": first_step_clip(self.config, latent_frames), **runtime}
 
     # -- the weights, placed and abstract -------------------------------------------------------
     def placed_state(self, sharding: jax.sharding.Sharding):
@@ -193,15 +202,16 @@ class VAE:
         return self.programs.get(key, lower)
 
     def _compile_step(self, shape: tuple[int, ...], caches, *, denormalize: bool, inner_frames: int | None,
-                      clip: dict[str, int]) -> jax.stages.Compiled:
-        """The stream step for latents of ``shape`` after ``caches`` (abstract; None for frame 0);
-        ``clip``: ``clip_frames_option`` of the stream."""
-        key = program_key("stream-step", shape, "first" if caches is None else "next", denormalize=denormalize,
+                      clip: dict[str, Any]) -> jax.stages.Compiled:
+        """The stream step for latents of ``shape`` after ``caches`` (abstract; None or a
+        ``StreamStart`` for the first step); ``clip``: ``clip_frames_option`` of the stream."""
+        key = program_key("stream-step", shape, "first" if is_first_step(caches) else "next", denormalize=denormalize,
                           **inner_frames_option(inner_frames), **clip)
 
         def lower():
             run = step_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
-                               denormalize=denormalize, output="uint8", inner_frames=inner_frames, **clip)
+                               denormalize=denormalize, output="uint8", inner_frames=inner_frames,
+                               clip_frames=clip.get("clip_frames"))
             return self._jit(run).lower(self.state_avals(), caches, jax.ShapeDtypeStruct(shape, jnp.float32),
                                         *self.conditions_avals(shape[0]))
 
@@ -294,7 +304,7 @@ class VAE:
             yield from split_stream(np.asarray(frames), latents.shape[2], chunk, self.config.temporal_scale)
             return
         clip = self.clip_frames_option(latents.shape[2])
-        caches = None
+        caches: Any = stream_start(self.config, latents.shape[2])
         steps = stream_steps(latents.shape[2], chunk, self.config)
         kept = stream_frames(self.config, latents.shape[2], chunk)
         for (start, stop), (first, end) in zip(steps, kept, strict=True):

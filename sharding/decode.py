@@ -26,12 +26,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vaeserve.models.conditions import DecodeConditions
 from vaeserve.models.decode import (
+    StreamStart,
     check_framewise,
     full_program,
     resolve_chunk,
     step_latents,
     step_program,
     stream_frames,
+    stream_start,
     stream_steps,
 )
 from vaeserve.models.estimate import QUERY_CHUNK
@@ -240,14 +242,17 @@ def _full(vae: VAE, mesh: Mesh, layout: BandLayout, *, denormalize: bool, output
 
 
 def _step(vae: VAE, mesh: Mesh, layout: BandLayout, *, first: bool, denormalize: bool, inner_frames: int | None,
-          query_chunk: int, clip: dict[str, int], output: Output = "uint8") -> Callable:
-    """One stream step on each band; its caches (None for latent frame 0) stay on their bands.
-    ``clip``: ``vae.clip_frames_option`` of the stream; ``output``: its frames, as ``compile_decode``'s."""
+          query_chunk: int, clip: dict[str, Any], output: Output = "uint8") -> Callable:
+    """One stream step on each band; its caches (None for latent frame 0, or a replicated
+    ``StreamStart``) stay on their bands. ``clip``: ``vae.clip_frames_option`` of the stream;
+    ``output``: its frames, as ``compile_decode``'s."""
     local = step_program(vae.graphdef, vae.config, DTYPES[vae.dtype], _band_context(vae, mesh, layout, query_chunk),
-                         denormalize=denormalize, output=output, inner_frames=inner_frames, **clip)
+                         denormalize=denormalize, output=output, inner_frames=inner_frames,
+                         clip_frames=clip.get("clip_frames"))
     caches = cache_spec(layout)
+    start = StreamStart(P()) if clip.get("clip_at_run_time") else None
     conditions, _ = _conditions(vae, mesh, 0)
-    sharded = _shard(mesh, band_counts(local), (P(), None if first else caches, latents_spec(layout), *conditions),
+    sharded = _shard(mesh, band_counts(local), (P(), start if first else caches, latents_spec(layout), *conditions),
                      (frames_spec(layout, output), caches, COUNTS_SPEC))
 
     def run(state, step_caches, latents, *conditions):
@@ -315,6 +320,18 @@ def _lower_later(vae: VAE, mesh: Mesh, run: Callable, state: Any, caches: Callab
 STEP_CACHES = 1
 
 
+def stream_start_aval(vae: VAE, latent_frames: int, mesh: Mesh) -> StreamStart | None:
+    """The abstract first caches of a stream of ``latent_frames`` (``models.decode.stream_start``)."""
+    start = stream_start(vae.config, latent_frames)
+    return None if start is None else StreamStart(jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P())))
+
+
+def put_stream_start(vae: VAE, latent_frames: int, mesh: Mesh) -> StreamStart | None:
+    """A stream's first caches on the mesh (replicated), or None."""
+    start = stream_start(vae.config, latent_frames)
+    return None if start is None else StreamStart(jax.device_put(start.clip_frames, NamedSharding(mesh, P())))
+
+
 def step_output_option(output: Output) -> dict[str, str]:
     """A stream step's output as a program-key option: absent for uint8 (what streams send), so
     the keys of the uint8 steps read as they did before float steps existed."""
@@ -330,6 +347,7 @@ def _stream_programs(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormaliz
     inner_frames = check_inner_frames(inner_frames)
     clip = vae.clip_frames_option(shape[2])
     state = _state_aval(vae, mesh)
+    first_caches = stream_start_aval(vae, shape[2], mesh)
     cache_sharding = NamedSharding(mesh, cache_spec(layout))
     programs: dict[tuple[int, int], jax.stages.Compiled] = {}
     conditions = _conditions(vae, mesh, shape[0])[1]
@@ -337,7 +355,7 @@ def _stream_programs(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormaliz
 
     def caches_of(first_run: Callable, first_z: jax.ShapeDtypeStruct) -> Any:
         if not traced:
-            _, out, _ = jax.eval_shape(first_run, state, None, first_z, *conditions)
+            _, out, _ = jax.eval_shape(first_run, state, first_caches, first_z, *conditions)
             traced.append(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cache_sharding), out))
         return traced[0]
 
@@ -352,7 +370,7 @@ def _stream_programs(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormaliz
                           **inner_frames_option(inner_frames), **clip, **step_output_option(output))
         if first:
             first_step = (run, z)
-            lower = functools.partial(_lower, vae, mesh, run, state, None, z, *conditions)
+            lower = functools.partial(_lower, vae, mesh, run, state, first_caches, z, *conditions)
         else:
             assert first_step is not None
             lower = functools.partial(_lower_later, vae, mesh, run, state, functools.partial(caches_of, *first_step), z,
@@ -501,7 +519,7 @@ def sharded_decode_stream(
                                 chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk,
                                 output=output)
     state = replicated_state(vae, mesh)
-    caches = None
+    caches: Any = put_stream_start(vae, latents.shape[2], mesh)
     kept = stream_frames(vae.config, latents.shape[2], resolve_chunk(chunk))
     for ((start, stop), step), (first, end) in zip(programs.items(), kept, strict=True):
         frames, caches, nonfinite = step(state, caches, put_latents(step_latents(latents, start, stop), mesh), *placed)

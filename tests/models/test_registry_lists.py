@@ -16,6 +16,7 @@ from vaeserve.service.cli import build_parser
 def help_text(command: str) -> str:
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.dest == "command"]
+    assert isinstance(sub.choices, dict)
     return " ".join(sub.choices[command].format_help().split())
 
 

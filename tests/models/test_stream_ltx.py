@@ -17,6 +17,7 @@ from tests.helpers.wan_reference import seeded_latents, write_diffusers_folder
 from vaeserve import models
 from vaeserve.models.decode import stream_frames, stream_steps
 from vaeserve.models.families.ltx.layers import emitted
+from vaeserve.models.programs import ProgramKey
 from vaeserve.sharding.introspect import program_memory
 
 TOLERANCE = 2e-5
@@ -98,3 +99,28 @@ def test_memory_stays_flat_in_the_clip_length(vae, whole):
     long = program_memory(vae.compile((*SHAPE[:2], 30, *SHAPE[3:])))
     assert long["output_bytes"] > 2.5 * short["output_bytes"]
     assert long["temp_bytes"] <= 1.05 * short["temp_bytes"]
+
+
+def first_step_keys(vae) -> list:
+    return [key for key in vae.programs.keys() if isinstance(key, ProgramKey) and key.program == "stream-step"
+            and key.variant == "first"]
+
+
+def test_clips_up_to_a_bucket_share_one_first_step(vae, latents):
+    """The first step takes the clip's length at run time: streams of 2, 3 and 4 latent frames (one
+    first-step shape) compile it once, each still the whole decode of its own clip (what comes past
+    its end differs); a clip of 5 rounds up to the next bucket, the first step's reach (8), which every
+    longer clip shares (the control: a new program, said so in its label)."""
+    before = set(first_step_keys(vae))
+    for frames in (2, 3, 4):
+        clip = latents[:, :, :frames]
+        streamed = np.concatenate(list(vae.decode_stream(clip)), axis=1).astype(np.float64)
+        expected = np.round((np.moveaxis(np.asarray(vae.decode(clip)), 1, -1) + 1) * 127.5)
+        assert streamed.shape[1] == 1 + 8 * (frames - 1)
+        assert _max_diff(streamed, expected) <= 1 and np.mean(streamed == expected) > 0.999
+    (new,) = set(first_step_keys(vae)) - before
+    assert new.describe()[2] == "first+clips<=4"
+    list(vae.decode_stream(latents[:, :, :5]))
+    list(vae.decode_stream(latents))  # 10 latent frames: past the reach, the same program as 5
+    labels = [key.describe()[2] for key in first_step_keys(vae)]
+    assert sorted(labels) == ["first+clips<=4", "first+clips<=8"]

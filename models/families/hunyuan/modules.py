@@ -242,6 +242,7 @@ class HunyuanVideoDecoder(nnx.Module):
     causal = False  # every GroupNorm spans the clip: no exact frame-by-frame decode
     lookahead = None
     needs_clip_frames = False
+    runtime_clip_frames = False
 
     def __init__(self, config: HunyuanVideoConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
         self.temporal_scale = config.temporal_scale

@@ -266,6 +266,7 @@ class HunyuanVideo15Decoder(nnx.Module):
     causal = True
     lookahead = None
     needs_clip_frames = True  # the first step sizes the attention's KVCache
+    runtime_clip_frames = False
 
     def __init__(self, config: HunyuanVideo15Config, *, rngs: nnx.Rngs, dtype=jnp.float32):
         self.temporal_scale = config.temporal_scale

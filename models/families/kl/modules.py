@@ -213,6 +213,7 @@ class KLDecoder(nnx.Module):
     causal = False  # every GroupNorm spans the image (models.families)
     lookahead = None
     needs_clip_frames = False
+    runtime_clip_frames = False
     temporal_scale = 1
 
     def __init__(self, config: KLConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):

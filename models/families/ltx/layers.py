@@ -120,16 +120,22 @@ def emitted(frames: int, *, first_index: int, end: int) -> int:
 # -- the stream's step --------------------------------------------------------------------------------
 class Step(NamedTuple):
     """What every layer of one decode (or encode) step knows: ``first`` (static: the clip's first
-    step) and the clip's length in latent frames, ``clip`` (an int32 scalar, traced after the first
-    step). A layer at time scale ``r`` (frames per latent frame) has ``1 + r·(clip − 1)`` input frames
-    in the whole clip."""
+    step) and the clip's length in latent frames, ``clip`` (an int32 scalar when traced: after the
+    first step, and on a first step that takes it at run time). A layer at time scale ``r`` (frames
+    per latent frame) has ``1 + r·(clip − 1)`` input frames in the whole clip. ``bound``, on a first
+    step: the longest clip its program serves (static), so that the frames past it are not computed."""
 
     first: bool
     clip: Any
+    bound: int = 0
 
     def frames_at(self, scale: int) -> Any:
-        """An int on the first step (``clip`` static), an int32 scalar after."""
+        """An int where ``clip`` is static, an int32 scalar where it is traced."""
         return 1 + scale * (self.clip - 1)
+
+    def bound_at(self, scale: int) -> int:
+        """``frames_at`` of the longest clip the first step serves (static)."""
+        return 1 + scale * (self.bound - 1)
 
 
 class ConvCache(NamedTuple):
@@ -186,8 +192,8 @@ class Conv(nnx.Module):
         seq = past_the_end(seq, first_index, end)
         cache = ConvCache(seq[:, -2:], seen + x.shape[1])
         frames = seq.shape[1] - 2
-        if step.first:  # the clip's length and the frames' places are static: compute the real ones
-            real = emitted(frames, first_index=-1, end=int(end))
+        if step.first:  # the frames' places are static: compute those of the longest clip served
+            real = emitted(frames, first_index=-1, end=step.bound_at(self.scale))
             if real == frames:
                 return self._conv(seq, ctx), cache
             y = self._conv(seq[:, :real + 2], ctx)

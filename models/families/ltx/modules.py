@@ -19,6 +19,7 @@ from flax import nnx
 from vaeserve.models.conditions import DecodeConditions
 from vaeserve.models.config import ConfigError
 from vaeserve.models.conv import downsample2x_causal_conv3x3x3
+from vaeserve.models.decode import StreamStart
 from vaeserve.models.layers import patchify, scoped, unpatchify
 from vaeserve.models.spatial import SpatialContext, check_edge
 
@@ -166,13 +167,16 @@ class LTXDecoder(nnx.Module):
     """The LTX-Video / LTX-2 decoder (no ``post_quant_conv``): latents ``(B, n, H, W, z)`` → frames.
 
     ``caches=None``: the clip's first step, ``1 + lookahead`` latent frames (fewer only when the clip
-    is shorter; pad it with zeros), ``clip_frames`` the clip's latent frames. Then the returned caches
+    is shorter; pad it with zeros), ``clip_frames`` the clip's latent frames; or ``caches`` a
+    ``StreamStart`` holding the clip's latent frames at run time, ``clip_frames`` then the longest clip
+    the program serves (``models.decode.first_step_clip``). Then the returned caches
     with ``chunk`` latent frames per step (zeros past the clip's end). ``conditions``: the rows'
     timestep and noise, for a decoder that takes them (``config.decode_conditions``).
     """
 
     causal = True  # steps with caches (models.families); the frames come ``lookahead`` behind
     needs_clip_frames = True  # the first step records the clip's length (the end of every conv's input)
+    runtime_clip_frames = True  # ... taken at run time (``StreamStart``): one first step serves many lengths
 
     def __init__(self, config, *, rngs: nnx.Rngs, dtype=jnp.float32):
         plan = config.decoder_plan()
@@ -202,15 +206,16 @@ class LTXDecoder(nnx.Module):
         return ((1 - scale) * z.astype(jnp.float32) + scale * noise).astype(z.dtype)
 
     @scoped
-    def __call__(self, z: jax.Array, caches: tuple[Clock, Any] | None, ctx: SpatialContext, *,
+    def __call__(self, z: jax.Array, caches: tuple[Clock, Any] | StreamStart | None, ctx: SpatialContext, *,
                  inner_frames: int | None = None, clip_frames: int | None = None,
                  conditions: DecodeConditions | None = None) -> tuple[jax.Array, tuple[Clock, Any]]:
         del inner_frames  # a step runs whole
-        if caches is None:
+        if caches is None or isinstance(caches, StreamStart):
             if clip_frames is None:
                 raise ValueError("the first decode step needs clip_frames (the clip's latent frames)")
+            clip = clip_frames if caches is None else caches.clip_frames
             ones = jnp.ones((z.shape[0], 1, 1, 1, 1), jnp.int32)
-            clock, layers, step = Clock(0 * ones, clip_frames * ones), None, Step(True, clip_frames)
+            clock, layers, step = Clock(0 * ones, clip * ones), None, Step(True, clip, bound=clip_frames)
         else:
             clock, layers = caches
             step = Step(False, clock.clip[0, 0, 0, 0, 0])

@@ -208,6 +208,7 @@ class WanDecoder(nnx.Module):
     causal = True  # latent frame 0, then later chunks with the caches (models.families)
     lookahead = None
     needs_clip_frames = False
+    runtime_clip_frames = False
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
         self.temporal_scale = config.temporal_scale  # frames per latent frame after frame 0 (static)

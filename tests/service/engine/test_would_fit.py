@@ -23,7 +23,11 @@ def guard_for(config, *, fits_latents: tuple[int, ...] | None = None, fits_frame
     encode of ``fits_frames`` needs)."""
     model = estimator(config, dtype="float32", decoder_parameters=10_000_000, encoder_parameters=10_000_000)
     assert model is not None
-    limit = int(2 * model.decode(fits_latents).total) if fits_latents else int(1.01 * model.encode(fits_frames).total)
+    if fits_latents is not None:
+        limit = int(2 * model.decode(fits_latents).total)
+    else:
+        assert fits_frames is not None
+        limit = int(1.01 * model.encode(fits_frames).total)
     plan = MemoryPlan(platform="cpu", device_bytes=limit, device_source="test",
                       host_bytes=2**30, host_source="test", machine=None, reserve_bytes=0)
     t, s = config.temporal_scale, config.spatial_scale
