@@ -127,7 +127,10 @@ def mesh_line(m: dict[str, Any]) -> str:
 
 def footer(plan: dict[str, Any]) -> str:
     """The meshes skipped, the recommendation, where the table's rows came from, and the notes."""
-    lines = [f"| {s['tp']} | {s['dp']} | — | skipped: {s['reason']} |" for s in plan["skipped"]]
+    skipped: dict[tuple[int, str], list[str]] = {}  # tps skipped for one reason share a line
+    for s in plan["skipped"]:
+        skipped.setdefault((s["dp"], s["reason"]), []).append(str(s["tp"]))
+    lines = [f"| {', '.join(tps)} | {dp} | — | skipped: {reason} |" for (dp, reason), tps in skipped.items()]
     lines += ["", f"recommendation: {plan['recommendation']['reason']}", ""]
     table = [m for m in plan["meshes"] if m["source"] == "table"]
 
