@@ -1,7 +1,7 @@
-# Entry points: `make serve`, `make test` (lint and docs, then pytest), `make lint` (ruff + mypy),
-# `make docs` (mkdocs build --strict) and `make mutants` (the mutation check). Each creates .venv
-# when missing and installs what it needs; a stamp file keeps repeat runs fast until pyproject.toml
-# changes.
+# Entry points: `make serve`, `make test` (lint and docs, then pytest), `make extras` (what the tests
+# need, installed and nothing run), `make lint` (ruff + mypy), `make docs` (mkdocs build --strict) and
+# `make mutants` (the mutation check). Each creates .venv when missing and installs what it needs; a
+# stamp file keeps repeat runs fast until pyproject.toml changes.
 # JAX 0.11 and later need Python 3.12 or newer: the first such interpreter found (pyenv's installed
 # versions too, which its shims hide unless one is selected). PYTHON=... chooses another.
 PYTHON ?= $(firstword $(foreach p,python3.12 python3.13 python3 \
@@ -16,7 +16,7 @@ ARGS   ?=
 # Test files are the unit of distribution (--dist loadfile), so module fixtures are built once.
 WORKERS ?= 2
 
-.PHONY: serve test lint docs mutants install clean locks image test-images
+.PHONY: serve test extras lint docs mutants install clean locks image test-images
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "no Python 3.12 or newer found: make PYTHON=/path/to/python3.12 ..." >&2; exit 1; }
@@ -27,17 +27,26 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-# torch==2.13.0 first, so that diffusers' own torch requirement is already satisfied: pip takes a
-# CPU build where one lies on the host's disk for this Python (a find-links folder), else PyPI's
-# Linux build, the CUDA one (about 4 GB with its CUDA wheels; it runs on a CPU too). The aot extra
-# brings libtpu: the tests compile decode programs for a TPU slice without a TPU; the bench extra
-# (matplotlib) lets mypy check the bench scripts.
+# torch==2.13.0 first, so that diffusers' own torch requirement is already satisfied. On a host
+# without an NVIDIA GPU (no nvidia-smi) from PyTorch's CPU index (TORCH_CPU_INDEX: 0.2 GB to
+# download, 0.7 GB installed); on a GPU host, or where that index does not answer (pip gives up after
+# about 10 s), from pip's own indexes: a CPU build where one lies on the host's disk for this Python
+# (a find-links folder), else PyPI's Linux build, the CUDA one (4.6 GB installed with its CUDA
+# wheels and triton; it runs on a CPU too). The aot extra brings libtpu: the tests compile decode
+# programs for a TPU slice without a TPU; the bench extra (matplotlib) lets mypy check the bench scripts.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q --no-cache-dir torch==2.13.0
+	if command -v nvidia-smi >/dev/null 2>&1 || \
+	   ! $(BIN)/pip install -q --no-cache-dir --index-url $(TORCH_CPU_INDEX) torch==2.13.0; then \
+	  $(BIN)/pip install -q --no-cache-dir torch==2.13.0; fi
 	$(BIN)/pip install -q -e '.[test,aot,bench]'
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
+
+# What `make test` installs, and nothing run: the test, aot and bench extras with torch and diffusers
+# (the parity tests, diffusers' remote_decode and remote_encode clients).
+extras: $(VENV)/.installed-test
 
 serve: $(VENV)/.installed
 	$(BIN)/vaeserve serve --host $(HOST) --port $(PORT) $(ARGS)

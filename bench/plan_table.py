@@ -25,9 +25,10 @@ too (it does not fit), with the bytes the compiler says it needs.
 Real-size TPU compiles take minutes each and some need many GB of host memory: run it alone.
 
 The tables are shipped with the package (``sharding/plans/*.jsonl``): ``vaeserve plan`` answers
-their rows at once. Each row records the compiler's versions and the fingerprint of the decode
-code it was compiled from (``sharding.plan_table``), so a row of older code says it is stale;
-``--recompile`` compiles the rows named by ``--only`` again (the new row replaces the old).
+their rows at once. Each row records the compiler's versions and the fingerprint of the lowered
+program it compiled (``sharding.plan_table``), so a row whose program this checkout lowers
+differently, or that another compiler made, says it is stale; ``--recompile`` compiles the rows
+named by ``--only`` again unless they are fresh (the new row replaces the old).
 """
 
 from __future__ import annotations
@@ -135,8 +136,8 @@ def run(args: argparse.Namespace) -> None:
     from vaeserve import models, sharding
     from vaeserve.models.shapes import parse_shape_text
     from vaeserve.sharding.chips import chip_facts, topology_devices
-    from vaeserve.sharding.plan_table import code_fingerprint, compiler_versions
-    from vaeserve.sharding.planner import latent_shape_for_video, plan_mesh
+    from vaeserve.sharding.plan_table import compiler_versions
+    from vaeserve.sharding.planner import decode_program, latent_shape_for_video, plan_mesh
 
     finished = done(args.results)
     if args.recompile:  # the rows named are compiled again; each replaces its old line when done
@@ -153,19 +154,21 @@ def run(args: argparse.Namespace) -> None:
     print(f"{len(finished)} rows done, {len(todo)} to compile → {args.results}", file=sys.stderr)
     compiler = compiler_versions(args.platform)
     for row in (bar := tqdm(todo, unit="compile")):
-        config = models.MODEL_NAMES[key(row)[0]]()
-        code = code_fingerprint(config.family)
         latest = done(args.results)  # another process (``--only``, another ``--slices``) may have finished it
-        if args.recompile:  # an old row is not done; one of this code is
-            latest = {k: r for k, r in latest.items() if k not in (args.only or ()) or r.get("code") == code}
-        if key(row) in latest or (args.first_fit and fits_below(latest, row)) or (
+        recompiling = args.recompile and key(row) in (args.only or ())
+        if (key(row) in latest and not recompiling) or (args.first_fit and fits_below(latest, row)) or (
                 args.descending and fails_above(latest, row)):
             continue
-        bar.set_postfix_str(" ".join(map(str, key(row))))
+        config = models.MODEL_NAMES[key(row)[0]]()
         vae = models.abstract_vae(config, dtype=row["dtype"])  # a fresh program cache: one program at a time
         devices = topology_devices(row["slice"])
         latents = latent_shape_for_video(config, *parse_shape_text(row["video"], 3, "video"))
         mesh = sharding.make_mesh(row["tp"], devices=devices)
+        program = decode_program(vae, (1, *latents), mesh)[1]  # lowered (a second), not compiled
+        old = latest.get(key(row), {})
+        if recompiling and (old.get("program"), old.get("compiler")) == (program, compiler):
+            continue  # fresh already: this program, this compiler
+        bar.set_postfix_str(" ".join(map(str, key(row))))
         start, cpu = time.perf_counter(), time.process_time()
         try:
             chip = chip_facts(devices[0].device_kind)
@@ -174,7 +177,7 @@ def run(args: argparse.Namespace) -> None:
                 result = {**row, "error": plan.refused[:300], "required_bytes": plan.total_bytes,
                           "usable_bytes": plan.usable_bytes, "fits": False, "compile_s": plan.compile_s,
                           "compile_cpu_s": round(time.process_time() - cpu, 1)}
-                record(args.results, {**result, "compiler": compiler, "code": code})
+                record(args.results, {**result, "compiler": compiler, "program": program})
                 continue
             result = {**row, **{k: getattr(plan, k) for k in (
                 "split", "argument_bytes", "output_bytes", "temp_bytes", "code_bytes", "total_bytes", "hbm_bytes",
@@ -183,7 +186,7 @@ def run(args: argparse.Namespace) -> None:
         except Exception as e:  # noqa: BLE001 - the compiler's refusal (out of HBM) is a result too
             result = {**row, "error": str(e).splitlines()[0][:300],
                       "compile_s": round(time.perf_counter() - start, 1)}
-        record(args.results, {**result, "compiler": compiler, "code": code})
+        record(args.results, {**result, "compiler": compiler, "program": program})
 
 
 def record(path: Path, result: dict) -> None:

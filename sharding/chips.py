@@ -151,6 +151,15 @@ def gpu_target_config(chip: ChipFacts) -> str:
     ])
 
 
+def compile_target(chip: ChipFacts) -> str:
+    """What the compiler is told of ``chip`` besides the program, as far as we write it: for a GPU
+    our description (``gpu_target_config``) less the cuDNN version, which the compiler's installed
+    packages tell; for a TPU nothing (libtpu describes its own chips)."""
+    if chip.platform != "cuda":
+        return ""
+    return "\n".join(line for line in gpu_target_config(chip).splitlines() if not line.startswith("dnn_version_info"))
+
+
 def _gpu_devices(chip: ChipFacts, topology: str) -> list[jax.Device]:
     """The compile-only devices of one GPU host, e.g. ``"h100-8"``."""
     # The CUDA plugin checks the driver's and libraries' versions when it loads; compiling for a
@@ -169,19 +178,37 @@ def _gpu_devices(chip: ChipFacts, topology: str) -> list[jax.Device]:
     return list(description.devices)
 
 
+# What libtpu reads, as it loads, of the TPU workers around it. Left unset on a host without a TPU,
+# libtpu (0.0.50) logs that it could not find them (`Failed to find host bounds for accelerator
+# type`, `E0000 … INVALID_ARGUMENT: … unexpected worker hostname`) although it describes and
+# compiles for any topology all the same: this host is the one worker, with no TPU chips.
+LIBTPU_WITHOUT_TPU = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_HOST_BOUNDS": "1,1,1"}
+
+
+def tpu_chips_here() -> int:
+    """The TPU chips on this host's PCI bus (JAX's own check; 0 on a host without a TPU)."""
+    from jax._src import hardware_utils
+
+    return hardware_utils.num_available_tpu_chips_and_device_id()[0]
+
+
 def topology_devices(topology: str) -> list[jax.Device]:
     """The compile-only devices of a TPU slice, e.g. ``"v5e:2x4"`` (8 devices) or ``"v5p-8"``, or of
     a GPU host (``"h100-8"``, ``"h200-4"``; see ``_gpu_devices``).
 
     Needs libtpu (the ``aot`` extra) but no TPU. libtpu takes a machine-wide lock when it loads and
     asks the cloud metadata server what it runs on; neither is needed to compile, so both are
-    turned off here (a serving process that already holds the lock does not block planning).
+    turned off here (a serving process that already holds the lock does not block planning), and
+    on a host without a TPU libtpu is told that it is a single worker (``LIBTPU_WITHOUT_TPU``).
     """
     chip = _slice_chip(topology)
     if chip is not None and chip.platform == "cuda":
         return _gpu_devices(chip, topology)
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    if not tpu_chips_here():
+        for name, value in LIBTPU_WITHOUT_TPU.items():
+            os.environ.setdefault(name, value)
     from jax.experimental import topologies
 
     name = topology_name(topology)
@@ -210,9 +237,9 @@ def platforms_without_absent_tpu() -> str | None:
     Call before JAX starts its backends."""
     if os.environ.get("JAX_PLATFORMS") or jax.config.values.get("jax_platforms"):
         return None
-    from jax._src import cloud_tpu_init, hardware_utils
+    from jax._src import cloud_tpu_init
 
-    if cloud_tpu_init.get_tpu_library_path() is None or hardware_utils.num_available_tpu_chips_and_device_id()[0]:
+    if cloud_tpu_init.get_tpu_library_path() is None or tpu_chips_here():
         return None
     try:
         namespace = importlib.import_module("jax_plugins")  # where JAX's GPU plugins install themselves

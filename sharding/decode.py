@@ -288,14 +288,24 @@ def compile_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Outp
     tiling = check_framewise(vae.config, framewise)
     key = program_key("decode", shape, output, mesh=mesh_key(mesh), layout=layout, denormalize=denormalize, chunk=chunk,
                       query_chunk=query_chunk, **inner_frames_option(inner_frames), **tiling)
+    return vae.programs.get(key, functools.partial(
+        lower_decode, vae, shape, mesh, output=output, denormalize=denormalize, split=split, chunk=chunk,
+        inner_frames=inner_frames, query_chunk=query_chunk, framewise=framewise))
 
-    def lower():
-        run = _full(vae, mesh, layout, denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
-                    query_chunk=query_chunk, framewise=framewise, rank=len(shape))
-        return jit_for(vae, mesh, run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh),
-                                             *_conditions(vae, mesh, shape[0])[1])
 
-    return vae.programs.get(key, lower)
+def lower_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "float",
+                 denormalize: bool = False, split: Split | None = None, chunk: int | None = None,
+                 inner_frames: int | None = None, query_chunk: int = 4096,
+                 framewise: bool = False) -> jax.stages.Lowered:
+    """What ``compile_decode`` compiles, lowered and not compiled (about a second for a real-size
+    decode): its StableHLO (``as_text()``) names the program whatever Python wrote it."""
+    shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
+    layout = decode_layout(vae, shape, mesh, split)
+    run = _full(vae, mesh, layout, denormalize=denormalize, output=output, chunk=chunk,
+                inner_frames=check_inner_frames(inner_frames), query_chunk=query_chunk, framewise=framewise,
+                rank=len(shape))
+    return jit_for(vae, mesh, run).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh),
+                                         *_conditions(vae, mesh, shape[0])[1])
 
 
 def jit_for(vae: VAE, mesh: Mesh, run: Callable, *, donate: tuple[int, ...] = ()):

@@ -8,139 +8,65 @@ memory, its message and the bytes it named). Each row also names what made it:
 
 * ``compiler``: the versions of the compiler's packages (``jax``, ``jaxlib``, and ``libtpu`` or the
   CUDA plugin);
-* ``code``: the fingerprint of the code that becomes the decode program (``code_fingerprint``).
+* ``program``: the fingerprint of the lowered program that was compiled (``program_fingerprint``).
 
-A row whose fingerprint or compiler differs from this checkout's is *stale*: it is still shown,
-saying so, and ``vaeserve plan --compile`` compiles it again.
+A row stays fresh while this checkout lowers the same program for it and the same compiler is
+installed: a change to the Python that leaves the program as it was (a comment, a rename, a
+refactor) leaves every row fresh. A row whose program or compiler differs is *stale*: it is still
+shown, saying so, and ``vaeserve plan --compile`` compiles it again.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import inspect
 import json
 import math
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Mapping
 from functools import cache
 from importlib import metadata
 from importlib.resources import files
-from pathlib import Path
 from typing import Any
 
 from .chips import CHIPS
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # where models/ and sharding/ sit
 TABLES = {"tpu": "plans/tpu.jsonl", "gpu": "plans/gpu.jsonl"}
 DEFAULT_MODEL = "wan2.1"  # rows of Wan 2.1 name no model
-# What a table row is: a decode at batch 1, dp 1, uint8 frames out, automatic inner frames.
-ROW_SETTINGS = {"batch": 1, "dp": 1, "output": "uint8", "inner_frames": None}
-# The package whose version is the compiler's, besides jax and jaxlib: libtpu, and the CUDA plugin
-# of the `cuda` extra (rows compiled before it moved to CUDA 13 name jax-cuda12-plugin).
-COMPILER_PACKAGES = {"tpu": "libtpu", "gpu": "jax-cuda13-plugin"}
-# Where the decode program's code starts: the module that builds the program.
-PROGRAM_BUILDER = "sharding/decode.py"
-PACKAGE = "vaeserve"
-FIRST_PARTY = ("models", "sharding")  # the subpackages whose code becomes programs
+# The packages whose versions are the compiler's, besides jax and jaxlib: libtpu; the CUDA plugin of
+# the `cuda` extra and the cuDNN it loads, whose version XLA's choice of convolutions follows (rows
+# compiled before it moved to CUDA 13 name jax-cuda12-plugin; rows older than these notes, no cuDNN).
+COMPILER_PACKAGES = {"tpu": ("libtpu",), "gpu": ("jax-cuda13-plugin", "nvidia-cudnn-cu13")}
 
 
-# -- the code fingerprint -------------------------------------------------------------------------
-def _within_package(module: str) -> str:
-    """``vaeserve.models.x`` -> ``models.x``: a module's name relative to the package root (paths
-    and fingerprints name modules so, as they sit in a checkout)."""
-    return module.removeprefix(f"{PACKAGE}.")
+# -- the program fingerprint ----------------------------------------------------------------------
+_PRIVATE_FUNCTION = re.compile(r"func\.func private @([A-Za-z_][\w.$-]*)")
+_SYMBOL = re.compile(r"@([A-Za-z_][\w.$-]*)")
 
 
-def imported_modules(path: str, source: str) -> Iterator[str]:
-    """The first-party module files that ``source`` (the file at ``path``, relative to the package
-    root) imports: ``from vaeserve.models.x import …``, ``from .x import …``, ``import
-    vaeserve.sharding.y``."""
-    package = path.rsplit("/", 1)[0]
-    for node in ast.walk(ast.parse(source)):
-        names: list[str] = []
-        if isinstance(node, ast.ImportFrom):
-            base = package.replace("/", ".") if node.level else ""
-            module = ".".join(part for part in (base, _within_package(node.module or "")) if part)
-            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.Import):
-            names = [_within_package(alias.name) for alias in node.names]
-        for name in names:
-            if name.split(".")[0] in FIRST_PARTY:
-                yield name.replace(".", "/") + ".py"
+def normalized_module(text: str) -> str:
+    """A lowered module's text (``Lowered.as_text()``, without debug information: no source
+    locations) with its private functions named by the order they are defined in (``@silu_3`` →
+    ``@f7``): JAX names them after the Python functions that made them, which changes no program."""
+    names = {name: f"f{index}" for index, name in enumerate(_PRIVATE_FUNCTION.findall(text))}
+    return _SYMBOL.sub(lambda match: "@" + names.get(match[1], match[1]), text)
 
 
-@cache
-def _normalized(source: str) -> str:
-    """The code without what does not change a program: comments, formatting, docstrings and the
-    ``vaeserve.`` prefix of imports."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:  # where the package is installed changes no program
-            node.module = _within_package(node.module)
-        body = getattr(node, "body", None)
-        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
-    return ast.dump(tree, include_attributes=False)
-
-
-def family_module_files(family: str) -> list[str]:
-    """The module files of the decoders of configs whose ``family`` is ``family`` (the registry names
-    them by dotted path, so the imports do not lead there)."""
-    from vaeserve.models.registry import FAMILIES
-
-    files = []
-    for descriptor in FAMILIES:
-        for cls in descriptor.configs:
-            if cls.family == family:
-                decoder = descriptor.load(descriptor.modules[cls.class_name].decoder)
-                files.append(Path(inspect.getfile(decoder)).resolve().relative_to(PACKAGE_ROOT).as_posix())
-    return files
-
-
-def code_fingerprint(family: str, read: Callable[[str], str | None] | None = None) -> str:
-    """A fingerprint of the code that becomes ``family``'s decode program: 12 hex digits of the
-    SHA-256 of every module ``sharding/decode.py`` and the family's decoder module import,
-    transitively, within ``models`` and ``sharding``, each without its comments, formatting and
-    docstrings. Coarse on purpose: a change it sees may leave the program as it was, but a change to
-    the program's code is never missed. ``read(path)`` gives a file's text (None: no such file); by
-    default this checkout's (a git revision's, to stamp rows compiled before)."""
-    read = read or _read_checkout
-    seen: dict[str, str] = {}
-    todo = [PROGRAM_BUILDER, *family_module_files(family)]
-    while todo:
-        path = todo.pop()
-        if path in seen:
-            continue
-        source = read(path)
-        if source is None:  # a name imported from a module, or a package (its __init__)
-            init = path.removesuffix(".py") + "/__init__.py"
-            if init != path and init not in seen and read(init) is not None:
-                todo.append(init)
-            continue
-        seen[path] = _normalized(source)
-        todo.extend(imported_modules(path, source))
-    digest = hashlib.sha256()
-    for path in sorted(seen):
-        digest.update(f"{path}\n{seen[path]}\n".encode())
+def program_fingerprint(module_text: str, compiler_options: Mapping[str, Any], target: str = "") -> str:
+    """12 hex digits of the SHA-256 of a lowered program (``normalized_module``), the compiler
+    options it is compiled with and the description of the devices we give the compiler
+    (``chips.compile_target``): what the compiler is given, so an equal fingerprint under the same
+    compiler is the same compiled program."""
+    digest = hashlib.sha256(normalized_module(module_text).encode())
+    digest.update(json.dumps(dict(compiler_options), sort_keys=True).encode())
+    digest.update(target.encode())
     return digest.hexdigest()[:12]
-
-
-def _read_checkout(path: str) -> str | None:
-    file = PACKAGE_ROOT / path
-    return file.read_text(encoding="utf-8") if file.is_file() else None
-
-
-@cache
-def current_fingerprint(family: str) -> str:
-    return code_fingerprint(family)
 
 
 def compiler_versions(platform: str) -> dict[str, str]:
     """The installed versions of the packages that make up ``platform``'s compiler (``"tpu"`` or
     ``"gpu"``); a package that is not installed is left out."""
     versions = {}
-    for package in ("jax", "jaxlib", COMPILER_PACKAGES[platform]):
+    for package in ("jax", "jaxlib", *COMPILER_PACKAGES[platform]):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -170,14 +96,12 @@ def lookup(model: str, video: str, slice_name: str, dtype: str, tp: int) -> dict
     return None
 
 
-def staleness(row: dict[str, Any], family: str, platform: str) -> str | None:
-    """Why a row may no longer be what this checkout would compile, or None: the code that makes
-    the program changed (another fingerprint), or the compiler installed here is another version.
-    A row that names neither is stale too (nothing says what made it)."""
+def staleness(row: dict[str, Any], platform: str, program: str | None) -> str | None:
+    """Why a row may no longer be what this checkout would compile, or None: another compiler is
+    installed here, or this checkout lowers another program for it (``program``: its fingerprint;
+    None where it cannot be lowered here, which leaves the program unchecked). A row that does not
+    name its compiler or program is stale too (nothing says what made it)."""
     reasons = []
-    code = current_fingerprint(family)
-    if row.get("code") != code:
-        reasons.append(f"compiled from decode code {row.get('code', 'unknown')}; this checkout's is {code}")
     installed = compiler_versions(platform)
     changed = [f"{name} {version} (here {installed[name]})" for name, version in (row.get("compiler") or {}).items()
                if name in installed and installed[name] != version]
@@ -185,6 +109,10 @@ def staleness(row: dict[str, Any], family: str, platform: str) -> str | None:
         reasons.append("the compiler that made it is not recorded")
     elif changed:
         reasons.append(f"compiled by {', '.join(changed)}")
+    if "program" not in row:
+        reasons.append("the program it was compiled from is not recorded")
+    elif program is not None and row["program"] != program:
+        reasons.append(f"compiled from program {row['program']}; this checkout lowers {program}")
     return "; ".join(reasons) or None
 
 

@@ -25,16 +25,26 @@ from typing import Any
 import jax
 
 from vaeserve.models.config import VAEConfig
+from vaeserve.models.conv import compiler_options_for
 from vaeserve.models.flops import decode_flops
 from vaeserve.models.shapes import Output, check_output, clip_shape, latents_for_frames, misfits
 from vaeserve.models.vae import VAE
 
 from .bands import band_layout
-from .chips import ChipFacts, chip_facts, devices_per_chip, slice_facts
-from .decode import compile_decode
+from .chips import (
+    ChipFacts,
+    TopologyError,
+    chip_facts,
+    compile_target,
+    devices_per_chip,
+    slice_facts,
+    topology_devices,
+)
+from .decode import lower_decode, mesh_platform
 from .fits import program_total_bytes
 from .introspect import collective_summary, collectives, halo_bytes, program_memory
 from .mesh import DP_AXIS, TP_AXIS, make_mesh
+from .plan_table import compiler_versions, lookup, platform_of, program_fingerprint, staleness
 
 
 class PlanError(ValueError):
@@ -81,10 +91,13 @@ class MeshPlan:
     ``total_bytes`` are the bytes the compiler names (at least what the program needs), its other
     byte and cost fields are 0.
 
-    ``source``: ``"compiled"`` here, or ``"table"``: read from the compiled plans shipped with the
-    package (``sharding.plan_table``), where ``compiler`` and ``code`` say what made it, ``stale``
-    why it may differ from what this checkout compiles (None: it does not), and what the table
-    does not keep is None (``cost_analysis_flops``, ``halo_bytes``) or empty (``collectives``).
+    ``compiler`` and ``program`` say what made it: the compiler's package versions and the
+    fingerprint of the lowered program (``plan_table.program_fingerprint``). ``source``:
+    ``"compiled"`` here, or ``"table"``: read from the compiled plans shipped with the package
+    (``sharding.plan_table``), where ``stale`` says why it may differ from what this checkout
+    compiles (None: it does not), ``unchecked`` why its program could not be lowered here to check
+    (None: it was), and what the table does not keep is None (``cost_analysis_flops``,
+    ``halo_bytes``) or empty (``collectives``).
     """
 
     tp: int
@@ -109,8 +122,9 @@ class MeshPlan:
     refused: str | None = None
     source: str = "compiled"
     compiler: dict[str, str] | None = None
-    code: str | None = None
+    program: str | None = None
     stale: str | None = None
+    unchecked: str | None = None
 
 
 def _cost(compiled: jax.stages.Compiled) -> dict[str, float]:
@@ -128,6 +142,22 @@ def device_flops(config: VAEConfig, shape: tuple[int, ...], tp: int, dp: int, sp
     return decode_flops(config, padded) / tp
 
 
+def program_of(vae: VAE, mesh: jax.sharding.Mesh, lowered: jax.stages.Lowered) -> str:
+    """The fingerprint of a lowered decode (``plan_table.program_fingerprint``) with the compiler
+    options its platform compiles it with and, for a GPU, the description we give of it."""
+    device = mesh.devices.flat[0]
+    options = compiler_options_for(mesh_platform(mesh), vae.cpu_convs)
+    target = compile_target(chip_facts(device.device_kind)) if mesh_platform(mesh) == "gpu" else ""
+    return program_fingerprint(lowered.as_text(debug_info=False), options, target)
+
+
+def decode_program(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, *, output: Output = "uint8",
+                   inner_frames: int | None = None) -> tuple[jax.stages.Lowered, str]:
+    """The decode a plan compiles (``compile_decode``'s, lowered) and its fingerprint."""
+    lowered = lower_decode(vae, shape, mesh, output=output, inner_frames=inner_frames)
+    return lowered, program_of(vae, mesh, lowered)
+
+
 def plan_mesh(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: ChipFacts, *,
               hbm_bytes: int, output: Output = "uint8", headroom: float | None = None,
               inner_frames: int | None = None) -> MeshPlan:
@@ -137,9 +167,11 @@ def plan_mesh(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: C
     usable = int(hbm_bytes * (1 - (chip.headroom if headroom is None else headroom)))
     bands = band_layout(shape[-2], shape[-1], tp)
     flops = device_flops(vae.config, shape, tp, dp, bands.split, bands.band)
+    compiler = compiler_versions(platform_of_mesh(mesh))
     start = time.perf_counter()
+    lowered, program = decode_program(vae, shape, mesh, output=output, inner_frames=inner_frames)
     try:
-        compiled = compile_decode(vae, shape, mesh, output=output, inner_frames=inner_frames)
+        compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as error:
         required = compiler_refusal_bytes(str(error))
         if required is None:
@@ -148,7 +180,8 @@ def plan_mesh(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: C
             tp=tp, dp=dp, split=bands.split, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=required,
             code_bytes=0, total_bytes=required, hbm_bytes=hbm_bytes, usable_bytes=usable, fits=False, flops=flops,
             cost_analysis_flops=0.0, bytes_accessed=0.0, halo_bytes=0, collectives={},
-            compile_s=round(time.perf_counter() - start, 3), bound_s=0.0, refused=str(error).splitlines()[0])
+            compile_s=round(time.perf_counter() - start, 3), bound_s=0.0, refused=str(error).splitlines()[0],
+            compiler=compiler, program=program)
     compile_s = time.perf_counter() - start
     memory = program_memory(compiled)
     total = program_total_bytes(memory)
@@ -164,7 +197,13 @@ def plan_mesh(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: C
         halo_bytes=halo["first_per_device"] + (clip_shape(shape)[2] - 1) * halo["next_per_device"],
         collectives=collective_summary(collectives(compiled.as_text() or "")), compile_s=round(compile_s, 3),
         bound_s=max(flops / chip.peak_bf16_flops, bytes_accessed / chip.hbm_bytes_per_s),
+        compiler=compiler, program=program,
     )
+
+
+def platform_of_mesh(mesh: jax.sharding.Mesh) -> str:
+    """``"tpu"`` or ``"gpu"``: whose compiler compiles for the mesh's devices (``plan_table``'s names)."""
+    return "tpu" if mesh_platform(mesh) == "tpu" else "gpu"
 
 
 _REFUSAL = re.compile(r"RESOURCE_EXHAUSTED.*?required for [^(]*\((?P<size>[0-9.]+)(?P<unit>[KMGT]?)\)")
@@ -194,7 +233,7 @@ def table_model(config: VAEConfig) -> str | None:
 
 
 def mesh_from_row(row: dict[str, Any], latents: Sequence[int], *, chip: ChipFacts, per_chip: int,
-                  headroom: float | None, stale: str | None) -> MeshPlan | None:
+                  headroom: float | None) -> MeshPlan | None:
     """A table row as the candidate mesh it describes (``headroom`` may differ from the row's:
     ``fits`` is read again from its bytes), or None for a row that holds no answer (a compile
     that failed for another reason than memory)."""
@@ -215,28 +254,44 @@ def mesh_from_row(row: dict[str, Any], latents: Sequence[int], *, chip: ChipFact
         hbm_bytes=hbm, usable_bytes=usable, fits=not refused and total <= usable, flops=row.get("flops", 0.0),
         cost_analysis_flops=None, bytes_accessed=row.get("bytes_accessed", 0.0), halo_bytes=None, collectives={},
         compile_s=row["compile_s"], bound_s=row.get("bound_s", 0.0), refused=refused, source="table",
-        compiler=row.get("compiler"), code=row.get("code"), stale=stale)
+        compiler=row.get("compiler"), program=row.get("program"))
 
 
-def table_meshes(config: VAEConfig, latents: Sequence[int], topology: str, dtype: str, tps: Sequence[int], *,
-                 headroom: float | None = None) -> dict[int, MeshPlan]:
+def table_meshes(vae: VAE, latents: Sequence[int], topology: str, tps: Sequence[int], *,
+                 headroom: float | None = None, first_fit: bool = False) -> dict[int, MeshPlan]:
     """The candidate meshes the table answers for: tp → mesh, for a decode of latents ``(C, T, H,
-    W)`` at batch 1 (dp 1, uint8 out, automatic inner frames) on a single-host slice it holds."""
-    from .plan_table import lookup, platform_of, staleness
+    W)`` at batch 1 (dp 1, uint8 out, automatic inner frames) in ``vae.dtype`` on a single-host
+    slice it holds; with ``first_fit``, none past the first that fits.
 
-    facts, model = slice_facts(topology), table_model(config)
+    Each row is checked against this checkout: its program is lowered here (about a second, no
+    compile) and ``plan_table.staleness`` compares it and the compiler installed with the row's.
+    Lowering needs the slice's compiler (libtpu, the CUDA plugin); without it the row's ``unchecked``
+    says so."""
+    facts, model = slice_facts(topology), table_model(vae.config)
     if facts is None or model is None:
         return {}
     chip, name, _ = facts
-    width, height, frames = video_for_latents(config, latents)
-    found = {}
-    for tp in tps:
-        row = lookup(model, f"{width}x{height}x{frames}", name, dtype, tp)
-        if row is not None:
-            mesh = mesh_from_row(row, latents, chip=chip, per_chip=1, headroom=headroom,
-                                 stale=staleness(row, config.family, platform_of(name)))
-            if mesh is not None:
-                found[tp] = mesh
+    width, height, frames = video_for_latents(vae.config, latents)
+    found: dict[int, MeshPlan] = {}
+    devices: list[jax.Device] | TopologyError | None = None
+    for tp in sorted(set(tps)):
+        row = lookup(model, f"{width}x{height}x{frames}", name, vae.dtype, tp)
+        mesh = None if row is None else mesh_from_row(row, latents, chip=chip, per_chip=1, headroom=headroom)
+        if row is None or mesh is None:
+            continue
+        if devices is None:
+            try:
+                devices = topology_devices(name)
+            except TopologyError as error:
+                devices = error
+        program, unchecked = None, None
+        if isinstance(devices, TopologyError):
+            unchecked = f"its program is not lowered here to check it: {devices}"
+        else:
+            program = decode_program(vae, (1, *latents), make_mesh(tp, devices=devices))[1]
+        found[tp] = dataclasses.replace(mesh, stale=staleness(row, platform_of(name), program), unchecked=unchecked)
+        if first_fit and mesh.fits:
+            break
     return found
 
 
@@ -334,14 +389,15 @@ def recommend(meshes: Sequence[MeshPlan], devices: int) -> dict[str, Any]:
 
 def plan_decode(vae: VAE, latents: Sequence[int], devices: Sequence[jax.Device] | None, *, topology: str,
                 tps: Sequence[int] = (1, 2, 4, 8), dp: int = 1, batch: int = 1, output: Output = "uint8",
-                headroom: float | None = None, inner_frames: int | None = None,
+                headroom: float | None = None, inner_frames: int | None = None, first_fit: bool = False,
                 known: Mapping[int, MeshPlan] | None = None, on_mesh: Callable[[MeshPlan], None] | None = None,
                 before_compile: Callable[[int], None] | None = None) -> Plan:
     """Plan the decode of latents ``(C, T, H, W)`` (an image model's ``(C, H, W)``), ``batch`` per dp
     replica, on ``devices``.
 
     Every ``tp`` in ``tps`` with ``dp·tp`` ≤ the devices is compiled (the others are listed in
-    ``skipped``), unless ``known`` answers it already (tp → mesh: the table's, ``table_meshes``).
+    ``skipped``), unless ``known`` answers it already (tp → mesh: the table's, ``table_meshes``);
+    with ``first_fit``, in ascending order up to the first that fits (the larger are ``skipped``).
     ``devices`` are those of one slice (``chips.topology_devices``) or any others whose
     ``device_kind`` has chip facts; None when ``known`` answers every tp of a slice the chip table
     names. ``before_compile(tp)`` is called as a compile starts, ``on_mesh(mesh)`` as each mesh is
@@ -356,10 +412,16 @@ def plan_decode(vae: VAE, latents: Sequence[int], devices: Sequence[jax.Device] 
     chip, per_chip, known = where.chip, where.devices_per_chip, known or {}
     headroom = chip.headroom if headroom is None else headroom
     shape = (batch * dp, *tuple(latents))
-    meshes, skipped = [], []
+    meshes: list[MeshPlan] = []
+    skipped: list[dict[str, Any]] = []
     for tp in sorted(set(tps)):
         if tp * dp > where.devices:
             skipped.append({"tp": tp, "dp": dp, "reason": f"needs {tp * dp} devices; the slice has {where.devices}"})
+            continue
+        fitting = next((m.tp for m in meshes if m.fits), None) if first_fit else None
+        if fitting is not None:
+            skipped.append({"tp": tp, "dp": dp, "reason": f"tp={fitting} fits: only the smallest tp that fits is "
+                                                          "planned unless the candidates are named"})
             continue
         if tp in known:
             meshes.append(known[tp])

@@ -7,14 +7,16 @@ compiler (libtpu, or XLA's CUDA compiler), no TPU and no GPU.
     vaeserve plan --topology v6e-8 --model sdxl --image 4096x4096 --dtype bfloat16   # an image model
     vaeserve plan --topology v6e-8 --model ltx2 --video 1280x704x121 --dtype bfloat16 --tp 8   # LTX-2 (F = 1 + 8k)
 
+The candidates are tp = 1, 2, 4, 8 up to the first that fits, or every tp that ``--tp`` names.
 Each candidate mesh the package's table of compiled plans holds (``sharding/plans``: the common
 videos of Wan 2.1 and HunyuanVideo on v5e-8, v6e-8, v5p-8, H100 and H200 hosts, batch 1, uint8
-frames) is answered at once from it, saying which compiler made it and whether the decode code
-changed since (a *stale* row); the others are compiled here for the slice's abstract devices (see
-``sharding.planner``), each announced with the compile time the table suggests (minutes each on a
-small host) and printed as it finishes. ``--compile`` compiles every mesh. Per-device memory, fit,
-FLOPs, traffic, collectives, compile time and a roofline lower bound, then the smallest tp that
-fits. ``--json`` prints one JSON document.
+frames) is answered at once from it, saying which compiler made it and whether this checkout
+lowers another program for it (a *stale* row); the others are compiled here for the slice's
+abstract devices (see ``sharding.planner``), each announced with the compile time the table
+suggests (minutes each on a small host) and printed as it finishes; Ctrl-C stops a compile at
+once. ``--compile`` compiles every mesh. Per-device memory, fit, FLOPs, traffic, collectives,
+compile time and a roofline lower bound, then the smallest tp that fits. ``--json`` prints one
+JSON document.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import dataclasses
 import json
 import os
 import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from vaeserve.models.registry import DEFAULT_MODEL, embedded_names_text
@@ -44,7 +48,8 @@ def add_parser(sub) -> None:
                    help=f"an embedded model: {embedded_names_text()}; or a model path as `serve --model` takes; only "
                         "its config is read")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--tp", default="1,2,4,8", help="candidate tp sizes, comma-separated (default 1,2,4,8)")
+    p.add_argument("--tp", default=None, help="candidate tp sizes, comma-separated, each planned (default: 1, 2, "
+                   "4, 8 up to the first that fits)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of each candidate mesh")
     p.add_argument("--batch", type=int, default=1, help="latents per dp replica")
     p.add_argument("--output", choices=["uint8", "float"], default="uint8", help="decoded frames as served")
@@ -60,7 +65,12 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
 
 
-def _tps(text: str) -> list[int]:
+DEFAULT_TPS = (1, 2, 4, 8)  # without --tp: in this order, up to the first that fits
+
+
+def _tps(text: str | None) -> list[int]:
+    if text is None:
+        return list(DEFAULT_TPS)
     try:
         tps = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -99,7 +109,7 @@ def header(plan: dict[str, Any]) -> str:
 def _source(m: dict[str, Any]) -> str:
     if m["source"] != "table":
         return "compiled now"
-    return "table, STALE" if m["stale"] else "table"
+    return "table, STALE" if m["stale"] else "table, unchecked" if m["unchecked"] else "table"
 
 
 def mesh_line(m: dict[str, Any]) -> str:
@@ -119,17 +129,26 @@ def mesh_line(m: dict[str, Any]) -> str:
 
 def footer(plan: dict[str, Any]) -> str:
     """The meshes skipped, the recommendation, where the table's rows came from, and the notes."""
-    lines = [f"| {s['tp']} | {s['dp']} | — | skipped: {s['reason']} |" for s in plan["skipped"]]
+    skipped: dict[tuple[int, str], list[str]] = {}  # tps skipped for one reason share a line
+    for s in plan["skipped"]:
+        skipped.setdefault((s["dp"], s["reason"]), []).append(str(s["tp"]))
+    lines = [f"| {', '.join(tps)} | {dp} | — | skipped: {reason} |" for (dp, reason), tps in skipped.items()]
     lines += ["", f"recommendation: {plan['recommendation']['reason']}", ""]
     table = [m for m in plan["meshes"] if m["source"] == "table"]
-    for made_by in sorted({(_compiler_text(m["compiler"]), m["code"] or "unrecorded") for m in table}):
-        tps = ", ".join(str(m["tp"]) for m in table if (_compiler_text(m["compiler"]), m["code"] or "unrecorded")
-                        == made_by)
-        lines.append(f"* table (tp = {tps}): compiled by {made_by[0]} from decode code {made_by[1]}")
+
+    def made_by(m: dict[str, Any]) -> tuple[str, str]:
+        return _compiler_text(m["compiler"]), m["program"] or "unrecorded"
+
+    for compiler, program in sorted({made_by(m) for m in table}):
+        tps = ", ".join(str(m["tp"]) for m in table if made_by(m) == (compiler, program))
+        lines.append(f"* table (tp = {tps}): compiled by {compiler} from program {program}")
     for reason in sorted({m["stale"] for m in table if m["stale"]}):
         tps = ", ".join(str(m["tp"]) for m in table if m["stale"] == reason)
         lines.append(f"* STALE (tp = {tps}): {reason}. The bytes may differ from what this checkout compiles; "
                      "`--compile` compiles them here")
+    for reason in sorted({m["unchecked"] for m in table if m["unchecked"] and not m["stale"]}):
+        tps = ", ".join(str(m["tp"]) for m in table if m["unchecked"] == reason and not m["stale"])
+        lines.append(f"* unchecked (tp = {tps}): {reason}")
     lines += [f"* {name}: {text}" for name, text in plan["notes"].items()]
     return "\n".join(lines)
 
@@ -177,7 +196,8 @@ def _latents(args: argparse.Namespace, config: Any) -> tuple[int, ...]:
     return latents
 
 
-def _announce(args: argparse.Namespace, config: Any, latents: tuple[int, ...], tps: list[int]) -> None:
+def _announce(args: argparse.Namespace, config: Any, latents: tuple[int, ...], tps: list[int], *,
+              first_fit: bool) -> None:
     """Before any compile: how many meshes will be compiled, and about how long each takes (the
     table's nearest row of the same model, dtype and tp)."""
     from vaeserve.sharding.chips import slice_facts
@@ -191,7 +211,44 @@ def _announce(args: argparse.Namespace, config: Any, latents: tuple[int, ...], t
         estimate = estimate_compile_s(model, video, facts[1], args.dtype, tp) if model and facts else None
         parts.append(f"tp={tp} about {_minutes(estimate[0])} of CPU ({estimate[1]} took that long for the table, "
                      "on a 2-core host)" if estimate else f"tp={tp} (no estimate: the table has no row of this model)")
-    _say(f"{len(tps)} mesh(es) to compile here: " + "; ".join(parts))
+    count = f"up to {len(tps)} mesh(es) (until one fits)" if first_fit and len(tps) > 1 else f"{len(tps)} mesh(es)"
+    _say(f"{count} to compile here: " + "; ".join(parts))
+
+
+def meshes_to_compile(tps: list[int], known: dict[int, Any], *, first_fit: bool, devices: int | None,
+                      dp: int) -> list[int]:
+    """The candidate tps a plan will compile: those the table does not answer (``known``) and that
+    fit the slice's ``devices`` (None: not known yet), and with ``first_fit`` none past a tp the
+    table says fits."""
+    known_fit = min((tp for tp, mesh in known.items() if mesh.fits), default=None) if first_fit else None
+    return [tp for tp in sorted(set(tps)) if tp not in known and (devices is None or tp * dp <= devices)
+            and (known_fit is None or tp < known_fit)]
+
+
+def interruptible(work: Callable[[], int]) -> int:
+    """``work()``, run in a worker thread while this one waits in short slices: XLA compiles in C++,
+    where Python's SIGINT handler does not run until the compile returns (minutes). Ctrl-C here
+    leaves at once (exit status 130), without waiting for the compile to end."""
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as error:  # noqa: BLE001 - raised again in the waiting thread
+            outcome.append(error)
+
+    worker = threading.Thread(target=target, name="vaeserve-plan", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.1)
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print("vaeserve plan: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)  # a normal exit would wait for the compile (the interpreter's shutdown, JAX's atexit)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def _meta(args: argparse.Namespace, where: Any, config: Any, latents: tuple[int, ...]) -> dict[str, Any]:
@@ -210,6 +267,10 @@ def run(args: argparse.Namespace) -> int:
     # Planning runs nothing on the host; keep JAX off any local accelerator (and off libtpu's
     # hardware probe: the TPU devices planned for are compile-only descriptions).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    return interruptible(lambda: _plan(args))
+
+
+def _plan(args: argparse.Namespace) -> int:
     from vaeserve import models, sharding
     from vaeserve.sharding.chips import TopologyError, slice_facts, topology_devices
     from vaeserve.sharding.planner import PlanError, describe_slice, plan_decode, table_meshes
@@ -221,20 +282,22 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = models.load_config(args.model)
         latents = _latents(args, config)
-        tps, inner_frames = _tps(args.tp), _inner_frames(args.inner_frames)
+        tps, inner_frames, first_fit = _tps(args.tp), _inner_frames(args.inner_frames), args.tp is None
+        vae = models.abstract_vae(config, dtype=args.dtype)
         as_in_table = args.dp == args.batch == 1 and args.output == "uint8" and inner_frames is None
         known = {} if args.compile or not as_in_table else table_meshes(
-            config, latents, args.topology, args.dtype, tps, headroom=args.headroom)
+            vae, latents, args.topology, tps, headroom=args.headroom, first_fit=first_fit)
         facts = slice_facts(args.topology)
-        to_compile = [tp for tp in sorted(set(tps)) if tp not in known and (facts is None or tp * args.dp <= facts[2])]
+        to_compile = meshes_to_compile(tps, known, first_fit=first_fit, devices=facts[2] if facts else None,
+                                       dp=args.dp)
         devices = topology_devices(args.topology) if to_compile or facts is None else None
         if to_compile:
-            _announce(args, config, latents, to_compile)
+            _announce(args, config, latents, to_compile, first_fit=first_fit)
         if not args.json:
             print(header(_meta(args, describe_slice(args.topology, devices), config, latents)), flush=True)
-        plan = plan_decode(models.abstract_vae(config, dtype=args.dtype), latents, devices, topology=args.topology,
-                           tps=tps, dp=args.dp, batch=args.batch, output=args.output, headroom=args.headroom,
-                           inner_frames=inner_frames, known=known, on_mesh=printed,
+        plan = plan_decode(vae, latents, devices, topology=args.topology, tps=tps, dp=args.dp, batch=args.batch,
+                           output=args.output, headroom=args.headroom, inner_frames=inner_frames,
+                           first_fit=first_fit, known=known, on_mesh=printed,
                            before_compile=lambda tp: _say(f"compiling tp={tp} dp={args.dp} …"))
     except (PlanError, TopologyError, models.ConfigError, FileNotFoundError, sharding.SplitError) as e:
         print(f"vaeserve plan: error: {e}", file=sys.stderr)

@@ -3,7 +3,9 @@
 After each temporal upsampler the decoder's later stages run a few frames at a time in an inner
 ``lax.scan`` that carries their causal caches. Checked here: the scan helper equals the whole
 stage (and carrying nothing does not: the negative control); streamed and whole-step decodes agree
-to ≤ 1e-6 for Wan 2.1 and 2.2; the streamed decode still matches diffusers' committed fixtures;
+to ≤ 1e-5 for Wan 2.1 and 2.2, frames and carried caches (two programs of the same sums grouped
+otherwise, on the nine-tap conv path, whose temp memory the last test weighs), and a step that sees
+another past does not; the streamed decode still matches diffusers' committed fixtures;
 and the compiled step's temp memory (``memory_analysis()`` on CPU) falls ≥ 2.5x from four frames
 per inner step to one. The sharded decode is checked in ``tests/sharding/test_sharded_inner_frames.py``.
 """
@@ -30,7 +32,9 @@ from vaeserve.models.frame_groups import check_inner_frames, scan_frame_groups, 
 from vaeserve.models.layers import CausalConv3d
 from vaeserve.models.spatial import SingleDeviceContext
 
-EXACT = 1e-6
+# Two programs of the same frames (another grouping of the same sums: float32 rounding, which each
+# CPU's kernels round their own way) agree to the promise of a sharded decode to a single-device one.
+SAME_FRAMES = 1e-5
 # Activation-dominated (tiny weights, 256x256 frames at 8 channels in the last stage). Wan 2.2 in
 # small: residual up blocks, DupUp3D, 2x2 unpatchify, time doubled once (as in tests/sharding).
 CONFIGS = {
@@ -75,6 +79,7 @@ def _aval(shape, frames):
 
 
 def _program(vae, inner_frames):
+    """The later decode step on the nine-tap conv path (``SingleDeviceContext``'s default)."""
     return step_program(vae.graphdef, vae.config, jnp.float32, SingleDeviceContext, denormalize=False,
                         output="float", inner_frames=inner_frames)
 
@@ -93,8 +98,8 @@ def test_frame_groups_equal_the_whole_causal_conv():
     for group in (1, 2, 3):  # 3: a scan of one group, then a shorter last group
         y, carried = jax.jit(lambda x, c, g=group: scan_frame_groups(stage, x, c, g))(x, cache)
         assert y.shape == whole.shape
-        assert float(jnp.abs(y - whole).max()) <= EXACT, group
-        assert float(jnp.abs(carried - whole_cache).max()) == 0.0  # the last two padded input frames
+        assert float(jnp.abs(y - whole).max()) <= SAME_FRAMES, group
+        assert float(jnp.abs(carried - whole_cache).max()) == 0.0  # the last two padded input frames: copies
 
     # Negative control: groups that do not carry the caches forward (each sees the step's old
     # past) differ by far more than the tolerance.
@@ -125,10 +130,13 @@ def test_streamed_step_equals_the_whole_step(steps, name):
     streamed = steps(name, 1)[0]
     (frames, new_caches, _), (expected, expected_caches, _) = streamed(vae.state, caches, latents), whole(vae.state, caches, latents)
     assert frames.shape == expected.shape == (1, 3, config.temporal_scale, *[s * config.spatial_scale for s in shape[3:]])
-    assert float(jnp.abs(frames - expected).max()) <= EXACT
+    assert float(jnp.abs(frames - expected).max()) <= SAME_FRAMES
     for got, want in zip(jax.tree.leaves(new_caches), jax.tree.leaves(expected_caches), strict=True):
-        assert float(jnp.abs(got - want).max()) <= EXACT
+        assert float(jnp.abs(got - want).max()) <= SAME_FRAMES  # each conv's last inputs: frames computed so far
     assert float(expected.std()) > 0.05  # frames with something in them to disagree about
+    # Control: the same step after another past (zero caches) is caught by the same tolerance.
+    forgot = streamed(vae.state, jax.tree.map(jnp.zeros_like, caches), latents)[0]
+    assert float(jnp.abs(forgot - expected).max()) > 1e-2
 
 
 def test_streamed_decode_matches_diffusers_fixture(tmp_path):

@@ -81,7 +81,7 @@ def test_average_down_is_diffusers_avg_down_3d(cin, cout, factor_t, factor_s, fr
     got = np.asarray(average_down(jnp.asarray(x), cout, factor_t=factor_t, factor_s=factor_s))
     expected = _diffusers_avg_down(_ncthw(x), cout, factor_t, factor_s)
     assert got.shape == (2, -(-frames // factor_t), 4 // factor_s, 6 // factor_s, cout)
-    assert np.abs(_ncthw(got) - expected).max() <= 1e-6
+    assert np.abs(_ncthw(got) - expected).max() <= 1e-5  # means of up to 8 values, summed in another order
 
 
 def test_average_down_pads_the_first_chunk_in_front():
@@ -90,7 +90,7 @@ def test_average_down_pads_the_first_chunk_in_front():
     x = RNG.standard_normal((1, 1, 2, 2, 3)).astype(np.float32)
     got = np.asarray(average_down(jnp.asarray(x), 6, factor_t=2, factor_s=2))
     assert np.array_equal(got[..., 0::2], np.zeros((1, 1, 1, 1, 3), np.float32))
-    assert np.allclose(got[0, 0, 0, 0, 1::2], x[0, 0].mean(axis=(0, 1)), atol=1e-6)
+    assert np.allclose(got[0, 0, 0, 0, 1::2], x[0, 0].mean(axis=(0, 1)), atol=1e-5, rtol=0)
 
 
 def test_average_down_refuses_groups_that_do_not_divide():

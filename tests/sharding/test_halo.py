@@ -73,7 +73,7 @@ def test_attend_equals_whole_frame_attention(split, size, tp):
     valid[axis] = slice(0, size)
     valid = tuple(valid)
     expected = np.asarray(SingleDeviceContext().attend(q[valid], k[valid], v[valid]))
-    np.testing.assert_allclose(got[valid], expected, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(got[valid], expected, atol=1e-5, rtol=0)  # sharded against single: the promise
 
 
 @pytest.mark.parametrize("split, size, tp", [("height", 8, 4), ("height", 5, 4), ("width", 7, 3)])

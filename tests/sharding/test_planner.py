@@ -13,10 +13,18 @@ from tests.helpers.sharding_helpers import cuda_compiler_installed
 from vaeserve import models, sharding
 from vaeserve.models.shapes import parse_shape_text
 from vaeserve.service import cli
+from vaeserve.service.cli.plan import meshes_to_compile
 from vaeserve.sharding.chips import CHIPS, TopologyError, chip_facts, gpu_target_config, topology_devices, topology_name
 from vaeserve.sharding.fits import WontFitError, check_fits, device_bytes_limit, program_total_bytes, what_would_fit
 from vaeserve.sharding.introspect import collective_summary, collectives, conv_ops, program_memory
-from vaeserve.sharding.planner import MeshPlan, PlanError, latent_shape_for_video, recommend, video_for_latents
+from vaeserve.sharding.planner import (
+    MeshPlan,
+    PlanError,
+    latent_shape_for_video,
+    plan_decode,
+    recommend,
+    video_for_latents,
+)
 
 WAN21 = models.WanVAEConfig()
 
@@ -97,6 +105,22 @@ def _mesh(tp: int, total: int, usable: int = 100) -> MeshPlan:
                     code_bytes=0, total_bytes=total, hbm_bytes=usable + 10, usable_bytes=usable, fits=total <= usable,
                     flops=1.0, cost_analysis_flops=1.0, bytes_accessed=1.0, halo_bytes=0, collectives={},
                     compile_s=1.0, bound_s=1.0)
+
+
+def test_without_named_candidates_the_plan_stops_at_the_first_tp_that_fits(vae):
+    """The table's meshes (``known``) answer; nothing is compiled (no devices are given). With
+    ``first_fit`` the larger tps are skipped, saying why; named candidates are all planned."""
+    known = {1: _mesh(1, 400), 2: _mesh(2, 90), 4: _mesh(4, 50), 8: _mesh(8, 30)}
+    plan = plan_decode(vae, (16, 2, 8, 8), None, topology="v5e-8", known=known, first_fit=True)
+    assert [m.tp for m in plan.meshes] == [1, 2] and plan.recommendation["tp"] == 2
+    assert [(s["tp"], s["reason"]) for s in plan.skipped] == [
+        (tp, "tp=2 fits: only the smallest tp that fits is planned unless the candidates are named") for tp in (4, 8)]
+    every = plan_decode(vae, (16, 2, 8, 8), None, topology="v5e-8", known=known)
+    assert [m.tp for m in every.meshes] == [1, 2, 4, 8] and every.skipped == []
+    # What the CLI will compile: the tps the table lacks, none past one it says fits.
+    assert meshes_to_compile([1, 2, 4, 8], {2: known[2]}, first_fit=True, devices=8, dp=1) == [1]
+    assert meshes_to_compile([1, 2, 4, 8], {2: known[2]}, first_fit=False, devices=8, dp=1) == [1, 4, 8]
+    assert meshes_to_compile([1, 2, 4, 8], {}, first_fit=True, devices=4, dp=2) == [1, 2]
 
 
 def test_recommend_the_smallest_tp_that_fits_and_the_dp_left():

@@ -5,23 +5,28 @@
 this process, and tp = 4 again inside a real `vaeserve plan --json` process that starts first and
 compiles while this one does. Nothing runs on a TPU; what is checked is the compiled program:
 native convolutions (not the CPU's nine-tap matmul), per-device temp memory, the collectives, and
-that the planner reports exactly what `memory_analysis()` says about the same program.
+that the planner reports exactly what `memory_analysis()` says about the same program. Real
+processes also show that Ctrl-C stops `vaeserve plan` in the middle of a compile, and that neither
+it nor the Python API's planning prints libtpu's errors about the TPU hosts it cannot find.
 """
 
 import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.service_helpers import wait_until
 from tests.helpers.sharding_helpers import assert_halo_collectives, assert_memory_split_over_tp
 from vaeserve import models, sharding
 from vaeserve.service import cli
-from vaeserve.sharding.chips import topology_devices
+from vaeserve.sharding.chips import LIBTPU_WITHOUT_TPU, topology_devices
 from vaeserve.sharding.introspect import collectives, conv_ops, program_memory
 from vaeserve.sharding.planner import device_flops
 
@@ -30,6 +35,8 @@ SHAPE = (1, 16, 3, 16, 16)
 REPO = Path(__file__).resolve().parents[2]
 # Three TPU compiles take ~3 min of this host alone; under a shared machine's load, much longer.
 pytestmark = pytest.mark.timeout(2400)
+# What libtpu prints on a host without a TPU unless it is told it is one worker.
+LIBTPU_NOISE = ("unexpected worker hostname", "INVALID_ARGUMENT", "Failed to find host bounds")
 PLAN_FIELDS = {"tp", "dp", "split", "argument_bytes", "output_bytes", "temp_bytes", "code_bytes", "total_bytes",
                "hbm_bytes", "fits", "flops", "bytes_accessed", "halo_bytes", "compile_s", "bound_s"}
 
@@ -46,14 +53,28 @@ def _require_libtpu() -> None:
     pytest.skip(f"libtpu has no wheel for {sys.platform}/{platform.machine()}: no TPU compiler here")
 
 
+def user_env() -> dict[str, str]:
+    """This environment as a user's shell has it: without what planning in this process set for
+    libtpu (a child would inherit it and pass whatever the code does)."""
+    return {name: value for name, value in os.environ.items() if name not in LIBTPU_WITHOUT_TPU} | {
+        "PYTHONPATH": str(REPO)}
+
+
 @pytest.fixture(scope="module")
-def plan_process(vae, tmp_path_factory):
+def tiny_model_dir(vae, tmp_path_factory) -> Path:
+    return models.save_vae(vae, tmp_path_factory.mktemp("tiny-vae"))
+
+
+def plan_command(model_dir: Path, tp: int) -> list[str]:
+    return [sys.executable, "-m", "vaeserve", "plan", "--topology", TOPOLOGY, "--shape", "x".join(map(str, SHAPE[1:])),
+            "--model", str(model_dir), "--tp", str(tp), "--json"]
+
+
+@pytest.fixture(scope="module")
+def plan_process(tiny_model_dir):
     """`vaeserve plan --json` for tp = 4, started before the in-process compiles (they overlap)."""
     _require_libtpu()
-    model_dir = models.save_vae(vae, tmp_path_factory.mktemp("tiny-vae"))
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "vaeserve", "plan", "--topology", TOPOLOGY, "--shape", "x".join(map(str, SHAPE[1:])),
-               "--model", str(model_dir), "--tp", "4", "--json"]
+    env, command = user_env(), plan_command(tiny_model_dir, 4)
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     yield process
     if process.poll() is None:
@@ -73,6 +94,7 @@ def programs(plan_process, vae):
 def plan(plan_process):
     out, err = plan_process.communicate(timeout=900)
     assert plan_process.returncode == 0, err[-3000:]
+    assert not any(noise in err for noise in LIBTPU_NOISE), err
     return json.loads(out)
 
 
@@ -153,3 +175,72 @@ def test_neighbouring_bands_sit_on_neighbouring_chips(topology, tp):
     devices = topology_devices(topology)
     assert _hops(sharding.make_mesh(tp, devices=devices).devices.flat) == [1] * (tp - 1)
     assert max(_hops(devices[:tp])) > 1
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) of a running process, from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_ctrl_c_stops_a_plan_in_the_middle_of_a_compile(tiny_model_dir, tmp_path):
+    """XLA compiles in C++, where Python's SIGINT handler cannot run: `vaeserve plan` compiles in a
+    worker thread and its main thread leaves at Ctrl-C within 2 s (asserted with 8 s to spare for a
+    loaded machine; the compile itself takes a minute and more)."""
+    _require_libtpu()
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(plan_command(tiny_model_dir, 1), cwd=REPO, env=user_env(), stdout=subprocess.PIPE,
+                                   stderr=stderr, text=True)
+    try:
+        wait_until(lambda: "compiling tp=1" in log.read_text() or process.poll() is not None, "the compile's start")
+        started = _cpu_seconds(process.pid)
+        # Lowering the tiny decode takes a fraction of a second: 3 CPU-seconds later XLA is compiling.
+        wait_until(lambda: process.poll() is not None or _cpu_seconds(process.pid) > started + 3, "XLA compiling")
+        assert process.poll() is None, log.read_text()  # still compiling when the signal lands
+        sent = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+        waited = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    err = log.read_text()
+    assert process.returncode == 130 and "vaeserve plan: interrupted" in err, err
+    assert waited < 2 + 8, f"exited {waited:.1f} s after SIGINT"
+    assert process.stdout is not None and process.stdout.read() == ""  # no plan: it was interrupted
+    assert not any(noise in err for noise in LIBTPU_NOISE), err
+
+
+PYTHON_API = """
+from vaeserve import models, sharding
+
+vae = models.abstract_vae(models.load_config("wan2.1"), dtype="bfloat16")
+devices = sharding.topology_devices("v6e-8")
+print(len(devices), devices[0].device_kind)
+"""
+
+BARE_LIBTPU = """
+import os
+os.environ.update(TPU_SKIP_MDS_QUERY="1", ALLOW_MULTIPLE_LIBTPU_LOAD="1")  # as topology_devices sets them
+from jax.experimental import topologies
+
+print(len(topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x4").devices))
+"""
+
+
+def test_planning_from_python_prints_no_libtpu_errors():
+    """The Python API's planning (docs/planning.md) as a user runs it, JAX_PLATFORMS unset: libtpu
+    is told this host is one worker, and prints nothing. Control: libtpu loaded the same way
+    without vaeserve prints its errors about the TPU hosts it cannot find."""
+    _require_libtpu()
+    env = {name: value for name, value in user_env().items() if name != "JAX_PLATFORMS"}
+    ours = subprocess.run([sys.executable, "-c", PYTHON_API], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert ours.returncode == 0 and ours.stdout == "8 TPU v6 lite\n", ours.stderr
+    assert not any(noise in ours.stderr for noise in LIBTPU_NOISE), ours.stderr
+    bare = subprocess.run([sys.executable, "-c", BARE_LIBTPU], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert bare.returncode == 0 and bare.stdout == "8\n", bare.stderr
+    assert all(noise in bare.stderr for noise in LIBTPU_NOISE), bare.stderr
