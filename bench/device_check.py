@@ -56,7 +56,7 @@ class Case:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class DeviceCheckPlan:
     cases: list[Case]
     runs: int
     service_model: str | None  # an embedded model name, or None: the case's config saved to a folder
@@ -76,13 +76,13 @@ SMALL = {
     "hunyuan1.5": Case("hunyuan1.5", HunyuanVideo15Config(block_out_channels=(8, 16, 16, 32, 64),
                                                           layers_per_block=1, latent_channels=16), (80, 48, 5)),
 }
-FULL = Plan(cases=[Case("wan2.1", WanVAEConfig(), (1280, 720, 81)),
+FULL = DeviceCheckPlan(cases=[Case("wan2.1", WanVAEConfig(), (1280, 720, 81)),
                    Case("wan2.2", WanVAEConfig.wan22(), (1280, 704, 121)),
                    Case("hunyuan1.5", HunyuanVideo15Config(), (1280, 720, 121))],
             runs=3, service_model="wan2.1", service_dtype="bfloat16", budget_s=420, grace_s=30)
 # PyTorch's bfloat16 3-D convolutions on a CPU take ~100x its float32 ones (measured on 2 cores: 14 s
 # against 0.1 s for the tiny Wan decode), so --tiny times diffusers in float32 only.
-TINY = Plan(cases=list(SMALL.values()),
+TINY = DeviceCheckPlan(cases=list(SMALL.values()),
             runs=2, service_model=None, service_dtype="float32", budget_s=300, grace_s=15,
             diffusers_dtypes=("float32",))
 
@@ -90,7 +90,7 @@ TINY = Plan(cases=list(SMALL.values()),
 class Check:
     """The run: its parts' results merged into one document, written after every part."""
 
-    def __init__(self, plan: Plan, out: Path, budget_s: float, argv: list[str]):
+    def __init__(self, plan: DeviceCheckPlan, out: Path, budget_s: float, argv: list[str]):
         self.plan, self.out, self.scratch = plan, out, Path(tempfile.mkdtemp(prefix="device-check-"))
         self.start = time.time()
         self.deadline = self.start + budget_s

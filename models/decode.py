@@ -198,7 +198,7 @@ def decode_frames(
         with jax.named_scope("decode_framewise"):
             frames = model.decode_framewise(z, ctx)  # type: ignore[attr-defined]  # checked by check_framewise
             return _layout(finish_frames(frames, output), output), nonfinite_count(frames)
-    if not model.causal:
+    if not model.steps_with_caches:
         frames, _, bad = decode_step(model, None, z, ctx, output=output, inner_frames=inner_frames)
         return frames, bad
     # One frame: no inner loop.

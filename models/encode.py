@@ -66,7 +66,7 @@ def encode_moments(model: EncoderModule, frames: jax.Array, ctx: SpatialContext,
     working memory is one step's activations and the fixed-shape caches, whatever ``F`` is. A model
     that is not causal (HunyuanVideo 1.0) encodes all frames in one step.
     """
-    if not model.causal:
+    if not model.steps_with_caches:
         moments, _ = encode_step(model, None, frames, ctx, dtype)
         return moments
     clip_frames = 1 + (frames.shape[2] - 1) // model.temporal_scale

@@ -2,8 +2,8 @@
 
 Every family's decoder and encoder are called the same way by the decode and encode loops
 (``models.decode``, ``models.encode``): ``module(x, caches, ctx, *, clip_frames=…)`` → ``(y,
-caches)``, with four static facts on the module: ``causal`` (steps: latent frame 0 first, then
-chunks with the caches it returns; else the whole clip at once), ``lookahead`` (None, or for a
+caches)``, with four static facts on the module: ``steps_with_caches`` (latent frame 0 first,
+then chunks with the caches it returns; else the whole clip at once), ``lookahead`` (None, or for a
 decoder that sees ahead the latent frames beyond frame 0 its first step takes: its frames then come
 that far behind its input, and the stream runs on past the clip's end), ``needs_clip_frames`` (the
 first step sizes a cache by the clip's latent frames) and ``temporal_scale`` (frames per latent
@@ -34,7 +34,7 @@ Caches = Any
 class DecoderModule(Protocol):
     """What the decode loop needs of a family's decoder (see the module docstring)."""
 
-    causal: bool
+    steps_with_caches: bool
     lookahead: int | None
     needs_clip_frames: bool
     runtime_clip_frames: bool
@@ -47,7 +47,7 @@ class DecoderModule(Protocol):
 class EncoderModule(Protocol):
     """What the encode loop needs of a family's encoder."""
 
-    causal: bool
+    steps_with_caches: bool
     needs_clip_frames: bool
     temporal_scale: int
 

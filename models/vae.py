@@ -116,7 +116,7 @@ class VAE:
     def steps(self) -> bool:
         """Whether the decoder streams step by step with caches (Wan, HunyuanVideo 1.5, LTX); else
         it decodes the whole clip at once (HunyuanVideo 1.0)."""
-        return bool(family_modules(self.config).decoder.causal)
+        return bool(family_modules(self.config).decoder.steps_with_caches)
 
     def conditions(self, batch: int, *, timestep: float | None = None, noise_scale: float | None = None,
                    seed: int | None = None) -> DecodeConditions | None:

@@ -321,7 +321,7 @@ def describe_slice(topology: str, devices: Sequence[jax.Device] | None) -> Slice
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class SlicePlan:
     """Every candidate mesh for one decode on one TPU slice, and the recommendation."""
 
     topology: str
@@ -391,7 +391,7 @@ def plan_decode(vae: VAE, latents: Sequence[int], devices: Sequence[jax.Device] 
                 tps: Sequence[int] = (1, 2, 4, 8), dp: int = 1, batch: int = 1, output: Output = "uint8",
                 headroom: float | None = None, inner_frames: int | None = None, first_fit: bool = False,
                 known: Mapping[int, MeshPlan] | None = None, on_mesh: Callable[[MeshPlan], None] | None = None,
-                before_compile: Callable[[int], None] | None = None) -> Plan:
+                before_compile: Callable[[int], None] | None = None) -> SlicePlan:
     """Plan the decode of latents ``(C, T, H, W)`` (an image model's ``(C, H, W)``), ``batch`` per dp
     replica, on ``devices``.
 
@@ -435,7 +435,7 @@ def plan_decode(vae: VAE, latents: Sequence[int], devices: Sequence[jax.Device] 
                                     headroom=headroom, inner_frames=inner_frames))
         if on_mesh is not None:
             on_mesh(meshes[-1])
-    return Plan(
+    return SlicePlan(
         topology=topology, chip=chip, devices=where.devices, devices_per_chip=per_chip,
         model={"source": vae.metadata.get("source"), "parameters": vae.metadata.get("parameters"),
                "config": vae.config.to_dict()},

@@ -67,7 +67,7 @@ COMPILES = re.compile(r"^vaeserve_compiles_total (\S+)$", re.M)
 
 
 @dataclass
-class Plan:
+class LoadPlan:
     url: str
     shape: tuple[int, ...]
     output_type: str
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class Runner:
-    def __init__(self, plan: Plan, client: httpx.AsyncClient, latents: np.ndarray):
+    def __init__(self, plan: LoadPlan, client: httpx.AsyncClient, latents: np.ndarray):
         self.plan, self.client, self.latents, self.body = plan, client, latents, latents.tobytes()
         self.base = plan.url.rstrip("/").removesuffix("/v1/decode")
         self.endpoint = self.base + "/v1/decode"
@@ -230,7 +230,7 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
             "max": float(array.max()) if array.size else None}
 
 
-def summarize(samples: list[Sample], wall_s: float, plan: Plan) -> dict:
+def summarize(samples: list[Sample], wall_s: float, plan: LoadPlan) -> dict:
     ok = [s for s in samples if s.status == "200"]
     bytes_in = sum(s.bytes_in for s in ok)
     return {
@@ -251,7 +251,7 @@ def summarize(samples: list[Sample], wall_s: float, plan: Plan) -> dict:
 
 async def run(args: argparse.Namespace) -> dict:
     params = {"partial_postprocess": "true"} if args.output_type == "pt" and args.partial_postprocess else {}
-    plan = Plan(args.url, args.shape, args.output_type, params, args.api_key, args.timeout)
+    plan = LoadPlan(args.url, args.shape, args.output_type, params, args.api_key, args.timeout)
     latents = np.random.default_rng(args.seed).standard_normal(args.shape).astype("<f4")
     concurrency = None if args.rate else (args.concurrency or 4)
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)

@@ -95,7 +95,7 @@ TABLE_HEAD = ("| tp | dp | split | args GB | out GB | temp GB | code GB | total 
 
 
 def header(plan: dict[str, Any]) -> str:
-    """What the plan is of, and the table's head (``plan``: ``Plan.to_dict()`` less its meshes)."""
+    """What the plan is of, and the table's head (``plan``: ``SlicePlan.to_dict()`` less its meshes)."""
     video, chip = plan["video"], plan["chip"]
     return "\n".join([
         f"{plan['topology']}: {plan['devices']} x {chip['name']} devices "
@@ -252,7 +252,7 @@ def interruptible(work: Callable[[], int]) -> int:
 
 
 def _meta(args: argparse.Namespace, where: Any, config: Any, latents: tuple[int, ...]) -> dict[str, Any]:
-    """What the table's header needs, before any mesh is answered (``Plan.to_dict``'s fields)."""
+    """What the table's header needs, before any mesh is answered (``SlicePlan.to_dict``'s fields)."""
     from vaeserve.sharding.planner import video_for_latents
 
     return {"topology": args.topology, "devices": where.devices, "devices_per_chip": where.devices_per_chip,

@@ -239,7 +239,7 @@ class HunyuanVideoDecoder(nnx.Module):
     """``post_quant_conv`` + decoder: latents ``(B, T, H, W, z)`` → frames ``(B, 1 + 4(T − 1), 8H, 8W,
     3)``, the whole clip in one call (``caches`` must be None; none are returned)."""
 
-    causal = False  # every GroupNorm spans the clip: no exact frame-by-frame decode
+    steps_with_caches = False  # every GroupNorm spans the clip: no exact frame-by-frame decode
     lookahead = None
     needs_clip_frames = False
     runtime_clip_frames = False
@@ -380,7 +380,7 @@ class HunyuanVideoEncoder(nnx.Module):
     """Encoder + ``quant_conv``: frames ``(B, 1 + 4k, H, W, 3)`` in [-1, 1] → posterior moments
     ``(B, 1 + k, H/8, W/8, 2z)`` (mean, then log-variance), the whole clip in one call."""
 
-    causal = False
+    steps_with_caches = False
     needs_clip_frames = False
 
     def __init__(self, config: HunyuanVideoConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):

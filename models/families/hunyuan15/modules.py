@@ -263,7 +263,7 @@ class HunyuanVideo15Decoder(nnx.Module):
     for the common decode loop and has no effect (a step runs whole).
     """
 
-    causal = True
+    steps_with_caches = True
     lookahead = None
     needs_clip_frames = True  # the first step sizes the attention's KVCache
     runtime_clip_frames = False
@@ -325,7 +325,7 @@ class HunyuanVideo15Encoder(nnx.Module):
     moments ``(B, T', H/16, W/16, 2z)``. Frame 0 alone (``caches=None``; pass ``clip_frames``, the
     clip's latent frames), then chunks of 4 frames with the returned caches (one latent frame each)."""
 
-    causal = True
+    steps_with_caches = True
     needs_clip_frames = True
 
     def __init__(self, config: HunyuanVideo15Config, *, rngs: nnx.Rngs, dtype=jnp.float32):

@@ -210,7 +210,7 @@ class KLDecoder(nnx.Module):
     """(``post_quant_conv`` +) decoder: latents ``(B, 1, h, w, z)`` → images ``(B, 1, s·h, s·w, 3)``,
     the whole image in one call (``caches`` must be None; none are returned)."""
 
-    causal = False  # every GroupNorm spans the image (models.families)
+    steps_with_caches = False  # every GroupNorm spans the image (models.family_modules)
     lookahead = None
     needs_clip_frames = False
     runtime_clip_frames = False
@@ -237,7 +237,7 @@ class KLEncoder(nnx.Module):
     """Encoder (+ ``quant_conv``): images ``(B, 1, H, W, 3)`` in [-1, 1] → posterior moments
     ``(B, 1, H/s, W/s, 2z)`` (mean, then log-variance), the whole image in one call."""
 
-    causal = False
+    steps_with_caches = False
     needs_clip_frames = False
     temporal_scale = 1
 

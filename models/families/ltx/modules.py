@@ -174,7 +174,7 @@ class LTXDecoder(nnx.Module):
     timestep and noise, for a decoder that takes them (``config.decode_conditions``).
     """
 
-    causal = True  # steps with caches (models.families); the frames come ``lookahead`` behind
+    steps_with_caches = True  # steps with caches (models.family_modules); the frames come ``lookahead`` behind
     needs_clip_frames = True  # the first step records the clip's length (the end of every conv's input)
     runtime_clip_frames = True  # ... taken at run time (``StreamStart``): one first step serves many lengths
 
@@ -355,7 +355,7 @@ class LTXEncoder(nnx.Module):
     moments ``(B, T', H/32, W/32, 2z)``. Frame 0 alone (``caches=None``), then chunks of
     ``temporal_scale`` frames with the returned caches (one latent frame each)."""
 
-    causal = True
+    steps_with_caches = True
     needs_clip_frames = False
     lookahead = None
 

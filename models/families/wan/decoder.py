@@ -205,7 +205,7 @@ class WanDecoder(nnx.Module):
     ``inner_frames``: frames per inner step after each temporal upsampler (``Decoder3d``).
     """
 
-    causal = True  # latent frame 0, then later chunks with the caches (models.families)
+    steps_with_caches = True  # latent frame 0, then later chunks with the caches (models.family_modules)
     lookahead = None
     needs_clip_frames = False
     runtime_clip_frames = False

@@ -184,7 +184,7 @@ class WanEncoder(nnx.Module):
     caches for every later chunk of 4 frames.
     """
 
-    causal = True  # frame 0, then chunks of 4 frames with the caches (models.families)
+    steps_with_caches = True  # frame 0, then chunks of 4 frames with the caches (models.family_modules)
     needs_clip_frames = False
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
