@@ -306,6 +306,29 @@ def embedded_vae(name: str = DEFAULT_MODEL, dtype: str = "float32", *,
     return kept_random_vae(config, folder, seed=DEFAULT_SEED, dtype=dtype, metadata=metadata)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_abandoned_partials(folder: Path) -> list[Path]:
+    """Remove the half-written copies of ``folder`` (``.<name>.<pid>.partial``) whose writer is gone
+    (killed while it wrote them); a live writer's is left to it. Returns what was removed."""
+    removed = []
+    for partial in folder.parent.glob(f".{folder.name}.*.partial"):
+        pid = partial.name.removeprefix(f".{folder.name}.").removesuffix(".partial")
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(partial, ignore_errors=True)
+            removed.append(partial)
+            log.info("removed %s, left by a process that ended while writing it", partial)
+    return removed
+
+
 def kept_random_vae(config: VAEConfig, folder: Path, *, seed: int, dtype: str = "float32",
                     metadata: dict[str, Any] | None = None) -> VAE:
     """``init_vae(config, seed=seed)``, its weights kept in ``folder`` (a diffusers folder, float32).
@@ -325,6 +348,7 @@ def kept_random_vae(config: VAEConfig, folder: Path, *, seed: int, dtype: str = 
             log.warning("%s holds weights of another config: drawing them again", folder)
         except Exception as error:  # whatever is wrong with a cache, drawing again repairs it
             log.warning("random weights in %s unreadable (%s): drawing them again", folder, error)
+    remove_abandoned_partials(folder)
     drawn = init_vae(config, seed=seed, dtype="float32", metadata=metadata)
     staging = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
     try:

@@ -394,6 +394,20 @@ def init_vae(config: VAEConfig | None = None, *, seed: int = 0, dtype: str = "fl
     return VAE(config, model, dtype=dtype, metadata=meta, encoder=encoder_model)
 
 
+def parameter_count(config: VAEConfig) -> int:
+    """Parameters of the decoder and, where the config's encoder runs, the encoder (counted from
+    shapes: nothing is initialised)."""
+    family = family_modules(config)
+    modules = [family.decoder]
+    try:
+        family.check_encoder(config)
+        modules.append(family.encoder)
+    except ConfigError:
+        pass
+    return sum(int(np.prod(leaf.shape)) for module in modules
+               for leaf in jax.tree.leaves(nnx.state(abstract_module(module, config, jnp.float32))))
+
+
 def abstract_vae(config: VAEConfig | None = None, *, dtype: str = "float32", encoder: bool = False) -> VAE:
     """A decoder (and with ``encoder``, its encoder) with shapes and dtypes but no weights
     (``nnx.eval_shape``): enough to compile its programs and read their memory, at no cost of

@@ -25,10 +25,25 @@ from vaeserve.models.shapes import Output, clip_shape, shape_text
 
 from ..limits import Limits
 from ..settings import Settings
-from .errors import TooLargeForMemory
+from .errors import StartupRefused, TooLargeForMemory
 
 # cgroup v1 writes "no limit" as the largest page-aligned 63-bit number.
 _V1_UNLIMITED = 2**62
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def process_rss(proc: Path = Path("/proc")) -> int:
+    """This process's resident memory in bytes (0 where unreadable)."""
+    try:
+        for line in (proc / "self" / "status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 @dataclass(frozen=True)
@@ -182,16 +197,36 @@ def plan_memory(settings: Settings, *, platform: str, local_devices: int, device
                       host_source=host_source, machine=machine, reserve_bytes=reserve)
 
 
+# -- before loading: the weights ---------------------------------------------------------------------
+# Loading holds a model's weights twice at its peak: as drawn (an embedded model) or read from the
+# checkpoint, and as the model's arrays (or the copy written to the weights cache). Counted in
+# float32, what embedded weights are drawn in and what most checkpoints hold.
+WEIGHT_COPIES_WHILE_LOADING = 2
+
+
+def weights_load_bytes(parameters: int) -> int:
+    """What loading a model of ``parameters`` (decoder and encoder) holds at its peak."""
+    return WEIGHT_COPIES_WHILE_LOADING * 4 * parameters
+
+
+def check_weights_fit(parameters: int, *, what: str, machine: Machine, in_use: int) -> None:
+    """``StartupRefused`` when loading ``what`` (its ``parameters``) cannot fit the memory this process
+    may use (``machine``, of which ``in_use`` bytes are taken already): a clear refusal to start,
+    where loading would end in the kernel's out-of-memory kill."""
+    needed, free = weights_load_bytes(parameters), machine.bytes - in_use
+    if needed > free:
+        raise StartupRefused(
+            f"{what} has {parameters / 1e6:.0f} M parameters: loading them holds about {_size(needed)} "
+            f"({WEIGHT_COPIES_WHILE_LOADING} float32 copies at its peak), and this process may use {_size(free)} more "
+            f"({_size(machine.bytes)}, {machine.source}, less {_size(in_use)} in use): refused before loading")
+
+
 # -- before compiling: the estimate ------------------------------------------------------------------
 # The estimate is within [1/1.5, 1.5] of what a compiled program's memory_analysis() says on the
 # configs it is calibrated for (tests/models/test_memory_estimate.py): a request is refused before
 # compiling only when even the least its programs could need does not fit. What may fit is
 # compiled, and its memory_analysis() decides.
 ESTIMATE_MARGIN = 1.5
-
-
-def _size(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from ..limits import Limits
 from ..metrics import Metrics
 from ..settings import WARMUP_OUTPUTS, Settings
 from .errors import StartupRefused, TooLargeForMemory
-from .memory import MemoryGuard, MemoryPlan, plan_memory
+from .memory import MemoryGuard, MemoryPlan, check_weights_fit, machine_memory, plan_memory, process_rss
 from .model import ModelState, RunnerFactory, ServedShapes
 from .runner import DeviceRunner
 
@@ -73,10 +73,20 @@ def _load_vae(settings: Settings) -> Any:
                            embedded_weights_cache=settings.embedded_weights_cache)
 
 
+def check_weights_load(settings: Settings) -> None:
+    """Refuse to start (``StartupRefused``) when loading ``settings.model``'s weights cannot fit the
+    memory this process may use: checked from its config before a weight is drawn or read."""
+    config = models.load_config(settings.model)
+    what = f"the model {settings.model or models.loading.DEFAULT_MODEL!r} ({config.class_name})"
+    check_weights_fit(models.vae.parameter_count(config), what=what, machine=machine_memory(), in_use=process_rss())
+
+
 def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFactory | None = None) -> ModelState:
     """The model (``vae`` if given, else ``settings.model``), its mesh and runner, and the request
     limits and normalization taken from its config. Nothing is compiled yet."""
     embedded = vae is None and (settings.model is None or settings.model in models.MODEL_NAMES)
+    if vae is None:
+        check_weights_load(settings)
     vae = vae if vae is not None else _load_vae(settings)
     vae.cpu_convs = settings.cpu_convs
     if vae.metadata.get("random_weights") and not embedded:  # an embedded model's loader said so already
