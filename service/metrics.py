@@ -52,6 +52,9 @@ class Metrics:
             "vaeserve_refused_for_memory", "Requests refused because they cannot fit the memory they would run in, "
             "by the check that refused them: estimate (before compiling), compiled (memory_analysis), host (the "
             "host account)", ["check"], registry=r)
+        self.batches_split = Counter(
+            "vaeserve_batches_split", "Batches of several requests whose programs could not fit the memory, run "
+            "again in smaller batches (no request refused for what its batch-mates made of it)", registry=r)
         self.out_of_memory = Counter(
             "vaeserve_out_of_memory", "Device calls that ran out of memory while they ran, by where: device (XLA "
             "RESOURCE_EXHAUSTED) or host (an allocation failed)", ["where"], registry=r)

@@ -131,6 +131,8 @@ class Worker:
         self.max_batch = max_batch
         self.stream_buffer_bytes = stream_buffer_bytes
         self._suspects: set[tuple] = set()  # job keys whose programs ran out of memory: checked again first
+        # job key -> the fewest rows whose batch program was refused for memory: batches stay below it
+        self._refused_rows: dict[tuple, int] = {}
         self._runner: Runner | None = None
         self._interleave = True  # stream runs may take turns on the device (the runner says)
         self.model: ModelState | None = None  # what start-up produced, once it has
@@ -358,8 +360,9 @@ class Worker:
         if head is None:
             return []
         batch, size = [head], head.size
+        most = min(self.max_batch, self._refused_rows.get(head.key, self.max_batch + 1) - 1)
         for job in list(self._queue):
-            if job.key == head.key and size + job.size <= self.max_batch:
+            if job.key == head.key and size + job.size <= most:
                 self._queue.remove(job)
                 if self._live(job, now):
                     batch.append(job)
@@ -380,6 +383,23 @@ class Worker:
                 raise OutOfMemory(f"this {head.operation} ran out of memory before; it needs {needed} bytes per device "
                                   f"and {free} are free now", where="device")
 
+    def _split_refused(self, batch: list[Job], exc: Exception) -> bool:
+        """A batch of several requests whose programs were refused for memory goes back to the front
+        of the queue, to run in smaller batches (each request alone, at the least): a 422 says what a
+        request cannot do alone, never what its batch-mates made of it. True when it was split."""
+        if not isinstance(exc, TooLargeForMemory) or len(batch) < 2:
+            return False
+        rows = sum(job.size for job in batch)
+        key = batch[0].key
+        self._refused_rows[key] = min(rows, self._refused_rows.get(key, rows))
+        self.metrics.batches_split.inc()
+        log.info("the batch of %d rows of requests %s is too large for memory: run again in smaller batches",
+                 rows, [job.request_id for job in batch])
+        with self._cond:
+            self._queue.extendleft(reversed(batch))
+            self._publish_depth()
+        return True
+
     def _run(self, batch: list[Job]) -> None:
         self._note_start(batch)
         start = batch[0].started or time.monotonic()
@@ -387,7 +407,8 @@ class Worker:
             self._prepare(batch)
             latents = self._execute(batch)
         except Exception as exc:
-            self._fail(batch, exc)
+            if not self._split_refused(batch, exc):
+                self._fail(batch, exc)
             return
         self._suspects.discard(batch[0].key)
         device_s = time.monotonic() - start
@@ -438,8 +459,10 @@ class Worker:
                 run.prepared = True
             step = next(run.steps, None)
         except Exception as exc:
-            self._fail(run.live(), exc)
-            self._close(run)
+            split = not run.prepared and self._split_refused(run.live(), exc)
+            if not split:
+                self._fail(run.live(), exc)
+            self._close(run, requeued=split)
             return
         seconds = time.monotonic() - start
         run.device_s += seconds
@@ -482,16 +505,18 @@ class Worker:
             answer = answer.squeeze(time_axis(job.output))
         job.resolve(answer)
 
-    def _close(self, run: StepRun) -> None:
+    def _close(self, run: StepRun, *, requeued: bool = False) -> None:
         """Finish a run on the device thread: stop its steps (on a multi-host slice the remaining
-        steps still run on every process), count its device time and the jobs dropped."""
+        steps still run on every process), count its device time and the jobs dropped (none when its
+        jobs went back to the queue, ``requeued``: nothing ran)."""
         try:
             close = getattr(run.steps, "close", None)
             if close is not None:
                 close()
         except Exception:  # the run is over either way; the jobs already have their answer
             log.exception("closing the steps of requests %s", [job.request_id for job in run.jobs])
-        self.metrics.device_seconds.labels(run.jobs[0].operation).observe(run.device_s)
+        if not requeued:
+            self.metrics.device_seconds.labels(run.jobs[0].operation).observe(run.device_s)
         for job in run.jobs:
             if job.cancelled:  # the reader left: the device stopped early for it
                 self.metrics.dropped.labels(job.cancel_reason).inc()
