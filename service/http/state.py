@@ -77,6 +77,14 @@ class ServiceState:
             self._drain = asyncio.ensure_future(self._stop_worker())
         return self._drain
 
+    def end_drain(self, reason: str) -> None:
+        """End the drain now (event loop; a second signal): begun if it was not, and what it still
+        waits for is answered 503 at once, as at ``drain_timeout_s``."""
+        log.warning("%s: the drain ends now; what is left is answered 503", reason)
+        self.drain()
+        if self.worker is not None:
+            self.worker.end_drain()
+
     async def _stop_worker(self) -> None:
         worker = self.worker
         if worker is None:

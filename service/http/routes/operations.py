@@ -1,4 +1,4 @@
-"""Probes and metrics."""
+"""Probes (GET and HEAD) and metrics."""
 
 from __future__ import annotations
 
@@ -27,6 +27,12 @@ async def readyz(state: StateDep) -> Response:
     ready = state.phase == "ready"
     body = Ready(status=state.phase, ready=ready, detail=state.error)
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+
+# HEAD answers as GET does, without the body (the server drops it): load balancers and uptime
+# checks probe with it. Kept out of the OpenAPI document, which would list each probe twice.
+for _path, _probe in (("/healthz", healthz), ("/readyz", readyz)):
+    router.add_api_route(_path, _probe, methods=["HEAD"], include_in_schema=False)
 
 
 @router.get("/metrics", response_class=Response,
