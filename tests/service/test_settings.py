@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.helpers.service_helpers import REPO
-from vaeserve.service.cli import build_parser, main
+from vaeserve.service.cli import build_parser, main, serve as serve_command
 from vaeserve.service.cli.serve import settings_from
 from vaeserve.service.settings import Settings, parse_latent_shape, settings_markdown
 
@@ -90,10 +90,15 @@ def test_a_deprecated_name_still_sets_its_setting():
 # ---- the API key -------------------------------------------------------------------------------------
 
 
+def never_serve(*args, **kwargs):
+    raise AssertionError("the server was started")
+
+
 @pytest.mark.parametrize("how", ["environment", "flag"])
 def test_an_empty_api_key_refuses_to_start_saying_why(how, monkeypatch, capsys):
     # An unset compose variable gives VAESERVE_API_KEY= : the empty bearer token was then the key.
     monkeypatch.delenv("VAESERVE_API_KEY", raising=False)
+    monkeypatch.setattr(serve_command, "create_app", never_serve)
     if how == "environment":
         monkeypatch.setenv("VAESERVE_API_KEY", "")
     assert main(["serve", *(["--api-key", ""] if how == "flag" else [])]) == 2
@@ -107,6 +112,7 @@ def test_an_empty_api_key_refuses_to_start_saying_why(how, monkeypatch, capsys):
 
 def test_the_api_key_file_is_read_stripped_and_an_empty_one_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("VAESERVE_API_KEY", raising=False)
+    monkeypatch.setattr(serve_command, "create_app", never_serve)
     key_file = tmp_path / "key"
     key_file.write_text("zq-file-secret-7\n")
     settings = settings_from(build_parser().parse_args(["serve", "--api-key-file", str(key_file)]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import select
 import signal
 import socket
 import threading
@@ -250,6 +251,11 @@ def _upload_begun(address: tuple[str, int], x: np.ndarray) -> tuple[socket.socke
     return sock, body[100:]
 
 
+def _answered(sock: socket.socket) -> bool:
+    """The server has sent something on ``sock`` (or closed it)."""
+    return bool(select.select([sock], [], [], 0)[0])
+
+
 @pytest.mark.parametrize("first,second,uploads", [("SIGINT", "SIGINT", 2), ("SIGTERM", "SIGTERM", 1)])
 def test_sigint_drains_like_sigterm_and_a_second_signal_ends_the_drain(tiny_model_dir, tmp_path, first, second,
                                                                        uploads):
@@ -273,8 +279,9 @@ def test_sigint_drains_like_sigterm_and_a_second_signal_ends_the_drain(tiny_mode
             answer = read_all(sock)
             assert answer.status == 200 and answer.headers["content-type"] == "application/x-npy", answer
         server.process.send_signal(getattr(signal, second))
-        wait_until(lambda: f"signal {second} again: the drain ends now" in server.log(), "the second signal taken")
         sock, rest = begun[-1]
+        wait_until(lambda: f"signal {second} again: the drain ends now" in server.log() or _answered(sock),
+                   "the second signal taken")
         sock.sendall(rest)
         late = read_all(sock)
         exit_code = server.process.wait(60)
