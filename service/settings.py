@@ -221,8 +221,8 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 and 503",
                                json_schema_extra=_in("scheduling", "SECONDS"))
     drain_timeout_s: float = Field(
-        60.0, ge=0, description="on SIGTERM: time to finish queued and running work; what is left then is answered "
-        "503", json_schema_extra=_in("scheduling", "SECONDS"))
+        60.0, ge=0, description="on SIGTERM or SIGINT: time to finish queued and running work; what is left then is "
+        "answered 503 (a second signal ends it at once)", json_schema_extra=_in("scheduling", "SECONDS"))
 
     # --- input limits (checked before any device work) ------------------------------------
     max_body_bytes: int = Field(64 * 2**20, ge=1, description="Content-Length above this gets 413",
