@@ -12,6 +12,9 @@ from ..schemas import Health, Ready
 router = APIRouter(tags=["operations"])
 
 
+# HEAD answers as GET does, without the body (the server drops it): load balancers and uptime
+# checks probe with it. Kept out of the OpenAPI document, which would list each probe twice.
+@router.head("/healthz", include_in_schema=False)
 @router.get("/healthz", response_model=Health, responses={503: {"model": Health}})
 async def healthz(state: StateDep) -> Response:
     # Liveness: the process serves HTTP. A failed model load (or multi-host slice) also fails
@@ -22,17 +25,12 @@ async def healthz(state: StateDep) -> Response:
     return JSONResponse(Health(status="ok").model_dump(exclude_none=True))
 
 
+@router.head("/readyz", include_in_schema=False)
 @router.get("/readyz", response_model=Ready, responses={503: {"model": Ready}})
 async def readyz(state: StateDep) -> Response:
     ready = state.phase == "ready"
     body = Ready(status=state.phase, ready=ready, detail=state.error)
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
-
-
-# HEAD answers as GET does, without the body (the server drops it): load balancers and uptime
-# checks probe with it. Kept out of the OpenAPI document, which would list each probe twice.
-for _path, _probe in (("/healthz", healthz), ("/readyz", readyz)):
-    router.add_api_route(_path, _probe, methods=["HEAD"], include_in_schema=False)
 
 
 @router.get("/metrics", response_class=Response,
