@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -184,8 +185,14 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)",
                       json_schema_extra=_in("network", "ADDRESS"))
     port: int = Field(8000, ge=0, le=65535, description="port to listen on", json_schema_extra=_in("network", "PORT"))
-    api_key: SecretStr | None = Field(None, description="if set, require 'Authorization: Bearer KEY'",
-                                      json_schema_extra=_in("network", "KEY"))
+    api_key: SecretStr | None = Field(
+        None, description="if set, require 'Authorization: Bearer KEY' on /v1/*; an empty key is refused at start-up. "
+        "Given as this flag, the key is in the process's command line, which every local user can read "
+        "(/proc/PID/cmdline): prefer the environment variable or api-key-file",
+        json_schema_extra=_in("network", "KEY"))
+    api_key_file: Path | None = Field(
+        None, description="file holding the API key (whitespace around it is stripped; an empty file is refused), "
+        "instead of api-key", json_schema_extra=_in("network", "PATH"))
     log_level: str = Field("info", description="debug, info, warning or error", json_schema_extra=_in("network", "LEVEL"))
     max_connections: int = Field(
         256, ge=1, description="open connections (and requests in progress); past it uvicorn answers 503",
@@ -214,8 +221,8 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 and 503",
                                json_schema_extra=_in("scheduling", "SECONDS"))
     drain_timeout_s: float = Field(
-        60.0, ge=0, description="on SIGTERM: time to finish queued and running work; what is left then is answered "
-        "503", json_schema_extra=_in("scheduling", "SECONDS"))
+        60.0, ge=0, description="on SIGTERM or SIGINT: time to finish queued and running work; what is left then is "
+        "answered 503 (a second signal ends it at once)", json_schema_extra=_in("scheduling", "SECONDS"))
 
     # --- input limits (checked before any device work) ------------------------------------
     max_body_bytes: int = Field(64 * 2**20, ge=1, description="Content-Length above this gets 413",
@@ -344,6 +351,24 @@ class Settings(BaseSettings):
                           "every stream's buffer is held in host_memory_bytes", DeprecationWarning, stacklevel=2)
         return self
 
+    @model_validator(mode="after")
+    def _usable_api_key(self) -> Settings:
+        # An empty key (an unset variable in a compose file gives one) would make the empty bearer
+        # token the key: auth that anyone passes. A key with whitespace around it no client can send.
+        if self.api_key_file is not None:
+            if self.api_key is not None:
+                raise ValueError("the API key is given twice: set api_key or api_key_file, not both")
+            self.api_key = SecretStr(read_key_file(self.api_key_file))
+        if self.api_key is not None:
+            key = self.api_key.get_secret_value()
+            if not key.strip():
+                raise ValueError("the API key (--api-key, VAESERVE_API_KEY) is empty: set a key, or leave it unset to "
+                                 "serve without one")
+            if key != key.strip():
+                raise ValueError("the API key begins or ends with whitespace, which no Authorization header "
+                                 "carries: remove it")
+        return self
+
     @property
     def timeout_cap_s(self) -> float:
         """The longest deadline a request may ask for: ``max_request_timeout_s``, never below the default."""
@@ -356,6 +381,18 @@ class Settings(BaseSettings):
             raise ValueError(f"max_reading_bytes ({self.max_reading_bytes}) must be at least max_body_bytes "
                              f"({self.max_body_bytes})")
         return self
+
+
+def read_key_file(path: Path) -> str:
+    """The API key in ``path``, whitespace around it stripped (an editor's final newline); ``ValueError``
+    for a file that cannot be read or holds no key."""
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"api_key_file {path} cannot be read: {exc}") from None
+    if not key:
+        raise ValueError(f"api_key_file {path} holds no key (it is empty, or whitespace only)")
+    return key
 
 
 def add_argument(parser: argparse.ArgumentParser, name: str, flag: str | None = None) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 
+from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
 from ..http.app import create_app
@@ -45,7 +47,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def serve(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+    try:
+        settings = settings_from(args)
+    except ValidationError as error:  # a setting that cannot work: say which, no traceback
+        print(f"vaeserve serve: {settings_error(error)}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     code = run_server(app, settings)
@@ -55,6 +61,16 @@ def serve(args: argparse.Namespace) -> int:
         # interpreter's teardown would wait on that thread's runtime, or pull it down under it.
         exit_process(code)
     return code
+
+
+def settings_error(error: ValidationError) -> str:
+    """One line per refused setting: its name (none for a rule between settings) and why."""
+    lines = []
+    for item in error.errors(include_url=False, include_input=False):
+        where = ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {message}" if where else message)
+    return "\n".join(lines)
 
 
 def print_settings(args: argparse.Namespace) -> int:

@@ -124,16 +124,35 @@ def to_unit_range(pixels: np.ndarray, out: np.ndarray) -> None:
 
 
 def check_shape(shape: tuple[int, ...], config: VAEConfig, limits: Limits) -> None:
-    """The model's shape rules (422 with the nearest valid frame count or size), then the
-    configured limits, for frames ``(B, 3, F, H, W)`` (an image model's ``(B, 3, H, W)``) — from a
-    header, before anything is decoded."""
+    """The model's shape rules and the configured limits, for frames ``(B, 3, F, H, W)`` (an image
+    model's ``(B, 3, H, W)``) — from a header, before anything is decoded. A frame count or size
+    that breaks a rule gets 422 with the nearest valid values within the limits; one over its limit
+    gets the limit's 422 (no valid value near it is served)."""
     try:
         check_frames_shape(shape, config)
     except FramesError as error:
-        raise Problem(422, SHAPE_SLUGS.get(error.what, "invalid-shape"), str(error), expected=error.expected,
+        expected, detail = error.expected, str(error)
+        if error.what in _LIMITED:
+            b, _, f, h, w = clip_shape(shape)
+            limits.check(batch=b, frames=f, height=h, width=w)
+            expected = within_limit(expected, _LIMITED[error.what](limits))
+            detail = detail.replace(f"expected {error.expected}", f"expected {expected}")
+        raise Problem(422, SHAPE_SLUGS.get(error.what, "invalid-shape"), detail, expected=expected,
                       received=error.received) from None
     b, _, f, h, w = clip_shape(shape)
     limits.check(batch=b, frames=f, height=h, width=w)
+
+
+# The sizes whose rule names the nearest valid values, and the limit on each.
+_LIMITED: dict[str, Callable[[Limits], int]] = {"frames": lambda limits: limits.max_frames,
+                                                "height": lambda limits: limits.max_height,
+                                                "width": lambda limits: limits.max_width}
+
+
+def within_limit(nearest: list[int], limit: int) -> list[int] | str:
+    """The nearest valid values that ``limit`` lets through (a value within it always has one
+    below it, unless it is below the smallest valid one)."""
+    return [value for value in nearest if value <= limit] or f"none: {nearest} is over the limit {limit}"
 
 
 def model_frames(shape: tuple[int, ...], config: VAEConfig) -> tuple[int, ...]:

@@ -84,6 +84,9 @@ SHAPE_SLUGS = {"ndim": "invalid-ndim", "channels": "invalid-channels", "sizes": 
 
 
 def _raw_dtype(dtype: str | None) -> np.dtype:
+    if dtype is None:
+        raise Problem(422, "missing-dtype", "dtype missing: raw bodies need a 'dtype' query parameter",
+                      expected=[f"dtype={name}" for name in WIRE_DTYPES], received=None)
     if dtype not in WIRE_DTYPES:
         raise Problem(422, "invalid-dtype", f"unsupported dtype {dtype!r}", expected=list(WIRE_DTYPES),
                       received=dtype)

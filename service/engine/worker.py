@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -144,6 +145,7 @@ class Worker:
         self._accepting = True  # False once the drain ends: reserved slots are not spent either
         self._running = True  # False once the queue is drained or the drain timed out
         self._reserved = 0  # tickets handed out and not yet spent or released
+        self._drain_ends = math.inf  # when stop() stops waiting for the work in hand
         self._busy = False  # a batch or a step is on the device (stop() waits for it)
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
@@ -166,7 +168,6 @@ class Worker:
             if waiting >= self.max_queue:
                 raise QueueFull(waiting, self.max_queue)
             self._reserved += 1
-            self._publish_depth()
         return Ticket(self)
 
     def submit(self, job: Job, ticket: Ticket) -> None:
@@ -176,16 +177,13 @@ class Worker:
         with self._cond:
             self._reserved -= 1
             if not self._accepting:
-                self._publish_depth()
                 raise Unavailable("service is draining")
             self._queue.append(job)
-            self._publish_depth()
             self._cond.notify_all()
 
     def _release(self) -> None:
         with self._cond:
             self._reserved -= 1
-            self._publish_depth()
             self._cond.notify_all()  # stop() waits for the slots still reserved
 
     def _wake(self) -> None:
@@ -200,27 +198,34 @@ class Worker:
 
     def stop(self, timeout: float) -> None:
         """Drain: reserve no new slot; finish what is queued and running, and what the slots
-        already reserved bring (uploads under way), up to ``timeout`` seconds; then fail what is
-        left (``Unavailable``), the jobs of a device call still running included (first answer
-        wins: what the call delivers later is ignored), and stop the thread."""
-        deadline = time.monotonic() + timeout
+        already reserved bring (uploads under way), up to ``timeout`` seconds (or until
+        :meth:`end_drain`); then fail what is left (``Unavailable``), the jobs of a device call
+        still running included (first answer wins: what the call delivers later is ignored), and
+        stop the thread."""
         with self._cond:
+            self._drain_ends = min(self._drain_ends, time.monotonic() + timeout)
             self._reserving = False
             while (self._thread.is_alive() and (self._queue or self._busy or self._runs or self._reserved)
-                   and time.monotonic() < deadline):
-                self._cond.wait(max(0.0, deadline - time.monotonic()))
+                   and time.monotonic() < self._drain_ends):
+                self._cond.wait(max(0.0, self._drain_ends - time.monotonic()))
             self._accepting = self._running = False
             leftover = list(self._queue) + list(self._batch) + [job for run in self._runs for job in run.live()]
             self._queue.clear()
-            self._publish_depth()
             self._cond.notify_all()
         for job in dict.fromkeys(leftover):  # a stream job is both on the device and in its run
             if not (job.cancelled or job.ended):
                 job.fail(Unavailable("service is shutting down"))
         if not self.starting:
-            self._thread.join(max(0.0, deadline - time.monotonic()))
+            self._thread.join(max(0.0, self._drain_ends - time.monotonic()))
         else:  # nothing was served, so nothing is lost: a load or warm-up compile is not waited for
             log.warning("stopped while starting: the model load or warm-up is abandoned")
+
+    def end_drain(self) -> None:
+        """End the drain now, also before it began (any thread): :meth:`stop` fails what it still
+        waits for at once, as at its timeout."""
+        with self._cond:
+            self._drain_ends = time.monotonic()
+            self._cond.notify_all()
 
     @property
     def starting(self) -> bool:
@@ -236,7 +241,6 @@ class Worker:
             self._reserving = self._accepting = self._running = False
             doomed = list(self._queue) + list(self._batch) + [job for run in self._runs for job in run.live()]
             self._queue.clear()
-            self._publish_depth()
             self._cond.notify_all()
         for job in dict.fromkeys(doomed):  # a stream job is both on the device and in its run
             job.fail(error)
@@ -246,8 +250,13 @@ class Worker:
         """The device thread is still running (e.g. stuck in a call after a drain timed out)."""
         return self._thread.is_alive()
 
-    def _publish_depth(self) -> None:
-        self.metrics.queue_depth.set(len(self._queue) + self._reserved)
+    def waiting(self) -> int:
+        """Requests waiting for the device: queued and not given up (a job whose client left or
+        whose deadline passed stays queued until the device thread reaches it, but waits for
+        nothing), and slots reserved for uploads under way. Read by the queue-depth gauge at every
+        scrape, so it is true on an idle server too."""
+        with self._cond:
+            return sum(not job.cancelled for job in self._queue) + self._reserved
 
     def _purge_abandoned(self) -> None:
         """Free the slots of jobs whose handler gave up (client gone, deadline) (lock held), so
@@ -292,7 +301,6 @@ class Worker:
                     break
                 self._busy = True
                 self._batch = work.jobs if isinstance(work, StepRun) else work
-                self._publish_depth()
             if isinstance(work, StepRun):
                 self._step(work)
             else:

@@ -57,6 +57,7 @@ def _start_worker(state: ServiceState, startup: Callable[[], ModelState]) -> Wor
                     stream_buffer_bytes=settings.stream_buffer_bytes)
     state.worker = worker
     state.metrics.buffered_bytes.set_function(worker.buffered_bytes)
+    state.metrics.queue_depth.set_function(worker.waiting)
     worker.start()
     return worker
 

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import numpy as np
 from fastapi import Depends, Header, Query, Request
+from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
+from fastapi.security.base import SecurityBase
 
 from vaeserve.models.conditions import SEED_RANGE, TIMESTEP_RANGE
 
@@ -31,21 +33,30 @@ _OWS = " \t"
 _CREDENTIALS = re.compile(r"([^ \t]*)[ \t]*(.*)", re.S)  # scheme, OWS, token: matches every string
 
 
-def require_api_key(state: StateDep, authorization: Annotated[str | None, Header()] = None) -> None:
+class BearerKey(SecurityBase):
     """``Authorization: Bearer KEY`` when an API key is configured: the scheme is case-insensitive;
     OWS around the value and between scheme and token is skipped (RFC 9110 asks for spaces there,
     a tab is taken too: it cannot change which token is compared); the token is compared exactly,
-    in constant time."""
-    key = state.settings.api_key
-    if key is None:
-        return
-    scheme, token = _CREDENTIALS.fullmatch((authorization or "").strip(_OWS)).groups()  # type: ignore[union-attr]
-    given = token.encode("latin-1")  # Starlette decodes header bytes as latin-1
-    if scheme.lower() != "bearer" or not secrets.compare_digest(given, key.get_secret_value().encode()):
-        raise Problem(401, "unauthorized", "missing or wrong bearer token",
-                      expected="Authorization: Bearer <key>",
-                      received="no Authorization header" if authorization is None else "a different token",
-                      headers={"WWW-Authenticate": 'Bearer realm="vaeserve"'})
+    in constant time. A security scheme (``bearer``) in the OpenAPI document, so that /docs can
+    send the key."""
+
+    def __init__(self) -> None:
+        self.model = HTTPBearerModel(description="the server's API key (--api-key-file, VAESERVE_API_KEY); "
+                                     "needed only when the server has one")
+        self.scheme_name = "bearer"
+
+    async def __call__(self, request: Request) -> None:
+        key = get_state(request).settings.api_key
+        if key is None:
+            return
+        authorization = request.headers.get("authorization")
+        scheme, token = _CREDENTIALS.fullmatch((authorization or "").strip(_OWS)).groups()  # type: ignore[union-attr]
+        given = token.encode("latin-1")  # Starlette decodes header bytes as latin-1
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given, key.get_secret_value().encode()):
+            raise Problem(401, "unauthorized", "missing or wrong bearer token",
+                          expected="Authorization: Bearer <key>",
+                          received="no Authorization header" if authorization is None else "a different token",
+                          headers={"WWW-Authenticate": 'Bearer realm="vaeserve"'})
 
 
 def check_latents_body_headers(request: Request, state: StateDep) -> str:
@@ -182,4 +193,4 @@ DecodeParamsDep = Annotated[DecodeParams, Depends(decode_params)]
 EncodeParamsDep = Annotated[EncodeParams, Depends(encode_params)]
 LatentsMediaTypeDep = Annotated[str, Depends(check_latents_body_headers)]
 FramesMediaTypeDep = Annotated[str, Depends(check_frames_body_headers)]
-ApiKeyDep = Depends(require_api_key)
+ApiKeyDep = Depends(BearerKey())

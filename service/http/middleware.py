@@ -14,6 +14,10 @@
   on every HTML answer ``X-Frame-Options: DENY`` and a Content-Security-Policy, ``PAGE_POLICY``
   (this origin's scripts, styles and media only; no inline script or style; no frames around it)
   unless the route names another (``REDOC_POLICY``);
+* a request that says where its body ends twice (``Content-Length`` and ``Transfer-Encoding``)
+  is answered 400 ``ambiguous-framing`` and its connection closed, before any route sees it: a
+  proxy in front may have read the body's end from the other header, so whatever follows on the
+  connection may be another request smuggled inside this body (RFC 9112 §6.3);
 * unexpected exceptions become one logged traceback and a 500 problem on a connection that stays
   usable. (Starlette's own handler re-raises after answering, and uvicorn then closes the
   keep-alive connection without ``Connection: close``, so a pooled client's next request fails.)
@@ -32,6 +36,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..metrics import Metrics
+from ..problem import Problem
 from .problems import CLIENT_GONE, internal_error, render_problem
 
 log = logging.getLogger("vaeserve")
@@ -51,6 +56,16 @@ REDOC_POLICY = PAGE_POLICY.replace("style-src 'self'", "style-src 'self' 'unsafe
 
 def _has_body(headers: Headers) -> bool:
     return headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers
+
+
+def framing_problem(headers: Headers) -> Problem | None:
+    """400 for a request with both ``Content-Length`` and ``Transfer-Encoding`` (the connection is
+    closed after it: ``Connection: close``); None for any other."""
+    if "content-length" not in headers or "transfer-encoding" not in headers:
+        return None
+    return Problem(400, "ambiguous-framing", "the request gives both Content-Length and Transfer-Encoding, so "
+                   "where its body ends is ambiguous (RFC 9112 section 6.3): the connection is closed",
+                   expected="Content-Length or Transfer-Encoding", received="both", headers={"Connection": "close"})
 
 
 class _Exchange:
@@ -105,6 +120,10 @@ class RequestContext:
             await send(message)
 
         try:
+            framing = framing_problem(Headers(scope=scope))
+            if framing is not None:
+                response = render_problem(framing, scope["path"], exchange.request_id)
+                return await response(scope, receive_tracked, send_with_context)
             await self.app(scope, receive_tracked, send_with_context)
         except Exception as exc:
             if exchange.status is not None:

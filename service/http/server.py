@@ -13,7 +13,7 @@
   the connection is aborted, which frees what was buffered for it, and the app sees the client
   gone (a stream stops, counted as 499). A slow but steady reader is never dropped, whatever the
   sizes of the pieces written and of the kernel's buffers.
-* SIGTERM: the app turns draining at once (``/readyz`` 503, new work 503) and the service's drain
+* SIGTERM or SIGINT (Ctrl-C): the app turns draining at once (``/readyz`` 503, new work 503) and the service's drain
   begins (``ServiceState.drain``: queued and running work finishes up to ``drain_timeout_s``, then
   whatever is left is answered 503 ``unavailable``) while uvicorn closes the listening socket and
   the idle connections and waits for the answers to be written. uvicorn's own graceful timeout
@@ -22,6 +22,9 @@
   shutdown then awaits the same drain. The process exits 0, even when a device call (a compile, a
   long decode) is still running: its requests were answered, and the interpreter's exit would
   tear the device thread down from under XLA (SIGABRT).
+* A second SIGTERM or SIGINT ends the drain at once: what it still waits for is answered 503 as
+  at its timeout, and the shutdown goes on as above (uvicorn's own answer to a second Ctrl-C, a
+  forced exit, would cancel the requests in flight: plain-text 500s, and a traceback).
 """
 
 from __future__ import annotations
@@ -197,7 +200,13 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicor
 
 class DrainingServer(uvicorn.Server):
     """Marks the app draining the moment the signal lands, before uvicorn starts shutting down;
-    shuts down when start-up was refused (a warm-up program that cannot fit the device)."""
+    a second signal (SIGINT or SIGTERM) ends the drain at once instead of uvicorn's forced exit,
+    which would cancel every request in flight (plain-text 500s); shuts down when start-up was
+    refused (a warm-up program that cannot fit the device)."""
+
+    async def serve(self, sockets: list[Any] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()  # where a signal's work is handed (signal handlers must not do it)
+        await super().serve(sockets)
 
     async def on_tick(self, counter: int) -> bool:
         should_exit = await super().on_tick(counter)
@@ -205,6 +214,10 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         service = _service(self.config.app)
+        if self.should_exit:  # a second signal
+            if service is not None:
+                self._loop.call_soon_threadsafe(service.end_drain, f"signal {signal.Signals(sig).name} again")
+            return
         if service is not None:
             service.set_draining()
             model = service.model
@@ -221,8 +234,10 @@ class DrainingServer(uvicorn.Server):
 
     def stop(self) -> None:
         """Stop as on SIGTERM (from any thread: uvicorn's main loop polls ``should_exit``); what the
-        slice asks for when process 0 stops it, or a follower asks process 0 to stop it."""
-        self.handle_exit(signal.SIGTERM, None)
+        slice asks for when process 0 stops it, or a follower asks process 0 to stop it. Asked
+        again, it changes nothing (unlike a second signal)."""
+        if not self.should_exit:
+            self.handle_exit(signal.SIGTERM, None)
 
 
 def _service(app: Any) -> ServiceState | None:
@@ -241,9 +256,11 @@ def serve(app: FastAPI, settings: Settings) -> int:
     service = _service(app)
     if service is not None:
         service.stop_server = server.stop
-    # uvicorn re-raises the signal it caught once it has shut down, so that the default action
-    # (death by SIGTERM) still happens. A drained shutdown is a success: exit 0 instead.
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    # uvicorn re-raises the signals it caught once it has shut down, so that their default action
+    # (death by SIGTERM, KeyboardInterrupt and its traceback for SIGINT) still happens. A drained
+    # shutdown is a success: exit 0 instead.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
     server.run()
     refusal = _refused(app)
     if refusal is not None:

@@ -77,6 +77,19 @@ class ServiceState:
             self._drain = asyncio.ensure_future(self._stop_worker())
         return self._drain
 
+    def end_drain(self, reason: str) -> None:
+        """End the drain now (event loop; a second signal): begun if it was not, and what it still
+        waits for is answered 503 at once, as at ``drain_timeout_s``. Not on a follower of a
+        multi-host slice, whose drain is waiting for process 0 to stop the slice: leaving before
+        would fail the slice under process 0's requests."""
+        if self.model is not None and self.model.follower:
+            log.warning("%s: ignored; a follower leaves when process 0 stops the slice", reason)
+            return
+        log.warning("%s: the drain ends now; what is left is answered 503", reason)
+        self.drain()
+        if self.worker is not None:
+            self.worker.end_drain()
+
     async def _stop_worker(self) -> None:
         worker = self.worker
         if worker is None:

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.helpers.service_helpers import REPO
-from vaeserve.service.cli import build_parser
+from vaeserve.service.cli import build_parser, main, serve as serve_command
 from vaeserve.service.cli.serve import settings_from
 from vaeserve.service.settings import Settings, parse_latent_shape, settings_markdown
 
@@ -85,3 +85,46 @@ def test_a_deprecated_name_still_sets_its_setting():
     with pytest.warns(DeprecationWarning):  # the new name wins where both are given
         assert Settings(encode_workers=3, mp4_writers=5).mp4_writer_count == 5
     assert Settings(mp4_writers=2).mp4_writer_count == 2
+
+
+# ---- the API key -------------------------------------------------------------------------------------
+
+
+def never_serve(*args, **kwargs):
+    raise AssertionError("the server was started")
+
+
+@pytest.mark.parametrize("how", ["environment", "flag"])
+def test_an_empty_api_key_refuses_to_start_saying_why(how, monkeypatch, capsys):
+    # An unset compose variable gives VAESERVE_API_KEY= : the empty bearer token was then the key.
+    monkeypatch.delenv("VAESERVE_API_KEY", raising=False)
+    monkeypatch.setattr(serve_command, "create_app", never_serve)
+    if how == "environment":
+        monkeypatch.setenv("VAESERVE_API_KEY", "")
+    assert main(["serve", *(["--api-key", ""] if how == "flag" else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vaeserve serve: the API key (--api-key, VAESERVE_API_KEY) is empty") and "Traceback" not in err
+    with pytest.raises(ValidationError, match="empty"):
+        Settings(api_key="  ")
+    with pytest.raises(ValidationError, match="whitespace"):  # no Authorization header could carry it
+        Settings(api_key=" k")
+
+
+def test_the_api_key_file_is_read_stripped_and_an_empty_one_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("VAESERVE_API_KEY", raising=False)
+    monkeypatch.setattr(serve_command, "create_app", never_serve)
+    key_file = tmp_path / "key"
+    key_file.write_text("zq-file-secret-7\n")
+    settings = settings_from(build_parser().parse_args(["serve", "--api-key-file", str(key_file)]))
+    assert settings.api_key is not None and settings.api_key.get_secret_value() == "zq-file-secret-7"
+    assert "zq-file-secret-7" not in repr(settings)
+    monkeypatch.setenv("VAESERVE_API_KEY_FILE", str(key_file))  # the environment names the file too
+    assert Settings().api_key == settings.api_key
+    with pytest.raises(ValidationError, match="given twice"):
+        Settings(api_key="other")
+    monkeypatch.delenv("VAESERVE_API_KEY_FILE")
+    key_file.write_text(" \n")
+    assert main(["serve", "--api-key-file", str(key_file)]) == 2
+    assert f"api_key_file {key_file} holds no key" in capsys.readouterr().err
+    assert main(["serve", "--api-key-file", str(tmp_path / "missing")]) == 2
+    assert "cannot be read" in capsys.readouterr().err

@@ -14,13 +14,14 @@ from .. import responses, streams
 from ..deps import ApiKeyDep, DecodeParamsDep, LatentsMediaTypeDep, StateDep
 from ..inputs import DecodeInputs, declared_latents, decode_inputs, decode_options
 from ..lifecycle import admitted
+from ..query import StrictQueryDep
 from ..schemas import DECODE_OPENAPI, DECODE_RESPONSES, DecodeParams
 from ..state import ServiceState
 
 router = APIRouter(tags=["decode"])
 
 
-@router.post("/v1/decode", dependencies=[ApiKeyDep], response_class=Response, responses=DECODE_RESPONSES,
+@router.post("/v1/decode", dependencies=[ApiKeyDep, StrictQueryDep], response_class=Response, responses=DECODE_RESPONSES,
              openapi_extra=DECODE_OPENAPI)
 async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsMediaTypeDep,
                  state: StateDep) -> Response:

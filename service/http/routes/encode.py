@@ -11,12 +11,13 @@ from .. import responses
 from ..deps import ApiKeyDep, EncodeParamsDep, FramesMediaTypeDep, StateDep
 from ..inputs import encode_header
 from ..lifecycle import admitted
+from ..query import StrictQueryDep
 from ..schemas import ENCODE_OPENAPI, ENCODE_RESPONSES
 
 router = APIRouter(tags=["encode"])
 
 
-@router.post("/v1/encode", dependencies=[ApiKeyDep], response_class=Response, responses=ENCODE_RESPONSES,
+@router.post("/v1/encode", dependencies=[ApiKeyDep, StrictQueryDep], response_class=Response, responses=ENCODE_RESPONSES,
              openapi_extra=ENCODE_OPENAPI)
 async def encode(request: Request, params: EncodeParamsDep, media_type: FramesMediaTypeDep,
                  state: StateDep) -> Response:

@@ -10,6 +10,7 @@ from vaeserve.models.conditions import SEED_RANGE, TIMESTEP_RANGE, condition_def
 
 from ...engine.model import ModelState
 from ..deps import ApiKeyDep, StateDep
+from ..query import StrictQueryDep
 from ..schemas import (
     PROBLEM_RESPONSES,
     ConditionsInfo,
@@ -26,7 +27,7 @@ from ..schemas import (
 router = APIRouter(tags=["models"])
 
 
-@router.get("/v1/models", response_model=ModelList, dependencies=[ApiKeyDep],
+@router.get("/v1/models", response_model=ModelList, dependencies=[ApiKeyDep, StrictQueryDep],
             responses={code: PROBLEM_RESPONSES[code] for code in (401, 422, 503)})
 async def list_models(state: StateDep) -> ModelList:
     model, _ = state.serving()

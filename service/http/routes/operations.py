@@ -1,4 +1,4 @@
-"""Probes and metrics."""
+"""Probes (GET and HEAD) and metrics."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from ..schemas import Health, Ready
 router = APIRouter(tags=["operations"])
 
 
+# HEAD answers as GET does, without the body (the server drops it): load balancers and uptime
+# checks probe with it. Kept out of the OpenAPI document, which would list each probe twice.
+@router.head("/healthz", include_in_schema=False)
 @router.get("/healthz", response_model=Health, responses={503: {"model": Health}})
 async def healthz(state: StateDep) -> Response:
     # Liveness: the process serves HTTP. A failed model load (or multi-host slice) also fails
@@ -22,6 +25,7 @@ async def healthz(state: StateDep) -> Response:
     return JSONResponse(Health(status="ok").model_dump(exclude_none=True))
 
 
+@router.head("/readyz", include_in_schema=False)
 @router.get("/readyz", response_model=Ready, responses={503: {"model": Ready}})
 async def readyz(state: StateDep) -> Response:
     ready = state.phase == "ready"

@@ -5,6 +5,7 @@ limits. (Hostile and odd bodies: test_encode_inputs.py.)"""
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 import pytest
@@ -91,6 +92,31 @@ def test_sizes_are_checked_from_the_header_before_pixels_are_decoded():
 def test_shape_rules_name_the_nearest_valid_values(shape, slug, expected):
     problem = problem_of(check_shape, shape, CONFIG, LIMITS)
     assert (problem.slug, problem.expected) == (slug, expected)
+
+
+def with_size(body: bytes, width: int, height: int) -> bytes:
+    """``body`` (a PNG or a JPEG) with its header claiming ``width`` x ``height``."""
+    if body.startswith(b"\x89PNG"):
+        return body[:16] + struct.pack(">II", width, height) + body[24:]
+    sof = body.index(b"\xff\xc0")  # baseline start of frame: length, precision, height, width
+    return body[:sof + 5] + struct.pack(">HH", height, width) + body[sof + 9:]
+
+
+@pytest.mark.parametrize("fmt,size", [("JPEG", 65535), ("PNG", 2**32 - 1)])
+def test_a_header_claiming_a_huge_image_gets_the_limit_not_sizes_beyond_it(fmt, size):
+    # It was answered "invalid-height", nearest valid 65528 and 65536: fifty times the limit.
+    body = with_size(image_bytes(np.zeros((8, 8, 3), np.uint8), fmt), size, size)
+    problem = problem_of(parse_image, body, LIMITS)
+    assert (problem.slug, problem.expected, problem.received) == ("too-large-height", "height <= 64", size)
+
+
+def test_the_nearest_valid_values_offered_are_within_the_limits():
+    limits = Limits(channels=16, max_batch=2, max_frames=11, max_height=60, max_width=64)
+    problem = problem_of(check_shape, (1, 3, 10, 16, 16), CONFIG, limits)
+    assert (problem.slug, problem.expected) == ("invalid-frame-count", [9])  # 13 is over max_frames
+    assert "[9]" in problem.detail and "13" not in problem.detail
+    assert problem_of(check_shape, (1, 3, 5, 59, 16), CONFIG, limits).expected == [56]  # 64 is over max_height
+    assert problem_of(check_shape, (1, 3, 5, 16, 59), CONFIG, limits).expected == [56, 64]  # control: both within
 
 
 def test_tensor_bodies_four_and_five_dims_and_dtypes():

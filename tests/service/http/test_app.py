@@ -71,6 +71,48 @@ def test_bad_parameters_are_422_with_expected_and_received(client):
     assert_problem(post(client, x, fps=0), 422, "invalid-parameter")
 
 
+def test_an_unknown_query_parameter_is_422_naming_the_nearest_known_one(client):
+    # It was ignored: ?outputtype=npy got the default answer, an MP4.
+    x = latents()
+    query = {k: v for k, v in raw_query(x).items() if k != "output_type"}
+    r = client.post("/v1/decode", content=x.tobytes(), params={**query, "outputtype": "npy"},
+                    headers={"Content-Type": "tensor/binary"})
+    body = assert_problem(r, 422, "unknown-parameter")
+    assert body["received"] == "outputtype" and "did you mean 'output_type'?" in body["detail"]
+    assert "output_type" in body["expected"] and "shape" in body["expected"]
+    far = assert_problem(post(client, x, zzz="1"), 422, "unknown-parameter")
+    assert "did you mean" not in far["detail"]  # nothing alike: no guess
+    assert_problem(client.get("/v1/models", params={"verbose": "1"}), 422, "unknown-parameter")
+    assert_problem(client.post("/v1/encode", content=b"", params={"normalise": "true"}), 422, "unknown-parameter")
+    assert post(client, x).status_code == 200  # negative control: the same request, spelt right
+
+
+def test_a_repeated_query_parameter_is_422_unless_it_takes_a_list(client):
+    # The last value was taken silently.
+    x = latents()
+    for name, values in (("output_type", ["npy", "mp4"]), ("timeout_s", ["1", "30"]), ("dtype", ["float32"] * 2)):
+        query = [(k, v) for k, v in raw_query(x).items() if k != name] + [(name, v) for v in values]
+        r = client.post("/v1/decode", content=x.tobytes(), params=query, headers={"Content-Type": "tensor/binary"})
+        body = assert_problem(r, 422, "repeated-parameter")
+        assert body["received"] == values and name in body["detail"]
+    # shape takes a list: requests (diffusers' remote_decode) sends one as shape=1&shape=16&...
+    query = [(k, v) for k, v in raw_query(x).items() if k != "shape"] + [("shape", str(n)) for n in x.shape]
+    r = client.post("/v1/decode", content=x.tobytes(), params=query, headers={"Content-Type": "tensor/binary"})
+    assert r.status_code == 200, r.text
+
+
+def test_a_raw_body_without_dtype_says_dtype_missing(client):
+    x = latents()
+    query = {k: v for k, v in raw_query(x).items() if k != "dtype"}
+    r = client.post("/v1/decode", content=x.tobytes(), params=query, headers={"Content-Type": "tensor/binary"})
+    body = assert_problem(r, 422, "missing-dtype")  # was "unsupported dtype None"
+    assert body["detail"].startswith("dtype missing") and "dtype=float32" in body["expected"]
+    frames = np.zeros((1, 3, 5, 16, 16), np.float32)
+    r = client.post("/v1/encode", content=frames.tobytes(), params={"shape": "1,3,5,16,16"},
+                    headers={"Content-Type": "tensor/binary"})
+    assert_problem(r, 422, "missing-dtype")
+
+
 def test_early_answers_close_a_connection_whose_body_was_not_read(client):
     x = latents()
     early = post(client, x, content_type="text/plain")  # 415 from the headers: body never read
@@ -257,6 +299,19 @@ def test_openapi_declares_bodies_and_media_types(client):
         assert set(decode["responses"][code]["content"]) == {PROBLEM}
     metrics = spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     assert [media.split(";")[0] for media in metrics] == ["text/plain"]
+
+
+def test_openapi_declares_the_bearer_scheme_on_the_api_routes(client):
+    # /docs can send the key only if the document declares how it is sent.
+    spec = client.get("/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["bearer"] == {
+        "type": "http", "scheme": "bearer", "description": spec["components"]["securitySchemes"]["bearer"]["description"]}
+    for path, method in (("/v1/decode", "post"), ("/v1/encode", "post"), ("/v1/models", "get")):
+        operation = spec["paths"][path][method]
+        assert operation["security"] == [{"bearer": []}], path
+        assert "authorization" not in {p["name"].lower() for p in operation.get("parameters", [])}
+    for path in ("/healthz", "/readyz", "/metrics"):  # the probes need no key
+        assert "security" not in spec["paths"][path]["get"]
 
 
 # ---- embedding: the lifespan drains ----------------------------------------------------------------

@@ -154,6 +154,64 @@ def test_unread_body_after_an_early_answer_must_still_arrive_in_time(timed_serve
         assert time.monotonic() - start < READ_TIMEOUT_S + SLACK_S
 
 
+def read_until_closed(sock: socket.socket, timeout: float = KEEPALIVE_S + SLACK_S) -> bytes:
+    """Everything the server sends until it closes the connection (keep-alive ends it at the latest)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while part := sock.recv(65536):
+            data += part
+    except ConnectionResetError:
+        pass
+    return data
+
+
+# ---- HTTP framing ----------------------------------------------------------------------------------
+
+
+SMUGGLED = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def framed_post(*framing: bytes) -> bytes:
+    """A decode whose chunked body is empty ("0" chunk) and, by its Content-Length, runs on over a
+    second request: a proxy that reads the Content-Length forwards both as one."""
+    body = b"0\r\n\r\n" + SMUGGLED
+    headers = {b"content-length": b"Content-Length: %d\r\n" % len(body), b"transfer-encoding": b"Transfer-Encoding: chunked\r\n"}
+    return (b"POST /v1/decode?shape=1,16,2,4,4&dtype=float32 HTTP/1.1\r\nHost: x\r\nContent-Type: tensor/binary\r\n"
+            + b"".join(headers[name] for name in framing) + b"\r\n" + body)
+
+
+def test_content_length_with_transfer_encoding_is_400_and_what_follows_is_never_answered(timed_server):
+    # RFC 9112 section 6.3: the server must close the connection. It answered the smuggled request.
+    with socket.create_connection(timed_server.address) as sock:
+        sock.sendall(framed_post(b"content-length", b"transfer-encoding"))
+        data = read_until_closed(sock)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"connection: close" in head.lower(), data
+    assert b"content-type: application/problem+json" in head.lower()
+    problem = json.loads(body)
+    assert problem["type"].endswith("/ambiguous-framing") and problem["received"] == "both"
+    assert data.count(b"HTTP/1.1 ") == 1, data  # the smuggled GET was never answered
+    # Negative control: the same bytes framed by Transfer-Encoding alone are two requests, both answered.
+    with socket.create_connection(timed_server.address) as sock:
+        sock.sendall(framed_post(b"transfer-encoding"))
+        data = read_until_closed(sock)
+    assert data.startswith(b"HTTP/1.1 422") and data.count(b"HTTP/1.1 200 ") == 1, data
+
+
+def test_head_on_the_probes_answers_as_get_without_a_body(timed_server):
+    for path in ("/healthz", "/readyz"):
+        get = httpx.get(timed_server.url + path)
+        with socket.create_connection(timed_server.address) as sock:
+            # HEAD, then GET on the same connection: the GET's answer must follow the HEAD's headers at once.
+            sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\nGET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            data = read_until_closed(sock)
+        head, _, rest = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), data
+        assert f"content-length: {len(get.content)}".encode() in head.lower()  # the GET's length, no body
+        assert rest.startswith(b"HTTP/1.1 200") and rest.endswith(get.content), data
+
+
 def test_connections_beyond_the_limit_get_503(tiny_vae):
     with thread_server(tiny_vae, max_connections=3) as srv:
         held = [socket.create_connection(srv.address) for _ in range(3)]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import select
+import signal
 import socket
 import threading
 import time
@@ -233,6 +235,64 @@ def test_sigterm_while_warming_up_exits_0_without_waiting_for_the_warm_up(tiny_m
     compiled = text.count("warm-up 16x")
     assert compiled < len(warmups), f"every warm-up compiled before the exit ({compiled}):\n{text}"
     assert "Application shutdown complete" in text
+
+
+# ---- Ctrl-C, and a second signal --------------------------------------------------------------------
+
+
+def _upload_begun(address: tuple[str, int], x: np.ndarray) -> tuple[socket.socket, bytes]:
+    """A decode whose headers and first 100 body bytes are sent: it holds a queue slot while the
+    rest of its body is awaited. Returns the socket and the rest."""
+    head = (f"POST /v1/decode?shape={','.join(map(str, x.shape))}&dtype=float32&output_type=npy HTTP/1.1\r\n"
+            f"Host: x\r\nContent-Type: tensor/binary\r\nContent-Length: {x.nbytes}\r\n\r\n").encode()
+    body = x.tobytes()
+    sock = socket.create_connection(address)
+    sock.sendall(head + body[:100])
+    return sock, body[100:]
+
+
+def _answered(sock: socket.socket) -> bool:
+    """The server has sent something on ``sock`` (or closed it)."""
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+@pytest.mark.parametrize("first,second,uploads", [("SIGINT", "SIGINT", 2), ("SIGTERM", "SIGTERM", 1)])
+def test_sigint_drains_like_sigterm_and_a_second_signal_ends_the_drain(tiny_model_dir, tmp_path, first, second,
+                                                                       uploads):
+    """Uploads under way hold their queue slots; a long drain. After the first signal, one that
+    finishes its upload is served (the drain waits for them: the SIGINT case, which pays for the
+    decode's compile); after the second the drain is over: the last one is answered 503
+    problem+json, and the process exits 0 without a traceback. (Before: SIGINT ended in a
+    KeyboardInterrupt traceback and status -2, a second SIGINT cancelled the requests in flight
+    with plain-text 500s, a second SIGTERM changed nothing.)"""
+    server = launch_server(tiny_model_dir, tmp_path / "log", "--max-batch", "1", "--drain-timeout-s", "600",
+                           "--read-timeout-s", "600")
+    try:
+        wait_until(lambda: _ready(server.url), "the server is ready", timeout=120)
+        host, port = server.url.removeprefix("http://").split(":")
+        begun = [_upload_begun((host, int(port)), latents(seed=40 + i)) for i in range(uploads)]
+        wait_until(lambda: server.metric("vaeserve_queue_depth") == uploads, "the uploads hold their slots")
+        server.process.send_signal(getattr(signal, first))
+        wait_until(lambda: _refused(server.url), "new connections refused")
+        for sock, rest in begun[:-1]:
+            sock.sendall(rest)
+            answer = read_all(sock)
+            assert answer.status == 200 and answer.headers["content-type"] == "application/x-npy", answer
+        server.process.send_signal(getattr(signal, second))
+        sock, rest = begun[-1]
+        wait_until(lambda: f"signal {second} again: the drain ends now" in server.log() or _answered(sock),
+                   "the second signal taken")
+        sock.sendall(rest)
+        late = read_all(sock)
+        exit_code = server.process.wait(60)
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+    assert late.status == 503 and late.headers["content-type"] == "application/problem+json", late
+    assert json.loads(late.body)["type"].endswith("/unavailable") and late.headers["retry-after"]
+    log = server.log()
+    assert exit_code == 0, log
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log and "Internal Server Error" not in log, log
 
 
 # ---- SIGTERM past the drain time ------------------------------------------------------------------
