@@ -405,7 +405,6 @@ class Worker:
                  rows, [job.request_id for job in batch])
         with self._cond:
             self._queue.extendleft(reversed(batch))
-            self._publish_depth()
         return True
 
     def _run(self, batch: list[Job]) -> None:
