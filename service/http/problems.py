@@ -129,16 +129,30 @@ async def _on_http_exception(request: Request, exc: StarletteHTTPException) -> J
     return problem_response(problem, request)
 
 
+# pydantic's bounds (an error's ``ctx``), said as our problems say them: ``timestep <= 1.0``.
+_BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+def _expected(error: Any) -> str:
+    """What a parameter must be, in words: its bounds, else pydantic's message."""
+    name = str((error.get("loc") or ("",))[-1])
+    context = error.get("ctx") or {}
+    bounds = [f"{name} {op} {_jsonable(context[key])}" for key, op in _BOUNDS.items() if key in context]
+    return " and ".join(bounds) or f"{name}: {error.get('msg', 'valid')}"
+
+
 async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """pydantic's validation errors as every other problem: what the first parameter must be in
+    ``expected`` (text, naming it), what arrived in ``received``; every error in ``detail``."""
     errors = exc.errors()
     first = errors[0] if errors else {}
-    where = ".".join(str(part) for part in first.get("loc", ()))
+    detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors)
     problem = Problem(
         422,
         "invalid-parameter",
-        f"{where}: {first.get('msg', 'invalid')}" if where else "invalid request",
-        expected=[{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors],
-        received=[_jsonable(e.get("input")) for e in errors],
+        detail or "invalid request",
+        expected=_expected(first) if first else None,
+        received=_jsonable(first.get("input")),
     )
     return problem_response(problem, request)
 
