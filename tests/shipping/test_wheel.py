@@ -157,7 +157,7 @@ def test_console_script_serves_and_stops_on_sigterm(venv, tiny_model_dir, tiny_v
 def users_project(folder: Path) -> Path:
     """A user's project whose own names are the ones our folders have in a checkout: a ``models``
     package, ``service.py`` and ``sharding.py``, each of which fails loudly when imported."""
-    (folder / "models").mkdir()
+    (folder / "models").mkdir(parents=True)
     for name in ("models/__init__.py", "service.py", "sharding.py"):
         (folder / name).write_text(f"raise SystemExit('the user\\'s own {name} was imported')\n")
     return folder
