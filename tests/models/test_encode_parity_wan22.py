@@ -27,7 +27,8 @@ from tests.helpers.wan_reference import (
     write_diffusers_folder,
 )
 from vaeserve import models
-from vaeserve.models import encoder, layers
+from vaeserve.models import layers
+from vaeserve.models.families.wan import encoder
 
 SMALL = "wan22_small"
 SMALL_SHAPES = ENCODE_CASES[SMALL][2]

@@ -21,7 +21,8 @@ from tests.helpers.wan_reference import (
     write_diffusers_folder,
 )
 from vaeserve import models
-from vaeserve.models import decoder, layers
+from vaeserve.models import layers
+from vaeserve.models.families.wan import decoder
 from vaeserve.models.loading import build_vae
 
 SMALL = "wan22_small"

@@ -71,8 +71,12 @@ def wait_for(browser, script: str, timeout: float = 60):
 
 
 @pytest.fixture(scope="module")
-def page_server(tiny_vae):
-    with thread_server(tiny_vae, runner_factory=HeldRunner, max_batch=1, max_frames=41) as srv:
+def page_server(tiny_model_dir):
+    """The tiny model, loaded for this server alone: its programs are compiled by its own requests
+    (the session's ``tiny_vae`` keeps the programs other test files compiled, and the page says
+    whether a size was compiled before)."""
+    with thread_server(models.load_vae(str(tiny_model_dir)), runner_factory=HeldRunner, max_batch=1,
+                       max_frames=41) as srv:
         yield srv
 
 
