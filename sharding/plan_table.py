@@ -28,10 +28,11 @@ from importlib import metadata
 from importlib.resources import files
 from typing import Any
 
+from vaeserve.models.registry import DEFAULT_MODEL  # rows of the default model name no model
+
 from .chips import CHIPS
 
 TABLES = {"tpu": "plans/tpu.jsonl", "gpu": "plans/gpu.jsonl"}
-DEFAULT_MODEL = "wan2.1"  # rows of Wan 2.1 name no model
 # The packages whose versions are the compiler's, besides jax and jaxlib: libtpu; the CUDA plugin of
 # the `cuda` extra and the cuDNN it loads, whose version XLA's choice of convolutions follows (rows
 # compiled before it moved to CUDA 13 name jax-cuda12-plugin; rows older than these notes, no cuDNN).

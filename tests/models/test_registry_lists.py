@@ -39,6 +39,18 @@ def test_the_models_page_table_is_the_generated_one():
     assert "`ltx-video` (LTX-Video 0.9.5): `timestep`, `noise_scale`, `seed`; `ltx2` (LTX-2): none" in committed.group(1)
 
 
+def test_each_family_declares_the_conditions_its_models_take():
+    """A descriptor's ``conditions`` are what its configs may take (``models.conditions.conditions_taken``)."""
+    from vaeserve.models.conditions import conditions_taken
+
+    for family in FAMILIES:
+        declared = {condition.name for condition in family.conditions}
+        for model in family.embedded:
+            assert set(conditions_taken(model.config())) <= declared, model.name
+    # The control: LTX-Video 0.9.5 takes a timestep, so a descriptor declaring none would be caught.
+    assert set(conditions_taken(EMBEDDED["ltx-video"].config())) - set() == {"timestep", "noise_scale", "seed"}
+
+
 def test_the_prose_lists_name_every_model():
     words = models_in_words()
     assert all(model.title.split(" 0.")[0] in words for model in EMBEDDED.values())
