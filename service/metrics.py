@@ -40,6 +40,8 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge("vaeserve_queue_depth", "Requests waiting for the device", registry=r)
+        self.uploads = Gauge("vaeserve_uploads", "Requests whose bodies are being read (they hold no queue place)",
+                             registry=r)
         self.host_memory_bytes = Gauge(
             "vaeserve_host_memory_bytes", "Host bytes that requests in flight hold in the host account (decoded "
             "encode inputs, decoded frames, answers, stream buffers; at most host_memory_bytes)", registry=r)

@@ -202,6 +202,9 @@ class Settings(BaseSettings):
     read_timeout_s: float = Field(
         30.0, gt=0, description="time to receive a request's headers, and again its body; past it 408",
         json_schema_extra=_in("network", "SECONDS"))
+    upload_stall_s: float = Field(
+        10.0, gt=0, description="a request body from which no byte arrives for this long is cut (408 upload-stalled, "
+        "connection closed); read-timeout-s bounds the whole body", json_schema_extra=_in("network", "SECONDS"))
     write_timeout_s: float = Field(
         30.0, gt=0, description="a client that takes none of its answer for this long while the server has bytes "
         "for it is dropped (connection closed, counted as 499); any byte taken restarts the clock",

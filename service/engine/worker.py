@@ -59,15 +59,26 @@ from .model import ModelState, Runner
 log = logging.getLogger("vaeserve")
 
 class Ticket:
-    """A queue slot reserved before the request body is read (so a full queue answers 429 without
-    buffering the body). :meth:`Worker.submit` spends it; :meth:`release` returns an unspent one."""
+    """A request's place with the worker, taken before its body is read: while the body uploads it
+    is an *upload* (the drain waits for it, but it holds no queue place, so stalled uploads cannot
+    turn others away); :meth:`claim` makes it a queue place once the body is in (``QueueFull``
+    then). :meth:`Worker.submit` spends it; :meth:`release` returns an unspent one."""
 
     def __init__(self, worker: Worker):
         self._worker: Worker | None = worker
+        self.claimed = False
+
+    def claim(self) -> None:
+        """Turn the upload into a queue place: ``QueueFull`` when ``max_queue`` requests wait."""
+        if self._worker is None:
+            raise RuntimeError("queue ticket already spent")
+        if not self.claimed:
+            self._worker._claim()
+            self.claimed = True
 
     def release(self) -> None:
         if self._worker is not None:
-            self._worker._release()
+            self._worker._release(self.claimed)
             self._worker = None
 
     def spend(self) -> Worker:
@@ -144,7 +155,8 @@ class Worker:
         self._reserving = True  # False once stop() begins: no new reservations
         self._accepting = True  # False once the drain ends: reserved slots are not spent either
         self._running = True  # False once the queue is drained or the drain timed out
-        self._reserved = 0  # tickets handed out and not yet spent or released
+        self._uploading = 0  # tickets whose bodies are being read: the drain waits for them
+        self._reserved = 0  # tickets claimed (bodies read) and not yet spent or released: queue places
         self._drain_ends = math.inf  # when stop() stops waiting for the work in hand
         self._busy = False  # a batch or a step is on the device (stop() waits for it)
         self._queue: collections.deque[Job] = collections.deque()
@@ -157,20 +169,33 @@ class Worker:
         self._thread.start()
 
     def reserve(self) -> Ticket:
-        """A queue slot; ``QueueFull`` when ``max_queue`` requests already wait (or are being read)."""
+        """An upload's ticket, before its body is read: ``Unavailable`` while draining, and
+        ``QueueFull`` when ``max_queue`` requests already wait (a full queue answers 429 without
+        buffering the body). It holds no queue place until :meth:`Ticket.claim`."""
         with self._cond:
             if not self._reserving:
                 raise Unavailable("service is draining")
-            waiting = len(self._queue) + self._reserved
-            if waiting >= self.max_queue:
-                self._purge_abandoned()
-                waiting = len(self._queue) + self._reserved
-            if waiting >= self.max_queue:
-                raise QueueFull(waiting, self.max_queue)
-            self._reserved += 1
+            self._check_room()
+            self._uploading += 1
         return Ticket(self)
 
+    def _check_room(self) -> None:
+        """``QueueFull`` when ``max_queue`` requests wait (lock held)."""
+        waiting = len(self._queue) + self._reserved
+        if waiting >= self.max_queue:
+            self._purge_abandoned()
+            waiting = len(self._queue) + self._reserved
+        if waiting >= self.max_queue:
+            raise QueueFull(waiting, self.max_queue)
+
+    def _claim(self) -> None:
+        with self._cond:
+            self._check_room()
+            self._uploading -= 1
+            self._reserved += 1
+
     def submit(self, job: Job, ticket: Ticket) -> None:
+        ticket.claim()
         ticket.spend()
         if job.stream:
             job.on_progress = self._wake
@@ -181,10 +206,18 @@ class Worker:
             self._queue.append(job)
             self._cond.notify_all()
 
-    def _release(self) -> None:
+    def _release(self, claimed: bool) -> None:
         with self._cond:
-            self._reserved -= 1
-            self._cond.notify_all()  # stop() waits for the slots still reserved
+            if claimed:
+                self._reserved -= 1
+            else:
+                self._uploading -= 1
+            self._cond.notify_all()  # stop() waits for the tickets still out
+
+    def uploading(self) -> int:
+        """Requests whose bodies are being read (any thread; read by a gauge at every scrape)."""
+        with self._cond:
+            return self._uploading
 
     def _wake(self) -> None:
         """A stream's consumer took bytes, or a job was cancelled: a run set aside may go on."""
@@ -205,7 +238,8 @@ class Worker:
         with self._cond:
             self._drain_ends = min(self._drain_ends, time.monotonic() + timeout)
             self._reserving = False
-            while (self._thread.is_alive() and (self._queue or self._busy or self._runs or self._reserved)
+            while (self._thread.is_alive() and (self._queue or self._busy or self._runs or self._reserved
+                                                  or self._uploading)
                    and time.monotonic() < self._drain_ends):
                 self._cond.wait(max(0.0, self._drain_ends - time.monotonic()))
             self._accepting = self._running = False
@@ -253,7 +287,7 @@ class Worker:
     def waiting(self) -> int:
         """Requests waiting for the device: queued and not given up (a job whose client left or
         whose deadline passed stays queued until the device thread reaches it, but waits for
-        nothing), and slots reserved for uploads under way. Read by the queue-depth gauge at every
+        nothing), and places claimed by requests whose bodies are in. Read by the queue-depth gauge at every
         scrape, so it is true on an idle server too."""
         with self._cond:
             return sum(not job.cancelled for job in self._queue) + self._reserved

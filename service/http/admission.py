@@ -53,13 +53,14 @@ def declared_length(request: Request) -> int | None:
 
 
 @asynccontextmanager
-async def read_body(request: Request, *, max_bytes: int, budget: ByteBudget, timeout_s: float,
+async def read_body(request: Request, *, max_bytes: int, budget: ByteBudget, timeout_s: float, stall_s: float,
                     retry_after_s: int) -> AsyncIterator[bytes]:
     """The body, held against ``budget`` for as long as the ``async with`` block runs.
 
     413 past ``max_bytes`` (chunked bodies carry no Content-Length, so it is enforced while
     reading), 429 when the budget is spent, 408 when the body has not arrived within
-    ``timeout_s``, :class:`ClientGone` when the client hangs up.
+    ``timeout_s`` or no byte of it arrived for ``stall_s``, :class:`ClientGone` when the client
+    hangs up.
     """
     held = declared_length(request) or 0
     budget.take(held, retry_after_s)
@@ -68,7 +69,8 @@ async def read_body(request: Request, *, max_bytes: int, budget: ByteBudget, tim
         total = 0
         try:
             async with asyncio.timeout(timeout_s):
-                async for part in request.stream():
+                parts_in = request.stream()
+                while (part := await _next_part(parts_in, stall_s)) is not None:
                     total += len(part)
                     if total > max_bytes:
                         raise Problem(413, "payload-too-large", "body is over the limit",
@@ -82,6 +84,10 @@ async def read_body(request: Request, *, max_bytes: int, budget: ByteBudget, tim
             raise Problem(408, "request-timeout", f"the body did not arrive within {timeout_s:g} s",
                           expected=f"the whole body within {timeout_s:g} s", received=f"{total} bytes",
                           headers=_CLOSE) from None
+        except UploadStalled:
+            raise Problem(408, "upload-stalled", f"no byte of the body arrived for {stall_s:g} s",
+                          expected=f"a byte at least every {stall_s:g} s", received=f"{total} bytes, then nothing",
+                          headers=_CLOSE) from None
         except ClientDisconnect:
             raise ClientGone(f"client left after {total} bytes of the body") from None
         body = b"".join(parts)
@@ -89,6 +95,21 @@ async def read_body(request: Request, *, max_bytes: int, budget: ByteBudget, tim
         yield body
     finally:
         budget.give(held)
+
+
+class UploadStalled(Exception):
+    """No part of a body arrived within the stall deadline."""
+
+
+async def _next_part(parts: AsyncIterator[bytes], stall_s: float) -> bytes | None:
+    """The next part of a body (``None`` at its end), which must arrive within ``stall_s`` (else ``UploadStalled``)."""
+    try:
+        async with asyncio.timeout(stall_s):
+            return await anext(parts)
+    except StopAsyncIteration:
+        return None
+    except TimeoutError:
+        raise UploadStalled from None
 
 
 async def unless_client_leaves(receive: Receive, work: Awaitable[T], *, deadline: float | None = None,

@@ -58,6 +58,7 @@ def _start_worker(state: ServiceState, startup: Callable[[], ModelState]) -> Wor
     state.worker = worker
     state.metrics.buffered_bytes.set_function(worker.buffered_bytes)
     state.metrics.queue_depth.set_function(worker.waiting)
+    state.metrics.uploads.set_function(worker.uploading)
     worker.start()
     return worker
 

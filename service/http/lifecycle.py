@@ -1,5 +1,6 @@
-"""The life of a decode or encode request, as its route reads it: **admit** (a queue slot before a
-byte of the body is read), **parse** (the body, held against the reading budget, into the job's
+"""The life of a decode or encode request, as its route reads it: **admit** (refused at once when
+the queue is full, before a byte of the body is read; the queue place is taken once the body is
+in, so uploads hold none), **parse** (the body, held against the reading budget, into the job's
 inputs), **submit** (the job to the device worker), **answer** (wait or stream, then serialize).
 
 .. code-block:: python
@@ -46,7 +47,7 @@ from .state import ServiceState
 
 @dataclass
 class Admission:
-    """An admitted request: the model and worker that serve it, its queue slot, its arrival and
+    """An admitted request: the model and worker that serve it, its ticket (a queue place once the body is in), its arrival and
     deadline, and what it holds until it ends (``hold``)."""
 
     request: Request
@@ -60,10 +61,13 @@ class Admission:
 
     @asynccontextmanager
     async def body(self) -> AsyncIterator[bytes]:
-        """The request body, held against the reading budget while the block runs."""
+        """The request body, held against the reading budget while the block runs. Once it is in,
+        the request takes its queue place (429 if the queue filled while it uploaded)."""
         settings = self.state.settings
         async with read_body(self.request, max_bytes=settings.max_body_bytes, budget=self.state.reading,
-                             timeout_s=settings.read_timeout_s, retry_after_s=settings.retry_after_s) as body:
+                             timeout_s=settings.read_timeout_s, stall_s=settings.upload_stall_s,
+                             retry_after_s=settings.retry_after_s) as body:
+            self.ticket.claim()
             yield body
 
     async def hold(self, budget: MemoryBudget, nbytes: int) -> None:
@@ -103,7 +107,7 @@ class Admission:
         await self.hold_host(encode_host_bytes(header, self.model.limits))
 
     def submit(self, operation: Operation, inputs: np.ndarray, **fields: Any) -> Job:
-        """The request's job (its other ``Job`` fields given by name), queued in the slot reserved for it."""
+        """The request's job (its other ``Job`` fields given by name), queued in the place its ticket holds."""
         job = Job(self.request.state.request_id, operation, inputs, deadline=self.deadline,
                   loop=asyncio.get_running_loop(), arrived=self.arrived, **fields)
         self.worker.submit(job, self.ticket)
@@ -113,8 +117,8 @@ class Admission:
 @asynccontextmanager
 async def admitted(request: Request, state: ServiceState, timeout_s: float) -> AsyncIterator[Admission]:
     """Admit a request before a byte of its body is read: the service must be serving (503 while
-    loading, draining or failed) and a queue slot free (429); its deadline is ``timeout_s`` from
-    now. The slot is given back unless a job was submitted in it; what the request held is let go
+    loading, draining or failed) and the queue not full (429); its deadline is ``timeout_s`` from
+    now. The ticket is given back unless a job was submitted with it; what the request held is let go
     when the block ends. The request's arrival is noted for its latency metric (taken when the last
     byte of its answer is sent: ``service.http.middleware``)."""
     arrived = time.monotonic()

@@ -13,9 +13,19 @@ import httpx
 import pytest
 
 from tests.helpers.raw_http import read_head
-from tests.helpers.service_helpers import GarbageRunner, latents, thread_server, wait_until
+from tests.helpers.service_helpers import (
+    GarbageRunner,
+    GatedRunner,
+    gated_warm_up,
+    latents,
+    marked,
+    post_in_thread,
+    thread_server,
+    wait_until,
+)
 
 PROBLEM = "application/problem+json"
+SHORT = (1, 16, 2, 4, 4)  # two decode steps
 
 
 def request_head(content_length: int, *, path: str = "/v1/decode?shape=1,16,2,4,4&dtype=float32") -> bytes:
@@ -89,7 +99,7 @@ def test_client_leaving_mid_upload_is_499_and_one_line(tiny_vae, caplog):
         caplog.set_level(logging.INFO)
         with socket.create_connection(srv.address) as sock:
             sock.sendall(request_head(2048) + b"\0" * 100)
-            wait_until(lambda: srv.metric("vaeserve_queue_depth") == 1, "the upload started")  # its slot is held
+            wait_until(lambda: srv.metric("vaeserve_uploads") == 1, "the upload started")
         wait_until(lambda: srv.metric("vaeserve_requests_total", route="/v1/decode", status="499") == 1,
                    "the 499 counted")
         assert srv.metric("vaeserve_requests_total", route="/v1/decode", status="500") == 0
@@ -228,27 +238,61 @@ def test_connections_beyond_the_limit_get_503(tiny_vae):
 
 def test_full_queue_answers_429_before_reading_the_body(tiny_vae):
     # The hostile run: bodies were read (16 x 52 MiB, +1.2 GB RSS) before the queue limit applied.
-    with thread_server(tiny_vae, max_queue=1, read_timeout_s=30) as srv:
-        with socket.create_connection(srv.address) as reading:
-            reading.sendall(request_head(2048) + b"\0" * 100)  # holds the only slot while it uploads
-            wait_until(lambda: srv.metric("vaeserve_queue_depth") == 1, "the upload holds the slot")
-            with socket.create_connection(srv.address) as refused:
-                refused.sendall(request_head(2048))  # headers only: the answer must not wait for a body
-                status, headers, body, _ = read_reply(refused)
-            reading.sendall(b"\0" * 1948)
-            ok, _, _, _ = read_reply(reading, timeout=120)  # its decode compiles first: slow on a loaded machine
+    GatedRunner.reset()
+    with thread_server(tiny_vae, runner_factory=GatedRunner, max_batch=1, max_queue=1) as srv:
+        gated_warm_up(srv.url, SHORT)
+        started = srv.metric("vaeserve_queue_seconds_count")  # observed as a batch starts on the device
+        on_device: list = []
+        queued: list = []
+        post_in_thread(srv.url, marked(latents(SHORT, seed=1), "A"), on_device)  # held on the device
+        wait_until(lambda: srv.metric("vaeserve_queue_seconds_count") > started, "A on the device")
+        post_in_thread(srv.url, marked(latents(SHORT, seed=2), "B"), queued)  # the one queue place
+        wait_until(lambda: srv.metric("vaeserve_queue_depth") == 1, "B queued")
+        with socket.create_connection(srv.address) as refused:
+            refused.sendall(request_head(2048))  # headers only: the answer must not wait for a body
+            status, headers, body, _ = read_reply(refused)
+        for _ in range(2 * SHORT[2]):
+            GatedRunner.permits.release()
+        wait_until(lambda: bool(on_device and queued), "A and B answered")
     assert status.startswith("HTTP/1.1 429") and headers["retry-after"] == "1" and headers["connection"] == "close"
     problem = json.loads(body)
     assert problem["type"].endswith("/queue-full") and problem["received"] == 1
-    assert ok.startswith("HTTP/1.1 200")
+    assert [on_device[0].status_code, queued[0].status_code] == [200, 200]
+
+
+def test_stalled_uploads_hold_no_queue_place_and_are_cut(tiny_vae):
+    # The hostile run: sixteen chunked uploads that sent 5 bytes and stopped held every queue place;
+    # everyone else got 429 queue-full for 30 s.
+    stall_s = 3.0
+    with thread_server(tiny_vae, max_queue=2, upload_stall_s=stall_s, read_timeout_s=60) as srv:
+        stalled = [socket.create_connection(srv.address) for _ in range(4)]
+        try:
+            for sock in stalled:
+                sock.sendall(b"POST /v1/decode?shape=1,16,2,4,4&dtype=float32 HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Type: tensor/binary\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n\0\0\0\0\0\r\n")
+            wait_until(lambda: srv.metric("vaeserve_uploads") == 4, "four uploads under way")
+            assert srv.metric("vaeserve_queue_depth") == 0
+            x = latents()
+            served = httpx.post(srv.url + "/v1/decode", content=x.tobytes(), headers={"Content-Type": "tensor/binary"},
+                                params={"shape": "1,16,2,4,4", "dtype": "float32", "output_type": "npy"}, timeout=120)
+            replies = [read_reply(sock, timeout=stall_s + SLACK_S + 60) for sock in stalled]
+        finally:
+            for sock in stalled:
+                sock.close()
+        assert served.status_code == 200
+        for status, _, body, closed in replies:
+            problem = json.loads(body)
+            assert status.startswith("HTTP/1.1 408") and closed, status
+            assert problem["type"].endswith("/upload-stalled") and problem["received"] == "5 bytes, then nothing"
+        wait_until(lambda: srv.metric("vaeserve_uploads") == 0, "the cut uploads let go")
 
 
 def test_bytes_being_read_are_capped(tiny_vae):
     with thread_server(tiny_vae, max_body_bytes=4096, max_reading_bytes=6000, read_timeout_s=30) as srv:
         with socket.create_connection(srv.address) as reading:
             reading.sendall(request_head(4096) + b"\0" * 100)  # 4096 bytes held for this upload
-            # Its queue slot and its bytes are taken in one step of the event loop.
-            wait_until(lambda: srv.metric("vaeserve_queue_depth") == 1, "the upload holds its bytes")
+            # Its ticket and its bytes are taken in one step of the event loop.
+            wait_until(lambda: srv.metric("vaeserve_uploads") == 1, "the upload holds its bytes")
             with socket.create_connection(srv.address) as refused:
                 refused.sendall(request_head(2048))
                 status, headers, body, _ = read_reply(refused)

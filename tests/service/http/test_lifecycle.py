@@ -266,12 +266,12 @@ def test_sigint_drains_like_sigterm_and_a_second_signal_ends_the_drain(tiny_mode
     KeyboardInterrupt traceback and status -2, a second SIGINT cancelled the requests in flight
     with plain-text 500s, a second SIGTERM changed nothing.)"""
     server = launch_server(tiny_model_dir, tmp_path / "log", "--max-batch", "1", "--drain-timeout-s", "600",
-                           "--read-timeout-s", "600")
+                           "--read-timeout-s", "600", "--upload-stall-s", "600")
     try:
         wait_until(lambda: _ready(server.url), "the server is ready", timeout=120)
         host, port = server.url.removeprefix("http://").split(":")
         begun = [_upload_begun((host, int(port)), latents(seed=40 + i)) for i in range(uploads)]
-        wait_until(lambda: server.metric("vaeserve_queue_depth") == uploads, "the uploads hold their slots")
+        wait_until(lambda: server.metric("vaeserve_uploads") == uploads, "the uploads are under way")
         server.process.send_signal(getattr(signal, first))
         wait_until(lambda: _refused(server.url), "new connections refused")
         for sock, rest in begun[:-1]:
