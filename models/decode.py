@@ -5,7 +5,8 @@ end until every frame is out (``models.families.ltx.layers``).
 
 These are pure functions of a merged decoder (any family's: ``models.family_modules``) and a spatial
 context, so the single-device path (``VAE.decode``) and the sharded path (``sharding``) run the
-very same code. Layouts: ``(B, z, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` inside;
+very same code. A batch's rows run one after another inside a program (``models.rows``), so an
+answer is bit for bit the same whatever it is batched with. Layouts: ``(B, z, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` inside;
 an image model's latents ``(B, z, H, W)`` run as one-frame clips and come out as images
 (``models.shapes.one_frame_clip``/``without_time``).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -26,6 +28,7 @@ from .conditions import TIMESTEP_RANGE, DecodeConditions, condition_defaults, re
 from .config import VAEConfig
 from .encode import prng_key
 from .family_modules import Caches, DecoderModule, family_modules
+from .rows import each_row
 from .shapes import Output, one_frame_clip, output_frames, time_axis, without_time
 from .spatial import SpatialContext
 
@@ -318,11 +321,15 @@ def full_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], 
     ``make_context``); ``conditions`` for a decoder that takes them (``decode_conditions``). Image
     latents ``(B, z, H, W)`` give images: float ``(B, 3, sH, sW)`` or uint8 ``(B, sH, sW, 3)``."""
 
-    def run(state, latents: jax.Array, conditions: DecodeConditions | None = None) -> tuple[jax.Array, jax.Array]:
+    def run_rows(state, rows: tuple[jax.Array, DecodeConditions | None]) -> tuple[jax.Array, jax.Array]:
+        latents, conditions = rows
         z = prepare_latents(one_frame_clip(latents), config, dtype, denormalize=denormalize)
         frames, bad = decode_frames(nnx.merge(graphdef, state), z, make_context(), chunk=chunk, output=output,
                                     inner_frames=inner_frames, framewise=framewise, conditions=conditions)
         return (without_time(frames, output) if latents.ndim == 4 else frames), bad
+
+    def run(state, latents: jax.Array, conditions: DecodeConditions | None = None) -> tuple[jax.Array, jax.Array]:
+        return each_row(partial(run_rows, state), (latents, conditions))
 
     return run
 
@@ -334,11 +341,18 @@ def step_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], 
     streaming decode step, with ``caches`` None (or a ``StreamStart``) for the first (``clip_frames``:
     ``first_step_clip`` of the stream's latent frames, for a model that ``needs_clip_frames``)."""
 
+    def run_rows(state, start: StreamStart | None,
+                 rows: tuple[Caches | None, jax.Array, DecodeConditions | None]) -> tuple[jax.Array, Caches, jax.Array]:
+        caches, latents, conditions = rows
+        z = prepare_latents(latents, config, dtype, denormalize=denormalize)
+        return decode_step(nnx.merge(graphdef, state), start if caches is None else caches, z, make_context(),
+                           output=output, inner_frames=inner_frames,
+                           clip_frames=clip_frames if caches is None else None, conditions=conditions)
+
     def run(state, caches: Caches | None, latents: jax.Array,
             conditions: DecodeConditions | None = None) -> tuple[jax.Array, Caches, jax.Array]:
-        z = prepare_latents(latents, config, dtype, denormalize=denormalize)
-        return decode_step(nnx.merge(graphdef, state), caches, z, make_context(), output=output,
-                           inner_frames=inner_frames, clip_frames=clip_frames if is_first_step(caches) else None,
-                           conditions=conditions)
+        # A first step's caches (None or a StreamStart, the clip's length) are the batch's, not a row's.
+        start, caches = (caches, None) if is_first_step(caches) else (None, caches)
+        return each_row(partial(run_rows, state, start), (caches, latents, conditions))
 
     return run

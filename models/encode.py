@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -28,6 +29,7 @@ from jax import lax
 from .conditions import SEED_RANGE
 from .config import VAEConfig
 from .family_modules import Caches, EncoderModule
+from .rows import each_row
 from .shapes import frames_per_step, latents_for_frames, one_frame_clip, without_time
 from .spatial import SpatialContext
 
@@ -185,9 +187,12 @@ def moments_program(graphdef, dtype, make_context: Callable[[], SpatialContext],
     single-device and the sharded encode differ only in ``make_context``); images ``(B, 3, H, W)``
     as one-frame clips (``T = 1``)."""
 
-    def run(state, frames: jax.Array) -> jax.Array:
+    def run_rows(state, frames: jax.Array) -> jax.Array:
         return encode_moments(nnx.merge(graphdef, state), one_frame_clip(frames), make_context(), dtype=dtype,
                               chunk=chunk)
+
+    def run(state, frames: jax.Array) -> jax.Array:
+        return each_row(partial(run_rows, state), frames)  # a row's moments do not depend on its batch-mates
 
     return run
 

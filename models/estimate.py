@@ -175,13 +175,14 @@ def features(layers: list[Layer], grid: Grid, *, native: bool) -> Features:
     """The features of a program made of ``layers`` over ``grid`` (per device); ``native``: no
     nine-tap buffers (an accelerator's convolutions). On CPU every conv's nine-tap block is
     counted under either conv path; oneDNN's programs keep such blocks only for the upsamplers'
-    phase convs, and their fitted coefficients weigh the feature accordingly (mostly 0)."""
+    phase convs, and their fitted coefficients weigh the feature accordingly (mostly 0). A batch's
+    rows run one at a time (``models.rows``): the caches are the batch's, the working set a row's."""
     b, h, w = grid.batch, grid.rows, grid.cols
     caches = activation = outputs = taps = attention = 0
     for layer in layers:
         if isinstance(layer, AttentionLayer):
-            scores = b * min(QUERY_CHUNK, layer.queries) * layer.keys
-            attention = max(attention, scores + 2 * b * (layer.keys + layer.kept) * layer.dim)
+            scores = min(QUERY_CHUNK, layer.queries) * layer.keys
+            attention = max(attention, scores + 2 * (layer.keys + layer.kept) * layer.dim)
             caches += 2 * b * layer.kept * layer.dim
             continue
         if isinstance(layer, KeptFrames):
@@ -194,10 +195,10 @@ def features(layers: list[Layer], grid: Grid, *, native: bool) -> Features:
         elif layer.cache == "plain":
             caches += 2 * b * pixels * layer.cin
         clip = max(layer.frames, layer.clip_frames)
-        activation = max(activation, b * clip * pixels * (layer.cin + layer.cout))
-        outputs += b * clip * pixels * layer.cout
+        activation = max(activation, clip * pixels * (layer.cin + layer.cout))
+        outputs += clip * pixels * layer.cout
         if not native:
-            block = b * layer.frames * (rows + 2) * (cols + 2) * 9 * layer.cout
+            block = layer.frames * (rows + 2) * (cols + 2) * 9 * layer.cout
             taps = max(taps, min(block, CPU_BLOCK_BYTES // 4))
     return Features(caches, activation, outputs, taps, attention)
 
