@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from vaeserve import models
-from vaeserve.models import decode as decode_module
-from vaeserve.models import encode as encode_module
+from vaeserve.models import decode as decode_module, encode as encode_module
 
 # The smallest Wan config found whose batched convolutions round differently from single rows
 # on XLA's CPU backend (wider tiny configs happened to agree).
