@@ -72,9 +72,10 @@ def _nthwc(x) -> jax.Array:
     return jnp.asarray(np.asarray(x).transpose(0, 2, 3, 4, 1))
 
 
-def _decode(vae, latents: np.ndarray, **options) -> np.ndarray:
+def _decode(vae, latents: np.ndarray, *, per_step: int | None = None, tiled: bool = True) -> np.ndarray:
     decoder = nnx.merge(vae.graphdef, vae.state)
-    return _ncthw(jax.jit(lambda z: h3.decode(decoder, z, TINY, **options))(_nthwc(latents)))
+    run = decoder if per_step is None else h3.in_steps(decoder, per_step)
+    return _ncthw(jax.jit(lambda z: h3.decode(run, z, TINY, tiled=tiled))(_nthwc(latents)))
 
 
 def _encode(vae, frames: np.ndarray) -> np.ndarray:
@@ -152,7 +153,7 @@ def test_encode_matches_diffusers_tiled(reference, loaded, shape):
 
 
 def test_tiles_run_in_steps_alike(loaded):
-    """``tiles_per_step`` (a memory bound: the tiles in groups) changes nothing but the grouping."""
+    """``in_steps`` (a memory bound: the tiles in groups) changes nothing but the grouping."""
     latents = _seeded((1, *LATENTS[1:]), 4)
-    whole, grouped = _decode(loaded, latents), _decode(loaded, latents, tiles_per_step=5)
+    whole, grouped = _decode(loaded, latents), _decode(loaded, latents, per_step=5)
     assert _diff(whole, grouped) <= 1e-6 and math.isfinite(float(whole.std()))

@@ -6,7 +6,7 @@ of its own plus ``token_overlap`` read ahead; the last latent frame repeated to 
 chunks), each chunk into spatial tiles whose geometry is fixed in Python at trace time
 (``split_tiles``: equal tiles, overlaps widened so they cover the frame exactly). Every tile of
 every chunk of every video is an independent ViT call on the same shape: they run as ONE batch
-(``decode_tiles``: in groups of ``tiles_per_step``), then the tiles are blended linearly
+(``run``, which ``in_steps`` bounds in memory and ``parallel.spread_over`` spreads over devices), then the tiles are blended linearly
 (``stitch_tiles``) and consecutive chunks cross-faded (``join_chunks``). Because the ViT places
 tokens by coordinates normalised over its tile, the tiled decode is the released picture; the
 untiled decode (``tiled=False``: one attention over each chunk's whole frame) is a different one.
@@ -145,15 +145,19 @@ def join_chunks(chunks: jax.Array, latent_frames: int, config: H3Config) -> jax.
 
 
 # -- the whole decode and encode ---------------------------------------------------------------------
-def run_in_steps(run: RunTiles, batch: jax.Array, per_step: int | None) -> jax.Array:
-    """``run`` over ``batch``'s leading axis, ``per_step`` at a time (None: all at once)."""
-    if per_step is None or per_step >= batch.shape[0]:
-        return run(batch)
-    return jax.lax.map(lambda item: run(item[None])[0], batch, batch_size=per_step)
+def in_steps(run: RunTiles, per_step: int) -> RunTiles:
+    """``run`` over a batch's leading axis ``per_step`` at a time (a bound on the memory of the
+    attention: a real tile is 1,797 tokens), the same numbers as all at once."""
+
+    def stepped(batch: jax.Array) -> jax.Array:
+        if per_step >= batch.shape[0]:
+            return run(batch)
+        return jax.lax.map(lambda item: run(item[None])[0], batch, batch_size=per_step)
+
+    return stepped
 
 
-def decode(run: RunTiles, z: jax.Array, config: H3Config, *, tiled: bool = True,
-           tiles_per_step: int | None = None) -> jax.Array:
+def decode(run: RunTiles, z: jax.Array, config: H3Config, *, tiled: bool = True) -> jax.Array:
     """The released decode: latents ``(B, T, h, w, z)`` (``T ≥ 3``: at least one chunk) → frames
     ``(B, config.num_output_frames(T), s·h, s·w, 3)``. ``run`` is the decoder (``H3Decoder``) on a
     batch of clips; every tile of every chunk goes through it as one batch. ``tiled=False`` decodes
@@ -168,14 +172,13 @@ def decode(run: RunTiles, z: jax.Array, config: H3Config, *, tiled: bool = True,
     rows, columns = frame_tiles(h * s, w * s, config) if tiled else (Tiles((0,), h * s, ()), Tiles((0,), w * s, ()))
     tiles = cut_tiles(clips, rows, columns, s)  # (B·K, rows, columns, L, th, tw, z)
     grid = tiles.shape[1:3]
-    decoded = run_in_steps(run, tiles.reshape(-1, *tiles.shape[3:]), tiles_per_step)
+    decoded = run(tiles.reshape(-1, *tiles.shape[3:]))
     decoded = decoded.reshape(b * k, *grid, *decoded.shape[1:])
     frames = stitch_tiles(decoded, rows.overlaps, columns.overlaps)
     return join_chunks(frames.reshape(b, k, *frames.shape[1:]), t, config)
 
 
-def encode(run: RunTiles, x: jax.Array, config: H3Config, *, tiled: bool = True,
-           tiles_per_step: int | None = None) -> jax.Array:
+def encode(run: RunTiles, x: jax.Array, config: H3Config, *, tiled: bool = True) -> jax.Array:
     """The released encode: frames ``(B, F, H, W, 3)`` → posterior moments
     ``(B, config.encoded_latent_frames(F), H/s, W/s, 2z)``. One frame goes through alone; more are
     cut into ``clip_length``-frame clips (the last padded with copies of the last frame), every
@@ -192,7 +195,7 @@ def encode(run: RunTiles, x: jax.Array, config: H3Config, *, tiled: bool = True,
     rows, columns = frame_tiles(height, width, config) if tiled else (Tiles((0,), height, ()), Tiles((0,), width, ()))
     tiles = cut_tiles(x, rows, columns, 1)
     grid = tiles.shape[1:3]
-    moments = run_in_steps(run, tiles.reshape(-1, *tiles.shape[3:]), tiles_per_step)
+    moments = run(tiles.reshape(-1, *tiles.shape[3:]))
     moments = stitch_tiles(moments.reshape(x.shape[0], *grid, *moments.shape[1:]),
                            tuple(o // s for o in rows.overlaps), tuple(o // s for o in columns.overlaps))
     if f == 1:
