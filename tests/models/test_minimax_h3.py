@@ -25,6 +25,7 @@ from flax import nnx
 from vaeserve import models
 from vaeserve.models.families.minimax_h3 import decode as h3
 from vaeserve.models.families.minimax_h3.config import TILING_FIELDS, AutoencoderKLMiniMaxH3Config
+from vaeserve.models.families.minimax_h3.geometry import Tiles, split_tiles
 from vaeserve.models.loading import WeightsError, build_vae
 
 torch = pytest.importorskip("torch")
@@ -104,6 +105,15 @@ def test_loads_save_pretrained_folder(reference, folder, loaded):
         build_vae(loaded.config, tensors, dtype="float32", metadata={})
 
 
+def test_pixels_are_imagenet_normalised():
+    """Eager, no compile: the decoder's ImageNet space ↔ [0, 1], and the clamp."""
+    frames = np.random.default_rng(6).uniform(0, 1, (2, 3, 4, 4, 3)).astype(np.float32)
+    assert _diff(h3.to_unit_range(h3.from_unit_range(frames)), frames) <= 1e-6
+    white = h3.from_unit_range(np.ones(3, np.float32))
+    assert _diff(white, (1 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])) <= 1e-6
+    assert _diff(h3.to_unit_range(white + 1), np.ones(3)) == 0  # the control: clamped, not 1 + std
+
+
 def test_tile_and_chunk_geometry_is_diffusers():
     """Pure arithmetic, no compile: the tiles of the released geometry and the chunk counts."""
     released = AutoencoderKLMiniMaxH3Config()
@@ -111,9 +121,9 @@ def test_tile_and_chunk_geometry_is_diffusers():
     model.spatial_compression_ratio = 16
     for length in (16, 256, 272, 720, 768, 1280, 1344, 1920):
         starts, sizes, overlaps = model._split_tiles(length, 256, 64)
-        tiles = h3.split_tiles(length, 256, 64, 16)
+        tiles = split_tiles(length, 256, 64, 16)
         assert (list(tiles.starts), [tiles.size] * len(tiles.starts), list(tiles.overlaps)) == (starts, sizes, overlaps)
-    assert h3.split_tiles(768, 256, 64, 16) == h3.Tiles((0, 160, 336, 512), 256, (96, 80, 80))  # widened
+    assert split_tiles(768, 256, 64, 16) == Tiles((0, 160, 336, 512), 256, (96, 80, 80))  # widened
     assert [released.num_output_frames(5 * n + 2) for n in (1, 2, 12)] == [22, 39, 209]
     assert [released.encoded_latent_frames(17 * n + 5) for n in (1, 2, 12)] == [7, 12, 62]
     assert released.decode_chunks(53) == 11 and released.padding_latent_frames(53) == 4

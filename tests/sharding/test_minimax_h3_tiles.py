@@ -16,6 +16,7 @@ from flax import nnx
 from vaeserve import models
 from vaeserve.models.families.minimax_h3 import decode as h3
 from vaeserve.models.families.minimax_h3.config import AutoencoderKLMiniMaxH3Config
+from vaeserve.models.families.minimax_h3.geometry import frame_tiles
 from vaeserve.models.families.minimax_h3.parallel import padded_count, spread_over
 from vaeserve.sharding.mesh import TP_AXIS, make_mesh
 
@@ -40,7 +41,7 @@ def _decode(vae, latents, wrap) -> np.ndarray:
 @pytest.fixture(scope="module")
 def single(vae):
     latents = jnp.asarray(np.random.default_rng(5).standard_normal(LATENTS), jnp.float32)
-    rows, columns = h3.frame_tiles(4 * TINY.spatial_scale, 14 * TINY.spatial_scale, TINY)
+    rows, columns = frame_tiles(4 * TINY.spatial_scale, 14 * TINY.spatial_scale, TINY)
     assert (len(rows.starts), len(columns.starts), TINY.decode_chunks(3)) == (1, 5, 1)
     return latents, _decode(vae, latents, lambda decoder: decoder)
 

@@ -4,7 +4,7 @@ tiling on as it ships), as pure functions around the modules.
 Decode: the latents are cut into temporal chunks of ``chunk_latent_frames`` (``tokens_chunk_size``
 of its own plus ``token_overlap`` read ahead; the last latent frame repeated to make whole
 chunks), each chunk into spatial tiles whose geometry is fixed in Python at trace time
-(``split_tiles``: equal tiles, overlaps widened so they cover the frame exactly). Every tile of
+(``geometry.split_tiles``: equal tiles, overlaps widened so they cover the frame exactly). Every tile of
 every chunk of every video is an independent ViT call on the same shape: they run as ONE batch
 (``run``, which ``in_steps`` bounds in memory and ``parallel.spread_over`` spreads over devices), then the tiles are blended linearly
 (``stitch_tiles``) and consecutive chunks cross-faded (``join_chunks``). Because the ViT places
@@ -17,56 +17,34 @@ normalised pixels); diffusers' ``(B, C, T, H, W)`` is the caller's to transpose.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
-from .config import AutoencoderKLMiniMaxH3Config
+from .config import IMAGENET_MEAN, IMAGENET_STD, AutoencoderKLMiniMaxH3Config
+from .geometry import Tiles, frame_tiles
 
 H3Config = AutoencoderKLMiniMaxH3Config
 # A batch of equal-shaped ViT (or encoder) calls: (N, ...) → (N, ...).
 RunTiles = Callable[[jax.Array], jax.Array]
 
 
+# -- pixels ----------------------------------------------------------------------------------------
+def to_unit_range(frames: jax.Array) -> jax.Array:
+    """Decoded frames ``(..., 3)`` from ImageNet-normalised space to [0, 1], clamped (what H3's
+    pipeline does before post-processing)."""
+    mean, std = jnp.asarray(IMAGENET_MEAN, jnp.float32), jnp.asarray(IMAGENET_STD, jnp.float32)
+    return jnp.clip(frames.astype(jnp.float32) * std + mean, 0.0, 1.0)
+
+
+def from_unit_range(frames: jax.Array) -> jax.Array:
+    """Frames ``(..., 3)`` in [0, 1] to the ImageNet-normalised space the encoder takes."""
+    mean, std = jnp.asarray(IMAGENET_MEAN, jnp.float32), jnp.asarray(IMAGENET_STD, jnp.float32)
+    return (frames.astype(jnp.float32) - mean) / std
+
+
 # -- spatial tiles ---------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Tiles:
-    """Tiles along one axis, in pixels: ``starts``, the common ``size`` and the ``overlaps``
-    between neighbours (one fewer than the tiles)."""
-
-    starts: tuple[int, ...]
-    size: int
-    overlaps: tuple[int, ...]
-
-
-def split_tiles(length: int, tile: int, min_overlap: int, step: int) -> Tiles:
-    """diffusers' ``_split_tiles``: the fewest ``tile``-sized tiles that cover ``length`` with
-    overlaps of at least ``min_overlap``, the slack spread round-robin over the overlaps in whole
-    ``step``s (the spatial scale, so tiles stay latent-aligned); one tile of ``length`` if it fits."""
-    if tile >= length:
-        return Tiles((0,), length, ())
-    count = math.ceil(length / tile)
-    while tile * count - min_overlap * (count - 1) < length:
-        count += 1
-    overlaps = [min_overlap] * (count - 1)
-    for i in range((tile * count - sum(overlaps) - length) // step):
-        overlaps[i % (count - 1)] += step
-    starts = [0]
-    for overlap in overlaps:
-        starts.append(starts[-1] + tile - overlap)
-    return Tiles(tuple(starts), tile, tuple(overlaps))
-
-
-def frame_tiles(height: int, width: int, config: H3Config) -> tuple[Tiles, Tiles]:
-    """The released tiles of a ``height x width``-pixel frame: rows, then columns."""
-    s = config.spatial_scale
-    return (split_tiles(height, config.tile_sample_min_height, config.tile_sample_min_overlap_height, s),
-            split_tiles(width, config.tile_sample_min_width, config.tile_sample_min_overlap_width, s))
-
-
 def cut_tiles(x: jax.Array, rows: Tiles, columns: Tiles, scale: int) -> jax.Array:
     """``(N, T, H, W, C)`` → ``(N, rows, columns, T, size_h, size_w, C)``: the tiles of pixel
     geometry ``rows``/``columns`` on a grid ``scale`` times coarser (1: the pixels themselves)."""
@@ -169,7 +147,7 @@ def decode(run: RunTiles, z: jax.Array, config: H3Config, *, tiled: bool = True)
     chunks = cut_chunks(z, config)  # (B, K, L, h, w, z)
     k = chunks.shape[1]
     clips = chunks.reshape(b * k, *chunks.shape[2:])
-    rows, columns = frame_tiles(h * s, w * s, config) if tiled else (Tiles((0,), h * s, ()), Tiles((0,), w * s, ()))
+    rows, columns = frame_tiles(h * s, w * s, config, tiled=tiled)
     tiles = cut_tiles(clips, rows, columns, s)  # (B·K, rows, columns, L, th, tw, z)
     grid = tiles.shape[1:3]
     decoded = run(tiles.reshape(-1, *tiles.shape[3:]))
@@ -192,7 +170,7 @@ def encode(run: RunTiles, x: jax.Array, config: H3Config, *, tiled: bool = True)
         pad = (-f) % config.clip_length
         x = jnp.concatenate([x, jnp.repeat(x[:, -1:], pad, axis=1)], axis=1)
         x = x.reshape(b * (x.shape[1] // config.clip_length), config.clip_length, height, width, c)
-    rows, columns = frame_tiles(height, width, config) if tiled else (Tiles((0,), height, ()), Tiles((0,), width, ()))
+    rows, columns = frame_tiles(height, width, config, tiled=tiled)
     tiles = cut_tiles(x, rows, columns, 1)
     grid = tiles.shape[1:3]
     moments = run(tiles.reshape(-1, *tiles.shape[3:]))
