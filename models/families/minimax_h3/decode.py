@@ -4,12 +4,13 @@ tiling on as it ships), as pure functions around the modules.
 Decode: the latents are cut into temporal chunks of ``chunk_latent_frames`` (``tokens_chunk_size``
 of its own plus ``token_overlap`` read ahead; the last latent frame repeated to make whole
 chunks), each chunk into spatial tiles whose geometry is fixed in Python at trace time
-(``geometry.split_tiles``: equal tiles, overlaps widened so they cover the frame exactly). Every tile of
-every chunk of every video is an independent ViT call on the same shape: they run as ONE batch
-(``run``, which ``in_steps`` bounds in memory and ``parallel.spread_over`` spreads over devices), then the tiles are blended linearly
-(``stitch_tiles``) and consecutive chunks cross-faded (``join_chunks``). Because the ViT places
-tokens by coordinates normalised over its tile, the tiled decode is the released picture; the
-untiled decode (``tiled=False``: one attention over each chunk's whole frame) is a different one.
+(``geometry.split_tiles``: equal tiles, overlaps widened so they cover the frame exactly). Every
+tile of every chunk of every video is an independent ViT call on the same shape: they run as ONE
+batch through ``run`` (which ``in_steps`` bounds in memory and ``parallel.spread_over`` spreads
+over devices), then the tiles are blended linearly (``stitch_tiles``) and consecutive chunks
+cross-faded (``join_chunks``). Because the ViT places tokens by coordinates normalised over its
+tile, the tiled decode is the released picture; the untiled decode (``tiled=False``: one
+attention over each chunk's whole frame) is a different one.
 
 Layouts: latents ``(B, T, h, w, z)`` and frames ``(B, F, H, W, 3)`` (channels-last, ImageNet-
 normalised pixels); diffusers' ``(B, C, T, H, W)`` is the caller's to transpose.
