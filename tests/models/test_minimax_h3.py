@@ -8,7 +8,7 @@ cut off) must match to ≤ 1e-4 (measured ≤ 1e-6); its controls, a hard cut in
 blends and the untiled decode (each chunk's whole frame one attention: RoPE over the frame, not
 the tile), must miss by far more. The encode (tiled) of one frame and of 17·1 + 5 frames matches
 too. The model is loaded from diffusers' ``save_pretrained`` folder. diffusers runs live (skipped
-without it). Times on a 2-core host: about 10 s for the file, most of it compiling.
+without it). About 17 s for the file on a 2-core host, most of it compiling.
 """
 
 from __future__ import annotations
