@@ -35,11 +35,12 @@ __all__ = ["DEFAULT_MODEL", "EMBEDDED", "FAMILIES", "EmbeddedModel", "FamilyDesc
 
 
 def _families() -> tuple[FamilyDescriptor, ...]:
-    from .families import hunyuan, hunyuan15, kl, ltx, qwen_image, wan
+    from .families import hunyuan, hunyuan15, kl, ltx, minimax_h3, qwen_image, wan
 
     # The order tensor names are matched in (models.loading.config_for_names); Wan's diffusers names
     # are the default, so it comes first in every list.
-    return (wan.FAMILY, hunyuan.FAMILY, hunyuan15.FAMILY, ltx.FAMILY, kl.FAMILY, qwen_image.FAMILY)
+    return (wan.FAMILY, hunyuan.FAMILY, hunyuan15.FAMILY, ltx.FAMILY, kl.FAMILY, qwen_image.FAMILY,
+            minimax_h3.FAMILY)
 
 
 FAMILIES: tuple[FamilyDescriptor, ...] = _families()
