@@ -1,0 +1,206 @@
+"""LTX-2's audio VAE decoder in Flax nnx (diffusers' ``autoencoder_kl_ltx2_audio.py``): latents
+``(B, C, L, M)`` → a log-mel spectrogram ``(B, channels, T, mel_bins)``.
+
+The spectrogram is a 2-D image whose height is time, held channels-last inside, ``(B, T, F, C)``.
+Every conv is ``LTX2AudioCausalConv2d``: zeros padded before it along the causal axis (time in the
+release: a mel frame never sees a later one), centred along the other. Norms are per pixel (an RMS
+over channels, no weight), the optional attention is one head over every (time, bin) position.
+
+Weights keep PyTorch's layouts and names (``OIHW`` kernels, ``decoder.up.1.block.0.conv1.conv.weight``),
+so loading a checkpoint is reading it (``models.families.ltx2_audio.weights``); the convs take
+``OIHW`` kernels as they are.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from .config import PIXEL_NORM_EPS, LTX2AudioVAEConfig
+
+# Exact float32 on accelerators too (no TF32 / bf16 passes): the parity promise is float32.
+PRECISION = lax.Precision.HIGHEST
+_DIMENSIONS = ("NHWC", "OIHW", "NHWC")
+
+
+# -- pure functions ----------------------------------------------------------------------------------
+def causal_padding(kernel: int, causality_axis: str, *, dilation: int = 1) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``((before, after) along time, (before, after) along bins)`` of a causal conv's zeros:
+    the whole ``dilation·(kernel − 1)`` before the causal axis, centred (the odd one after) on the
+    other; centred on both for ``"none"``."""
+    total = (kernel - 1) * dilation
+    centred = (total // 2, total - total // 2)
+    if causality_axis == "height":
+        return (total, 0), centred
+    if causality_axis in ("width", "width-compatibility"):
+        return centred, (total, 0)
+    return centred, centred
+
+
+def conv2d(x: jax.Array, weight: jax.Array, bias: jax.Array | None,
+           padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0)), *, stride: int = 1) -> jax.Array:
+    """``nn.Conv2d`` after zero ``padding``: ``(B, T, F, C)`` with an ``(O, C, kh, kw)`` kernel →
+    ``(B, T', F', O)``."""
+    y = lax.conv_general_dilated(x, weight.astype(x.dtype), (stride, stride), padding,
+                                 dimension_numbers=_DIMENSIONS, precision=PRECISION)
+    return y if bias is None else y + bias.astype(x.dtype)
+
+
+def pixel_norm(x: jax.Array, eps: float = PIXEL_NORM_EPS) -> jax.Array:
+    """``x / sqrt(mean(x², channels) + eps)`` per pixel, in float32. ``(..., C)`` → same."""
+    x32 = x.astype(jnp.float32)
+    return (x32 / jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def upsample_nearest(x: jax.Array) -> jax.Array:
+    """Nearest-neighbour 2x along time and bins: ``(B, T, F, C)`` → ``(B, 2T, 2F, C)``."""
+    return jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+
+
+def drop_first_causal_row(x: jax.Array, causality_axis: str) -> jax.Array:
+    """An upsampler's output less its first position along the causal axis (the row that saw only
+    the zeros before the clip), so ``T`` time positions become ``2T − 1``, not ``2T``."""
+    if causality_axis == "height":
+        return x[:, 1:]
+    if causality_axis == "width":
+        return x[:, :, 1:]
+    return x
+
+
+def fit_spectrogram(x: jax.Array, frames: int, bins: int, channels: int) -> jax.Array:
+    """The decoder's output cropped, then zero-padded, to ``(B, frames, bins, channels)``."""
+    x = x[:, :frames, :bins, :channels]
+    return jnp.pad(x, ((0, 0), (0, frames - x.shape[1]), (0, bins - x.shape[2]), (0, 0)))
+
+
+def _zeros(shape: tuple[int, ...], dtype) -> nnx.Param:
+    # Values come from a checkpoint (``weights.load_module``); models are built with ``nnx.eval_shape``.
+    return nnx.Param(jnp.zeros(shape, dtype))
+
+
+# -- layers ------------------------------------------------------------------------------------------
+class CausalConv2d(nnx.Module):
+    """``LTX2AudioCausalConv2d``: a conv (kernel under ``.conv``) after its causal zero padding.
+    ``(B, T, F, cin)`` → ``(B, T, F, cout)``."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, causality_axis: str, *, dtype=jnp.float32):
+        self.conv = Conv2d(cin, cout, kernel, dtype=dtype)
+        self.padding = causal_padding(kernel, causality_axis)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.conv(x, self.padding)
+
+
+class Conv2d(nnx.Module):
+    """``nn.Conv2d(cin, cout, kernel)`` without padding of its own; ``weight`` ``(cout, cin, k, k)``."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, *, dtype=jnp.float32):
+        self.weight = _zeros((cout, cin, kernel, kernel), dtype)
+        self.bias = _zeros((cout,), dtype)
+
+    def __call__(self, x: jax.Array, padding=((0, 0), (0, 0)), *, stride: int = 1) -> jax.Array:
+        return conv2d(x, self.weight[...], self.bias[...], padding, stride=stride)
+
+
+class ResnetBlock(nnx.Module):
+    """``LTX2AudioResnetBlock`` with pixel norms: norm, SiLU, causal 3x3, twice, plus the input
+    (through a 1x1 ``nin_shortcut`` when the width changes)."""
+
+    def __init__(self, cin: int, cout: int, causality_axis: str, *, dtype=jnp.float32):
+        self.conv1 = CausalConv2d(cin, cout, 3, causality_axis, dtype=dtype)
+        self.conv2 = CausalConv2d(cout, cout, 3, causality_axis, dtype=dtype)
+        self.nin_shortcut = CausalConv2d(cin, cout, 1, causality_axis, dtype=dtype) if cin != cout else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = self.conv1(jax.nn.silu(pixel_norm(x)))
+        h = self.conv2(jax.nn.silu(pixel_norm(h)))
+        return (x if self.nin_shortcut is None else self.nin_shortcut(x)) + h
+
+
+class AttnBlock(nnx.Module):
+    """``LTX2AudioAttnBlock``: one head over every (time, bin) position of a clip, 1x1 convs for
+    q, k, v and the projection, plus the input. Not causal: it sees the whole clip."""
+
+    def __init__(self, width: int, *, dtype=jnp.float32):
+        self.q, self.k, self.v, self.proj_out = (Conv2d(width, width, 1, dtype=dtype) for _ in range(4))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        batch, frames, bins, width = x.shape
+        h = pixel_norm(x)
+        q, k, v = (layer(h).reshape(batch, frames * bins, width) for layer in (self.q, self.k, self.v))
+        scores = jnp.einsum("bqc,bkc->bqk", q, k, precision=PRECISION) * width ** -0.5
+        weights = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(x.dtype)
+        h = jnp.einsum("bqk,bkc->bqc", weights, v, precision=PRECISION).reshape(x.shape)
+        return x + self.proj_out(h)
+
+
+class Upsample(nnx.Module):
+    """``LTX2AudioUpsample`` with its conv: nearest 2x, a causal 3x3, less the first causal row."""
+
+    def __init__(self, width: int, causality_axis: str, *, dtype=jnp.float32):
+        self.conv = CausalConv2d(width, width, 3, causality_axis, dtype=dtype)
+        self.causality_axis = causality_axis
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return drop_first_causal_row(self.conv(upsample_nearest(x)), self.causality_axis)
+
+
+class MidBlock(nnx.Module):
+    def __init__(self, width: int, causality_axis: str, *, attention: bool, dtype=jnp.float32):
+        self.block_1 = ResnetBlock(width, width, causality_axis, dtype=dtype)
+        self.attn_1 = AttnBlock(width, dtype=dtype) if attention else None
+        self.block_2 = ResnetBlock(width, width, causality_axis, dtype=dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = self.block_1(x)
+        return self.block_2(x if self.attn_1 is None else self.attn_1(x))
+
+
+class UpStage(nnx.Module):
+    """One decoder level: resnets (each followed by attention where the level attends), then the
+    upsampler (every level but the outermost, level 0)."""
+
+    def __init__(self, config: LTX2AudioVAEConfig, level: int, cin: int, *, dtype=jnp.float32):
+        width, axis = config.level_width(level), config.causality_axis
+        widths = [cin] + [width] * config.num_res_blocks
+        self.block = nnx.List([ResnetBlock(w, width, axis, dtype=dtype) for w in widths])
+        self.attn = nnx.List([AttnBlock(width, dtype=dtype) for _ in widths] if config.level_attends(level) else [])
+        self.upsample = Upsample(width, axis, dtype=dtype) if level else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for i, block in enumerate(self.block):
+            x = block(x)
+            x = self.attn[i](x) if len(self.attn) else x
+        return x if self.upsample is None else self.upsample(x)
+
+
+class AudioDecoder(nnx.Module):
+    """``LTX2AudioDecoder``: latents ``(B, latent_channels, L, M)`` → a log-mel spectrogram
+    ``(B, output_channels, config.mel_frames(L), mel_bins)`` (diffusers' layouts; ``mel_bins``
+    None: ``4·M``). Parameters under diffusers' names below ``decoder.``."""
+
+    def __init__(self, config: LTX2AudioVAEConfig, *, dtype=jnp.float32):
+        self.config = config
+        axis, widest = config.causality_axis, config.decoder_width
+        self.conv_in = CausalConv2d(config.latent_channels, widest, 3, axis, dtype=dtype)
+        self.mid = MidBlock(widest, axis, attention=config.mid_block_add_attention, dtype=dtype)
+        stages: dict[int, UpStage] = {}
+        cin = widest
+        for level in reversed(range(config.levels)):
+            stages[level] = UpStage(config, level, cin, dtype=dtype)
+            cin = config.level_width(level)
+        self.up = nnx.List([stages[level] for level in range(config.levels)])
+        self.conv_out = CausalConv2d(cin, config.output_channels, 3, axis, dtype=dtype)
+
+    def __call__(self, latents: jax.Array) -> jax.Array:
+        _, _, frames, bins = latents.shape
+        dtype = self.conv_in.conv.weight.dtype
+        x = self.mid(self.conv_in(latents.transpose(0, 2, 3, 1).astype(dtype)))
+        for level in reversed(range(self.config.levels)):
+            x = self.up[level](x)
+        x = self.conv_out(jax.nn.silu(pixel_norm(x)))
+        target_bins = self.config.mel_bins if self.config.mel_bins is not None else bins
+        x = fit_spectrogram(x, self.config.mel_frames(frames), target_bins, self.config.output_channels)
+        return x.transpose(0, 3, 1, 2)
