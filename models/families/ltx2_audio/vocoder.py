@@ -206,7 +206,8 @@ class Vocoder(nnx.Module):
         self.conv_in = Conv1d(config.in_channels, config.hidden_channels, 7, dtype=dtype)
         self.upsamplers = nnx.List([
             ConvTranspose1d(cin, cout, kernel, stride, dtype=dtype) for cin, cout, kernel, stride in
-            zip([config.hidden_channels, *widths], widths, config.upsample_kernel_sizes, config.upsample_factors)])
+            zip([config.hidden_channels, *widths[:-1]], widths, config.upsample_kernel_sizes, config.upsample_factors,
+                strict=True)])
         self.resnets = nnx.List([
             ResBlock(config, width, kernel, dilations, dtype=dtype) for width in widths
             for kernel, dilations in zip(config.resnet_kernel_sizes, config.resnet_dilations, strict=True)])

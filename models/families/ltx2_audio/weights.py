@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax.numpy as jnp
 import numpy as np
@@ -26,10 +26,10 @@ from .vocoder import Vocoder
 
 AUDIO_VAE_FOLDER, VOCODER_FOLDER = "audio_vae", "vocoder"
 DECODER_PREFIX = "decoder."
-# Tensors of the audio VAE that are no decoder weights: the encoder's (not built here) and the
-# latents' statistics, which the pipeline's normalisation reads (``AudioStatistics``).
+# Tensors of the audio VAE that are no weights of a module: the latents' statistics, which the
+# pipeline's normalisation reads (``AudioStatistics``).
 STATISTICS = ("latents_mean", "latents_std")
-ENCODER_PREFIX = "encoder."
+Built = TypeVar("Built", bound=nnx.Module)
 
 
 class AudioStatistics(NamedTuple):
@@ -61,8 +61,8 @@ def module_names(module: nnx.Module) -> dict[str, tuple[tuple, Any]]:
     return {".".join(str(p) for p in path): (path, var) for path, var in nnx.to_flat_state(state)}
 
 
-def load_module(build: Callable[[], nnx.Module], tensors: dict[str, Any], *, prefix: str = "",
-                source: str = "checkpoint") -> nnx.Module:
+def load_module(build: Callable[[], Built], tensors: dict[str, Any], *, prefix: str = "",
+                source: str = "checkpoint") -> Built:
     """``build()`` (shapes only) with its parameters read from ``tensors[prefix + name]``, each
     cast to the parameter's dtype. The tensors under ``prefix`` must be exactly the parameters."""
     graphdef, state = nnx.split(nnx.eval_shape(build))
