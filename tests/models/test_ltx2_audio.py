@@ -28,7 +28,7 @@ from diffusers import AutoencoderKLLTX2Audio  # noqa: E402
 from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder  # noqa: E402
 
 from vaeserve.models.families.ltx2_audio.config import LTX2AudioVAEConfig, LTX2VocoderConfig  # noqa: E402
-from vaeserve.models.families.ltx2_audio.modules import AudioDecoder  # noqa: E402
+from vaeserve.models.families.ltx2_audio.modules import AudioDecoder, AudioEncoder  # noqa: E402
 from vaeserve.models.families.ltx2_audio.pipeline import (  # noqa: E402
     AudioDecodePath,
     decode_audio,
@@ -38,6 +38,7 @@ from vaeserve.models.families.ltx2_audio.vocoder import Vocoder  # noqa: E402
 from vaeserve.models.families.ltx2_audio.weights import (  # noqa: E402
     AudioStatistics,
     load_audio_decoder,
+    load_audio_encoder,
     load_module,
     load_vocoder,
 )
@@ -45,8 +46,9 @@ from vaeserve.models.loading import WeightsError  # noqa: E402
 
 TOLERANCE = 1e-4
 # Packed latent features C·M = 2 x (16 / 4) = 8 = base_channels: the statistics' size, as in the
-# release (8 x 16 = 128). Two levels, attention in the mid block and at the outer level.
-VAE_CONFIG = dict(base_channels=8, ch_mult=(1, 2), num_res_blocks=1, latent_channels=2, mel_bins=16,
+# release (8 x 16 = 128). Three levels (4x in time and bins, as the release), attention in the mid
+# block and at the outer level.
+VAE_CONFIG = dict(base_channels=8, ch_mult=(1, 2, 2), num_res_blocks=1, latent_channels=2, mel_bins=16,
                   resolution=32, attn_resolutions=(32,), mid_block_add_attention=True)
 # Mel features in: 2 channels x 16 bins. 4 samples per mel frame.
 VOCODER_CONFIG = dict(in_channels=32, hidden_channels=32, upsample_kernel_sizes=(4, 4), upsample_factors=(2, 2),
@@ -107,6 +109,23 @@ def test_decoder_matches_diffusers(pipeline_folder):
     acausal = dataclasses.replace(decoder.config, causality_axis="none")
     control = load_module(lambda: AudioDecoder(acausal), _state(vae), prefix="decoder.")
     assert _max_diff(_jitted(control, latents.numpy()), expected) > 100 * TOLERANCE
+
+
+def test_encoder_matches_diffusers(pipeline_folder):
+    """~2 s. The posterior's mean (``latent_dist.mode()``) of ``4L − 3`` mel frames is ``L`` latent
+    frames; the control: the downsamplers padded as if not causal (``causality_axis="none"``)."""
+    root, vae, _ = pipeline_folder
+    encoder = load_audio_encoder(root)
+    mel = torch.randn(1, 2, 4 * LATENT_FRAMES - 3, 16, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        expected = vae.encode(mel).latent_dist.mode().numpy()
+    assert expected.shape == (1, 2, LATENT_FRAMES, 4)
+    assert _max_diff(_jitted(encoder, mel.numpy()), expected) <= TOLERANCE
+
+    acausal = dataclasses.replace(encoder.config, causality_axis="none")
+    control = load_module(lambda: AudioEncoder(acausal), _state(vae), prefix="encoder.")
+    shifted = _jitted(control, mel.numpy())  # 4 latent frames (the zeros after): compare those
+    assert _max_diff(shifted, expected[:, :, :shifted.shape[2]]) > 100 * TOLERANCE
 
 
 @pytest.mark.parametrize("name", list(VOCODERS))

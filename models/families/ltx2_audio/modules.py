@@ -1,5 +1,5 @@
-"""LTX-2's audio VAE decoder in Flax nnx (diffusers' ``autoencoder_kl_ltx2_audio.py``): latents
-``(B, C, L, M)`` → a log-mel spectrogram ``(B, channels, T, mel_bins)``.
+"""LTX-2's audio VAE in Flax nnx (diffusers' ``autoencoder_kl_ltx2_audio.py``): the decoder, latents
+``(B, C, L, M)`` → a log-mel spectrogram ``(B, channels, T, mel_bins)``, and the encoder, back.
 
 The spectrogram is a 2-D image whose height is time, held channels-last inside, ``(B, T, F, C)``.
 Every conv is ``LTX2AudioCausalConv2d``: zeros padded before it along the causal axis (time in the
@@ -52,6 +52,13 @@ def pixel_norm(x: jax.Array, eps: float = PIXEL_NORM_EPS) -> jax.Array:
     """``x / sqrt(mean(x², channels) + eps)`` per pixel, in float32. ``(..., C)`` → same."""
     x32 = x.astype(jnp.float32)
     return (x32 / jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def downsample_padding(causality_axis: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``LTX2AudioDownsample``'s zeros before its stride-2 3x3 conv, ``((time), (bins))``: two
+    before the causal axis, one after the other (one after both for ``"none"``)."""
+    return {"none": ((0, 1), (0, 1)), "width": ((0, 1), (2, 0)), "height": ((2, 0), (0, 1)),
+            "width-compatibility": ((0, 1), (1, 0))}[causality_axis]
 
 
 def upsample_nearest(x: jax.Array) -> jax.Array:
@@ -147,6 +154,17 @@ class Upsample(nnx.Module):
         return drop_first_causal_row(self.conv(upsample_nearest(x)), self.causality_axis)
 
 
+class Downsample(nnx.Module):
+    """``LTX2AudioDownsample`` with its conv: a stride-2 3x3 after ``downsample_padding``."""
+
+    def __init__(self, width: int, causality_axis: str, *, dtype=jnp.float32):
+        self.conv = Conv2d(width, width, 3, dtype=dtype)
+        self.padding = downsample_padding(causality_axis)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.conv(x, self.padding, stride=2)
+
+
 class MidBlock(nnx.Module):
     def __init__(self, width: int, causality_axis: str, *, attention: bool, dtype=jnp.float32):
         self.block_1 = ResnetBlock(width, width, causality_axis, dtype=dtype)
@@ -204,3 +222,51 @@ class AudioDecoder(nnx.Module):
         target_bins = self.config.mel_bins if self.config.mel_bins is not None else bins
         x = fit_spectrogram(x, self.config.mel_frames(frames), target_bins, self.config.output_channels)
         return x.transpose(0, 3, 1, 2)
+
+
+class DownStage(nnx.Module):
+    """One encoder level: resnets (each followed by attention where the level attends), then the
+    downsampler (every level but the innermost)."""
+
+    def __init__(self, config: LTX2AudioVAEConfig, level: int, cin: int, *, dtype=jnp.float32):
+        width, axis = config.level_width(level), config.causality_axis
+        widths = [cin] + [width] * (config.num_res_blocks - 1)
+        self.block = nnx.List([ResnetBlock(w, width, axis, dtype=dtype) for w in widths])
+        self.attn = nnx.List([AttnBlock(width, dtype=dtype) for _ in widths] if config.level_attends(level) else [])
+        self.downsample = Downsample(width, axis, dtype=dtype) if level != config.levels - 1 else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for i, block in enumerate(self.block):
+            x = block(x)
+            x = self.attn[i](x) if len(self.attn) else x
+        return x if self.downsample is None else self.downsample(x)
+
+
+class AudioEncoder(nnx.Module):
+    """``LTX2AudioEncoder`` and ``latent_dist.mode()``: a log-mel spectrogram ``(B, in_channels,
+    T, mel_bins)`` → the posterior's mean ``(B, latent_channels, L, M)`` (the first half of
+    ``conv_out``'s channels; the other is the log-variance), in the layout and scale a pipeline's
+    ``audio_latents`` argument takes. Each level but the innermost halves time and bins (rounding
+    up), so the release's three levels take ``T = 4L − 3`` mel frames to ``L`` latent frames: the
+    decoder's count, inverted. Parameters under diffusers' names below ``encoder.``."""
+
+    def __init__(self, config: LTX2AudioVAEConfig, *, dtype=jnp.float32):
+        self.config = config
+        axis = config.causality_axis
+        self.conv_in = CausalConv2d(config.in_channels, config.base_channels, 3, axis, dtype=dtype)
+        stages, cin = [], config.base_channels
+        for level in range(config.levels):
+            stages.append(DownStage(config, level, cin, dtype=dtype))
+            cin = config.level_width(level)
+        self.down = nnx.List(stages)
+        self.mid = MidBlock(cin, axis, attention=config.mid_block_add_attention, dtype=dtype)
+        out = 2 * config.latent_channels if config.double_z else config.latent_channels
+        self.conv_out = CausalConv2d(cin, out, 3, axis, dtype=dtype)
+
+    def __call__(self, mel: jax.Array) -> jax.Array:
+        x = self.conv_in(mel.transpose(0, 2, 3, 1).astype(self.conv_in.conv.weight.dtype))
+        for stage in self.down:
+            x = stage(x)
+        x = self.conv_out(jax.nn.silu(pixel_norm(self.mid(x))))
+        # diffusers halves the channels (``DiagonalGaussianDistribution``): the mean comes first.
+        return x[..., :x.shape[-1] // 2].transpose(0, 3, 1, 2)

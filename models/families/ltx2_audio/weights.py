@@ -21,11 +21,11 @@ from vaeserve.models.loading import WEIGHTS_NAME, WeightsError
 from vaeserve.models.vae import resolve_dtype
 
 from .config import LTX2AudioVAEConfig, LTX2VocoderConfig
-from .modules import AudioDecoder
+from .modules import AudioDecoder, AudioEncoder
 from .vocoder import Vocoder
 
 AUDIO_VAE_FOLDER, VOCODER_FOLDER = "audio_vae", "vocoder"
-DECODER_PREFIX = "decoder."
+DECODER_PREFIX, ENCODER_PREFIX = "decoder.", "encoder."
 # Tensors of the audio VAE that are no weights of a module: the latents' statistics, which the
 # pipeline's normalisation reads (``AudioStatistics``).
 STATISTICS = ("latents_mean", "latents_std")
@@ -83,7 +83,7 @@ def audio_statistics(tensors: dict[str, Any]) -> AudioStatistics:
 
 def load_audio_decoder(path: str | Path, *, dtype: str = "float32") -> tuple[AudioDecoder, AudioStatistics]:
     """The decoder and the latents' statistics of an ``AutoencoderKLLTX2Audio`` folder (or of the
-    ``audio_vae/`` of a pipeline folder). The encoder's tensors are passed over."""
+    ``audio_vae/`` of a pipeline folder). The encoder's tensors are passed over (``load_audio_encoder``)."""
     folder = component_folder(path, AUDIO_VAE_FOLDER)
     raw, tensors = read_folder(folder)
     config = LTX2AudioVAEConfig.from_dict(raw)
@@ -91,6 +91,15 @@ def load_audio_decoder(path: str | Path, *, dtype: str = "float32") -> tuple[Aud
     decoder = load_module(lambda: AudioDecoder(config, dtype=target), tensors, prefix=DECODER_PREFIX,
                           source=str(folder))
     return decoder, audio_statistics(tensors)
+
+
+def load_audio_encoder(path: str | Path, *, dtype: str = "float32") -> AudioEncoder:
+    """The encoder of an ``AutoencoderKLLTX2Audio`` folder (or of a pipeline folder's ``audio_vae/``)."""
+    folder = component_folder(path, AUDIO_VAE_FOLDER)
+    raw, tensors = read_folder(folder)
+    config = LTX2AudioVAEConfig.from_dict(raw)
+    return load_module(lambda: AudioEncoder(config, dtype=resolve_dtype(dtype)), tensors, prefix=ENCODER_PREFIX,
+                       source=str(folder))
 
 
 def load_vocoder(path: str | Path, *, dtype: str = "float32") -> Vocoder:
