@@ -1,12 +1,12 @@
 """Float32 parity with diffusers for LTX-2's sound (``models/families/ltx2_audio/``): the audio VAE's
-decoder (``AutoencoderKLLTX2Audio``), the vocoder (``LTX2Vocoder``, leaky-ReLU as LTX-2.0 and
-anti-aliased SnakeBeta as the BWE variant's stages), and the whole decode as ``LTX2Pipeline``
+decoder and encoder (``AutoencoderKLLTX2Audio``), the vocoders (``LTX2Vocoder``, leaky-ReLU as
+LTX-2.0's and anti-aliased SnakeBeta; ``LTX2VocoderWithBWE``), and the whole decode as ``LTX2Pipeline``
 composes it (denormalise, unpack, decode, vocode), on tiny random configs, loaded from
 ``save_pretrained`` folders.
 
 The promise is ≤ 1e-4 max abs; each comparison has a negative control that must exceed it: a
-decoder whose convs are not causal, one weight moved, a sinc filter moved, latents left
-normalised. Live against diffusers (skipped without torch); each test compiles one tiny program
+decoder or encoder whose convs are not causal, one weight moved, a sinc filter moved, a mel
+filterbank moved, latents left normalised. Live against diffusers (skipped without torch); each test compiles one tiny program
 (about a second or two on 2 cores).
 """
 
@@ -25,16 +25,20 @@ torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
 from diffusers import AutoencoderKLLTX2Audio  # noqa: E402
-from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder  # noqa: E402
+from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder, LTX2VocoderWithBWE  # noqa: E402
 
-from vaeserve.models.families.ltx2_audio.config import LTX2AudioVAEConfig, LTX2VocoderConfig  # noqa: E402
+from vaeserve.models.families.ltx2_audio.config import (  # noqa: E402
+    LTX2AudioVAEConfig,
+    LTX2VocoderConfig,
+    LTX2VocoderWithBWEConfig,
+)
 from vaeserve.models.families.ltx2_audio.modules import AudioDecoder, AudioEncoder  # noqa: E402
 from vaeserve.models.families.ltx2_audio.pipeline import (  # noqa: E402
     AudioDecodePath,
     decode_audio,
     load_audio_decode_path,
 )
-from vaeserve.models.families.ltx2_audio.vocoder import Vocoder  # noqa: E402
+from vaeserve.models.families.ltx2_audio.vocoder import Vocoder, VocoderWithBWE  # noqa: E402
 from vaeserve.models.families.ltx2_audio.weights import (  # noqa: E402
     AudioStatistics,
     load_audio_decoder,
@@ -55,6 +59,13 @@ VOCODER_CONFIG = dict(in_channels=32, hidden_channels=32, upsample_kernel_sizes=
                       resnet_kernel_sizes=(3, 5), resnet_dilations=((1, 3), (1, 2)))
 VOCODERS = {"leaky_relu": {},
             "snakebeta_antialias": dict(act_fn="snakebeta", antialias=True, final_act_fn=None, final_bias=False)}
+# The band-width extension: 4 samples per mel frame at rate 8, then 3x to rate 24 through a log-mel
+# spectrogram of 8 mels with a hop of 3 (so the 28 samples of 7 frames are padded to whole hops).
+BWE_CONFIG = dict(VOCODER_CONFIG, act_fn="snakebeta", antialias=True, final_act_fn=None, final_bias=False,
+                  bwe_in_channels=16, bwe_hidden_channels=16, bwe_upsample_kernel_sizes=(5, 5),
+                  bwe_upsample_factors=(3, 3), bwe_resnet_kernel_sizes=(3,), bwe_resnet_dilations=((1, 2),),
+                  filter_length=16, hop_length=3, window_length=16, num_mel_channels=8, input_sampling_rate=8,
+                  output_sampling_rate=24)
 LATENT_FRAMES = 5
 
 
@@ -148,6 +159,34 @@ def test_vocoder_matches_diffusers(name, tmp_path):
     assert _max_diff(_jitted(control, mel.numpy()), expected) > TOLERANCE
 
 
+# diffusers reads ``self.hop_length`` (a config key) when it pads to whole hops, and warns.
+@pytest.mark.filterwarnings("ignore:Accessing config attribute:FutureWarning")
+def test_vocoder_with_bwe_matches_diffusers(tmp_path):
+    """~3 s. ``LTX2VocoderWithBWE`` with random STFT and mel bases (buffers of the checkpoint),
+    small weights so that the clip to [-1, 1] leaves most samples alone; the control: one value
+    of the mel filterbank moved."""
+    torch.manual_seed(9)
+    reference = _perturbed(LTX2VocoderWithBWE(**BWE_CONFIG), scale=0.02)
+    generator = torch.Generator().manual_seed(10)
+    with torch.no_grad():
+        basis = reference.mel_stft.stft_fn.forward_basis
+        basis.copy_(torch.randn(basis.shape, generator=generator))
+        reference.mel_stft.mel_basis.copy_(torch.rand(reference.mel_stft.mel_basis.shape, generator=generator))
+    reference.save_pretrained(tmp_path)
+    vocoder = load_vocoder(tmp_path)
+    assert isinstance(vocoder, VocoderWithBWE)
+    mel = torch.randn(1, 2, 7, 16, generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        expected = reference(mel).numpy()
+    assert expected.shape == (1, 2, 7 * 4 * 3) and (np.abs(expected) < 1).mean() > 0.9
+    assert _max_diff(_jitted(vocoder, mel.numpy()), expected) <= TOLERANCE
+
+    tensors = _state(reference)
+    tensors["mel_stft.mel_basis"][0, 0] += 0.5
+    control = load_module(lambda: VocoderWithBWE(LTX2VocoderWithBWEConfig(**BWE_CONFIG)), tensors)
+    assert _max_diff(_jitted(control, mel.numpy()), expected) > TOLERANCE
+
+
 def _pipeline_methods(*names: str) -> dict:
     """``LTX2Pipeline``'s static methods, read from diffusers' ``pipeline_ltx2.py`` itself: importing
     the pipeline needs ``transformers``, its latent arithmetic needs only torch."""
@@ -217,4 +256,5 @@ def test_loading_reports_every_problem(pipeline_folder, tmp_path):
     assert error.value.unexpected == ["decoder.extra"]
     assert [m.split(":")[0] for m in error.value.misshaped] == ["decoder.conv_in.conv.weight"]
     assert LTX2AudioVAEConfig.from_dict(dict(vae.config)) == config
-    assert LTX2VocoderConfig.from_dict(LTX2VocoderConfig(**VOCODER_CONFIG).to_dict()) == LTX2VocoderConfig(**VOCODER_CONFIG)
+    for cls, fields in ((LTX2VocoderConfig, VOCODER_CONFIG), (LTX2VocoderWithBWEConfig, BWE_CONFIG)):
+        assert cls.from_dict(cls(**fields).to_dict()) == cls(**fields)

@@ -199,3 +199,104 @@ class LTX2VocoderConfig:
     @property
     def snake(self) -> bool:
         return self.act_fn in ("snakebeta", "snake")
+
+
+@dataclasses.dataclass(frozen=True)
+class LTX2VocoderWithBWEConfig:
+    """Every ``LTX2VocoderWithBWE`` config key, with diffusers' defaults (LTX-2.3's release: a
+    SnakeBeta vocoder to 16 kHz, then a band-width extension to 48 kHz). The ``bwe_*`` keys are a
+    second ``LTX2VocoderConfig``'s; ``filter_length``, ``hop_length``, ``window_length`` and
+    ``num_mel_channels`` the causal log-mel spectrogram between the two (its bases are buffers of
+    the checkpoint)."""
+
+    family: ClassVar[str] = "ltx2-audio"
+    class_name: ClassVar[str] = "LTX2VocoderWithBWE"
+
+    in_channels: int = 128
+    hidden_channels: int = 1536
+    out_channels: int = 2
+    upsample_kernel_sizes: tuple[int, ...] = (11, 4, 4, 4, 4, 4)
+    upsample_factors: tuple[int, ...] = (5, 2, 2, 2, 2, 2)
+    resnet_kernel_sizes: tuple[int, ...] = (3, 7, 11)
+    resnet_dilations: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    act_fn: str = "snakebeta"
+    leaky_relu_negative_slope: float = 0.1
+    antialias: bool = True
+    antialias_ratio: int = 2
+    antialias_kernel_size: int = 12
+    final_act_fn: str | None = None
+    final_bias: bool = False
+    bwe_in_channels: int = 128
+    bwe_hidden_channels: int = 512
+    bwe_out_channels: int = 2
+    bwe_upsample_kernel_sizes: tuple[int, ...] = (12, 11, 4, 4, 4)
+    bwe_upsample_factors: tuple[int, ...] = (6, 5, 2, 2, 2)
+    bwe_resnet_kernel_sizes: tuple[int, ...] = (3, 7, 11)
+    bwe_resnet_dilations: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    bwe_act_fn: str = "snakebeta"
+    bwe_leaky_relu_negative_slope: float = 0.1
+    bwe_antialias: bool = True
+    bwe_antialias_ratio: int = 2
+    bwe_antialias_kernel_size: int = 12
+    bwe_final_act_fn: str | None = None
+    bwe_final_bias: bool = False
+    filter_length: int = 512
+    hop_length: int = 80
+    window_length: int = 512
+    num_mel_channels: int = 64
+    input_sampling_rate: int = 16000
+    output_sampling_rate: int = 48000
+
+    def __post_init__(self) -> None:
+        _tuples(self, ("upsample_kernel_sizes", "upsample_factors", "resnet_kernel_sizes", "resnet_dilations",
+                       "bwe_upsample_kernel_sizes", "bwe_upsample_factors", "bwe_resnet_kernel_sizes",
+                       "bwe_resnet_dilations"))
+        problems = self.problems()
+        if problems:
+            raise ConfigError(f"{self.class_name}: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Each stage's problems (``LTX2VocoderConfig.problems``), and the rates' and mels' fit."""
+        problems = []
+        for stage in (self._stage_fields(), self._bwe_fields()):
+            try:
+                LTX2VocoderConfig(**stage)
+            except ConfigError as e:
+                problems.append(str(e))
+        if self.output_sampling_rate % self.input_sampling_rate:
+            problems.append(f"output_sampling_rate={self.output_sampling_rate}; expected a multiple of "
+                            f"input_sampling_rate={self.input_sampling_rate} (the resampler's ratio)")
+        if self.bwe_in_channels != self.out_channels * self.num_mel_channels:
+            problems.append(f"bwe_in_channels={self.bwe_in_channels}; expected out_channels x num_mel_channels = "
+                            f"{self.out_channels * self.num_mel_channels}")
+        return problems
+
+    def _stage_fields(self) -> dict[str, Any]:
+        names = [f.name for f in dataclasses.fields(LTX2VocoderConfig) if f.name != "output_sampling_rate"]
+        return {**{name: getattr(self, name) for name in names}, "output_sampling_rate": self.input_sampling_rate}
+
+    def _bwe_fields(self) -> dict[str, Any]:
+        names = [f.name for f in dataclasses.fields(LTX2VocoderConfig) if f.name != "output_sampling_rate"]
+        return {**{name: getattr(self, "bwe_" + name) for name in names}, "output_sampling_rate": self.output_sampling_rate}
+
+    def stage_config(self) -> LTX2VocoderConfig:
+        """The first vocoder's config (diffusers' ``self.vocoder``)."""
+        return LTX2VocoderConfig(**self._stage_fields())
+
+    def bwe_config(self) -> LTX2VocoderConfig:
+        """The band-width extension's vocoder config (diffusers' ``self.bwe_generator``)."""
+        return LTX2VocoderConfig(**self._bwe_fields())
+
+    @property
+    def rate_ratio(self) -> int:
+        return self.output_sampling_rate // self.input_sampling_rate
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> LTX2VocoderWithBWEConfig:
+        return config_fields_from_dict(cls, raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = config_to_dict(self)
+        for name in ("resnet_dilations", "bwe_resnet_dilations"):
+            out[name] = [list(d) for d in getattr(self, name)]
+        return out

@@ -18,17 +18,17 @@ import jax
 import jax.numpy as jnp
 
 from .modules import AudioDecoder
-from .vocoder import Vocoder
+from .vocoder import Vocoder, VocoderWithBWE
 from .weights import AudioStatistics, load_audio_decoder, load_vocoder
 
 
 class AudioDecodePath(NamedTuple):
     """What decoding a pipeline's sound takes: the audio VAE's decoder, its latents' statistics,
-    the vocoder."""
+    the vocoder (LTX-2.0's, or LTX-2.3's with its band-width extension)."""
 
     decoder: AudioDecoder
     statistics: AudioStatistics
-    vocoder: Vocoder
+    vocoder: Vocoder | VocoderWithBWE
 
 
 def denormalize_audio_latents(packed: jax.Array, statistics: AudioStatistics) -> jax.Array:

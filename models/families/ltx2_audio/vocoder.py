@@ -13,12 +13,16 @@ Weights keep PyTorch's names and layouts (``Conv1d`` ``(O, I, K)``, ``ConvTransp
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import lax
 
-from .config import LTX2VocoderConfig
+from .config import LTX2VocoderConfig, LTX2VocoderWithBWEConfig
 from .modules import PRECISION
 
 _DIMENSIONS = ("NWC", "OIW", "NWC")
@@ -27,6 +31,13 @@ SNAKE_EPS = 1e-9
 # ``nn.LeakyReLU()``'s default slope: the vocoder's last activation ignores the configured one (as
 # the original code does).
 DEFAULT_LEAKY_SLOPE = 0.01
+# The BWE resampler's Hann-windowed sinc (``UpSample1d(window_type="hann")``): its rolloff (of the
+# Nyquist rate), its zero crossings each side, and its half-width in input samples.
+HANN_ROLLOFF = 0.99
+HANN_ZERO_CROSSINGS = 6
+HANN_WIDTH = math.ceil(HANN_ZERO_CROSSINGS / HANN_ROLLOFF)
+# The log-mel spectrogram's floor (``MelSTFT``: ``log(clamp(mel, min=1e-5))``).
+MEL_FLOOR = 1e-5
 
 
 # -- pure functions ----------------------------------------------------------------------------------
@@ -77,16 +88,44 @@ def depthwise_filter(taps: jax.Array, channels: int) -> jax.Array:
     return jnp.broadcast_to(taps.reshape(1, 1, -1), (channels, 1, taps.shape[-1]))
 
 
-def upsample_sinc(x: jax.Array, taps: jax.Array, ratio: int) -> jax.Array:
-    """``UpSample1d`` (Kaiser): ``(B, S, C)`` → ``(B, ratio·S, C)``: edge-replicated by
-    ``K/ratio − 1``, a depthwise transposed conv with the filter, times ``ratio``, cropped."""
-    kernel, channels = taps.shape[-1], x.shape[-1]
+class SincCrop(NamedTuple):
+    """``UpSample1d``'s edges: the samples replicated on each side before, and cropped from the
+    left and right after, its transposed conv."""
+
+    pad: int
+    left: int
+    right: int
+
+
+def kaiser_crop(kernel: int, ratio: int) -> SincCrop:
+    """The edges of ``UpSample1d(window_type="kaiser")`` (the anti-aliased activations)."""
     pad = kernel // ratio - 1
-    left = pad * ratio + (kernel - ratio) // 2
-    right = pad * ratio + (kernel - ratio + 1) // 2
-    y = ratio * conv_transpose1d(replicate_pad(x, pad, pad), depthwise_filter(taps, channels), None,
+    return SincCrop(pad, pad * ratio + (kernel - ratio) // 2, pad * ratio + (kernel - ratio + 1) // 2)
+
+
+def hann_crop(ratio: int) -> SincCrop:
+    """The edges of ``UpSample1d(window_type="hann")`` (the BWE resampler)."""
+    kernel = 2 * HANN_WIDTH * ratio + 1
+    return SincCrop(HANN_WIDTH, 2 * HANN_WIDTH * ratio, kernel - ratio)
+
+
+def hann_sinc_taps(ratio: int) -> np.ndarray:
+    """``UpSample1d(window_type="hann")``'s filter (not in the checkpoint: diffusers makes it), in
+    float32 as torch does: a sinc at ``rolloff`` of the rate under a squared-cosine window."""
+    kernel = 2 * HANN_WIDTH * ratio + 1
+    time = (np.arange(kernel, dtype=np.float32) / np.float32(ratio) - np.float32(HANN_WIDTH)) * np.float32(HANN_ROLLOFF)
+    clamped = np.clip(time, -HANN_ZERO_CROSSINGS, HANN_ZERO_CROSSINGS)
+    window = np.cos(clamped * np.float32(math.pi / HANN_ZERO_CROSSINGS / 2), dtype=np.float32) ** 2
+    return (np.sinc(time).astype(np.float32) * window * np.float32(HANN_ROLLOFF / ratio)).astype(np.float32)
+
+
+def upsample_sinc(x: jax.Array, taps: jax.Array, ratio: int, crop: SincCrop) -> jax.Array:
+    """``UpSample1d``: ``(B, S, C)`` → ``(B, ratio·S, C)``: edge-replicated by ``crop.pad``, a
+    depthwise transposed conv with the filter, times ``ratio``, cropped."""
+    channels = x.shape[-1]
+    y = ratio * conv_transpose1d(replicate_pad(x, crop.pad, crop.pad), depthwise_filter(taps, channels), None,
                                  stride=ratio, padding=0, groups=channels)
-    return y[:, left:y.shape[1] - right]
+    return y[:, crop.left:y.shape[1] - crop.right]
 
 
 def downsample_sinc(x: jax.Array, taps: jax.Array, ratio: int) -> jax.Array:
@@ -156,7 +195,8 @@ class AntiAliasSnake(nnx.Module):
         self.ratio = ratio
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = upsample_sinc(x, self.upsample.filter[...].astype(x.dtype), self.ratio)
+        taps = self.upsample.filter[...].astype(x.dtype)
+        x = upsample_sinc(x, taps, self.ratio, kaiser_crop(taps.shape[-1], self.ratio))
         return downsample_sinc(self.act(x), self.downsample.filter[...].astype(x.dtype), self.ratio)
 
 
@@ -235,3 +275,59 @@ class Vocoder(nnx.Module):
         elif self.config.final_act_fn == "clamp":
             x = jnp.clip(x, -1, 1)
         return x.transpose(0, 2, 1)
+
+
+# -- the band-width extension ------------------------------------------------------------------------
+def causal_log_mel(waveform: jax.Array, forward_basis: jax.Array, mel_basis: jax.Array, *, hop: int,
+                   window: int) -> jax.Array:
+    """``MelSTFT``: a waveform ``(N, S)`` → its causal log-mel spectrogram ``(N, frames, mels)``:
+    ``window − hop`` zeros before it, a strided conv with the checkpoint's windowed DFT basis
+    ``(2F, 1, K)`` (real parts, then imaginary), magnitudes, the mel filterbank ``(mels, F)``, a log."""
+    x = jnp.pad(waveform, ((0, 0), (max(0, window - hop), 0)))[..., None]
+    spectrum = conv1d(x, forward_basis.astype(x.dtype), None, (0, 0), stride=hop)
+    real, imag = jnp.split(spectrum, 2, axis=-1)
+    magnitude = jnp.sqrt(real * real + imag * imag)
+    mel = jnp.einsum("nfk,mk->nfm", magnitude, mel_basis.astype(x.dtype), precision=PRECISION)
+    return jnp.log(jnp.maximum(mel, MEL_FLOOR))
+
+
+class STFTBases(nnx.Module):
+    """``CausalSTFT``'s buffers (``(2F, 1, K)`` each; the inverse one is read, not used)."""
+
+    def __init__(self, frequencies: int, filter_length: int, *, dtype=jnp.float32):
+        self.forward_basis = _zeros((2 * frequencies, 1, filter_length), dtype)
+        self.inverse_basis = _zeros((2 * frequencies, 1, filter_length), dtype)
+
+
+class MelSTFT(nnx.Module):
+    def __init__(self, config: LTX2VocoderWithBWEConfig, *, dtype=jnp.float32):
+        frequencies = config.filter_length // 2 + 1
+        self.stft_fn = STFTBases(frequencies, config.filter_length, dtype=dtype)
+        self.mel_basis = _zeros((config.num_mel_channels, frequencies), dtype)
+
+
+class VocoderWithBWE(nnx.Module):
+    """``LTX2VocoderWithBWE``: the vocoder at ``input_sampling_rate``, then a band-width extension
+    to ``output_sampling_rate``: the first waveform's own log-mel spectrogram (zero-padded to whole
+    hops) through a second vocoder gives a residual added to the first waveform resampled (a
+    Hann-windowed sinc), clipped to [-1, 1]. ``(B, C, T, M)`` → ``(B, out_channels, S·rate ratio)``,
+    ``S = T·samples_per_frame`` of the first vocoder."""
+
+    def __init__(self, config: LTX2VocoderWithBWEConfig, *, dtype=jnp.float32):
+        self.config = config
+        self.vocoder = Vocoder(config.stage_config(), dtype=dtype)
+        self.bwe_generator = Vocoder(config.bwe_config(), dtype=dtype)
+        self.mel_stft = MelSTFT(config, dtype=dtype)
+
+    def __call__(self, mel: jax.Array) -> jax.Array:
+        config = self.config
+        x = self.vocoder(mel)
+        batch, channels, samples = x.shape
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, -samples % config.hop_length)))
+        log_mel = causal_log_mel(x.reshape(batch * channels, -1), self.mel_stft.stft_fn.forward_basis[...],
+                                 self.mel_stft.mel_basis[...], hop=config.hop_length, window=config.window_length)
+        residual = self.bwe_generator(log_mel.reshape(batch, channels, *log_mel.shape[1:]))
+        ratio = config.rate_ratio
+        taps = jnp.asarray(hann_sinc_taps(ratio), x.dtype)
+        skip = upsample_sinc(x.transpose(0, 2, 1), taps, ratio, hann_crop(ratio)).transpose(0, 2, 1)
+        return jnp.clip(residual + skip, -1, 1)[..., :samples * ratio]

@@ -20,9 +20,9 @@ from flax import nnx
 from vaeserve.models.loading import WEIGHTS_NAME, WeightsError
 from vaeserve.models.vae import resolve_dtype
 
-from .config import LTX2AudioVAEConfig, LTX2VocoderConfig
+from .config import LTX2AudioVAEConfig, LTX2VocoderConfig, LTX2VocoderWithBWEConfig
 from .modules import AudioDecoder, AudioEncoder
-from .vocoder import Vocoder
+from .vocoder import Vocoder, VocoderWithBWE
 
 AUDIO_VAE_FOLDER, VOCODER_FOLDER = "audio_vae", "vocoder"
 DECODER_PREFIX, ENCODER_PREFIX = "decoder.", "encoder."
@@ -102,10 +102,14 @@ def load_audio_encoder(path: str | Path, *, dtype: str = "float32") -> AudioEnco
                        source=str(folder))
 
 
-def load_vocoder(path: str | Path, *, dtype: str = "float32") -> Vocoder:
-    """The ``LTX2Vocoder`` of a folder (or of the ``vocoder/`` of a pipeline folder)."""
+def load_vocoder(path: str | Path, *, dtype: str = "float32") -> Vocoder | VocoderWithBWE:
+    """The ``LTX2Vocoder`` or ``LTX2VocoderWithBWE`` (by the config's ``_class_name``) of a folder
+    (or of the ``vocoder/`` of a pipeline folder)."""
     folder = component_folder(path, VOCODER_FOLDER)
     raw, tensors = read_folder(folder)
-    config = LTX2VocoderConfig.from_dict(raw)
     target = resolve_dtype(dtype)
+    if raw.get("_class_name") == LTX2VocoderWithBWEConfig.class_name:
+        bwe = LTX2VocoderWithBWEConfig.from_dict(raw)
+        return load_module(lambda: VocoderWithBWE(bwe, dtype=target), tensors, source=str(folder))
+    config = LTX2VocoderConfig.from_dict(raw)
     return load_module(lambda: Vocoder(config, dtype=target), tensors, source=str(folder))
