@@ -18,6 +18,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from vaeserve.models.conv import upsample_nearest_2x
+from vaeserve.models.families.ltx.layers import pixel_norm as ltx_pixel_norm
+
 from .config import PIXEL_NORM_EPS, LTX2AudioVAEConfig
 
 # Exact float32 on accelerators too (no TF32 / bf16 passes): the parity promise is float32.
@@ -48,22 +51,11 @@ def conv2d(x: jax.Array, weight: jax.Array, bias: jax.Array | None,
     return y if bias is None else y + bias.astype(x.dtype)
 
 
-def pixel_norm(x: jax.Array, eps: float = PIXEL_NORM_EPS) -> jax.Array:
-    """``x / sqrt(mean(x², channels) + eps)`` per pixel, in float32. ``(..., C)`` → same."""
-    x32 = x.astype(jnp.float32)
-    return (x32 / jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
-
-
 def downsample_padding(causality_axis: str) -> tuple[tuple[int, int], tuple[int, int]]:
     """``LTX2AudioDownsample``'s zeros before its stride-2 3x3 conv, ``((time), (bins))``: two
     before the causal axis, one after the other (one after both for ``"none"``)."""
     return {"none": ((0, 1), (0, 1)), "width": ((0, 1), (2, 0)), "height": ((2, 0), (0, 1)),
             "width-compatibility": ((0, 1), (1, 0))}[causality_axis]
-
-
-def upsample_nearest(x: jax.Array) -> jax.Array:
-    """Nearest-neighbour 2x along time and bins: ``(B, T, F, C)`` → ``(B, 2T, 2F, C)``."""
-    return jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
 
 
 def drop_first_causal_row(x: jax.Array, causality_axis: str) -> jax.Array:
@@ -82,43 +74,48 @@ def fit_spectrogram(x: jax.Array, frames: int, bins: int, channels: int) -> jax.
     return jnp.pad(x, ((0, 0), (0, frames - x.shape[1]), (0, bins - x.shape[2]), (0, 0)))
 
 
-def _zeros(shape: tuple[int, ...], dtype) -> nnx.Param:
+def pixel_norm(x: jax.Array) -> jax.Array:
+    """LTX's per-pixel RMS norm (over channels, in float32) at this VAE's epsilon."""
+    return ltx_pixel_norm(x, PIXEL_NORM_EPS)
+
+
+def zeros_param(shape: tuple[int, ...], dtype) -> nnx.Param:
     # Values come from a checkpoint (``weights.load_module``); models are built with ``nnx.eval_shape``.
     return nnx.Param(jnp.zeros(shape, dtype))
 
 
 # -- layers ------------------------------------------------------------------------------------------
-class CausalConv2d(nnx.Module):
+class AudioCausalConv2d(nnx.Module):
     """``LTX2AudioCausalConv2d``: a conv (kernel under ``.conv``) after its causal zero padding.
     ``(B, T, F, cin)`` → ``(B, T, F, cout)``."""
 
     def __init__(self, cin: int, cout: int, kernel: int, causality_axis: str, *, dtype=jnp.float32):
-        self.conv = Conv2d(cin, cout, kernel, dtype=dtype)
+        self.conv = AudioConv2d(cin, cout, kernel, dtype=dtype)
         self.padding = causal_padding(kernel, causality_axis)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.conv(x, self.padding)
 
 
-class Conv2d(nnx.Module):
+class AudioConv2d(nnx.Module):
     """``nn.Conv2d(cin, cout, kernel)`` without padding of its own; ``weight`` ``(cout, cin, k, k)``."""
 
     def __init__(self, cin: int, cout: int, kernel: int, *, dtype=jnp.float32):
-        self.weight = _zeros((cout, cin, kernel, kernel), dtype)
-        self.bias = _zeros((cout,), dtype)
+        self.weight = zeros_param((cout, cin, kernel, kernel), dtype)
+        self.bias = zeros_param((cout,), dtype)
 
     def __call__(self, x: jax.Array, padding=((0, 0), (0, 0)), *, stride: int = 1) -> jax.Array:
         return conv2d(x, self.weight[...], self.bias[...], padding, stride=stride)
 
 
-class ResnetBlock(nnx.Module):
+class AudioResnetBlock(nnx.Module):
     """``LTX2AudioResnetBlock`` with pixel norms: norm, SiLU, causal 3x3, twice, plus the input
     (through a 1x1 ``nin_shortcut`` when the width changes)."""
 
     def __init__(self, cin: int, cout: int, causality_axis: str, *, dtype=jnp.float32):
-        self.conv1 = CausalConv2d(cin, cout, 3, causality_axis, dtype=dtype)
-        self.conv2 = CausalConv2d(cout, cout, 3, causality_axis, dtype=dtype)
-        self.nin_shortcut = CausalConv2d(cin, cout, 1, causality_axis, dtype=dtype) if cin != cout else None
+        self.conv1 = AudioCausalConv2d(cin, cout, 3, causality_axis, dtype=dtype)
+        self.conv2 = AudioCausalConv2d(cout, cout, 3, causality_axis, dtype=dtype)
+        self.nin_shortcut = AudioCausalConv2d(cin, cout, 1, causality_axis, dtype=dtype) if cin != cout else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = self.conv1(jax.nn.silu(pixel_norm(x)))
@@ -126,12 +123,12 @@ class ResnetBlock(nnx.Module):
         return (x if self.nin_shortcut is None else self.nin_shortcut(x)) + h
 
 
-class AttnBlock(nnx.Module):
+class AudioAttnBlock(nnx.Module):
     """``LTX2AudioAttnBlock``: one head over every (time, bin) position of a clip, 1x1 convs for
     q, k, v and the projection, plus the input. Not causal: it sees the whole clip."""
 
     def __init__(self, width: int, *, dtype=jnp.float32):
-        self.q, self.k, self.v, self.proj_out = (Conv2d(width, width, 1, dtype=dtype) for _ in range(4))
+        self.q, self.k, self.v, self.proj_out = (AudioConv2d(width, width, 1, dtype=dtype) for _ in range(4))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         batch, frames, bins, width = x.shape
@@ -143,49 +140,49 @@ class AttnBlock(nnx.Module):
         return x + self.proj_out(h)
 
 
-class Upsample(nnx.Module):
+class AudioUpsample(nnx.Module):
     """``LTX2AudioUpsample`` with its conv: nearest 2x, a causal 3x3, less the first causal row."""
 
     def __init__(self, width: int, causality_axis: str, *, dtype=jnp.float32):
-        self.conv = CausalConv2d(width, width, 3, causality_axis, dtype=dtype)
+        self.conv = AudioCausalConv2d(width, width, 3, causality_axis, dtype=dtype)
         self.causality_axis = causality_axis
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return drop_first_causal_row(self.conv(upsample_nearest(x)), self.causality_axis)
+        return drop_first_causal_row(self.conv(upsample_nearest_2x(x)), self.causality_axis)
 
 
-class Downsample(nnx.Module):
+class AudioDownsample(nnx.Module):
     """``LTX2AudioDownsample`` with its conv: a stride-2 3x3 after ``downsample_padding``."""
 
     def __init__(self, width: int, causality_axis: str, *, dtype=jnp.float32):
-        self.conv = Conv2d(width, width, 3, dtype=dtype)
+        self.conv = AudioConv2d(width, width, 3, dtype=dtype)
         self.padding = downsample_padding(causality_axis)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.conv(x, self.padding, stride=2)
 
 
-class MidBlock(nnx.Module):
+class AudioMidBlock(nnx.Module):
     def __init__(self, width: int, causality_axis: str, *, attention: bool, dtype=jnp.float32):
-        self.block_1 = ResnetBlock(width, width, causality_axis, dtype=dtype)
-        self.attn_1 = AttnBlock(width, dtype=dtype) if attention else None
-        self.block_2 = ResnetBlock(width, width, causality_axis, dtype=dtype)
+        self.block_1 = AudioResnetBlock(width, width, causality_axis, dtype=dtype)
+        self.attn_1 = AudioAttnBlock(width, dtype=dtype) if attention else None
+        self.block_2 = AudioResnetBlock(width, width, causality_axis, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = self.block_1(x)
         return self.block_2(x if self.attn_1 is None else self.attn_1(x))
 
 
-class UpStage(nnx.Module):
+class AudioUpStage(nnx.Module):
     """One decoder level: resnets (each followed by attention where the level attends), then the
     upsampler (every level but the outermost, level 0)."""
 
     def __init__(self, config: LTX2AudioVAEConfig, level: int, cin: int, *, dtype=jnp.float32):
         width, axis = config.level_width(level), config.causality_axis
         widths = [cin] + [width] * config.num_res_blocks
-        self.block = nnx.List([ResnetBlock(w, width, axis, dtype=dtype) for w in widths])
-        self.attn = nnx.List([AttnBlock(width, dtype=dtype) for _ in widths] if config.level_attends(level) else [])
-        self.upsample = Upsample(width, axis, dtype=dtype) if level else None
+        self.block = nnx.List([AudioResnetBlock(w, width, axis, dtype=dtype) for w in widths])
+        self.attn = nnx.List([AudioAttnBlock(width, dtype=dtype) for _ in widths] if config.level_attends(level) else [])
+        self.upsample = AudioUpsample(width, axis, dtype=dtype) if level else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         for i, block in enumerate(self.block):
@@ -202,15 +199,15 @@ class AudioDecoder(nnx.Module):
     def __init__(self, config: LTX2AudioVAEConfig, *, dtype=jnp.float32):
         self.config = config
         axis, widest = config.causality_axis, config.decoder_width
-        self.conv_in = CausalConv2d(config.latent_channels, widest, 3, axis, dtype=dtype)
-        self.mid = MidBlock(widest, axis, attention=config.mid_block_add_attention, dtype=dtype)
-        stages: dict[int, UpStage] = {}
+        self.conv_in = AudioCausalConv2d(config.latent_channels, widest, 3, axis, dtype=dtype)
+        self.mid = AudioMidBlock(widest, axis, attention=config.mid_block_add_attention, dtype=dtype)
+        stages: dict[int, AudioUpStage] = {}
         cin = widest
         for level in reversed(range(config.levels)):
-            stages[level] = UpStage(config, level, cin, dtype=dtype)
+            stages[level] = AudioUpStage(config, level, cin, dtype=dtype)
             cin = config.level_width(level)
         self.up = nnx.List([stages[level] for level in range(config.levels)])
-        self.conv_out = CausalConv2d(cin, config.output_channels, 3, axis, dtype=dtype)
+        self.conv_out = AudioCausalConv2d(cin, config.output_channels, 3, axis, dtype=dtype)
 
     def __call__(self, latents: jax.Array) -> jax.Array:
         _, _, frames, bins = latents.shape
@@ -224,16 +221,16 @@ class AudioDecoder(nnx.Module):
         return x.transpose(0, 3, 1, 2)
 
 
-class DownStage(nnx.Module):
+class AudioDownStage(nnx.Module):
     """One encoder level: resnets (each followed by attention where the level attends), then the
     downsampler (every level but the innermost)."""
 
     def __init__(self, config: LTX2AudioVAEConfig, level: int, cin: int, *, dtype=jnp.float32):
         width, axis = config.level_width(level), config.causality_axis
         widths = [cin] + [width] * (config.num_res_blocks - 1)
-        self.block = nnx.List([ResnetBlock(w, width, axis, dtype=dtype) for w in widths])
-        self.attn = nnx.List([AttnBlock(width, dtype=dtype) for _ in widths] if config.level_attends(level) else [])
-        self.downsample = Downsample(width, axis, dtype=dtype) if level != config.levels - 1 else None
+        self.block = nnx.List([AudioResnetBlock(w, width, axis, dtype=dtype) for w in widths])
+        self.attn = nnx.List([AudioAttnBlock(width, dtype=dtype) for _ in widths] if config.level_attends(level) else [])
+        self.downsample = AudioDownsample(width, axis, dtype=dtype) if level != config.levels - 1 else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         for i, block in enumerate(self.block):
@@ -253,15 +250,15 @@ class AudioEncoder(nnx.Module):
     def __init__(self, config: LTX2AudioVAEConfig, *, dtype=jnp.float32):
         self.config = config
         axis = config.causality_axis
-        self.conv_in = CausalConv2d(config.in_channels, config.base_channels, 3, axis, dtype=dtype)
+        self.conv_in = AudioCausalConv2d(config.in_channels, config.base_channels, 3, axis, dtype=dtype)
         stages, cin = [], config.base_channels
         for level in range(config.levels):
-            stages.append(DownStage(config, level, cin, dtype=dtype))
+            stages.append(AudioDownStage(config, level, cin, dtype=dtype))
             cin = config.level_width(level)
         self.down = nnx.List(stages)
-        self.mid = MidBlock(cin, axis, attention=config.mid_block_add_attention, dtype=dtype)
+        self.mid = AudioMidBlock(cin, axis, attention=config.mid_block_add_attention, dtype=dtype)
         out = 2 * config.latent_channels if config.double_z else config.latent_channels
-        self.conv_out = CausalConv2d(cin, out, 3, axis, dtype=dtype)
+        self.conv_out = AudioCausalConv2d(cin, out, 3, axis, dtype=dtype)
 
     def __call__(self, mel: jax.Array) -> jax.Array:
         x = self.conv_in(mel.transpose(0, 2, 3, 1).astype(self.conv_in.conv.weight.dtype))

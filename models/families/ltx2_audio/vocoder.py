@@ -23,7 +23,7 @@ from flax import nnx
 from jax import lax
 
 from .config import LTX2VocoderConfig, LTX2VocoderWithBWEConfig
-from .modules import PRECISION
+from .modules import PRECISION, zeros_param
 
 _DIMENSIONS = ("NWC", "OIW", "NWC")
 # SnakeBeta's guard against a zero amplitude (diffusers' ``eps``).
@@ -136,18 +136,13 @@ def downsample_sinc(x: jax.Array, taps: jax.Array, ratio: int) -> jax.Array:
                   stride=ratio, groups=channels)
 
 
-def _zeros(shape: tuple[int, ...], dtype) -> nnx.Param:
-    # Values come from a checkpoint (``weights.load_module``); models are built with ``nnx.eval_shape``.
-    return nnx.Param(jnp.zeros(shape, dtype))
-
-
 # -- layers ------------------------------------------------------------------------------------------
 class Conv1d(nnx.Module):
     """``nn.Conv1d(cin, cout, kernel, dilation)``, 'same' padding; ``weight`` ``(cout, cin, kernel)``."""
 
     def __init__(self, cin: int, cout: int, kernel: int, *, dilation: int = 1, bias: bool = True, dtype=jnp.float32):
-        self.weight = _zeros((cout, cin, kernel), dtype)
-        self.bias = _zeros((cout,), dtype) if bias else None
+        self.weight = zeros_param((cout, cin, kernel), dtype)
+        self.bias = zeros_param((cout,), dtype) if bias else None
         self.dilation = dilation
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -160,8 +155,8 @@ class ConvTranspose1d(nnx.Module):
     """The vocoder's upsampler: ``nn.ConvTranspose1d(cin, cout, kernel, stride, (kernel − stride)/2)``."""
 
     def __init__(self, cin: int, cout: int, kernel: int, stride: int, *, dtype=jnp.float32):
-        self.weight = _zeros((cin, cout, kernel), dtype)
-        self.bias = _zeros((cout,), dtype)
+        self.weight = zeros_param((cin, cout, kernel), dtype)
+        self.bias = zeros_param((cout,), dtype)
         self.stride = stride
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -171,8 +166,8 @@ class ConvTranspose1d(nnx.Module):
 
 class SnakeBeta(nnx.Module):
     def __init__(self, channels: int, *, use_beta: bool, dtype=jnp.float32):
-        self.alpha = _zeros((channels,), dtype)
-        self.beta = _zeros((channels,), dtype) if use_beta else None
+        self.alpha = zeros_param((channels,), dtype)
+        self.beta = zeros_param((channels,), dtype) if use_beta else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return snake(x, self.alpha[...], None if self.beta is None else self.beta[...])
@@ -182,7 +177,7 @@ class SincFilter(nnx.Module):
     """A resampling filter of the checkpoint (``UpSample1d``/``DownSample1d``'s ``filter`` buffer, ``(1, 1, K)``)."""
 
     def __init__(self, kernel: int, *, dtype=jnp.float32):
-        self.filter = _zeros((1, 1, kernel), dtype)
+        self.filter = zeros_param((1, 1, kernel), dtype)
 
 
 class AntiAliasSnake(nnx.Module):
@@ -295,15 +290,15 @@ class STFTBases(nnx.Module):
     """``CausalSTFT``'s buffers (``(2F, 1, K)`` each; the inverse one is read, not used)."""
 
     def __init__(self, frequencies: int, filter_length: int, *, dtype=jnp.float32):
-        self.forward_basis = _zeros((2 * frequencies, 1, filter_length), dtype)
-        self.inverse_basis = _zeros((2 * frequencies, 1, filter_length), dtype)
+        self.forward_basis = zeros_param((2 * frequencies, 1, filter_length), dtype)
+        self.inverse_basis = zeros_param((2 * frequencies, 1, filter_length), dtype)
 
 
 class MelSTFT(nnx.Module):
     def __init__(self, config: LTX2VocoderWithBWEConfig, *, dtype=jnp.float32):
         frequencies = config.filter_length // 2 + 1
         self.stft_fn = STFTBases(frequencies, config.filter_length, dtype=dtype)
-        self.mel_basis = _zeros((config.num_mel_channels, frequencies), dtype)
+        self.mel_basis = zeros_param((config.num_mel_channels, frequencies), dtype)
 
 
 class VocoderWithBWE(nnx.Module):
