@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -239,6 +240,28 @@ def test_bfloat16_decode_follows_float32(pipeline_folder):
     exact = np.asarray(jax.jit(decode_audio)(load_audio_decode_path(root), packed))
     halved = np.asarray(jax.jit(decode_audio)(load_audio_decode_path(root, dtype="bfloat16"), packed), np.float32)
     assert halved.dtype == np.float32 and _max_diff(halved, exact) <= 0.05 * np.abs(exact).max()
+
+
+def _names_and_shapes(build, prefix: str = "") -> dict[str, tuple[int, ...]]:
+    _, state = nnx.split(nnx.eval_shape(build))
+    return {prefix + ".".join(str(p) for p in path): tuple(var.shape) for path, var in nnx.to_flat_state(state)}
+
+
+def test_release_architectures_name_every_tensor_as_diffusers():
+    """~3 s, no compile. The default configs (LTX-2's audio VAE, LTX-2.0's vocoder, LTX-2.3's BWE
+    vocoder) have exactly diffusers' tensors, names and shapes (diffusers' models built on the
+    meta device: no weights drawn)."""
+    with torch.device("meta"):
+        references = {"vae": AutoencoderKLLTX2Audio(), "vocoder": LTX2Vocoder(), "bwe": LTX2VocoderWithBWE()}
+    shapes = {name: {k: tuple(t.shape) for k, t in model.state_dict().items()} for name, model in references.items()}
+    config = LTX2AudioVAEConfig()
+    ours = {**_names_and_shapes(lambda: AudioDecoder(config), "decoder."),
+            **_names_and_shapes(lambda: AudioEncoder(config), "encoder."),
+            "latents_mean": (config.base_channels,), "latents_std": (config.base_channels,)}
+    assert ours == shapes["vae"]
+    assert _names_and_shapes(lambda: Vocoder(LTX2VocoderConfig())) == shapes["vocoder"]
+    assert _names_and_shapes(lambda: VocoderWithBWE(LTX2VocoderWithBWEConfig())) == shapes["bwe"]
+    assert LTX2VocoderConfig().samples_per_frame * 16000 // LTX2AudioVAEConfig().mel_hop_length == 24000
 
 
 def test_loading_reports_every_problem(pipeline_folder, tmp_path):
