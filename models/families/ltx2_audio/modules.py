@@ -29,11 +29,11 @@ _DIMENSIONS = ("NHWC", "OIHW", "NHWC")
 
 
 # -- pure functions ----------------------------------------------------------------------------------
-def causal_padding(kernel: int, causality_axis: str, *, dilation: int = 1) -> tuple[tuple[int, int], tuple[int, int]]:
+def causal_padding(kernel: int, causality_axis: str) -> tuple[tuple[int, int], tuple[int, int]]:
     """``((before, after) along time, (before, after) along bins)`` of a causal conv's zeros:
-    the whole ``dilation·(kernel − 1)`` before the causal axis, centred (the odd one after) on the
-    other; centred on both for ``"none"``."""
-    total = (kernel - 1) * dilation
+    all ``kernel − 1`` before the causal axis, centred (the odd one after) on the other; centred
+    on both for ``"none"``."""
+    total = kernel - 1
     centred = (total // 2, total - total // 2)
     if causality_axis == "height":
         return (total, 0), centred
@@ -42,13 +42,13 @@ def causal_padding(kernel: int, causality_axis: str, *, dilation: int = 1) -> tu
     return centred, centred
 
 
-def conv2d(x: jax.Array, weight: jax.Array, bias: jax.Array | None,
+def conv2d(x: jax.Array, weight: jax.Array, bias: jax.Array,
            padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0)), *, stride: int = 1) -> jax.Array:
     """``nn.Conv2d`` after zero ``padding``: ``(B, T, F, C)`` with an ``(O, C, kh, kw)`` kernel →
     ``(B, T', F', O)``."""
     y = lax.conv_general_dilated(x, weight.astype(x.dtype), (stride, stride), padding,
                                  dimension_numbers=_DIMENSIONS, precision=PRECISION)
-    return y if bias is None else y + bias.astype(x.dtype)
+    return y + bias.astype(x.dtype)
 
 
 def downsample_padding(causality_axis: str) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -173,6 +173,14 @@ class AudioMidBlock(nnx.Module):
         return self.block_2(x if self.attn_1 is None else self.attn_1(x))
 
 
+def resnets_and_attention(blocks: nnx.List, attention: nnx.List, x: jax.Array) -> jax.Array:
+    """A level's resnets, each followed by its attention block where the level has them."""
+    for i, block in enumerate(blocks):
+        x = block(x)
+        x = attention[i](x) if len(attention) else x
+    return x
+
+
 class AudioUpStage(nnx.Module):
     """One decoder level: resnets (each followed by attention where the level attends), then the
     upsampler (every level but the outermost, level 0)."""
@@ -185,16 +193,15 @@ class AudioUpStage(nnx.Module):
         self.upsample = AudioUpsample(width, axis, dtype=dtype) if level else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        for i, block in enumerate(self.block):
-            x = block(x)
-            x = self.attn[i](x) if len(self.attn) else x
+        x = resnets_and_attention(self.block, self.attn, x)
         return x if self.upsample is None else self.upsample(x)
 
 
 class AudioDecoder(nnx.Module):
     """``LTX2AudioDecoder``: latents ``(B, latent_channels, L, M)`` → a log-mel spectrogram
     ``(B, output_channels, config.mel_frames(L), mel_bins)`` (diffusers' layouts; ``mel_bins``
-    None: ``4·M``). Parameters under diffusers' names below ``decoder.``."""
+    None: cropped to ``M`` bins, as diffusers does). Parameters under diffusers' names below
+    ``decoder.``."""
 
     def __init__(self, config: LTX2AudioVAEConfig, *, dtype=jnp.float32):
         self.config = config
@@ -233,9 +240,7 @@ class AudioDownStage(nnx.Module):
         self.downsample = AudioDownsample(width, axis, dtype=dtype) if level != config.levels - 1 else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        for i, block in enumerate(self.block):
-            x = block(x)
-            x = self.attn[i](x) if len(self.attn) else x
+        x = resnets_and_attention(self.block, self.attn, x)
         return x if self.downsample is None else self.downsample(x)
 
 

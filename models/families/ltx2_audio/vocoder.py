@@ -1,5 +1,6 @@
-"""LTX-2's vocoder in Flax nnx (diffusers' ``pipelines/ltx2/vocoder.py``, ``LTX2Vocoder``): a
-log-mel spectrogram ``(B, C, T, M)`` → a waveform ``(B, out_channels, T·prod(upsample_factors))``.
+"""LTX-2's vocoders in Flax nnx (diffusers' ``pipelines/ltx2/vocoder.py``): ``LTX2Vocoder``, a
+log-mel spectrogram ``(B, C, T, M)`` → a waveform ``(B, out_channels, T·prod(upsample_factors))``,
+and ``LTX2VocoderWithBWE`` (LTX-2.3), which extends its band to a higher sampling rate.
 
 A HiFi-GAN / BigVGAN generator over time, channels-last inside ``(B, S, C)``: the ``C·M`` mel
 features of each frame are the channels of a 1-D signal, widened by ``conv_in``, then each
@@ -7,6 +8,10 @@ upsampler (a transposed conv) lengthens it and halves its width and the mean of 
 blocks (dilated convs, 'same' padding) refines it. The SnakeBeta activations are anti-aliased
 where configured: upsampled 2x by a Kaiser-windowed sinc, activated, low-passed and decimated back;
 the two sinc filters are buffers of the checkpoint, read with it.
+
+The band-width extension runs a second generator of the same kind on the first waveform's own
+causal log-mel spectrogram (an STFT whose windowed DFT basis and mel filterbank are buffers of the
+checkpoint) and adds the result to the first waveform resampled by a Hann-windowed sinc.
 
 Weights keep PyTorch's names and layouts (``Conv1d`` ``(O, I, K)``, ``ConvTranspose1d`` ``(I, O, K)``).
 """
