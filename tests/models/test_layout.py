@@ -13,6 +13,9 @@ FAMILIES = "vaeserve.models.families"
 # The registry imports each family's package (its descriptor); the package's own __init__ names the
 # families' config classes for type checkers only (``if TYPE_CHECKING``: loaded on first use).
 MAY_NAME_FAMILIES = {"vaeserve.models.registry", "vaeserve.models"}
+# Family folders the registry does not list (they export no descriptor): LTX-2's sound decodes to a
+# waveform, which no ``VAEConfig`` describes.
+UNLISTED = {"ltx2_audio"}
 
 
 def graph() -> dict[str, set[str]]:
@@ -47,10 +50,13 @@ def test_every_family_folder_exports_one_descriptor_the_registry_lists():
     from vaeserve.models.registry import FAMILIES as LISTED
 
     folders = sorted(p.name for p in (MODELS / "families").iterdir() if (p / "__init__.py").exists())
-    assert sorted(f.folder for f in LISTED) == folders
+    assert sorted(f.folder for f in LISTED) == [folder for folder in folders if folder not in UNLISTED]
     for folder in folders:
         package = importlib.import_module(f"{FAMILIES}.{folder}")
         exported = [v for v in vars(package).values() if isinstance(v, FamilyDescriptor)]
+        if folder in UNLISTED:
+            assert exported == [], folder
+            continue
         assert exported == [package.FAMILY], folder
         for cls in package.FAMILY.configs:
             assert cls.__module__.startswith(package.__name__ + "."), (folder, cls)  # its configs live in its folder
