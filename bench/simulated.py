@@ -101,6 +101,10 @@ class SimulatedRunner:
                 framewise: bool = False) -> int:
         return 0  # nothing compiled, nothing to check
 
+    def held_bytes(self, shape: tuple[int, ...], *, batch: int, output: Output = "uint8",
+                   framewise: bool = False) -> int:
+        return 0  # no decode state
+
     def free_bytes(self) -> int | None:
         return None
 

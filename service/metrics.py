@@ -79,7 +79,7 @@ class Metrics:
         )
         self.dropped = Counter(
             "vaeserve_dropped", "Requests dropped from the queue or from their decode at a step boundary "
-            "(client-gone, deadline)", ["reason"], registry=r
+            "(client-gone, deadline, slow-reader)", ["reason"], registry=r
         )
         self.ready = Gauge("vaeserve_ready", "1 once the model is loaded and warm-up shapes compiled", registry=r)
         self.encoders_busy = Gauge("vaeserve_encoders_busy", "H.264 encodes running (at most mp4_writers)",

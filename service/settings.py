@@ -280,6 +280,10 @@ class Settings(BaseSettings):
         64 * 2**20, ge=1, description="decoded frames a stream or an MP4 request may hold for its reader or encoder; "
         "past it the device serves other requests until they are taken (about one decode step more may arrive); "
         "held in host-memory-bytes from admission", json_schema_extra=_in("host", "BYTES"))
+    slow_reader_s: float = Field(
+        30.0, gt=0, description="a stream whose reader has left its buffer full this long is ended (in-band "
+        "slow-reader problem) when others need what it holds: its batch-mates the device, or waiting requests the "
+        "device memory of its decode state", json_schema_extra=_in("host", "SECONDS"))
     max_buffered_bytes: int | None = Field(
         None, ge=1, description="deprecated and ignored: every stream and MP4 request holds its stream-buffer-bytes "
         "in host-memory-bytes, which bounds them all together (read for one more release)",

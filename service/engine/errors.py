@@ -28,6 +28,16 @@ class DeadlineExceeded(EngineError):
     """The request waited past its deadline before the device got to it."""
 
 
+class SlowReader(EngineError):
+    """A stream ended because its reader fell behind (a full buffer for ``seconds``) while others
+    needed what it held: its batch-mates the device, or waiting requests the memory of its decode
+    state. ``behind_bytes``: the frame bytes it had not taken."""
+
+    def __init__(self, detail: str, *, behind_bytes: int, seconds: float):
+        super().__init__(detail)
+        self.behind_bytes, self.seconds = behind_bytes, seconds
+
+
 class ShapeNotServed(EngineError):
     """``--shapes`` does not serve this input: ``received`` names it, ``allowed`` lists what is served."""
 

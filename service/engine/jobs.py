@@ -105,6 +105,7 @@ class Job:
     produced_bytes: int = 0  # (device thread) frame bytes pushed so far
     consumed_bytes: int = 0  # (event loop) frame bytes the consumer has taken, or that were dropped
     on_progress: Callable[[], None] | None = None  # (the worker's) wake-up: bytes taken, or cancelled
+    behind_since: float | None = None  # (device thread) when a stream's buffer filled and its reader fell behind
 
     def __post_init__(self) -> None:
         self.future = self.loop.create_future()
@@ -125,6 +126,20 @@ class Job:
     def pending_bytes(self) -> int:
         """Frame bytes pushed and not yet taken by the consumer (0 once cancelled: they are dropped)."""
         return 0 if self.cancelled else self.produced_bytes - self.consumed_bytes
+
+    def note_behind(self, limit: int, now: float) -> None:
+        """(device thread) Whether the reader is behind: from the moment its buffer holds ``limit``
+        bytes until it has taken it down to half (a reader that takes a few bytes now and then
+        stays behind)."""
+        pending = self.pending_bytes
+        if pending >= limit and self.behind_since is None:
+            self.behind_since = now
+        elif pending <= limit // 2:
+            self.behind_since = None
+
+    def behind_for(self, now: float) -> float:
+        """Seconds its reader has been behind (0 when it is not)."""
+        return 0.0 if self.behind_since is None else now - self.behind_since
 
     def cancel(self, reason: str = "client-gone") -> None:
         """The handler gives up (event loop): the worker stops spending device time on the job,

@@ -56,6 +56,10 @@ class Runner(Protocol):
     def prepare(self, operation: Operation, shape: tuple[int, ...], *, batch: int, output: Output = "uint8",
                 framewise: bool = False) -> int: ...
 
+    # Bytes per device a decode run keeps between its steps (its caches); read from the program cache.
+    def held_bytes(self, shape: tuple[int, ...], *, batch: int, output: Output = "uint8",
+                   framewise: bool = False) -> int: ...
+
     def free_bytes(self) -> int | None: ...  # memory free per device now (this process's devices)
 
     def programs(self) -> list[list]: ...

@@ -164,6 +164,15 @@ class DeviceRunner:
                                     would_fit=refused.would_fit) from None
         return max(program_total_bytes(program_memory(compiled)) for _, compiled in programs)
 
+    def held_bytes(self, shape: tuple[int, ...], *, batch: int, output: Output = "uint8",
+                   framewise: bool = False) -> int:
+        """Bytes per device a decode of ``batch`` latents of ``shape`` ``(C, T, H, W)`` keeps between
+        its steps — its caches, which its later steps take as donated arguments (0 for a decode in
+        one step). Read from the programs ``prepare`` compiled (the model's cache)."""
+        programs = self.compile(shape, output=output, stream=True, framewise=framewise,
+                                sizes=[bucket_for(batch, self.buckets)])
+        return max(program_memory(compiled)["alias_bytes"] for _, compiled in programs)
+
     def free_bytes(self) -> int | None:
         """Memory free per device now: the least ``bytes_limit − bytes_in_use`` over the mesh's
         devices here (TPU/GPU), or the host's ``MemAvailable`` shared by them (CPU); None where

@@ -50,6 +50,7 @@ from .errors import (
     NonFiniteOutput,
     OutOfMemory,
     QueueFull,
+    SlowReader,
     TooLargeForMemory,
     Unavailable,
 )
@@ -106,6 +107,14 @@ def out_of_memory(error: BaseException) -> str | None:
     return None
 
 
+class _WaitForMemory(Exception):
+    """A batch's programs fit the device alone, but not now beside what the runs set aside hold."""
+
+    def __init__(self, needed: int, held: int, limit: int):
+        super().__init__(f"its programs need {needed} bytes per device and runs set aside hold {held} "
+                         f"of the {limit}")
+
+
 @dataclass(eq=False)
 class StepRun:
     """A batch of decode jobs decoding step by step: ``steps`` yields ``Decoded`` for all of them,
@@ -117,6 +126,7 @@ class StepRun:
     device_s: float = 0.0  # time spent in steps (not the time set aside)
     prepared: bool = False
     steps_done: int = 0
+    held: int = 0  # bytes per device its decode state (the caches) holds between steps, once prepared
 
     def live(self) -> list[Job]:
         """Jobs that still want frames."""
@@ -134,7 +144,7 @@ class Worker:
 
     def __init__(self, *, startup: Callable[[], ModelState], metrics: Metrics, max_queue: int, max_batch: int,
                  on_ready: Callable[[ModelState], None], on_failed: Callable[[str], None],
-                 stream_buffer_bytes: int = 64 * 2**20):
+                 stream_buffer_bytes: int = 64 * 2**20, slow_reader_s: float = 30.0):
         self._startup = startup
         self._on_ready = on_ready
         self._on_failed = on_failed
@@ -142,6 +152,10 @@ class Worker:
         self.max_queue = max_queue
         self.max_batch = max_batch
         self.stream_buffer_bytes = stream_buffer_bytes
+        self.slow_reader_s = slow_reader_s
+        # The head of the queue waits for device memory that runs set aside hold (their caches):
+        # no new work is taken until a run ends or a slow reader's run is ended for it.
+        self._memory_wait = False
         self._suspects: set[tuple] = set()  # job keys whose programs ran out of memory: checked again first
         # job key -> the fewest rows whose batch program was refused for memory: batches stay below it
         self._refused_rows: dict[tuple, int] = {}
@@ -350,17 +364,52 @@ class Worker:
         """What the device does next (lock held; waits for it): the oldest run with room for a
         step, else a new batch (a run, for a decode) from the queue. None once stopped."""
         while self._running:
+            now = time.monotonic()
+            self._end_slow_readers(now)
             run = next((run for run in self._runs if run.has_room(self.stream_buffer_bytes)), None)
             if run is not None:
                 return run
-            if self._queue and (self._interleave or not self._runs):
+            if self._queue and (self._interleave or not self._runs) and not self._memory_wait:
                 batch = self._take_batch()
                 if batch and batch[0].operation == "decode":
                     return self._begin(batch)
                 if batch:
                     return batch
-            self._cond.wait()
+            self._cond.wait(self._next_slow_reader_check(now))
         return None
+
+    def _end_slow_readers(self, now: float) -> None:
+        """End the streams whose readers have been behind for ``slow_reader_s`` while others need
+        what they hold (lock held): a run's batch-mates that could go on (its device steps), or the
+        head of the queue waiting for the memory a run set aside holds (every job of such a run
+        is behind: the run ends, and its caches are freed)."""
+        for run in self._runs:
+            live = run.live()
+            for job in live:
+                if job.stream:
+                    job.note_behind(self.stream_buffer_bytes, now)
+            slow = [job for job in live if job.behind_for(now) >= self.slow_reader_s]
+            if not slow:
+                continue
+            if len(slow) < len(live):
+                why = "its batch-mates waited for it"
+            elif self._memory_wait and run.steps_done:
+                why = "other requests waited for the memory its decode holds"
+            else:
+                continue
+            for job in slow:
+                behind = job.pending_bytes
+                self.metrics.dropped.labels("slow-reader").inc()
+                log.info("request %s: its reader was behind by %d bytes for %.0f s and %s: stream ended",
+                         job.request_id, behind, job.behind_for(now), why)
+                job.fail(SlowReader(f"the stream was ended: its reader took too little of it for "
+                                    f"{self.slow_reader_s:g} s while {why}", behind_bytes=behind,
+                                    seconds=self.slow_reader_s))
+
+    def _next_slow_reader_check(self, now: float) -> float | None:
+        """Seconds until the first reader behind reaches ``slow_reader_s`` (None: none is behind)."""
+        behind = [job.behind_since for run in self._runs for job in run.live() if job.behind_since is not None]
+        return None if not behind else max(0.01, min(behind) + self.slow_reader_s - now)
 
     def _begin(self, batch: list[Job]) -> StepRun:
         """A run for a batch of decode jobs (lock held). Its steps start when it is first taken up."""
@@ -411,14 +460,25 @@ class Worker:
                     size += job.size
         return batch
 
-    def _prepare(self, batch: list[Job]) -> None:
+    def _prepare(self, batch: list[Job], run: StepRun | None = None) -> None:
         """Compile (or find) the programs of ``batch`` and check them against the memory they will
-        run in (``TooLargeForMemory``); a program that ran out of memory before is also checked
-        against the memory free now (``OutOfMemory``). Raises before anything runs."""
-        assert self._runner is not None
+        run in (``TooLargeForMemory``), with the decode state the runs set aside hold
+        (``_WaitForMemory``: not now); a program that ran out of memory before is also checked
+        against the memory free now (``OutOfMemory``). Raises before anything runs. A decode
+        ``run`` learns what its state will hold between its steps."""
+        assert self._runner is not None and self.model is not None
         head = batch[0]
-        needed = self._runner.prepare(head.operation, head.inputs.shape[1:], batch=sum(job.size for job in batch),
+        rows = sum(job.size for job in batch)
+        needed = self._runner.prepare(head.operation, head.inputs.shape[1:], batch=rows,
                                       output=head.output, framewise=head.framewise)
+        limit = self.model.device_memory_bytes
+        with self._cond:
+            held = sum(other.held for other in self._runs if other is not run and other.steps_done)
+        if limit is not None and held and needed + held > limit:
+            raise _WaitForMemory(needed, held, limit)
+        if run is not None:
+            run.held = self._runner.held_bytes(head.inputs.shape[1:], batch=rows, output=head.output,
+                                               framewise=head.framewise)
         if head.key in self._suspects:
             free = self._runner.free_bytes()
             if free is not None and needed > free:
@@ -441,12 +501,23 @@ class Worker:
             self._queue.extendleft(reversed(batch))
         return True
 
+    def _wait_for_memory(self, batch: list[Job], wait: _WaitForMemory) -> None:
+        """A batch that does not fit beside the decode state of the runs set aside goes back to the
+        front of the queue, and no new work is taken until a run ends (or is ended for it)."""
+        log.info("requests %s wait for device memory: %s", [job.request_id for job in batch], wait)
+        with self._cond:
+            self._memory_wait = True
+            self._queue.extendleft(reversed(batch))
+
     def _run(self, batch: list[Job]) -> None:
         self._note_start(batch)
         start = batch[0].started or time.monotonic()
         try:
             self._prepare(batch)
             latents = self._execute(batch)
+        except _WaitForMemory as wait:
+            self._wait_for_memory(batch, wait)
+            return
         except Exception as exc:
             if not self._split_refused(batch, exc):
                 self._fail(batch, exc)
@@ -496,9 +567,13 @@ class Worker:
         start = time.monotonic()
         try:
             if not run.prepared:  # the run's programs are those of all its jobs' latents, padded
-                self._prepare(run.jobs)
+                self._prepare(run.jobs, run)
                 run.prepared = True
             step = next(run.steps, None)
+        except _WaitForMemory as wait:
+            self._close(run, requeued=True)
+            self._wait_for_memory(run.live(), wait)
+            return
         except Exception as exc:
             split = not run.prepared and self._split_refused(run.live(), exc)
             if not split:
@@ -564,6 +639,7 @@ class Worker:
         with self._cond:
             if run in self._runs:
                 self._runs.remove(run)
+                self._memory_wait = False  # its state is freed: the head of the queue may fit now
             self._cond.notify_all()
 
     def _fail(self, batch: list[Job], exc: Exception) -> None:

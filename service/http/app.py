@@ -54,7 +54,7 @@ def _start_worker(state: ServiceState, startup: Callable[[], ModelState]) -> Wor
     settings = state.settings
     worker = Worker(startup=startup_or_refuse, metrics=state.metrics, max_queue=settings.max_queue,
                     max_batch=settings.max_batch, on_ready=on_ready, on_failed=on_failed,
-                    stream_buffer_bytes=settings.stream_buffer_bytes)
+                    stream_buffer_bytes=settings.stream_buffer_bytes, slow_reader_s=settings.slow_reader_s)
     state.worker = worker
     state.metrics.buffered_bytes.set_function(worker.buffered_bytes)
     state.metrics.queue_depth.set_function(worker.waiting)

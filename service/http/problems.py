@@ -27,6 +27,7 @@ from ..engine.errors import (
     OutOfMemory,
     QueueFull,
     ShapeNotServed,
+    SlowReader,
     TooLargeForMemory,
     Unavailable,
 )
@@ -57,6 +58,9 @@ def engine_problem(error: EngineError, *, retry_after_s: int, request_id: str | 
         return Problem(503, "unavailable", str(error), headers=retry_after(retry_after_s))
     if isinstance(error, DeadlineExceeded):
         return deadline_problem(str(error))
+    if isinstance(error, SlowReader):
+        return Problem(408, "slow-reader", str(error), expected=f"frames taken as they come (behind for less than "
+                       f"{error.seconds:g} s while others wait)", received=f"{error.behind_bytes} bytes not taken")
     if isinstance(error, ShapeNotServed):
         return Problem(422, "shape-not-allowed", str(error), expected=error.allowed, received=error.received)
     if isinstance(error, TooLargeForMemory):
