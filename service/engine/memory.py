@@ -227,6 +227,11 @@ def check_weights_fit(parameters: int, *, what: str, machine: Machine, in_use: i
 # compiling only when even the least its programs could need does not fit. What may fit is
 # compiled, and its memory_analysis() decides.
 ESTIMATE_MARGIN = 1.5
+# The least the estimate has been measured at against memory_analysis() (0.65: the image families
+# at some sizes, docs/serving.md; the tests hold every family's tiny configs to >= 0.7). The
+# largest videos a server advertises are those whose estimate fits this share of the memory, so
+# that their compiled programs fit too: what the server advertises, it serves.
+ESTIMATE_LOW = 0.65
 
 
 @dataclass(frozen=True)
@@ -363,7 +368,8 @@ class MemoryGuard:
         return found
 
     def largest_decode(self) -> list[Video]:
-        """The largest videos this server can decode with its memory, by the estimate: at the most
+        """The largest videos this server can decode with its memory, by the estimate (within
+        ``ESTIMATE_LOW`` of the memory, the share its least ratio to the compiled figure leaves): at the most
         frames served, the largest frame of the served aspect (``max_height x max_width``); and at
         the largest frame served, the most frames. Empty without an estimate or a limit."""
         if not self.checks:
@@ -395,7 +401,7 @@ class MemoryGuard:
             return Video(s * c, s * r, frames_of(k), program(estimate, shape(r, c, k)).total, image=self.limits.images)
 
         def fits(r: int, c: int, k: int) -> bool:
-            return video(r, c, k).bytes <= (self.plan.device_bytes or 0)
+            return video(r, c, k).bytes <= ESTIMATE_LOW * (self.plan.device_bytes or 0)
 
         found = []
         best = _largest(lambda r: fits(r, max(1, r * cols // rows), frames), rows)

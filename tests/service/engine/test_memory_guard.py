@@ -115,16 +115,28 @@ def test_a_compiled_program_that_does_not_fit_is_refused_and_remembered(server, 
     assert server.metric("vaeserve_refused_for_memory_total", check="estimate") == estimated
 
 
-def test_models_and_the_log_state_the_largest_video(server, limit):
+def test_models_and_the_log_state_the_largest_video_and_serve_it(server, limit, tiny_vae):
+    refused = server.metric("vaeserve_refused_for_memory_total", check="compiled")
     memory = httpx.get(server.url + "/v1/models").json()["data"][0]["memory"]
     assert memory["device_bytes"] == limit and memory["device_source"] == "--device-memory-bytes"
     assert memory["host_bytes"] > 0 and memory["machine_bytes"] > memory["host_bytes"]
     largest = memory["largest_decode"][0]
     assert largest["frames"] == 129 and largest["bytes"] <= limit and largest["width"] % 8 == 0
     assert largest["width"] < 256  # the memory, not the size limits, bounds it
-    # An estimate: a frame well inside it decodes (its compiled programs fit).
-    assert decode(server.url, (1, 16, 2, largest["height"] // 16, largest["width"] // 16)).status_code == 200
     assert "largest decode with this memory (estimated): 129 frames of" in server.log()
+    # What it advertises, it serves: each size exactly, its compiled programs within the memory.
+    # (The hostile run: an advertised encode of 129 frames of 632x632, compiled for 53 s, then refused.)
+    s, t = tiny_vae.config.spatial_scale, tiny_vae.config.temporal_scale
+    for video in memory["largest_decode"]:
+        shape = (1, 16, 1 + (video["frames"] - 1) // t, video["height"] // s, video["width"] // s)
+        assert decode(server.url, shape).status_code == 200, (video, shape)
+    for video in memory["largest_encode"]:
+        frames = np.zeros((1, 3, video["frames"], video["height"], video["width"]), np.float32)
+        r = httpx.post(server.url + "/v1/encode", content=frames.tobytes(), timeout=600,
+                       params={"shape": ",".join(map(str, frames.shape)), "dtype": "float32"},
+                       headers={"Content-Type": "application/octet-stream"})
+        assert r.status_code == 200, (video, r.text)
+    assert server.metric("vaeserve_refused_for_memory_total", check="compiled") == refused
 
 
 def test_serve_refuses_to_start_when_a_warmup_program_does_not_fit(tiny_model_dir):
