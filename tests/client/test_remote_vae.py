@@ -1,0 +1,181 @@
+"""``RemoteVAE`` as a diffusers pipeline's own VAE: each pipeline, built from tiny random parts (the
+prompt embeddings passed directly; nothing downloaded), gives the same output with the VAE served by
+a real uvicorn server as with the same weights decoded by diffusers in the test — and another
+seed's weights give another output (the negative control). One server per family.
+
+Tolerances: ``frames="float16"`` answers float16 frames in [-1, 1], rounded by at most half a step
+(2^-12 near 1), which is 2^-13 once the pipeline maps them to [0, 1]; with the float32 parity of the
+decoders (``PARITY_TOL``) that is ``FLOAT16_TOL``. ``frames="uint8"`` is held to the uint8 rule
+of every decode (``assert_uint8_frames_match``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers.frames import assert_uint8_frames_match
+from tests.helpers.image_reference import FLUX1_TINY
+from tests.helpers.service_helpers import thread_server
+from tests.helpers.wan_reference import PARITY_TOL
+from vaeserve import models
+
+torch = pytest.importorskip("torch", reason="the pipeline wrapper needs torch")
+diffusers = pytest.importorskip("diffusers", reason="the pipelines are diffusers'")
+
+from vaeserve.client import RemoteVAE  # noqa: E402  (after the skips: it needs torch and diffusers)
+
+FLOAT16_TOL = 2**-13 + PARITY_TOL
+FAR = 0.01  # another seed's weights move the output by more than this (measured: tenths)
+
+
+def saved(vae, folder: Path) -> Path:
+    vae.save_pretrained(folder)
+    return folder
+
+
+def served(folder: Path):
+    """A real uvicorn server (in a thread) holding the model saved in ``folder``."""
+    return thread_server(models.load_vae(str(folder)), max_batch=1)
+
+
+def model_config(vae) -> dict:
+    """A diffusers model's config less diffusers' bookkeeping (``_diffusers_version``, ``_use_default_values``)."""
+    return {k: v for k, v in vae.config.items() if k == "_class_name" or not k.startswith("_")}
+
+
+def as_array(output) -> np.ndarray:
+    """A pipeline's frames as numpy: float arrays as they are, PIL images (lists of them) as uint8."""
+    frames = output.frames if hasattr(output, "frames") else output.images
+    if isinstance(frames, np.ndarray):
+        return frames
+    if isinstance(frames[0], list):
+        return np.stack([np.stack([np.asarray(image) for image in clip]) for clip in frames])
+    return np.stack([np.asarray(image) for image in frames])
+
+
+# ---- Wan 2.1 -----------------------------------------------------------------------------------
+
+def wan_vae(seed: int):
+    torch.manual_seed(seed)
+    return diffusers.AutoencoderKLWan(base_dim=8, num_res_blocks=1).eval()
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    local = wan_vae(0)
+    torch.manual_seed(10)
+    transformer = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+        text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32).eval()
+    pipe = diffusers.WanPipeline(tokenizer=None, text_encoder=None, vae=local, transformer=transformer,
+                                 scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0))
+    with served(saved(local, tmp_path_factory.mktemp("wan"))) as server:
+        yield pipe, local, server.url
+
+
+def run_wan(pipe, vae, output_type: str) -> np.ndarray:
+    pipe.vae = vae
+    embeds = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = pipe(prompt_embeds=embeds, guidance_scale=1.0, height=32, width=32, num_frames=5,
+                   num_inference_steps=2, generator=torch.Generator().manual_seed(2), output_type=output_type)
+    return as_array(out)
+
+
+def test_wan_pipeline_with_the_remote_vae_gives_the_local_frames(wan):
+    pipe, local, url = wan
+    remote = RemoteVAE(url)
+    assert remote.config == model_config(local) and remote.temperal_downsample == local.temperal_downsample
+    expected = run_wan(pipe, local, "np")
+    got = run_wan(pipe, remote, "np")
+    assert got.shape == expected.shape == (1, 5, 32, 32, 3)
+    assert np.abs(got - expected).max() <= FLOAT16_TOL
+    # The control: the same pipeline with another seed's VAE is far from what the server gave.
+    assert np.abs(got - run_wan(pipe, wan_vae(1), "np")).max() > FAR
+
+
+def test_wan_pipeline_uint8_frames_are_the_local_images(wan):
+    pipe, local, url = wan
+    expected = run_wan(pipe, local, "pil")
+    assert_uint8_frames_match(run_wan(pipe, RemoteVAE(url, frames="uint8"), "pil"), expected)
+    with pytest.raises(AssertionError):
+        assert_uint8_frames_match(run_wan(pipe, wan_vae(1), "pil"), expected)
+
+
+def test_encode_gives_the_local_posterior_mode_and_a_seeded_draw(wan):
+    _, local, url = wan
+    remote = RemoteVAE(url)
+    frames = torch.rand(1, 3, 5, 32, 32, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    with torch.no_grad():
+        expected = local.encode(frames).latent_dist.mode()
+    got = remote.encode(frames).latent_dist.mode()
+    assert got.shape == expected.shape == (1, 16, 2, 4, 4)
+    assert (got - expected).abs().max() <= PARITY_TOL
+    draw = remote.encode(frames).latent_dist.sample(torch.Generator().manual_seed(4))
+    again = remote.encode(frames).latent_dist.sample(torch.Generator().manual_seed(4))
+    assert torch.equal(draw, again) and (draw - got).abs().max() > FAR
+
+
+def test_the_uint8_levels_come_back_through_the_pipelines_rounding():
+    """Every level ``v`` sent as ``v / 127.5 − 1`` is rounded back to ``v`` by the post-processing
+    pipelines apply (``VaeImageProcessor``: ``(x / 2 + 0.5).clamp(0, 1)``, then ``round(255 · x)``)."""
+    levels = torch.arange(256, dtype=torch.uint8)
+    sent = levels.to(torch.float32) / 127.5 - 1
+    images = diffusers.image_processor.VaeImageProcessor().postprocess(sent.view(1, 1, 16, 16).expand(1, 3, 16, 16),
+                                                                       output_type="pil")
+    assert np.array_equal(np.asarray(images[0])[..., 0].reshape(-1), levels.numpy())
+    # The control: the levels sent as v / 127.5 − 1 + half a level's width land on another level.
+    shifted = diffusers.image_processor.VaeImageProcessor().postprocess(
+        (sent + 1 / 255).view(1, 1, 16, 16).expand(1, 3, 16, 16), output_type="pil")
+    assert not np.array_equal(np.asarray(shifted[0])[..., 0].reshape(-1), levels.numpy())
+
+
+def test_a_model_the_server_does_not_serve_is_named(wan):
+    with pytest.raises(ValueError, match=r"the server serves \['.*'\]; asked for 'ltx2'"):
+        RemoteVAE(wan[2], model="ltx2")
+
+
+# ---- Flux.1 ------------------------------------------------------------------------------------
+
+def flux_vae(seed: int):
+    config = {k: v for k, v in FLUX1_TINY.to_dict().items() if k != "_class_name"}
+    torch.manual_seed(seed)
+    return diffusers.AutoencoderKL(**config).eval()
+
+
+@pytest.fixture(scope="module")
+def flux(tmp_path_factory):
+    local = flux_vae(0)
+    torch.manual_seed(11)
+    transformer = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[4, 4, 8]).eval()
+    pipe = diffusers.FluxPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=local,
+                                  text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+                                  transformer=transformer)
+    with served(saved(local, tmp_path_factory.mktemp("flux"))) as server:
+        yield pipe, local, server.url
+
+
+def run_flux(pipe, vae, output_type: str) -> np.ndarray:
+    pipe.vae = vae
+    generator = torch.Generator().manual_seed(5)
+    embeds, pooled = torch.randn(1, 8, 32, generator=generator), torch.randn(1, 32, generator=generator)
+    with torch.no_grad():
+        out = pipe(prompt_embeds=embeds, pooled_prompt_embeds=pooled, height=32, width=32, num_inference_steps=2,
+                   guidance_scale=1.0, generator=torch.Generator().manual_seed(6), output_type=output_type)
+    return as_array(out)
+
+
+def test_flux_pipeline_with_the_remote_vae_gives_the_local_images(flux):
+    pipe, local, url = flux
+    expected = run_flux(pipe, local, "np")
+    got = run_flux(pipe, RemoteVAE(url), "np")
+    assert got.shape == expected.shape == (1, 32, 32, 3)
+    assert np.abs(got - expected).max() <= FLOAT16_TOL
+    assert np.abs(got - run_flux(pipe, flux_vae(1), "np")).max() > FAR
+    assert_uint8_frames_match(run_flux(pipe, RemoteVAE(url, frames="uint8"), "pil"), run_flux(pipe, local, "pil"))
