@@ -1,7 +1,8 @@
 """``RemoteVAE``: a served VAE that a diffusers pipeline takes as its own ``vae``.
 
-    pipe = WanPipeline.from_pretrained("Wan-AI/Wan2.1-T2V-14B-Diffusers", vae=RemoteVAE(url))
-    pipe.vae = RemoteVAE("http://127.0.0.1:8000")          # or swap it in afterwards
+    pipe = WanPipeline.from_pretrained("Wan-AI/Wan2.1-T2V-14B-Diffusers", vae=None)
+    pipe = WanPipeline(**{**pipe.components, "vae": RemoteVAE("http://127.0.0.1:8000")})
+    pipe.vae = RemoteVAE("http://127.0.0.1:8000")     # or swapped into a pipeline built with its VAE
 
 It answers what pipelines read of their VAE — ``config`` (the served model's diffusers config, from
 ``GET /v1/models``), ``dtype``, ``device``, ``latents_mean``/``latents_std``, the compression
@@ -53,8 +54,12 @@ class RemoteVAE:
         latents = self.info["latents"]
         self.spatial_compression_ratio: int = latents["spatial_scale"]
         self.temporal_compression_ratio: int | None = latents["temporal_scale"]
+        # LTX's statistics as diffusers keeps them (buffers the pipelines read as ``vae.latents_mean``
+        # and ``vae.latents_std``, dividing the std by ``scaling_factor`` themselves); the server lists
+        # the std already divided (what ``denormalize`` applies).
+        scaling = self.config.get("scaling_factor") or 1.0
         self.latents_mean = torch.tensor(latents["latents_mean"], dtype=torch.float32)
-        self.latents_std = torch.tensor(latents["latents_std"], dtype=torch.float32)
+        self.latents_std = torch.tensor(latents["latents_std"], dtype=torch.float32) * scaling
         self._dtype, self._device = torch.float32, torch.device("cpu")
 
     # ---- what pipelines read of a model ----------------------------------------------------------

@@ -18,12 +18,14 @@ import pytest
 
 from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.image_reference import FLUX1_TINY
+from tests.helpers.ltx_reference import LTX095
 from tests.helpers.service_helpers import thread_server
 from tests.helpers.wan_reference import PARITY_TOL
 from vaeserve import models
 
 torch = pytest.importorskip("torch", reason="the pipeline wrapper needs torch")
 diffusers = pytest.importorskip("diffusers", reason="the pipelines are diffusers'")
+pytest.importorskip("transformers", reason="diffusers' pipelines need transformers to be built")
 
 from vaeserve.client import RemoteVAE  # noqa: E402  (after the skips: it needs torch and diffusers)
 
@@ -96,6 +98,10 @@ def test_wan_pipeline_with_the_remote_vae_gives_the_local_frames(wan):
     assert np.abs(got - expected).max() <= FLOAT16_TOL
     # The control: the same pipeline with another seed's VAE is far from what the server gave.
     assert np.abs(got - run_wan(pipe, wan_vae(1), "np")).max() > FAR
+    # Built anew around the remote VAE (docs/pipelines.md's recipe), it reads its sizes from it.
+    rebuilt = diffusers.WanPipeline(**{**pipe.components, "vae": remote})
+    assert rebuilt.vae_scale_factor_spatial == 8 and rebuilt.vae_scale_factor_temporal == 4
+    assert np.array_equal(run_wan(rebuilt, remote, "np"), got)
 
 
 def test_wan_pipeline_uint8_frames_are_the_local_images(wan):
@@ -179,3 +185,49 @@ def test_flux_pipeline_with_the_remote_vae_gives_the_local_images(flux):
     assert np.abs(got - expected).max() <= FLOAT16_TOL
     assert np.abs(got - run_flux(pipe, flux_vae(1), "np")).max() > FAR
     assert_uint8_frames_match(run_flux(pipe, RemoteVAE(url, frames="uint8"), "pil"), run_flux(pipe, local, "pil"))
+
+
+# ---- LTX-Video (a timestep-conditioned decoder) ------------------------------------------------
+
+def ltx_vae(seed: int):
+    # LTX-Video 0.9.5's decoder, timestep-conditioned, without noise of its own (which the server
+    # and torch would draw differently); its scales (8x, 8x in time) given, as the pipeline reads them.
+    config = {k: v for k, v in LTX095.to_dict().items() if k != "_class_name"}
+    torch.manual_seed(seed)
+    return diffusers.AutoencoderKLLTXVideo(**{**config, "decoder_inject_noise": (False,) * 4,
+                                              "spatial_compression_ratio": 8, "temporal_compression_ratio": 8}).eval()
+
+
+@pytest.fixture(scope="module")
+def ltx(tmp_path_factory):
+    local = ltx_vae(0)
+    torch.manual_seed(12)
+    transformer = diffusers.LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=4, attention_head_dim=8,
+        cross_attention_dim=32, num_layers=1, caption_channels=32).eval()
+    pipe = diffusers.LTXPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=local, text_encoder=None,
+                                 tokenizer=None, transformer=transformer)
+    with served(saved(local, tmp_path_factory.mktemp("ltx"))) as server:
+        yield pipe, local, server.url
+
+
+def run_ltx(pipe, vae, decode_timestep) -> np.ndarray:
+    pipe.vae = vae
+    embeds = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        out = pipe(prompt_embeds=embeds, prompt_attention_mask=torch.ones(2, 8), guidance_scale=1.0, height=32,
+                   width=32, num_frames=9, num_inference_steps=2, decode_timestep=decode_timestep,
+                   decode_noise_scale=0.025, generator=torch.Generator().manual_seed(8), output_type="np")
+    return as_array(out)
+
+
+def test_ltx_pipeline_passes_its_decode_timestep_through(ltx):
+    pipe, local, url = ltx
+    timesteps = [0.3, 0.6]  # a row each (two requests), neither the server's default
+    expected = run_ltx(pipe, local, timesteps)
+    got = run_ltx(pipe, RemoteVAE(url), timesteps)
+    assert got.shape == expected.shape == (2, 9, 32, 32, 3)
+    assert np.abs(got - expected).max() <= FLOAT16_TOL
+    assert np.abs(got - run_ltx(pipe, ltx_vae(1), timesteps)).max() > FAR
+    # The control of the timestep itself: the frames of other timesteps are far from these.
+    assert np.abs(got - run_ltx(pipe, local, [0.05, 0.05])).max() > FAR
