@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.frames import assert_uint8_frames_match
-from tests.helpers.image_reference import FLUX1_TINY
+from tests.helpers.image_reference import FLUX1_TINY, QWEN_TINY, SD_TINY
 from tests.helpers.ltx_reference import LTX095
 from tests.helpers.service_helpers import thread_server
 from tests.helpers.wan_reference import PARITY_TOL
@@ -231,3 +231,85 @@ def test_ltx_pipeline_passes_its_decode_timestep_through(ltx):
     assert np.abs(got - run_ltx(pipe, ltx_vae(1), timesteps)).max() > FAR
     # The control of the timestep itself: the frames of other timesteps are far from these.
     assert np.abs(got - run_ltx(pipe, local, [0.05, 0.05])).max() > FAR
+
+
+# ---- SDXL ----------------------------------------------------------------------------------------
+
+def sdxl_vae(seed: int):
+    config = {k: v for k, v in SD_TINY.to_dict().items() if k != "_class_name"}
+    torch.manual_seed(seed)
+    return diffusers.AutoencoderKL(**{**config, "scaling_factor": 0.13025}).eval()
+
+
+@pytest.fixture(scope="module")
+def sdxl(tmp_path_factory):
+    local = sdxl_vae(0)
+    torch.manual_seed(13)
+    unet = diffusers.UNet2DConditionModel(
+        block_out_channels=(4, 8), layers_per_block=1, sample_size=8, in_channels=4, out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=(2, 4), use_linear_projection=True, addition_embed_type="text_time",
+        addition_time_embed_dim=8, transformer_layers_per_block=(1, 1), projection_class_embeddings_input_dim=80,
+        cross_attention_dim=64, norm_num_groups=1).eval()
+    pipe = diffusers.StableDiffusionXLPipeline(vae=local, text_encoder=None, text_encoder_2=None, tokenizer=None,
+                                               tokenizer_2=None, unet=unet, scheduler=diffusers.EulerDiscreteScheduler())
+    with served(saved(local, tmp_path_factory.mktemp("sdxl"))) as server:
+        yield pipe, local, server.url
+
+
+def run_sdxl(pipe, vae, output_type: str) -> np.ndarray:
+    pipe.vae = vae
+    generator = torch.Generator().manual_seed(9)
+    embeds, pooled = torch.randn(1, 8, 64, generator=generator), torch.randn(1, 32, generator=generator)
+    with torch.no_grad():
+        out = pipe(prompt_embeds=embeds, pooled_prompt_embeds=pooled, height=32, width=32, num_inference_steps=2,
+                   guidance_scale=1.0, generator=torch.Generator().manual_seed(10), output_type=output_type)
+    return as_array(out)
+
+
+def test_sdxl_pipeline_with_the_remote_vae_gives_the_local_images(sdxl):
+    pipe, local, url = sdxl
+    expected = run_sdxl(pipe, local, "np")
+    got = run_sdxl(pipe, RemoteVAE(url), "np")
+    assert got.shape == expected.shape == (1, 32, 32, 3)
+    assert np.abs(got - expected).max() <= FLOAT16_TOL
+    assert np.abs(got - run_sdxl(pipe, sdxl_vae(1), "np")).max() > FAR
+
+
+# ---- Qwen-Image (one-frame clips) ----------------------------------------------------------------
+
+def qwen_vae(seed: int):
+    config = {k: v for k, v in QWEN_TINY.to_dict().items() if k != "_class_name"}
+    torch.manual_seed(seed)
+    return diffusers.AutoencoderKLQwenImage(**config).eval()
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    local = qwen_vae(0)
+    torch.manual_seed(14)
+    transformer = diffusers.QwenImageTransformer2DModel(
+        patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4)).eval()
+    pipe = diffusers.QwenImagePipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=local,
+                                       text_encoder=None, tokenizer=None, transformer=transformer)
+    with served(saved(local, tmp_path_factory.mktemp("qwen"))) as server:
+        yield pipe, local, server.url
+
+
+def run_qwen(pipe, vae, output_type: str) -> np.ndarray:
+    pipe.vae = vae
+    embeds = torch.randn(1, 8, 16, generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        out = pipe(prompt_embeds=embeds, prompt_embeds_mask=torch.ones(1, 8, dtype=torch.long), height=32, width=32,
+                   num_inference_steps=2, generator=torch.Generator().manual_seed(12), output_type=output_type)
+    return as_array(out)
+
+
+def test_qwen_image_pipeline_with_the_remote_vae_gives_the_local_images(qwen):
+    pipe, local, url = qwen
+    expected = run_qwen(pipe, local, "np")
+    got = run_qwen(pipe, RemoteVAE(url), "np")
+    assert got.shape == expected.shape == (1, 32, 32, 3)
+    assert np.abs(got - expected).max() <= FLOAT16_TOL
+    assert np.abs(got - run_qwen(pipe, qwen_vae(1), "np")).max() > FAR
