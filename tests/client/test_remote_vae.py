@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.frames import assert_uint8_frames_match
+from tests.helpers.hunyuan_reference import HY15_TINY
 from tests.helpers.image_reference import FLUX1_TINY, QWEN_TINY, SD_TINY
 from tests.helpers.ltx_reference import LTX095
 from tests.helpers.service_helpers import thread_server
@@ -313,3 +314,49 @@ def test_qwen_image_pipeline_with_the_remote_vae_gives_the_local_images(qwen):
     assert got.shape == expected.shape == (1, 32, 32, 3)
     assert np.abs(got - expected).max() <= FLOAT16_TOL
     assert np.abs(got - run_qwen(pipe, qwen_vae(1), "np")).max() > FAR
+
+
+# ---- HunyuanVideo 1.5 ----------------------------------------------------------------------------
+
+def hunyuan15_vae(seed: int):
+    config = {k: v for k, v in HY15_TINY.to_dict().items() if k != "_class_name"}
+    torch.manual_seed(seed)
+    return diffusers.AutoencoderKLHunyuanVideo15(**config).eval()
+
+
+@pytest.fixture(scope="module")
+def hunyuan15(tmp_path_factory):
+    local = hunyuan15_vae(0)
+    channels = local.config.latent_channels
+    torch.manual_seed(15)
+    transformer = diffusers.HunyuanVideo15Transformer3DModel(
+        in_channels=2 * channels + 1, out_channels=channels, num_attention_heads=2, attention_head_dim=16, num_layers=1,
+        num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=8, rope_axes_dim=(4, 6, 6),
+        task_type="t2v").eval()
+    pipe = diffusers.HunyuanVideo15Pipeline(
+        text_encoder=None, tokenizer=None, transformer=transformer, vae=local,
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), text_encoder_2=None, tokenizer_2=None,
+        guider=diffusers.ClassifierFreeGuidance(guidance_scale=1.0, enabled=False))
+    with served(saved(local, tmp_path_factory.mktemp("hunyuan15"))) as server:
+        yield pipe, local, server.url
+
+
+def run_hunyuan15(pipe, vae, output_type: str) -> np.ndarray:
+    pipe.vae = vae
+    generator = torch.Generator().manual_seed(13)
+    embeds, embeds_2 = torch.randn(1, 8, 16, generator=generator), torch.randn(1, 4, 8, generator=generator)
+    with torch.no_grad():
+        out = pipe(prompt_embeds=embeds, prompt_embeds_mask=torch.ones(1, 8, dtype=torch.long),
+                   prompt_embeds_2=embeds_2, prompt_embeds_mask_2=torch.ones(1, 4, dtype=torch.long), height=32,
+                   width=32, num_frames=5, num_inference_steps=2, generator=torch.Generator().manual_seed(14),
+                   output_type=output_type)
+    return as_array(out)
+
+
+def test_hunyuan_video15_pipeline_with_the_remote_vae_gives_the_local_frames(hunyuan15):
+    pipe, local, url = hunyuan15
+    expected = run_hunyuan15(pipe, local, "np")
+    got = run_hunyuan15(pipe, RemoteVAE(url), "np")
+    assert got.shape == expected.shape == (1, 5, 32, 32, 3)
+    assert np.abs(got - expected).max() <= FLOAT16_TOL
+    assert np.abs(got - run_hunyuan15(pipe, hunyuan15_vae(1), "np")).max() > FAR
