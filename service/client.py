@@ -1,5 +1,5 @@
-"""The Python client, where the server's package has always offered it: ``vaeserve.client``
-(``client/vaeserve_client`` in the checkout, the ``vaeserve-client`` distribution on its own)."""
+"""The Python client where the server's package has always offered it: ``vaeserve.client``
+(also built alone, without JAX, as the ``vaeserve-client`` distribution: ``client/``)."""
 
 from vaeserve.client import (
     DecodeError as DecodeError,

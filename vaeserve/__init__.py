@@ -10,10 +10,10 @@ The Python API, one import (``import vaeserve``)::
 
 Its subpackages: ``vaeserve.models`` (the VAEs), ``vaeserve.sharding`` (meshes, banded
 programs, planning), ``vaeserve.service`` (the server, its engine and the command line) and
-``vaeserve.client`` (the HTTP client and ``RemoteVAE``, also shipped alone as ``vaeserve-client``).
-In a checkout they are the top-level folders ``models/``, ``sharding/``, ``service/`` and
-``client/vaeserve_client/``, linked here; the wheel installs them inside ``vaeserve/`` and nothing
-else at the top level.
+``vaeserve.client`` (the HTTP client and ``RemoteVAE``, a folder here, which ``client/`` also
+builds alone as the ``vaeserve-client`` distribution, without JAX). In a checkout the first three
+are the top-level folders ``models/``, ``sharding/`` and ``service/``, linked here; the wheel
+installs them inside ``vaeserve/`` and nothing else at the top level.
 
 Importing ``vaeserve`` does not import JAX: the names below load their module on first use (PEP 562),
 so the HTTP layer (``vaeserve.service.http``) starts without it.

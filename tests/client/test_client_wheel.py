@@ -36,8 +36,7 @@ MODULES = {"vaeserve_client/__init__.py", "vaeserve_client/http.py", "vaeserve_c
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("client-dist")
-    run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(REPO / "client")], env=user_env(),
-        timeout=600)
+    run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO / "client")], env=user_env(), timeout=600)
     (built,) = out.glob("vaeserve_client-*.whl")
     return built
 
