@@ -10,7 +10,8 @@ ratios — and its ``decode``/``encode`` return diffusers' own output classes, s
 runs unchanged. It holds no weights and is not a ``torch.nn.Module``: ``pipe.to(...)`` and CPU
 offloading pass it by, as they should pass a model that lives on another machine.
 
-Needs torch and diffusers (the ``pipelines`` extra); torch is imported when the first is built.
+Needs torch and diffusers (the ``pipelines`` extra), imported when a ``RemoteVAE`` is built: the
+module itself imports without them.
 """
 
 from __future__ import annotations
