@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import PIL.Image
 import pytest
 
 from tests.helpers.frames import assert_uint8_frames_match
@@ -360,3 +361,29 @@ def test_hunyuan_video15_pipeline_with_the_remote_vae_gives_the_local_frames(hun
     assert got.shape == expected.shape == (1, 5, 32, 32, 3)
     assert np.abs(got - expected).max() <= FLOAT16_TOL
     assert np.abs(got - run_hunyuan15(pipe, hunyuan15_vae(1), "np")).max() > FAR
+
+
+def test_wan_image_to_video_pipeline_encodes_its_image_on_the_server(wan):
+    """Wan 2.1's image-to-video pipeline encodes the image and zero frames (``encode(...).latent_dist``,
+    its mode) before it denoises, and decodes at the end: both through the server."""
+    pipe, local, url = wan
+    torch.manual_seed(16)
+    transformer = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=36, out_channels=16,
+        text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32).eval()
+    i2v = diffusers.WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=local, scheduler=pipe.scheduler,
+                                            transformer=transformer)
+    image = PIL.Image.fromarray(np.random.default_rng(17).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+
+    def run_i2v(vae) -> np.ndarray:
+        i2v.vae = vae
+        embeds = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(18))
+        with torch.no_grad():
+            return i2v(image=image, prompt_embeds=embeds, guidance_scale=1.0, height=32, width=32, num_frames=5,
+                       num_inference_steps=2, generator=torch.Generator().manual_seed(19), output_type="np").frames
+
+    expected, got = run_i2v(local), run_i2v(RemoteVAE(url))
+    assert got.shape == expected.shape == (1, 5, 32, 32, 3)
+    assert np.abs(got - expected).max() <= FLOAT16_TOL
+    assert np.abs(got - run_i2v(wan_vae(1))).max() > FAR
