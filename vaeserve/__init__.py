@@ -8,10 +8,12 @@ The Python API, one import (``import vaeserve``)::
     banded = vaeserve.sharded_decode(vae, latents, mesh)   # == vae.decode(latents)
     app = vaeserve.create_app(vaeserve.Settings(model="wan2.1"))
 
-Its three subpackages: ``vaeserve.models`` (the VAEs), ``vaeserve.sharding`` (meshes, banded
-programs, planning) and ``vaeserve.service`` (the server, its engine and the command line). In a
-checkout they are the top-level folders ``models/``, ``sharding/`` and ``service/``, linked here;
-the wheel installs them inside ``vaeserve/`` and nothing else at the top level.
+Its subpackages: ``vaeserve.models`` (the VAEs), ``vaeserve.sharding`` (meshes, banded
+programs, planning), ``vaeserve.service`` (the server, its engine and the command line) and
+``vaeserve.client`` (the HTTP client and ``RemoteVAE``, a folder here, which ``client/`` also
+builds alone as the ``vaeserve-client`` distribution, without JAX). In a checkout the first three
+are the top-level folders ``models/``, ``sharding/`` and ``service/``, linked here; the wheel
+installs them inside ``vaeserve/`` and nothing else at the top level.
 
 Importing ``vaeserve`` does not import JAX: the names below load their module on first use (PEP 562),
 so the HTTP layer (``vaeserve.service.http``) starts without it.
@@ -39,10 +41,10 @@ _API = {
     "create_app": "vaeserve.service",
     "Settings": "vaeserve.service",
 }
-_SUBPACKAGES = ("models", "sharding", "service")
+_SUBPACKAGES = ("client", "models", "sharding", "service")
 
 if TYPE_CHECKING:
-    from vaeserve import models as models, service as service, sharding as sharding
+    from vaeserve import client as client, models as models, service as service, sharding as sharding
     from vaeserve.models import (
         VAE as VAE,
         abstract_vae as abstract_vae,
