@@ -284,13 +284,38 @@ def compile_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Outp
     """
     shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
     inner_frames = check_inner_frames(inner_frames)
-    layout = decode_layout(vae, shape, mesh, split)
     tiling = check_framewise(vae.config, framewise)
+    if vae.own_programs is not None:
+        return compile_own_decode(vae, shape, mesh, output=output, denormalize=denormalize)
+    layout = decode_layout(vae, shape, mesh, split)
     key = program_key("decode", shape, output, mesh=mesh_key(mesh), layout=layout, denormalize=denormalize, chunk=chunk,
                       query_chunk=query_chunk, **inner_frames_option(inner_frames), **tiling)
     return vae.programs.get(key, functools.partial(
         lower_decode, vae, shape, mesh, output=output, denormalize=denormalize, split=split, chunk=chunk,
         inner_frames=inner_frames, query_chunk=query_chunk, framewise=framewise))
+
+
+# The mesh axes a family with its own programs spreads its independent pieces over (MiniMax-H3's
+# tiles): every device of the mesh, the batch's rows and the frame's tiles alike.
+OWN_PROGRAM_AXES = (DP_AXIS, TP_AXIS)
+
+
+def compile_own_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output,
+                       denormalize: bool) -> jax.stages.Compiled:
+    """``compile_decode`` of a family that builds its own programs (``vae.own_programs``), called
+    the same way: its work spread over ``OWN_PROGRAM_AXES``, its ``(B,)`` non-finite count one
+    column (``band_total`` sums it), its frames unpadded (no bands)."""
+    check_latents_shape(shape, vae.config)
+    _check_mesh(mesh, shape[0])
+    key = program_key("decode", shape, output, mesh=mesh_key(mesh), denormalize=denormalize)
+
+    def lower() -> jax.stages.Lowered:
+        assert vae.own_programs is not None
+        run = vae.own_programs.decode_program(vae.graphdef, vae.config, DTYPES[vae.dtype], denormalize=denormalize,
+                                              output=output, mesh=mesh, axes=OWN_PROGRAM_AXES)
+        return jit_for(vae, mesh, band_counts(run)).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh))
+
+    return vae.programs.get(key, lower)
 
 
 def lower_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "float",
@@ -515,6 +540,11 @@ def sharded_decode_stream(
         images, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh), *placed)
         images = to_host_cropped(images, latents.shape, scale, output)
         yield Decoded(images[:, None] if output == "uint8" else images[:, :, None], band_total(counts))
+        return
+    if vae.own_programs is not None:  # its whole decode, in one piece
+        run = compile_own_decode(vae, latents.shape, mesh, output=output, denormalize=denormalize)
+        frames, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh))
+        yield Decoded(to_host(frames), band_total(counts))
         return
     if not vae.steps:
         run = compile_decode(vae, latents.shape, mesh, output=output, denormalize=denormalize, split=split,

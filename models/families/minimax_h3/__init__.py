@@ -15,5 +15,6 @@ EMBEDDED_H3 = EmbeddedModel("minimax-h3", "MiniMax-H3", AutoencoderKLMiniMaxH3Co
 FAMILY = FamilyDescriptor(
     folder="minimax_h3", title="MiniMax-H3",
     configs=(AutoencoderKLMiniMaxH3Config,),
-    modules={AutoencoderKLMiniMaxH3Config.class_name: ModuleTypes("modules:H3Decoder", "modules:H3Encoder")},
+    modules={AutoencoderKLMiniMaxH3Config.class_name: ModuleTypes("modules:H3Decoder", "modules:H3Encoder",
+                                                                  programs="programs")},
 )

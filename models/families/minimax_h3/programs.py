@@ -1,0 +1,69 @@
+"""MiniMax-H3's served programs: its released decode and encode (``decode.py``) in the generic
+programs' layouts and pixel space, so the single-device path (``VAE``) and the mesh path
+(``sharding``) call them as they call the frame-stepped families' (``models.family_modules.family_programs``).
+
+Latents ``(B, z, T, h, w)`` NCTHW in; frames out as every family gives them (``models.decode.finish_frames``):
+float32 ``(B, 3, F, H, W)`` in [-1, 1] or uint8 ``(B, F, H, W, 3)``. The decoder's pixels are
+ImageNet-normalised: they are taken to [0, 1] and clamped (``to_unit_range``, what H3's pipeline
+does) and from there to [-1, 1], the service's float range; the encoder takes frames in [-1, 1]
+back to its space (``from_unit_range``). On a mesh, every tile of every chunk is one batch spread
+over the given axes (``parallel.spread_over``), ``TILES_PER_STEP`` tiles at a time on each device.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from vaeserve.models.decode import denormalize_latents, finish_frames, nonfinite_count
+from vaeserve.models.encode import PosteriorOptions, latents_from_moments
+from vaeserve.models.shapes import Output
+
+from .config import AutoencoderKLMiniMaxH3Config
+from .decode import RunTiles, decode, encode, from_unit_range, in_steps, to_unit_range
+from .parallel import spread_over
+
+# Tiles (or encoder clips) each device runs at once: a bound on the attention's memory (a
+# released tile is 1,797 tokens of 2,048 channels); the frames are the same whatever it is.
+TILES_PER_STEP = 4
+
+
+def tile_runner(module: nnx.Module, mesh: Mesh | None, axes: tuple[str, ...]) -> RunTiles:
+    """``module`` over a batch of tiles, ``TILES_PER_STEP`` at a time, spread over ``mesh``'s
+    ``axes`` (on one device when ``mesh`` is None)."""
+    run = in_steps(module, TILES_PER_STEP)
+    return run if mesh is None else spread_over(run, mesh, axes)
+
+
+def decode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, denormalize: bool, output: Output,
+                   mesh: Mesh | None = None, axes: tuple[str, ...] = ()):
+    """``(state, latents NCTHW) → (frames, (B,) non-finite count)``: the released decode (tiled,
+    chunked), the count read on the decoder's own pixels before they are clamped."""
+
+    def run(state, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
+        z = jnp.moveaxis(jnp.asarray(latents, jnp.float32), 1, -1)
+        if denormalize:
+            z = denormalize_latents(z, config)
+        decoder = tile_runner(nnx.merge(graphdef, state), mesh, axes)
+        frames = decode(decoder, z.astype(dtype), config)  # (B, F, H, W, 3), ImageNet-normalised
+        signed = 2.0 * to_unit_range(frames) - 1.0
+        finished = finish_frames(signed, output)
+        return (jnp.moveaxis(finished, -1, 1) if output == "float" else finished), nonfinite_count(frames)
+
+    return run
+
+
+def encode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, mesh: Mesh | None = None,
+                   axes: tuple[str, ...] = ()):
+    """``(state, frames NCTHW in [-1, 1], options) → latents (B, z, T, H/s, W/s)``: the released
+    encode (one frame alone, or ``clip_length``-frame clips less ``token_drop`` latent frames), then
+    the posterior ``options`` ask for (``models.encode.latents_from_moments``)."""
+
+    def run(state, frames: jax.Array, options: PosteriorOptions) -> jax.Array:
+        x = from_unit_range((jnp.moveaxis(jnp.asarray(frames, jnp.float32), 1, -1) + 1.0) / 2.0)
+        encoder = tile_runner(nnx.merge(graphdef, state), mesh, axes)
+        return latents_from_moments(encode(encoder, x.astype(dtype), config), options, config)
+
+    return run
