@@ -23,11 +23,8 @@ from vaeserve.models.shapes import Output
 
 from .config import AutoencoderKLMiniMaxH3Config
 from .decode import RunTiles, decode, encode, from_unit_range, in_steps, to_unit_range
+from .geometry import TILES_PER_STEP
 from .parallel import spread_over
-
-# Tiles (or encoder clips) each device runs at once: a bound on the attention's memory (a
-# released tile is 1,797 tokens of 2,048 channels); the frames are the same whatever it is.
-TILES_PER_STEP = 4
 
 
 def tile_runner(module: nnx.Module, mesh: Mesh | None, axes: tuple[str, ...]) -> RunTiles:
