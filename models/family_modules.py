@@ -93,6 +93,14 @@ class FamilyPrograms(Protocol):
     def encode_program(self, graphdef: Any, config: Any, dtype: Any, *, mesh: Any = None,
                        axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...
 
+    # A streamed decode, a chunk at a time: ``chunk_latents(latents, config)`` cuts host latents into
+    # the chunks, ``chunk_program(...)(state, chunk[, ahead]) → (piece, ahead, ahead's frames, (B,)
+    # count)`` decodes one (``first``: without the previous chunk's ``ahead``, float32 (B, f, H, W, 3)).
+    def chunk_latents(self, latents: Any, config: Any) -> list[Any]: ...
+
+    def chunk_program(self, graphdef: Any, config: Any, dtype: Any, *, first: bool, denormalize: bool, output: Any,
+                      mesh: Any = None, axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...
+
 
 def family_programs(config: VAEConfig) -> FamilyPrograms | None:
     """The family's own whole programs (imported now), or None for a family whose modules the

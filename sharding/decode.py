@@ -318,6 +318,61 @@ def compile_own_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: 
     return vae.programs.get(key, lower)
 
 
+def compile_own_chunk(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, first: bool, denormalize: bool,
+                      output: Output) -> jax.stages.Compiled:
+    """One chunk's program of a streamed decode of a family with its own programs
+    (``FamilyPrograms.chunk_program``), for chunk latents ``shape``; a later chunk's also takes the
+    previous one's read-ahead frames ``(B, frame_overlap, sH, sW, 3)`` (rows over ``dp``)."""
+    key = program_key("stream-step", shape, "first" if first else "next", mesh=mesh_key(mesh),
+                      denormalize=denormalize, **step_output_option(output))
+
+    def lower() -> jax.stages.Lowered:
+        assert vae.own_programs is not None
+        b, _, _, h, w = shape
+        s = vae.config.spatial_scale
+        run = vae.own_programs.chunk_program(vae.graphdef, vae.config, DTYPES[vae.dtype], first=first,
+                                             denormalize=denormalize, output=output, mesh=mesh, axes=OWN_PROGRAM_AXES)
+        ahead = () if first else (_latents_aval((b, vae.config.frame_overlap, s * h, s * w, 3), mesh),)
+        return jit_for(vae, mesh, band_counts(run)).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh), *ahead)
+
+    return vae.programs.get(key, lower)
+
+
+def compile_own_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool,
+                       output: Output) -> tuple[jax.stages.Compiled, ...]:
+    """The chunk programs a streamed decode of latents ``shape`` runs (the first chunk's, and the
+    later chunks' where there are more)."""
+    assert vae.own_programs is not None
+    check_latents_shape(shape, vae.config)
+    _check_mesh(mesh, shape[0])
+    chunks = vae.config.decode_chunks(shape[2])
+    chunk = (*shape[:2], vae.config.chunk_latent_frames, *shape[3:])
+    return tuple(compile_own_chunk(vae, chunk, mesh, first=index == 0, denormalize=denormalize, output=output)
+                 for index in range(min(chunks, 2)))
+
+
+def _own_stream(vae: VAE, latents: np.ndarray, mesh: Mesh, *, denormalize: bool, output: Output) -> Iterator[Decoded]:
+    """A streamed decode of a family with its own programs, a chunk at a time: each chunk's piece
+    leaves before the next chunk is decoded (the last with the last read-ahead frames), cut to the
+    clip's frames."""
+    assert vae.own_programs is not None
+    chunks = vae.own_programs.chunk_latents(latents, vae.config)
+    programs = compile_own_stream(vae, latents.shape, mesh, denormalize=denormalize, output=output)
+    state, axis = replicated_state(vae, mesh), time_axis(output)
+    left = vae.config.num_output_frames(latents.shape[2])
+    ahead: np.ndarray | None = None
+    for index, chunk in enumerate(chunks):
+        run = programs[min(index, 1)]
+        previous = () if ahead is None else (put_latents(ahead, mesh),)
+        piece, ahead_floats, ahead_frames, counts = run(state, put_latents(chunk, mesh), *previous)
+        ahead, frames = to_host(ahead_floats), to_host(piece)
+        if index == len(chunks) - 1:
+            frames = np.concatenate([frames, to_host(ahead_frames)], axis=axis)
+        frames = frames[(slice(None),) * axis + (slice(0, left),)]  # the repeated last latent frame's frames cut
+        left -= frames.shape[axis]
+        yield Decoded(frames, band_total(counts))
+
+
 def lower_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "float",
                  denormalize: bool = False, split: Split | None = None, chunk: int | None = None,
                  inner_frames: int | None = None, query_chunk: int = 4096,
@@ -423,6 +478,8 @@ def compile_decode_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denor
     causal in time: its whole decode, ``framewise`` or not)."""
     check_framewise(vae.config, framewise)
     output = check_output(output)
+    if vae.own_programs is not None:
+        return compile_own_stream(vae, tuple(shape), mesh, denormalize=denormalize, output=output)
     if not vae.steps or is_image_shape(tuple(shape)):  # one program: the whole clip, or the image
         return (compile_decode(vae, shape, mesh, output=output, denormalize=denormalize, split=split,
                                query_chunk=query_chunk, framewise=framewise),)
@@ -541,10 +598,8 @@ def sharded_decode_stream(
         images = to_host_cropped(images, latents.shape, scale, output)
         yield Decoded(images[:, None] if output == "uint8" else images[:, :, None], band_total(counts))
         return
-    if vae.own_programs is not None:  # its whole decode, in one piece
-        run = compile_own_decode(vae, latents.shape, mesh, output=output, denormalize=denormalize)
-        frames, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh))
-        yield Decoded(to_host(frames), band_total(counts))
+    if vae.own_programs is not None:  # a chunk at a time
+        yield from _own_stream(vae, latents, mesh, denormalize=denormalize, output=output)
         return
     if not vae.steps:
         run = compile_decode(vae, latents.shape, mesh, output=output, denormalize=denormalize, split=split,

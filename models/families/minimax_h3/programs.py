@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -22,7 +23,7 @@ from vaeserve.models.encode import PosteriorOptions, latents_from_moments
 from vaeserve.models.shapes import Output
 
 from .config import AutoencoderKLMiniMaxH3Config
-from .decode import RunTiles, decode, encode, from_unit_range, in_steps, to_unit_range
+from .decode import RunTiles, chunk_pieces, decode, decode_clips, encode, from_unit_range, in_steps, to_unit_range
 from .geometry import TILES_PER_STEP
 from .parallel import spread_over
 
@@ -34,22 +35,60 @@ def tile_runner(module: nnx.Module, mesh: Mesh | None, axes: tuple[str, ...]) ->
     return run if mesh is None else spread_over(run, mesh, axes)
 
 
+def _served_frames(frames: jax.Array, output: Output) -> jax.Array:
+    """ImageNet-normalised frames ``(B, F, H, W, 3)`` → the service's: clamped to [0, 1], then
+    float32 NCTHW in [-1, 1] or uint8 NTHWC (``models.decode.finish_frames``)."""
+    finished = finish_frames(2.0 * to_unit_range(frames) - 1.0, output)
+    return jnp.moveaxis(finished, -1, 1) if output == "float" else finished
+
+
 def decode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, denormalize: bool, output: Output,
                    mesh: Mesh | None = None, axes: tuple[str, ...] = ()):
     """``(state, latents NCTHW) → (frames, (B,) non-finite count)``: the released decode (tiled,
     chunked), the count read on the decoder's own pixels before they are clamped."""
 
     def run(state, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
-        z = jnp.moveaxis(jnp.asarray(latents, jnp.float32), 1, -1)
-        if denormalize:
-            z = denormalize_latents(z, config)
         decoder = tile_runner(nnx.merge(graphdef, state), mesh, axes)
-        frames = decode(decoder, z.astype(dtype), config)  # (B, F, H, W, 3), ImageNet-normalised
-        signed = 2.0 * to_unit_range(frames) - 1.0
-        finished = finish_frames(signed, output)
-        return (jnp.moveaxis(finished, -1, 1) if output == "float" else finished), nonfinite_count(frames)
+        frames = decode(decoder, _channels_last(latents, config, dtype, denormalize=denormalize), config)
+        return _served_frames(frames, output), nonfinite_count(frames)
 
     return run
+
+
+def _channels_last(latents: jax.Array, config: AutoencoderKLMiniMaxH3Config, dtype, *,
+                   denormalize: bool) -> jax.Array:
+    z = jnp.moveaxis(jnp.asarray(latents, jnp.float32), 1, -1)
+    return (denormalize_latents(z, config) if denormalize else z).astype(dtype)
+
+
+def chunk_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, first: bool, denormalize: bool,
+                  output: Output, mesh: Mesh | None = None, axes: tuple[str, ...] = ()):
+    """One chunk of a streamed decode: ``(state, chunk NCTHW (B, z, chunk_latent_frames, h, w)[,
+    ahead]) → (piece, ahead, ahead's frames, (B,) non-finite count)``. ``ahead``: the previous
+    chunk's read-ahead frames (float32, ImageNet-normalised, ``(B, f, H, W, 3)``), absent for the
+    ``first``; the piece and the ahead's frames come as ``output``. The pieces in order, then the
+    last chunk's ahead frames, are the whole decode's frames before the padding frames are cut
+    (``config.padding_frames``)."""
+
+    def run(state, latents: jax.Array, ahead: jax.Array | None = None):
+        decoder = tile_runner(nnx.merge(graphdef, state), mesh, axes)
+        frames = decode_clips(decoder, _channels_last(latents, config, dtype, denormalize=denormalize), config)
+        piece, ahead = chunk_pieces(frames, ahead, config)
+        return _served_frames(piece, output), ahead, _served_frames(ahead, output), nonfinite_count(frames)
+
+    if first:
+        return lambda state, latents: run(state, latents)
+    return run
+
+
+def chunk_latents(latents: np.ndarray, config: AutoencoderKLMiniMaxH3Config) -> list[np.ndarray]:
+    """Host latents NCTHW ``(B, z, T, h, w)`` → each chunk a streamed decode runs, ``(B, z,
+    chunk_latent_frames, h, w)``, cut as ``decode.cut_chunks`` cuts them (the last latent frame
+    repeated to make whole chunks)."""
+    t = latents.shape[2]
+    padded = np.concatenate([latents, np.repeat(latents[:, :, -1:], config.padding_latent_frames(t), axis=2)], axis=2)
+    size = config.tokens_chunk_size
+    return [padded[:, :, i * size: i * size + config.chunk_latent_frames] for i in range(config.decode_chunks(t))]
 
 
 def encode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, mesh: Mesh | None = None,

@@ -28,7 +28,7 @@ from vaeserve.models.families.minimax_h3.config import (
     TILING_FIELDS,
     AutoencoderKLMiniMaxH3Config,
 )
-from vaeserve.service.client import decode
+from vaeserve.service.client import decode, decode_stream
 from vaeserve.service.codecs.video import read_mp4
 
 torch = pytest.importorskip("torch")
@@ -87,9 +87,9 @@ def test_models_describe_its_frames(server):
 
 
 def test_remote_decode_is_diffusers_tiled_decode(server, reference):
-    """``remote_decode`` (``do_scaling``: denormalised with latents_mean/std) as uint8 ``pt``, and
-    ``npy`` from the service's client, equal the pipeline's frames; without the denormalisation
-    they do not (the control); an MP4 holds them, lossily."""
+    """``remote_decode`` (``do_scaling``: denormalised with latents_mean/std) as uint8 ``pt``,
+    ``npy`` from the service's client and its stream equal the pipeline's frames; without the
+    denormalisation they do not (the control); an MP4 holds them, lossily."""
     from diffusers.utils.remote_utils import remote_decode
 
     x = latents(LATENT, seed=5)
@@ -102,6 +102,11 @@ def test_remote_decode_is_diffusers_tiled_decode(server, reference):
     assert_uint8_frames_match(decode(server.url, x, output_type="npy", do_scaling=True), expected)
     raw = decode(server.url, x, output_type="npy", do_scaling=False)
     assert np.abs(raw.astype(int) - expected).max() > 20
+    # A stream sends a chunk at a time: the first chunk's 17 frames, then the last chunk's 4 with
+    # the 5 it read ahead (and the padding's frames cut).
+    chunks = list(decode_stream(server.url, x, do_scaling=True))
+    assert [c.shape[1] for c in chunks] == [17, 9]
+    assert_uint8_frames_match(np.concatenate(chunks, axis=1), expected)
 
     video = remote_decode(endpoint=endpoint, tensor=torch.from_numpy(x), output_type="mp4", return_type="mp4")
     assert isinstance(video, bytes) and video[4:8] == b"ftyp"
