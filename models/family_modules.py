@@ -94,9 +94,14 @@ class FamilyPrograms(Protocol):
                        axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...
 
     # A streamed decode, a chunk at a time: ``chunk_latents(latents, config)`` cuts host latents into
-    # the chunks, ``chunk_program(...)(state, chunk[, ahead]) → (piece, ahead, ahead's frames, (B,)
-    # count)`` decodes one (``first``: without the previous chunk's ``ahead``, float32 (B, f, H, W, 3)).
+    # the chunks (``chunk_shapes``: their shapes), ``chunk_program(...)(state, chunk[, ahead]) → (piece,
+    # ahead, ahead's frames, (B,) count)`` decodes one (``first``: without the previous chunk's
+    # ``ahead``, float32 ``ahead_shape``).
     def chunk_latents(self, latents: Any, config: Any) -> list[Any]: ...
+
+    def chunk_shapes(self, shape: tuple[int, ...], config: Any) -> list[tuple[int, ...]]: ...
+
+    def ahead_shape(self, shape: tuple[int, ...], config: Any) -> tuple[int, ...]: ...
 
     def chunk_program(self, graphdef: Any, config: Any, dtype: Any, *, first: bool, denormalize: bool, output: Any,
                       mesh: Any = None, axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...

@@ -328,11 +328,9 @@ def compile_own_chunk(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, first: bo
 
     def lower() -> jax.stages.Lowered:
         assert vae.own_programs is not None
-        b, _, _, h, w = shape
-        s = vae.config.spatial_scale
         run = vae.own_programs.chunk_program(vae.graphdef, vae.config, DTYPES[vae.dtype], first=first,
                                              denormalize=denormalize, output=output, mesh=mesh, axes=OWN_PROGRAM_AXES)
-        ahead = () if first else (_latents_aval((b, vae.config.frame_overlap, s * h, s * w, 3), mesh),)
+        ahead = () if first else (_latents_aval(vae.own_programs.ahead_shape(shape, vae.config), mesh),)
         return jit_for(vae, mesh, band_counts(run)).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh), *ahead)
 
     return vae.programs.get(key, lower)
@@ -345,10 +343,9 @@ def compile_own_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormal
     assert vae.own_programs is not None
     check_latents_shape(shape, vae.config)
     _check_mesh(mesh, shape[0])
-    chunks = vae.config.decode_chunks(shape[2])
-    chunk = (*shape[:2], vae.config.chunk_latent_frames, *shape[3:])
+    chunks = vae.own_programs.chunk_shapes(shape, vae.config)
     return tuple(compile_own_chunk(vae, chunk, mesh, first=index == 0, denormalize=denormalize, output=output)
-                 for index in range(min(chunks, 2)))
+                 for index, chunk in enumerate(chunks[:2]))
 
 
 def _own_stream(vae: VAE, latents: np.ndarray, mesh: Mesh, *, denormalize: bool, output: Output) -> Iterator[Decoded]:

@@ -91,6 +91,17 @@ def chunk_latents(latents: np.ndarray, config: AutoencoderKLMiniMaxH3Config) -> 
     return [padded[:, :, i * size: i * size + config.chunk_latent_frames] for i in range(config.decode_chunks(t))]
 
 
+def chunk_shapes(shape: tuple[int, ...], config: AutoencoderKLMiniMaxH3Config) -> list[tuple[int, ...]]:
+    """The shape of each chunk ``chunk_latents`` cuts from latents ``shape`` ``(B, z, T, h, w)``."""
+    return [(*shape[:2], config.chunk_latent_frames, *shape[3:])] * config.decode_chunks(shape[2])
+
+
+def ahead_shape(shape: tuple[int, ...], config: AutoencoderKLMiniMaxH3Config) -> tuple[int, ...]:
+    """The read-ahead frames ``(B, frame_overlap, sH, sW, 3)`` a chunk of latents ``shape`` hands the next."""
+    s = config.spatial_scale
+    return (shape[0], config.frame_overlap, s * shape[3], s * shape[4], 3)
+
+
 def encode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, mesh: Mesh | None = None,
                    axes: tuple[str, ...] = ()):
     """``(state, frames NCTHW in [-1, 1], options) → latents (B, z, T, H/s, W/s)``: the released
