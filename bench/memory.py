@@ -290,6 +290,7 @@ def tiny_configs() -> dict[str, list[Tiny]]:
     families ``--fit`` has fitted)."""
     from vaeserve import models
     from vaeserve.models.families.kl.config import KL_BLOCKS
+    from vaeserve.models.families.minimax_h3.config import AutoencoderKLMiniMaxH3Config
 
     kl: dict[str, Any] = dict(down_block_types=(KL_BLOCKS[0],) * 3, up_block_types=(KL_BLOCKS[1],) * 3,
                               norm_num_groups=4)
@@ -348,6 +349,10 @@ def tiny_configs() -> dict[str, list[Tiny]]:
                  Tiny(models.LTX2VideoConfig(block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(16, 32, 64),
                                              decoder_layers_per_block=(1, 1, 1, 1), **ltx),
                       [(1, 8, 3, 4, 4), (2, 8, 3, 6, 8)], [], [(1, 8, 5, 12, 16)], [])],
+        # One chunk of one tile up to 2 chunks of 4x4 tiles; one frame and clips of 17 + 5 frames.
+        "minimax-h3": [Tiny(AutoencoderKLMiniMaxH3Config.tiny(), [(1, 4, 3, 4, 4), (1, 4, 8, 6, 8), (2, 4, 8, 8, 12)],
+                            [(1, 3, 1, 16, 16), (1, 3, 22, 24, 32), (1, 3, 39, 48, 48)], [(1, 4, 13, 16, 16)],
+                            [(1, 3, 22, 64, 64)])],
     }
 
 

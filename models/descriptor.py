@@ -30,11 +30,14 @@ class ModuleTypes:
     """A config's decoder and encoder module types and its encoder's config check, as dotted paths
     relative to the family's package (``"decoder:WanDecoder"``); ``check_encoder`` raises
     ``ConfigError`` for a config whose decoder runs but whose encoder does not (None: every config's
-    encoder runs)."""
+    encoder runs). ``programs``: the module of a family whose modules are not the frame-stepped
+    ones the generic decode and encode loops call (``models.family_modules``), which builds its own
+    whole programs instead (``models.family_modules.FamilyPrograms``); None for the others."""
 
     decoder: str
     encoder: str
     check_encoder: str | None = None
+    programs: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

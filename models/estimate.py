@@ -104,7 +104,16 @@ class KeptFrames:
     channels: int
 
 
-Layer = ConvLayer | AttentionLayer | KeptFrames
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor a program holds whole, whatever the grid's bands: ``elements`` of it, counted as a
+    conv's output is (MiniMax-H3's decoded tiles and stitched frames: its work is spread by tiles,
+    not bands)."""
+
+    elements: int
+
+
+Layer = ConvLayer | AttentionLayer | KeptFrames | Tensor
 
 
 @dataclass(frozen=True)
@@ -187,6 +196,9 @@ def features(layers: list[Layer], grid: Grid, *, native: bool) -> Features:
             continue
         if isinstance(layer, KeptFrames):
             caches += b * layer.frames * math.ceil(layer.scale * h) * math.ceil(layer.scale * w) * layer.channels
+            continue
+        if isinstance(layer, Tensor):
+            activation, outputs = max(activation, layer.elements), outputs + layer.elements
             continue
         rows, cols = math.ceil(layer.scale * h), math.ceil(layer.scale * w)
         pixels = rows * cols

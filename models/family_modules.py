@@ -18,8 +18,9 @@ noise: ``models.conditions``). Which modules a config's family builds is its des
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import jax
 
@@ -74,3 +75,42 @@ def family_modules(config: VAEConfig) -> FamilyModules:
     family, types = family_of(config), module_types(config)
     check = family.load(types.check_encoder) if types.check_encoder else _every_encoder_runs
     return FamilyModules(family.load(types.decoder), family.load(types.encoder), check)
+
+
+class FamilyPrograms(Protocol):
+    """The whole programs of a family whose modules are not frame-stepped (its descriptor's
+    ``ModuleTypes.programs``: MiniMax-H3's tiled ViT). ``mesh`` None builds the single-device
+    program; with a mesh, the program spreads its independent pieces of work over ``axes``.
+
+    ``decode_program(...)(state, latents NCTHW) → (frames, (B,) non-finite count)``, frames as
+    ``models.decode.full_program``'s (float32 NCTHW in [-1, 1] or uint8 NTHWC);
+    ``encode_program(...)(state, frames NCTHW in [-1, 1], options) → latents NCTHW``, as
+    ``models.encode.encode_program``'s."""
+
+    def decode_program(self, graphdef: Any, config: Any, dtype: Any, *, denormalize: bool, output: Any,
+                       mesh: Any = None, axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...
+
+    def encode_program(self, graphdef: Any, config: Any, dtype: Any, *, mesh: Any = None,
+                       axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...
+
+    # A streamed decode, a chunk at a time: ``chunk_latents(latents, config)`` cuts host latents into
+    # the chunks (``chunk_shapes``: their shapes), ``chunk_program(...)(state, chunk[, ahead]) → (piece,
+    # ahead, ahead's frames, (B,) count)`` decodes one (``first``: without the previous chunk's
+    # ``ahead``, float32 ``ahead_shape``).
+    def chunk_latents(self, latents: Any, config: Any) -> list[Any]: ...
+
+    def chunk_shapes(self, shape: tuple[int, ...], config: Any) -> list[tuple[int, ...]]: ...
+
+    def ahead_shape(self, shape: tuple[int, ...], config: Any) -> tuple[int, ...]: ...
+
+    def chunk_program(self, graphdef: Any, config: Any, dtype: Any, *, first: bool, denormalize: bool, output: Any,
+                      mesh: Any = None, axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...
+
+
+def family_programs(config: VAEConfig) -> FamilyPrograms | None:
+    """The family's own whole programs (imported now), or None for a family whose modules the
+    generic decode and encode loops call."""
+    types = module_types(config)
+    if types.programs is None:
+        return None
+    return cast(FamilyPrograms, importlib.import_module(f"{family_of(config).package}.{types.programs}"))

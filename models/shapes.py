@@ -58,6 +58,19 @@ class ShapeRules(Protocol):
         ...
 
 
+def encode_frame_step(config: ShapeRules) -> int:
+    """Valid clip lengths to encode are ``1 + k·step``: ``frames_per_step`` of the temporal scale,
+    or a config's own ``encode_frame_step`` (MiniMax-H3's is 1: its released encode takes any
+    length, the last clip padded with copies of the last frame)."""
+    return getattr(config, "encode_frame_step", None) or frames_per_step(config.temporal_scale)
+
+
+def min_latent_frames(config: ShapeRules) -> int:
+    """The fewest latent frames a video decoder takes: 1, or a config's own ``min_latent_frames``
+    (MiniMax-H3's released decode needs one whole chunk: 3)."""
+    return getattr(config, "min_latent_frames", 1)
+
+
 def output_frames(latent_frames: int, temporal_scale: int) -> int:
     """Frames decoded from ``latent_frames``: the first latent frame gives one frame, every later
     one ``temporal_scale`` (``1 + s(T − 1)``)."""
@@ -185,6 +198,10 @@ def check_latents_shape(shape: tuple[int, ...], config: ShapeRules) -> None:
     if config.is_image and len(shape) == 5 and shape[TIME_AXIS] != 1:
         raise LatentsError("an image model decodes one latent frame", expected=1, received=shape[TIME_AXIS],
                            what="frames")
+    fewest = min_latent_frames(config)
+    if len(shape) == 5 and shape[TIME_AXIS] < fewest:
+        raise LatentsError(f"this decoder needs ≥ {fewest} latent frames", expected=f"T ≥ {fewest}",
+                           received=shape[TIME_AXIS], what="frames")
     least = config.min_latent_size
     if min(shape[-2:]) < least:
         raise LatentsError(f"this decoder pads by reflection: latents need ≥ {least} rows and columns",
@@ -235,6 +252,6 @@ def check_frames_shape(shape: tuple[int, ...], config: ShapeRules) -> None:
     if config.is_image and shape[TIME_AXIS] != 1:
         raise FramesError("an image model encodes one frame", expected=1, received=shape[TIME_AXIS], what="frames")
     problems = misfits(shape[4], shape[3], shape[2], spatial=config.spatial_scale,
-                       temporal=frames_per_step(config.temporal_scale))
+                       temporal=encode_frame_step(config))
     if problems:
         raise problems[0]

@@ -29,7 +29,7 @@ from .decode import (
     stream_steps,
 )
 from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
-from .family_modules import family_modules
+from .family_modules import family_modules, family_programs
 from .frame_groups import check_inner_frames, inner_frames_option
 from .programs import ProgramCache, program_key
 from .registry import default_config
@@ -81,6 +81,8 @@ class VAE:
         self.metadata["encoder_parameters"] = int(sum(x.size for x in jax.tree.leaves(self.encoder_state)))
         self.metadata["dtype"] = dtype
         self.programs = ProgramCache()
+        # A family that builds its own whole programs (MiniMax-H3), else None: the generic loops'.
+        self.own_programs = family_programs(config)
         self._placed: dict[Any, Any] = {}
         self._cpu_convs = "onednn"
 
@@ -115,8 +117,8 @@ class VAE:
     @property
     def steps(self) -> bool:
         """Whether the decoder streams step by step with caches (Wan, HunyuanVideo 1.5, LTX); else
-        it decodes the whole clip at once (HunyuanVideo 1.0)."""
-        return bool(family_modules(self.config).decoder.steps_with_caches)
+        it decodes the whole clip at once (HunyuanVideo 1.0, and a family with its own programs)."""
+        return self.own_programs is None and bool(family_modules(self.config).decoder.steps_with_caches)
 
     def conditions(self, batch: int, *, timestep: float | None = None, noise_scale: float | None = None,
                    seed: int | None = None) -> DecodeConditions | None:
@@ -193,9 +195,13 @@ class VAE:
                           **inner_frames_option(inner_frames), **tiling)
 
         def lower():
-            run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
-                               denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
-                               framewise=framewise)
+            if self.own_programs is not None:
+                run = self.own_programs.decode_program(self.graphdef, self.config, DTYPES[self.dtype],
+                                                       denormalize=denormalize, output=output)
+            else:
+                run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
+                                   denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
+                                   framewise=framewise)
             return self._jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
                                         *self.conditions_avals(shape[0]))
 
@@ -227,7 +233,11 @@ class VAE:
         key = program_key("encode", shape, "latents", chunk=chunk)
 
         def lower():
-            run = encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype], self._context, chunk=chunk)
+            if self.own_programs is not None:
+                run = self.own_programs.encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype])
+            else:
+                run = encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype], self._context,
+                                     chunk=chunk)
             return self._jit(run).lower(self.encoder_state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
                                         PosteriorOptions.avals(shape[0]))
 
@@ -297,6 +307,9 @@ class VAE:
         check_framewise(self.config, framewise)
         if is_image_shape(latents.shape):
             yield np.asarray(self.decode(latents, denormalize=denormalize, output="uint8"))[:, None]
+            return
+        if self.own_programs is not None:  # its whole decode, in one piece
+            yield np.asarray(self.decode(latents, denormalize=denormalize, output="uint8"))
             return
         conditions = self.conditions(latents.shape[0], timestep=timestep, noise_scale=noise_scale, seed=seed)
         if not self.steps:

@@ -6,6 +6,7 @@ Checked by the codecs while they parse a body (before any device work), and list
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vaeserve.models import shapes
@@ -25,6 +26,11 @@ class Limits:
     temporal_scale: int = 4  # the model's: frames per latent frame after the first (Wan: 4)
     spatial_scale: int = 8  # the model's: pixels per latent row/column (Wan 2.1: 8, Wan 2.2: 16)
     images: bool = False  # an image model: one frame, said as images
+    # The model's frames of T latent frames where they are not 1 + s(T − 1) (MiniMax-H3's chunks:
+    # ``config.num_output_frames``), and its step of valid clip lengths to encode, 1 + k·step
+    # (``models.shapes.encode_frame_step``; None: ``frames_per_step`` of the temporal scale).
+    decoded_frames: Callable[[int], int] | None = None
+    clip_step: int | None = None
 
     @classmethod
     def unlimited(cls, channels: int = 3) -> Limits:
@@ -33,16 +39,27 @@ class Limits:
         return cls(channels=channels, max_batch=huge, max_frames=huge, max_height=huge, max_width=huge)
 
     def output_frames(self, latent_frames: int) -> int:
+        if self.decoded_frames is not None:
+            return self.decoded_frames(latent_frames)
         return shapes.output_frames(latent_frames, self.temporal_scale)
 
     @property
     def encode_step(self) -> int:
-        """Valid clip lengths to encode are ``1 + k·encode_step`` (4; LTX: 8): ``models.shapes.frames_per_step``."""
-        return shapes.frames_per_step(self.temporal_scale)
+        """Valid clip lengths to encode are ``1 + k·encode_step`` (4; LTX: 8; MiniMax-H3: 1):
+        ``models.shapes.encode_frame_step``."""
+        return self.clip_step or shapes.frames_per_step(self.temporal_scale)
 
     @property
     def max_latent_frames(self) -> int:
-        return shapes.latents_for_frames(self.max_frames, self.temporal_scale)
+        """The most latent frames whose decode has at most ``max_frames`` frames."""
+        t = shapes.latents_for_frames(self.max_frames, self.temporal_scale)
+        if self.decoded_frames is None:
+            return t
+        while self.output_frames(t + 1) <= self.max_frames:  # fewer than s frames per latent frame
+            t += 1
+        while t > 1 and self.output_frames(t) > self.max_frames:
+            t -= 1
+        return t
 
     @property
     def max_latent_height(self) -> int:

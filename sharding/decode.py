@@ -284,13 +284,90 @@ def compile_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Outp
     """
     shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
     inner_frames = check_inner_frames(inner_frames)
-    layout = decode_layout(vae, shape, mesh, split)
     tiling = check_framewise(vae.config, framewise)
+    if vae.own_programs is not None:
+        return compile_own_decode(vae, shape, mesh, output=output, denormalize=denormalize)
+    layout = decode_layout(vae, shape, mesh, split)
     key = program_key("decode", shape, output, mesh=mesh_key(mesh), layout=layout, denormalize=denormalize, chunk=chunk,
                       query_chunk=query_chunk, **inner_frames_option(inner_frames), **tiling)
     return vae.programs.get(key, functools.partial(
         lower_decode, vae, shape, mesh, output=output, denormalize=denormalize, split=split, chunk=chunk,
         inner_frames=inner_frames, query_chunk=query_chunk, framewise=framewise))
+
+
+# The mesh axes a family with its own programs spreads its independent pieces over (MiniMax-H3's
+# tiles): every device of the mesh, the batch's rows and the frame's tiles alike.
+OWN_PROGRAM_AXES = (DP_AXIS, TP_AXIS)
+
+
+def compile_own_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output,
+                       denormalize: bool) -> jax.stages.Compiled:
+    """``compile_decode`` of a family that builds its own programs (``vae.own_programs``), called
+    the same way: its work spread over ``OWN_PROGRAM_AXES``, its ``(B,)`` non-finite count one
+    column (``band_total`` sums it), its frames unpadded (no bands)."""
+    check_latents_shape(shape, vae.config)
+    _check_mesh(mesh, shape[0])
+    key = program_key("decode", shape, output, mesh=mesh_key(mesh), denormalize=denormalize)
+
+    def lower() -> jax.stages.Lowered:
+        assert vae.own_programs is not None
+        run = vae.own_programs.decode_program(vae.graphdef, vae.config, DTYPES[vae.dtype], denormalize=denormalize,
+                                              output=output, mesh=mesh, axes=OWN_PROGRAM_AXES)
+        return jit_for(vae, mesh, band_counts(run)).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh))
+
+    return vae.programs.get(key, lower)
+
+
+def compile_own_chunk(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, first: bool, denormalize: bool,
+                      output: Output) -> jax.stages.Compiled:
+    """One chunk's program of a streamed decode of a family with its own programs
+    (``FamilyPrograms.chunk_program``), for chunk latents ``shape``; a later chunk's also takes the
+    previous one's read-ahead frames ``(B, frame_overlap, sH, sW, 3)`` (rows over ``dp``)."""
+    key = program_key("stream-step", shape, "first" if first else "next", mesh=mesh_key(mesh),
+                      denormalize=denormalize, **step_output_option(output))
+
+    def lower() -> jax.stages.Lowered:
+        assert vae.own_programs is not None
+        run = vae.own_programs.chunk_program(vae.graphdef, vae.config, DTYPES[vae.dtype], first=first,
+                                             denormalize=denormalize, output=output, mesh=mesh, axes=OWN_PROGRAM_AXES)
+        ahead = () if first else (_latents_aval(vae.own_programs.ahead_shape(shape, vae.config), mesh),)
+        return jit_for(vae, mesh, band_counts(run)).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh), *ahead)
+
+    return vae.programs.get(key, lower)
+
+
+def compile_own_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denormalize: bool,
+                       output: Output) -> tuple[jax.stages.Compiled, ...]:
+    """The chunk programs a streamed decode of latents ``shape`` runs (the first chunk's, and the
+    later chunks' where there are more)."""
+    assert vae.own_programs is not None
+    check_latents_shape(shape, vae.config)
+    _check_mesh(mesh, shape[0])
+    chunks = vae.own_programs.chunk_shapes(shape, vae.config)
+    return tuple(compile_own_chunk(vae, chunk, mesh, first=index == 0, denormalize=denormalize, output=output)
+                 for index, chunk in enumerate(chunks[:2]))
+
+
+def _own_stream(vae: VAE, latents: np.ndarray, mesh: Mesh, *, denormalize: bool, output: Output) -> Iterator[Decoded]:
+    """A streamed decode of a family with its own programs, a chunk at a time: each chunk's piece
+    leaves before the next chunk is decoded (the last with the last read-ahead frames), cut to the
+    clip's frames."""
+    assert vae.own_programs is not None
+    chunks = vae.own_programs.chunk_latents(latents, vae.config)
+    programs = compile_own_stream(vae, latents.shape, mesh, denormalize=denormalize, output=output)
+    state, axis = replicated_state(vae, mesh), time_axis(output)
+    left = vae.config.num_output_frames(latents.shape[2])
+    ahead: np.ndarray | None = None
+    for index, chunk in enumerate(chunks):
+        run = programs[min(index, 1)]
+        previous = () if ahead is None else (put_latents(ahead, mesh),)
+        piece, ahead_floats, ahead_frames, counts = run(state, put_latents(chunk, mesh), *previous)
+        ahead, frames = to_host(ahead_floats), to_host(piece)
+        if index == len(chunks) - 1:
+            frames = np.concatenate([frames, to_host(ahead_frames)], axis=axis)
+        frames = frames[(slice(None),) * axis + (slice(0, left),)]  # the repeated last latent frame's frames cut
+        left -= frames.shape[axis]
+        yield Decoded(frames, band_total(counts))
 
 
 def lower_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "float",
@@ -398,6 +475,8 @@ def compile_decode_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denor
     causal in time: its whole decode, ``framewise`` or not)."""
     check_framewise(vae.config, framewise)
     output = check_output(output)
+    if vae.own_programs is not None:
+        return compile_own_stream(vae, tuple(shape), mesh, denormalize=denormalize, output=output)
     if not vae.steps or is_image_shape(tuple(shape)):  # one program: the whole clip, or the image
         return (compile_decode(vae, shape, mesh, output=output, denormalize=denormalize, split=split,
                                query_chunk=query_chunk, framewise=framewise),)
@@ -515,6 +594,9 @@ def sharded_decode_stream(
         images, counts = run(replicated_state(vae, mesh), put_latents(latents, mesh), *placed)
         images = to_host_cropped(images, latents.shape, scale, output)
         yield Decoded(images[:, None] if output == "uint8" else images[:, :, None], band_total(counts))
+        return
+    if vae.own_programs is not None:  # a chunk at a time
+        yield from _own_stream(vae, latents, mesh, denormalize=denormalize, output=output)
         return
     if not vae.steps:
         run = compile_decode(vae, latents.shape, mesh, output=output, denormalize=denormalize, split=split,

@@ -36,7 +36,18 @@ from vaeserve.models.shapes import check_frames_shape
 from vaeserve.models.vae import DTYPES, VAE
 
 from .bands import BandLayout, Split, band_layout
-from .decode import ContextType, _band_context, _check_mesh, _shard, _spec, jit_for, split_axis
+from .decode import (
+    OWN_PROGRAM_AXES,
+    ContextType,
+    _band_context,
+    _check_mesh,
+    _shard,
+    _spec,
+    jit_for,
+    latents_sharding,
+    put_latents,
+    split_axis,
+)
 from .halo import BandContext
 from .mesh import TP_AXIS, mesh_key
 
@@ -123,6 +134,8 @@ def compile_encode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split
     it as ``compiled(replicated_encoder_state(vae, mesh), put_frames(...), put_options(...))``.
     """
     shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
+    if vae.own_programs is not None:
+        return compile_own_encode(vae, shape, mesh)
     layout = encode_layout(vae, shape, mesh, split)
     key = program_key("encode", shape, "latents", mesh=mesh_key(mesh), layout=layout, chunk=chunk,
                       query_chunk=query_chunk)
@@ -130,6 +143,27 @@ def compile_encode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, split: Split
     def lower():
         run = _encoder(vae, mesh, layout, chunk=chunk, query_chunk=query_chunk, rank=len(shape))
         return jit_for(vae, mesh, run).lower(*encode_avals(vae, shape, mesh, layout))
+
+    return vae.programs.get(key, lower)
+
+
+def compile_own_encode(vae: VAE, shape: tuple[int, ...], mesh: Mesh) -> jax.stages.Compiled:
+    """``compile_encode`` of a family that builds its own programs (``vae.own_programs``): its work
+    spread over ``OWN_PROGRAM_AXES``, the frames' rows over ``dp`` (``put_latents``), no bands.
+    Called as ``compiled(replicated_encoder_state(vae, mesh), put_latents(frames, mesh), put_options(...))``."""
+    vae.require_encoder()
+    check_frames_shape(shape, vae.config)
+    _check_mesh(mesh, shape[0])
+    key = program_key("encode", shape, "latents", mesh=mesh_key(mesh))
+
+    def lower() -> jax.stages.Lowered:
+        assert vae.own_programs is not None
+        run = vae.own_programs.encode_program(vae.encoder_graphdef, vae.config, DTYPES[vae.dtype], mesh=mesh,
+                                              axes=OWN_PROGRAM_AXES)
+        replicated = NamedSharding(mesh, P())
+        return jit_for(vae, mesh, run).lower(vae.encoder_state_avals(replicated),
+                                             jax.ShapeDtypeStruct(shape, jnp.float32, sharding=latents_sharding(mesh)),
+                                             PosteriorOptions.avals(shape[0], replicated))
 
     return vae.programs.get(key, lower)
 
@@ -169,8 +203,10 @@ def sharded_encode(
       float32 latents ``(B, z, 1 + k, H/s, W/s)`` as a ``jax.Array`` on the mesh.
     """
     program = compile_encode(vae, np.shape(frames), mesh, split=split, chunk=chunk, query_chunk=query_chunk)
-    layout = encode_layout(vae, np.shape(frames), mesh, split)
     if options is None:
         options = posterior_options(np.shape(frames)[0], sample=sample, seed=seed, normalize=normalize)
+    if vae.own_programs is not None:
+        return program(replicated_encoder_state(vae, mesh), put_latents(frames, mesh), put_options(options, mesh))
+    layout = encode_layout(vae, np.shape(frames), mesh, split)
     return program(replicated_encoder_state(vae, mesh), put_frames(frames, layout, mesh, vae.config.spatial_scale),
                    put_options(options, mesh))

@@ -22,7 +22,7 @@ from vaeserve.models.conv import convs_for
 from vaeserve.models.decode import has_framewise
 from vaeserve.models.estimate import Convs, estimator
 from vaeserve.models.programs import ProgramKey
-from vaeserve.models.shapes import shape_text
+from vaeserve.models.shapes import encode_frame_step, shape_text
 from vaeserve.sharding.chips import platforms_without_absent_tpu
 from vaeserve.sharding.decode import mesh_platform
 from vaeserve.sharding.fits import WontFitError, check_fits, device_bytes_limit, program_total_bytes
@@ -97,7 +97,8 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
     limits = Limits(channels=config.z_dim, max_batch=settings.max_batch,
                     max_frames=1 if config.is_image else settings.max_frames, images=config.is_image,
                     max_height=settings.max_height, max_width=settings.max_width,
-                    temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale)
+                    temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale,
+                    decoded_frames=config.num_output_frames, clip_step=encode_frame_step(config))
     platform = mesh_platform(mesh)
     local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
     memory = plan_memory(settings, platform=platform, local_devices=len(local),

@@ -23,6 +23,7 @@ from tests.helpers.ltx_reference import LTX095, LTX23
 from vaeserve import models, sharding
 from vaeserve.models.conv import convs_for
 from vaeserve.models.estimate import estimator
+from vaeserve.models.families.minimax_h3.config import AutoencoderKLMiniMaxH3Config
 from vaeserve.sharding.fits import program_total_bytes
 from vaeserve.sharding.introspect import program_memory
 
@@ -46,6 +47,9 @@ FAMILIES: dict[str, tuple[models.VAEConfig, list[tuple[int, ...]], list[tuple[in
     # LTX: the first step (1 + lookahead latent frames) and the later ones; timestep and noise arguments.
     "ltx-video": (LTX095, [(1, 8, 3, 4, 4), (1, 8, 3, 12, 16)], []),  # the LTX encoder: in ltx2's
     "ltx2": (LTX23, [(1, 8, 3, 4, 4)], [(1, 3, 9, 64, 64)]),
+    # MiniMax-H3: its own tiled programs; a stream's first chunk (its whole-clip estimate stands for
+    # each chunk's program): 1 and 2x3 tiles.
+    "minimax-h3": (AutoencoderKLMiniMaxH3Config.tiny(), [(1, 4, 3, 4, 4), (2, 4, 5, 6, 8)], [(1, 3, 22, 24, 32)]),
 }
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from vaeserve import models
+from vaeserve import models, sharding
 from vaeserve.models.families.minimax_h3 import decode as h3
 from vaeserve.models.families.minimax_h3.config import AutoencoderKLMiniMaxH3Config
 from vaeserve.models.families.minimax_h3.geometry import frame_tiles
@@ -61,3 +61,20 @@ def test_control_tiles_out_of_order_differ(vae, single):
     mesh = make_mesh(2, devices=jax.devices()[:2])
     got = _decode(vae, latents, lambda decoder: spread_over(lambda b: jnp.roll(decoder(b), 1, axis=0), mesh, TP_AXIS))
     assert float(np.abs(got - expected).max()) > 1e-2
+
+
+def test_served_programs_over_a_mesh_equal_one_device():
+    """The programs a server runs (``sharding.compile_decode``/``compile_encode``, which build the
+    family's own: ``models/families/minimax_h3/programs.py``) on a dp = 2 x tp = 2 mesh: two videos
+    of 1x3 tiles (6 tiles over 4 devices: uneven) decode, and their first frames encode, as ``VAE.decode``
+    and ``VAE.encode`` do on one device (≤ 1e-5). About 15 s (four small compiles)."""
+    vae = models.init_vae(TINY, seed=1)
+    mesh = make_mesh(2, 2)
+    x = np.random.default_rng(7).standard_normal((2, TINY.z_dim, 3, 4, 10)).astype(np.float32)
+    expected = np.asarray(vae.decode(x))
+    assert expected.shape == (2, 3, 9, 16, 40) and expected.std() > 0.1
+    assert float(np.abs(np.asarray(sharding.sharded_decode(vae, x, mesh)) - expected).max()) <= 1e-5
+    frames = np.clip(expected[:, :, :1], -1, 1)  # one frame each: the encoder's smallest program
+    latents = np.asarray(vae.encode(frames))
+    assert latents.shape == (2, TINY.z_dim, 1, 4, 10) and latents.std() > 0.05
+    assert float(np.abs(np.asarray(sharding.sharded_encode(vae, frames, mesh)) - latents).max()) <= 1e-5

@@ -2,18 +2,17 @@
 ViT decoder, decoded as released in tiles and chunks (``decode``).
 
 Its modules are not the frame-stepped ones the decode and encode loops of ``models.decode`` /
-``models.encode`` call (``models.family_modules``), so its embedded model is not in the
-descriptor's ``embedded`` (which the server serves) but here: ``EMBEDDED_H3``.
+``models.encode`` call (``models.family_modules``): it builds its own programs (``programs``).
 """
 
 from vaeserve.models.descriptor import EmbeddedModel, FamilyDescriptor, ModuleTypes
 
 from .config import AutoencoderKLMiniMaxH3Config
 
-EMBEDDED_H3 = EmbeddedModel("minimax-h3", "MiniMax-H3", AutoencoderKLMiniMaxH3Config)
-
 FAMILY = FamilyDescriptor(
     folder="minimax_h3", title="MiniMax-H3",
     configs=(AutoencoderKLMiniMaxH3Config,),
-    modules={AutoencoderKLMiniMaxH3Config.class_name: ModuleTypes("modules:H3Decoder", "modules:H3Encoder")},
+    modules={AutoencoderKLMiniMaxH3Config.class_name: ModuleTypes("modules:H3Decoder", "modules:H3Encoder",
+                                                                  programs="programs")},
+    embedded=(EmbeddedModel("minimax-h3", "MiniMax-H3", AutoencoderKLMiniMaxH3Config),),
 )

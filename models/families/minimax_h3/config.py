@@ -74,6 +74,9 @@ class AutoencoderKLMiniMaxH3Config:
     lookahead: ClassVar[int | None] = None
     min_latent_size: ClassVar[int] = 1
     decode_conditions: ClassVar[bool] = False
+    # The shape rules' (``models.shapes.encode_frame_step``): the released encode takes any number
+    # of frames (it pads the last clip with copies of its last frame).
+    encode_frame_step: ClassVar[int] = 1
 
     in_channels: int = 3
     out_channels: int = 3
@@ -185,6 +188,12 @@ class AutoencoderKLMiniMaxH3Config:
     def chunk_frames(self) -> int:
         """Frames each chunk contributes before the next one's cross-fade."""
         return self.tokens_chunk_size * self.temporal_scale - self.frame_pre_padding
+
+    @property
+    def min_latent_frames(self) -> int:
+        """The fewest latent frames the released decode takes: one whole chunk (3 as released;
+        ``models.shapes.min_latent_frames``)."""
+        return next(t for t in range(1, self.tokens_chunk_size + 1) if self.decode_chunks(t) >= 1)
 
     def padding_latent_frames(self, latent_frames: int) -> int:
         """Copies of the last latent frame appended to make whole chunks."""

@@ -144,17 +144,34 @@ def decode(run: RunTiles, z: jax.Array, config: H3Config, *, tiled: bool = True)
     b, t, h, w, c = z.shape
     if config.decode_chunks(t) < 1:
         raise ValueError(f"{t} latent frames make no chunk of the released decode; expected at least 3")
-    s = config.spatial_scale
     chunks = cut_chunks(z, config)  # (B, K, L, h, w, z)
     k = chunks.shape[1]
-    clips = chunks.reshape(b * k, *chunks.shape[2:])
+    frames = decode_clips(run, chunks.reshape(b * k, *chunks.shape[2:]), config, tiled=tiled)
+    return join_chunks(frames.reshape(b, k, *frames.shape[1:]), t, config)
+
+
+def decode_clips(run: RunTiles, clips: jax.Array, config: H3Config, *, tiled: bool = True) -> jax.Array:
+    """Chunks of latents ``(N, L, h, w, z)`` → their decoded frames ``(N, t·L, s·h, s·w, 3)``: every
+    tile of every chunk one batch through ``run``, each chunk's tiles blended."""
+    n, _, h, w, _ = clips.shape
+    s = config.spatial_scale
     rows, columns = frame_tiles(h * s, w * s, config, tiled=tiled)
-    tiles = cut_tiles(clips, rows, columns, s)  # (B·K, rows, columns, L, th, tw, z)
+    tiles = cut_tiles(clips, rows, columns, s)  # (N, rows, columns, L, th, tw, z)
     grid = tiles.shape[1:3]
     decoded = run(tiles.reshape(-1, *tiles.shape[3:]))
-    decoded = decoded.reshape(b * k, *grid, *decoded.shape[1:])
-    frames = stitch_tiles(decoded, rows.overlaps, columns.overlaps)
-    return join_chunks(frames.reshape(b, k, *frames.shape[1:]), t, config)
+    return stitch_tiles(decoded.reshape(n, *grid, *decoded.shape[1:]), rows.overlaps, columns.overlaps)
+
+
+def chunk_pieces(frames: jax.Array, ahead: jax.Array | None, config: H3Config) -> tuple[jax.Array, jax.Array]:
+    """One decoded chunk ``(B, t·L, H, W, C)`` → ``(piece, ahead)``: its own frames (less
+    ``frame_pre_padding``) cross-faded with the previous chunk's read-ahead frames ``ahead`` (None
+    for the first chunk), and its own read-ahead frames for the next (``join_chunks``, a chunk at a
+    time: the pieces in order, then the last ``ahead``, are the video before its padding is cut)."""
+    own, pre = config.tokens_chunk_size * config.temporal_scale, config.frame_pre_padding
+    piece = frames[:, pre:own]
+    if ahead is not None:
+        piece = blend(ahead, piece, config.frame_overlap, axis=1)
+    return piece, frames[:, own + pre: 2 * own] if config.token_drop > 0 else frames[:, :0]
 
 
 def encode(run: RunTiles, x: jax.Array, config: H3Config, *, tiled: bool = True) -> jax.Array:
