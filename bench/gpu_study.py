@@ -303,6 +303,13 @@ class ProgramStudy:
         }
 
 
+def _bytes_by_category(kernels: list[Kernel]) -> Counter[str]:
+    moved: Counter[str] = Counter()
+    for k in kernels:
+        moved[k.category] += k.bytes
+    return moved
+
+
 def _producer(name: str, where: dict[str, Instr]) -> str:
     """What made an operand: the category-bearing kernel behind views, or "loop state"."""
     seen = where.get(name)
@@ -344,7 +351,7 @@ def study_program(hlo: str) -> ProgramStudy:
                 "input": operands[0][0].text() if operands[0] else "", "kernel": operands[1][0].text() if operands[1] else "",
                 "output": arrays(instr.type_text)[0].text(), "flops": conv_flops(instr, types), "bytes": kernel.bytes,
                 "input_from": f"{source} ({categories.get(source, 'outside')})",
-                "kernels_before": [{"name": k.name, "category": k.category, "bytes": k.bytes} for k in since],
+                "kernels_before": len(since), "bytes_before": dict(_bytes_by_category(since)),
             })
             since = []
     return study
@@ -524,17 +531,14 @@ def markdown(results: list[dict[str, Any]], command: str, host: str) -> str:
     first = next((r for r in results if "error" not in r), None)
     if first is not None:
         lines += ["", f"Convolutions of the later step ({first['variant']}, {first['dtype']}), once per listed run:", "",
-                  "| scope | runs | target | dim_labels | input | GFLOP | GB in+out | input from | kernels before (category: GB) |",
+                  "| scope | runs | target | dim_labels | input | GFLOP | GB in+out | input from | since the conv before (category: GB) |",
                   "|" + "---|" * 9]
         for c in first["programs"]["later step"]["convs"]:
-            before: Counter[str] = Counter()
-            for k in c["kernels_before"]:
-                before[k["category"]] += k["bytes"]
             scope = re.sub(r"^WanDecoder/decoder/Decoder3d/|frame_groups_after_up_blocks\.\d/", "", c["scope"])
             scope = scope.replace("/conv_general_dilated", "")
             lines.append(f"| {scope} | {c['runs']} | {c['target']} | `{c['dim_labels']}` | {c['input'].split(' (')[0]} | "
                          f"{c['flops'] / 1e9:.0f} | {_gb(c['bytes'])} | {c['input_from'].split(' (')[-1].rstrip(')')} | "
-                         + ", ".join(f"{k}: {_gb(v)}" for k, v in before.items()) + " |")
+                         + ", ".join(f"{k}: {_gb(v)}" for k, v in c["bytes_before"].items()) + " |")
     return "\n".join(lines) + "\n"
 
 

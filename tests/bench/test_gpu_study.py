@@ -66,6 +66,7 @@ def test_kernels_are_categorized_with_their_bytes_and_runs():
     assert conv["dim_labels"] == "bf012_oi012->bf012" and conv["target"] == "convForward" and conv["runs"] == 4
     assert conv["flops"] == 2 * (8 * 16) * (8 * 27)  # outputs x multiply-adds each
     assert conv["input_from"] == "input_concatenate_fusion (concatenate)"
+    assert conv["kernels_before"] == 1 and conv["bytes_before"] == {"concatenate": 2 * 8 * 36 * 6}
     assert conv["scope"] == "Block/conv/CausalConv3d/conv_general_dilated"
     totals = study.totals(1e12, 1e9)
     assert totals["kernels"] == 12 and totals["bytes_by_category"]["layout"] == 4 * 2 * 2 * 8 * 16
