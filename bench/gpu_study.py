@@ -457,6 +457,8 @@ def latents_shape(video: str) -> tuple[int, ...]:
 
 def run_job(variant: str, dtype: str, video: str) -> dict[str, Any]:
     """Compile the stream steps of a Wan 2.1 decode for an H100 and study each program."""
+    from importlib import metadata
+
     from vaeserve import models, sharding
     from vaeserve.sharding.chips import chip_facts, topology_devices
     from vaeserve.sharding.introspect import program_memory
@@ -475,7 +477,8 @@ def run_job(variant: str, dtype: str, video: str) -> dict[str, Any]:
         study = study_program(compiled.as_text() or "")
         studied[step] = {"memory": program_memory(compiled), "totals": study.totals(peak, chip.hbm_bytes_per_s),
                          "convs": study.convs}
-    return {"variant": variant, "dtype": dtype, "video": video, "device_kind": devices[0].device_kind,
+    versions = {name: metadata.version(name) for name in ("jax", "jax-cuda13-plugin", "nvidia-cudnn-cu13")}
+    return {"variant": variant, "dtype": dtype, "video": video, "device_kind": devices[0].device_kind, "versions": versions,
             "compile_s": round(seconds, 1), "peak_flops": peak, "hbm_bytes_per_s": chip.hbm_bytes_per_s,
             "programs": studied}
 
@@ -513,8 +516,10 @@ def _gb(n: float) -> str:
 def markdown(results: list[dict[str, Any]], command: str, host: str) -> str:
     """The study as markdown: totals per variant, dtype and step; the later step's convs (the first
     result's)."""
-    kind = next((r["device_kind"] for r in results if "device_kind" in r), "NVIDIA H100 80GB HBM3")
-    lines = [f"Compiled on {host}, for one {kind} (sm_90); reproduce with `{command}`.", "",
+    done = next((r for r in results if "device_kind" in r), {})
+    versions = ", ".join(f"{name} {version}" for name, version in done.get("versions", {}).items())
+    lines = [f"Compiled on {host}, for one {done.get('device_kind', 'NVIDIA H100 80GB HBM3')} (sm_90)"
+             + (f" ({versions})" if versions else "") + f"; reproduce with `{command}`.", "",
              "| variant | dtype | step | kernels | convs | conv TFLOP | GB moved | of which layout | concatenate "
              "| slice | reduction | conv floor ms | memory floor ms | temp GB |", "|" + "---|" * 14]
     for r in results:
