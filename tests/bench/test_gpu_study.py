@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.gpu_study import check_variants, executions, parse_module, study_program
+from bench.gpu_study import CATEGORIES, check_variants, executions, parse_module, study_program
 
 # A while loop (4 trips) whose body concatenates the cache and a frame, convolves them with cuDNN
 # (NCDHW: bf012) and transposes the result to channels-last.
@@ -68,6 +68,7 @@ def test_kernels_are_categorized_with_their_bytes_and_runs():
     assert conv["input_from"] == "input_concatenate_fusion (concatenate)"
     assert conv["kernels_before"] == 1 and conv["bytes_before"] == {"concatenate": 2 * 8 * 36 * 6}
     assert conv["scope"] == "Block/conv/CausalConv3d/conv_general_dilated"
+    assert {k.category for k in study.kernels} <= set(CATEGORIES)
     totals = study.totals(1e12, 1e9)
     assert totals["kernels"] == 12 and totals["bytes_by_category"]["layout"] == 4 * 2 * 2 * 8 * 16
 
