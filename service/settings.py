@@ -9,13 +9,14 @@ embedders can make their own. Environment variables use the prefix ``VAESERVE_``
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from vaeserve.models.registry import embedded_names_text, models_in_words
 from vaeserve.models.shapes import parse_shape_text, shape_text
@@ -116,11 +117,12 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VAESERVE_", extra="ignore", protected_namespaces=())
 
     # --- model and mesh -------------------------------------------------------------------
-    model: str | None = Field(
-        None, description=f"diffusers-format VAE folder (or a pipeline folder with vae/) of {models_in_words()}, "
-        "a .safetensors file, an original release's checkpoint (Wan2.x_VAE.pth, HunyuanVideo's "
+    model: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description=f"diffusers-format VAE folder (or a pipeline folder with vae/) of "
+        f"{models_in_words()}, a .safetensors file, an original release's checkpoint (Wan2.x_VAE.pth, HunyuanVideo's "
         "vae/pytorch_model.pt, Lightricks' single files), or an embedded model with random weights: "
-        f"{embedded_names_text()}",
+        f"{embedded_names_text()}; repeatable: one server for several models, each request naming its own (as "
+        "given here: the id in /v1/models; in the environment a JSON list); none: the embedded default",
         json_schema_extra=_in("model", "PATH|NAME"))
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="weights and activations (float32 matches the PyTorch reference)",
@@ -289,6 +291,26 @@ class Settings(BaseSettings):
         "in host-memory-bytes, which bounds them all together (read for one more release)",
         json_schema_extra=_in("host", "BYTES"))
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_list(cls, value: Any) -> Any:
+        # One model as a plain string (VAESERVE_MODEL=/models/wan, Settings(model="wan2.1")), several
+        # as a list (repeated --model, a JSON list in the environment).
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return json.loads(value) if value.lstrip().startswith("[") else [value]
+        return value
+
+    @model_validator(mode="after")
+    def _model_names_differ(self) -> Settings:
+        repeated = sorted({name for name in self.model if self.model.count(name) > 1})
+        if repeated:
+            raise ValueError(f"a model is given twice (--model): {', '.join(repeated)}")
+        if len(self.model) > 1 and self.multi_process:
+            raise ValueError("a multi-host slice serves one model: give --model once")
+        return self
+
     @field_validator("warmup", mode="before")
     @classmethod
     def _split_warmup(cls, value: Any) -> Any:
@@ -410,8 +432,10 @@ def add_argument(parser: argparse.ArgumentParser, name: str, flag: str | None = 
     annotation = field.annotation
     choices = list(get_args(annotation)) if get_origin(annotation) is Literal else None
     kind = next((t for t in (int, float) if annotation in (t, t | None)), str)
-    parser.add_argument(flag or "--" + name.replace("_", "-"), dest=name, type=kind, default=field.default,
-                        choices=choices, help=field.description)
+    default = field.get_default(call_default_factory=True)
+    # A repeatable setting (--model) is taken once by a command of one model: none given, its default is None.
+    parser.add_argument(flag or "--" + name.replace("_", "-"), dest=name, type=kind,
+                        default=None if isinstance(default, list) else default, choices=choices, help=field.description)
 
 
 def _default_text(name: str) -> str:
