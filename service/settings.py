@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -121,8 +122,9 @@ class Settings(BaseSettings):
         default_factory=list, description=f"diffusers-format VAE folder (or a pipeline folder with vae/) of "
         f"{models_in_words()}, a .safetensors file, an original release's checkpoint (Wan2.x_VAE.pth, HunyuanVideo's "
         "vae/pytorch_model.pt, Lightricks' single files), or an embedded model with random weights: "
-        f"{embedded_names_text()}; repeatable: one server for several models, each request naming its own (as "
-        "given here: the id in /v1/models; in the environment a JSON list); none: the embedded default",
+        f"{embedded_names_text()}; repeatable: one server for several models, each request naming its own by its "
+        "id in /v1/models (NAME=PATH names one, else the id is the value as given; in the environment a JSON "
+        "list); none: the embedded default",
         json_schema_extra=_in("model", "PATH|NAME"))
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="weights and activations (float32 matches the PyTorch reference)",
@@ -304,9 +306,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _model_names_differ(self) -> Settings:
-        repeated = sorted({name for name in self.model if self.model.count(name) > 1})
+        names = [named_model(entry)[0] for entry in self.model]
+        repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
-            raise ValueError(f"a model is given twice (--model): {', '.join(repeated)}")
+            raise ValueError(f"two models are named alike (--model): {', '.join(repeated)}; name them (NAME=PATH)")
         if len(self.model) > 1 and self.multi_process:
             raise ValueError("a multi-host slice serves one model: give --model once")
         return self
@@ -410,6 +413,17 @@ class Settings(BaseSettings):
             raise ValueError(f"max_reading_bytes ({self.max_reading_bytes}) must be at least max_body_bytes "
                              f"({self.max_body_bytes})")
         return self
+
+
+# ``--model NAME=SOURCE``: a name a URL's path carries as it is.
+_NAMED_MODEL = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)=(?P<source>.+)")
+
+
+def named_model(entry: str) -> tuple[str, str]:
+    """A ``--model`` entry's name and source: ``wan=/models/wan2.1-vae`` serves that folder as
+    ``wan``; a bare source (an embedded model's name, a path) is its own name."""
+    named = _NAMED_MODEL.fullmatch(entry)
+    return (named["name"], named["source"]) if named else (entry, entry)
 
 
 def read_key_file(path: Path) -> str:

@@ -31,7 +31,7 @@ from vaeserve.sharding.mesh import mesh_key
 
 from ..limits import Limits
 from ..metrics import Metrics
-from ..settings import WARMUP_OUTPUTS, Settings
+from ..settings import WARMUP_OUTPUTS, Settings, named_model
 from .errors import StartupRefused, TooLargeForMemory
 from .memory import (
     MemoryGuard,
@@ -95,20 +95,24 @@ def check_weights_load(sources: list[str | None]) -> None:
 def load_vaes(settings: Settings, given: Any = None) -> dict[str, Any]:
     """The VAEs to serve, by name: ``given`` (a VAE, named by ``--model`` or its own name; or a dict
     of them by name), else every ``--model`` (none: the embedded default), their weights checked
-    together before any is loaded. A name is ``--model`` as given."""
+    together before any is loaded. A name is ``--model``'s (``settings.named_model``)."""
+    embedded: set[str] = set()  # loaded by name: the loader said already that their weights are random
     if isinstance(given, dict):
         vaes = dict(given)
     elif given is not None:
-        vaes = {settings.model[0] if settings.model else given.metadata.get("name", "vae"): given}
+        vaes = {named_model(settings.model[0])[0] if settings.model else given.metadata.get("name", "vae"): given}
     else:
-        sources: list[str | None] = list(settings.model) or [None]
-        check_weights_load(sources)
+        named: list[tuple[str | None, str | None]] = [named_model(entry) for entry in settings.model] or [(None, None)]
+        check_weights_load([source for _, source in named])
         vaes = {}
-        for source in sources:
+        for name, source in named:
             vae = _load_vae(settings, source)
-            vaes[source or vae.metadata.get("name", "vae")] = vae
-    for name, vae in vaes.items():  # an embedded model's loader said so already
-        if vae.metadata.get("random_weights") and not (given is None and name in models.MODEL_NAMES):
+            name = name or vae.metadata.get("name", "vae")
+            vaes[name] = vae
+            if source is None or source in models.MODEL_NAMES:
+                embedded.add(name)
+    for name, vae in vaes.items():
+        if vae.metadata.get("random_weights") and name not in embedded:
             log.warning("the model %s has RANDOM weights: outputs are noise-like, for testing only", name)
     return vaes
 

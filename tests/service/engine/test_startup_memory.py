@@ -81,3 +81,14 @@ def test_a_server_refuses_to_start_a_model_its_cgroup_cannot_hold(tmp_path):
     assert "machine 6.44 GB (cgroup memory.limit_in_bytes)" in log or "6.44 GB" in log, log[-3000:]
     assert "refused before loading" in log and seconds < 120
     assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_several_models_weights_are_checked_together():
+    """Two models that each fit alone are refused together: those loaded stay while the next loads
+    (each model's weights once, the largest's second copy at the peak)."""
+    wan = parameter_count(EMBEDDED["wan2.1"].config())
+    machine = Machine(int(1.4 * weights_load_bytes(wan)), "MemTotal")
+    check_weights_fit(wan, what="wan2.1", machine=machine, in_use=0)
+    assert weights_load_bytes(wan, wan) == 3 * 4 * wan
+    with pytest.raises(StartupRefused, match=r"the models 'a', 'b' have 254 M parameters together: .* refused"):
+        check_weights_fit([wan, wan], what="the models 'a', 'b'", machine=machine, in_use=0)

@@ -1,0 +1,141 @@
+"""One server for several VAEs: ``vaeserve serve --model wan=DIR --model ltx=DIR --model flux1=DIR``
+(tiny models of three families, saved by the test) answers each model through its own
+``/v1/models/{name}/decode`` (diffusers' ``remote_decode`` unchanged) and through ``?model=``,
+exactly as the model decodes alone; a name it does not serve is 404, none of several is 422; the
+memory guard counts the other models' resident weights; ``RemoteVAE`` names its model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers.frames import assert_uint8_frames_match
+from tests.helpers.image_reference import FLUX1_TINY
+from tests.helpers.ltx_reference import LTX090
+from tests.helpers.service_helpers import make_test_model, start_server, thread_server
+from vaeserve import models
+from vaeserve.service.engine.startup import resident_weight_bytes
+
+torch = pytest.importorskip("torch")
+remote_utils = pytest.importorskip("diffusers.utils.remote_utils")
+
+PROBLEM = "application/problem+json"
+# name -> (the model, latents it decodes (B, C, T, H, W) or an image model's (B, C, H, W))
+MODELS = {"wan": (lambda: make_test_model(), (1, 16, 2, 4, 4)),
+          "ltx": (lambda: models.init_vae(LTX090, seed=1), (1, 8, 2, 4, 4)),
+          "flux1": (lambda: models.init_vae(FLUX1_TINY, seed=2), (1, 16, 4, 6))}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[str, Path]:
+    folders = {}
+    for name, (make, _) in MODELS.items():
+        folders[name] = tmp_path_factory.mktemp(name)
+        models.save_vae(make(), folders[name])
+    return folders
+
+
+@pytest.fixture(scope="module")
+def server(saved, tmp_path_factory):
+    """``vaeserve serve`` with the three models (the first through the helper's ``--model``)."""
+    first, *others = [f"{name}={folder}" for name, folder in saved.items()]
+    others_flags = [flag for entry in others for flag in ("--model", entry)]
+    srv = start_server(Path(first), tmp_path_factory.mktemp("logs") / "server.log", *others_flags,
+                       "--max-frames", "9", "--max-height", "64", "--max-width", "64")
+    yield srv
+    srv.stop()
+
+
+def _latents(name: str, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(MODELS[name][1]).astype(np.float32)
+
+
+def _decode(endpoint: str, x: np.ndarray) -> np.ndarray:
+    """diffusers' ``remote_decode`` as a pipeline calls it for uint8 frames, the latents as they are."""
+    frames = remote_utils.remote_decode(endpoint=endpoint, tensor=torch.from_numpy(x), output_type="pt",
+                                        return_type="pt", partial_postprocess=True, do_scaling=False)
+    return frames.numpy()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_each_model_answers_through_its_endpoint_and_by_name(server, saved, name):
+    x = _latents(name)
+    expected = np.asarray(models.load_vae(str(saved[name])).decode(x, output="uint8"))
+    by_path = _decode(f"{server.url}/v1/models/{name}/decode", x)
+    assert_uint8_frames_match(by_path, expected)
+    assert expected.std() > 5  # frames, not a flat field
+    by_query = _decode(f"{server.url}/v1/decode?model={name}", x)
+    assert np.array_equal(by_query, by_path)
+
+
+def test_models_lists_every_model(server):
+    listed = httpx.get(server.url + "/v1/models").json()["data"]
+    assert [(entry["id"], entry["latents"]["channels"], entry["latents"]["is_image"]) for entry in listed] == [
+        ("wan", 16, False), ("ltx", 8, False), ("flux1", 16, True)]
+
+
+def test_an_unknown_model_is_404_and_none_of_several_422(server):
+    x = _latents("wan")
+    query = {"shape": ",".join(map(str, x.shape)), "dtype": "float32", "output_type": "npy"}
+    headers = {"Content-Type": "application/octet-stream"}
+    for route, named in (("/v1/models/sdxl/decode", {}), ("/v1/decode", {"model": "sdxl"}),
+                         ("/v1/models/sdxl/encode", {})):
+        url = server.url + route
+        answer = httpx.post(url, content=x.tobytes(), params={**query, **named}, headers=headers)
+        body = answer.json()
+        assert answer.status_code == 404 and answer.headers["content-type"] == PROBLEM, url
+        assert body["type"].endswith("/model-not-found") and body["received"] == "sdxl"
+        assert body["expected"] == ["wan", "ltx", "flux1"] and "wan, ltx, flux1" in body["detail"]
+    unnamed = httpx.post(server.url + "/v1/decode", content=x.tobytes(), params=query, headers=headers)
+    assert unnamed.status_code == 422 and unnamed.json()["type"].endswith("/model-not-named")
+    assert unnamed.json()["expected"] == ["wan", "ltx", "flux1"]
+    clash = httpx.post(server.url + "/v1/models/wan/decode", content=x.tobytes(), params={**query, "model": "ltx"},
+                       headers=headers)
+    assert clash.status_code == 422 and clash.json()["expected"] == "wan"
+    # The server goes on serving.
+    assert httpx.get(server.url + "/readyz").status_code == 200
+
+
+def test_remote_vae_posts_to_its_model(server, saved):
+    pytest.importorskip("diffusers")
+    from vaeserve.client import RemoteVAE
+
+    x = _latents("ltx", seed=3)
+    vae = RemoteVAE(server.url, model="ltx", frames="uint8")
+    frames = vae.decode(torch.from_numpy(x)).sample.numpy()  # (B, 3, F, H, W) levels / 127.5 - 1
+    levels = np.round((np.moveaxis(frames, 1, -1) + 1) * 127.5).astype(np.uint8)
+    assert_uint8_frames_match(levels, np.asarray(models.load_vae(str(saved["ltx"])).decode(x, output="uint8")))
+    assert vae.config["_class_name"] == "AutoencoderKLLTXVideo"
+    with pytest.raises(ValueError, match="wan"):  # several served: RemoteVAE must be told which
+        RemoteVAE(server.url)
+
+
+def test_the_memory_guard_counts_the_other_models_weights():
+    """A decode that fits the device memory alone is refused (422 too-large-for-memory, before
+    compiling) beside another model whose weights take most of it; the same request is served by
+    a server of the model alone (the control)."""
+    wan = make_test_model()
+    heavy = models.init_vae(models.WanVAEConfig(base_dim=16, num_res_blocks=1), seed=4)
+    others = resident_weight_bytes(heavy)
+    limit = others + 2**20  # what the other model's weights leave: 1 MiB, less than the decode needs
+    x = _latents("wan", seed=5)
+    query = {"shape": ",".join(map(str, x.shape)), "dtype": "float32", "output_type": "npy"}
+    headers = {"Content-Type": "application/octet-stream"}
+    with thread_server({"wan": wan, "heavy": heavy}, device_memory_bytes=limit) as server:
+        refused = httpx.post(server.url + "/v1/models/wan/decode", content=x.tobytes(), params=query,
+                             headers=headers)
+        body = refused.json()
+        assert refused.status_code == 422 and body["type"].endswith("/too-large-for-memory"), body
+        assert body["expected"]["bytes"] == f"<= {limit - others}"
+        assert body["received"]["bytes"] <= limit  # it would fit the device alone
+        assert "other models' weights" in body["detail"]
+        info = {entry["id"]: entry for entry in httpx.get(server.url + "/v1/models").json()["data"]}
+        assert info["heavy"]["device_memory_bytes"] == limit - resident_weight_bytes(wan)
+    with thread_server(wan, device_memory_bytes=limit) as server:
+        served = httpx.post(server.url + "/v1/decode", content=x.tobytes(), params=query, headers=headers,
+                            timeout=120)
+        assert served.status_code == 200, served.text
