@@ -185,6 +185,7 @@ class ServedModels:
     one model."""
 
     by_name: dict[str, ModelState]
+    memory: MemoryPlan  # the devices' and the host's memory, before the models' weights share it out
 
     @property
     def first(self) -> ModelState:

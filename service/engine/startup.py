@@ -138,7 +138,7 @@ def load_models(settings: Settings, *, vae: Any = None, runner_factory: RunnerFa
     check_warmups_taken(settings, list(own.values()))
     return ServedModels({name: model_state(own[name], name, loaded, mesh, runner_factory,
                                            beside_other_models(memory, sum(weights.values()) - weights[name]))
-                         for name, loaded in vaes.items()})
+                         for name, loaded in vaes.items()}, memory)
 
 
 def own_warmups(settings: Settings, vae: Any) -> Settings:
@@ -349,11 +349,11 @@ def startup(settings: Settings, metrics: Metrics, *, vae: Any = None, runner_fac
     attach = join() if join is not None else None
     served = load_models(settings, vae=vae, runner_factory=runner_factory)
     if attach is not None:
-        served = ServedModels({name: attach(model) for name, model in served.by_name.items()})
+        served = ServedModels({name: attach(model) for name, model in served.by_name.items()}, served.memory)
     for model in served.by_name.values():
         watch_programs(model.vae, settings, metrics)
         guard_programs(model)
-    metrics.device_memory_limit.set(served.first.device_memory_bytes or 0)
+    metrics.device_memory_limit.set(served.memory.device_bytes or 0)
     if not served.follower:
         several = len(served.by_name) > 1
         for model in served.by_name.values():

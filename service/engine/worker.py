@@ -542,7 +542,7 @@ class Worker:
         """The steps of a decode batch; each job's rows decode with its own conditions (an LTX timestep, seed)."""
         head = batch[0]
         return head.model.runner.decode_stream(latents, output=head.output, framewise=head.framewise,
-                                          conditions=[(job.decode, job.size) for job in batch])
+                                               conditions=[(job.decode, job.size) for job in batch])
 
     def _expire(self, run: StepRun) -> None:
         """Answer the jobs of ``run`` whose deadline has passed (504) and stop decoding for them:

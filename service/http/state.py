@@ -46,10 +46,8 @@ class ServiceState:
     # -- transitions (event loop only) -----------------------------------------------------------
     def set_ready(self, models: ServedModels) -> None:
         self.models = models
-        memory = models.first.memory  # one plan: the same host account for every model
-        if memory is not None:
-            self.host.limit = memory.host_bytes
-            self.metrics.host_memory_limit.set(memory.host_bytes)
+        self.host.limit = models.memory.host_bytes  # one host account for every model
+        self.metrics.host_memory_limit.set(models.memory.host_bytes)
         if self.phase == "loading":
             self.phase = "ready"
             log.info("%s", ready_line(models, self.settings))
