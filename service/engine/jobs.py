@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -26,9 +26,6 @@ from vaeserve.models.conditions import SEED_RANGE
 from vaeserve.models.shapes import Output, time_axis
 
 from .errors import EngineError
-
-if TYPE_CHECKING:  # the model imports the jobs' options
-    from .model import ModelState
 
 Operation = Literal["decode", "encode"]
 STREAM_END = object()  # stream sentinel: no more chunks
@@ -91,7 +88,7 @@ class Job:
     stream: bool
     deadline: float  # time.monotonic()
     loop: asyncio.AbstractEventLoop
-    model: ModelState  # the model that runs it (a server may serve several)
+    model: str  # the name of the model that runs it (a server may serve several: ``ServedModels``)
     arrived: float = field(default_factory=time.monotonic)
     encode: EncodeOptions | None = None  # rides in the batch, not in the program key
     decode: DecodeOptions | None = None  # a decode's conditions: they too ride in the batch, per row
@@ -124,7 +121,7 @@ class Job:
     def key(self) -> tuple:
         """Jobs with equal keys run the same device programs of the same model and may share a
         batch (a stream and a whole answer of the same frames run the same steps)."""
-        return (self.model.name, self.operation, self.inputs.shape[1:], self.output, self.framewise)
+        return (self.model, self.operation, self.inputs.shape[1:], self.output, self.framewise)
 
     @property
     def pending_bytes(self) -> int:

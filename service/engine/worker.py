@@ -56,7 +56,7 @@ from .errors import (
     Unavailable,
 )
 from .jobs import STREAM_END, Job
-from .model import ServedModels
+from .model import ModelState, ServedModels
 
 log = logging.getLogger("vaeserve")
 
@@ -416,10 +416,16 @@ class Worker:
         """A run for a batch of decode jobs (lock held). Its steps start when it is first taken up."""
         self._note_start(batch)
         latents = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
-        run = StepRun(batch, self._steps(batch, latents), batch[0].model.limits.output_frames(clip_shape(latents.shape)[2]))
+        limits = self._model_of(batch[0]).limits
+        run = StepRun(batch, self._steps(batch, latents), limits.output_frames(clip_shape(latents.shape)[2]))
         self._runs.append(run)
         self._holding.update(job for job in batch if job.stream)
         return run
+
+    def _model_of(self, job: Job) -> ModelState:
+        """The model that runs ``job`` (set before any job is taken)."""
+        assert self.models is not None
+        return self.models.by_name[job.model]
 
     def _note_start(self, batch: list[Job]) -> None:
         start, size = time.monotonic(), sum(job.size for job in batch)
@@ -467,10 +473,11 @@ class Worker:
         against the memory free now (``OutOfMemory``). Raises before anything runs. A decode
         ``run`` learns what its state will hold between its steps."""
         head = batch[0]
-        runner, rows = head.model.runner, sum(job.size for job in batch)
+        model, rows = self._model_of(head), sum(job.size for job in batch)
+        runner = model.runner
         needed = runner.prepare(head.operation, head.inputs.shape[1:], batch=rows, output=head.output,
                                 framewise=head.framewise)
-        limit = head.model.device_memory_bytes  # less the other models' resident weights
+        limit = model.device_memory_bytes  # less the other models' resident weights
         with self._cond:
             held = sum(other.held for other in self._runs if other is not run and other.steps_done)
         if limit is not None and held and needed + held > limit:
@@ -536,13 +543,13 @@ class Worker:
         # A batch of one runs on its own inputs: a copy would double the host memory of a large encode.
         inputs = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
         requests = [(job.encode, job.size) for job in batch if job.encode is not None]
-        return batch[0].model.runner.encode(inputs, requests)
+        return self._model_of(batch[0]).runner.encode(inputs, requests)
 
     def _steps(self, batch: list[Job], latents: np.ndarray) -> Iterator[Any]:
         """The steps of a decode batch; each job's rows decode with its own conditions (an LTX timestep, seed)."""
         head = batch[0]
-        return head.model.runner.decode_stream(latents, output=head.output, framewise=head.framewise,
-                                               conditions=[(job.decode, job.size) for job in batch])
+        return self._model_of(head).runner.decode_stream(latents, output=head.output, framewise=head.framewise,
+                                                         conditions=[(job.decode, job.size) for job in batch])
 
     def _expire(self, run: StepRun) -> None:
         """Answer the jobs of ``run`` whose deadline has passed (504) and stop decoding for them:

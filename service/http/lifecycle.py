@@ -109,7 +109,7 @@ class Admission:
     def submit(self, operation: Operation, inputs: np.ndarray, **fields: Any) -> Job:
         """The request's job (its other ``Job`` fields given by name), queued in the place its ticket holds."""
         job = Job(self.request.state.request_id, operation, inputs, deadline=self.deadline,
-                  loop=asyncio.get_running_loop(), model=self.model, arrived=self.arrived, **fields)
+                  loop=asyncio.get_running_loop(), model=self.model.name, arrived=self.arrived, **fields)
         self.worker.submit(job, self.ticket)
         return job
 
