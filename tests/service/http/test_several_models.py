@@ -1,8 +1,10 @@
 """One server for several VAEs: ``vaeserve serve --model wan=DIR --model ltx=DIR --model flux1=DIR``
 (tiny models of three families, saved by the test) answers each model through its own
 ``/v1/models/{name}/decode`` (diffusers' ``remote_decode`` unchanged) and through ``?model=``,
-exactly as the model decodes alone; a name it does not serve is 404, none of several is 422; the
-memory guard counts the other models' resident weights; ``RemoteVAE`` names its model.
+exactly as the model decodes alone, and encodes with the model its path names; a name it does not
+serve is 404, none of several is 422; the memory guard counts the other models' resident weights;
+``RemoteVAE`` names its model. The three-model server compiles each model's uint8 decode of one
+shape and Flux.1's encode of one image size.
 """
 
 from __future__ import annotations
@@ -139,3 +141,14 @@ def test_the_memory_guard_counts_the_other_models_weights():
         served = httpx.post(server.url + "/v1/decode", content=x.tobytes(), params=query, headers=headers,
                             timeout=120)
         assert served.status_code == 200, served.text
+
+
+def test_an_encode_runs_on_the_model_it_names(server, saved):
+    from vaeserve.client import encode
+
+    images = np.random.default_rng(6).uniform(-1, 1, (1, 3, 8, 12)).astype(np.float32)
+    expected = np.asarray(models.load_vae(str(saved["flux1"])).encode(images))
+    got = encode(server.url, images, model="flux1")  # POST /v1/models/flux1/encode
+    assert got.shape == expected.shape == (1, 16, 4, 6)
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    assert np.abs(expected).max() > 0.1  # latents, not zeros
