@@ -142,13 +142,18 @@ def load_models(settings: Settings, *, vae: Any = None, runner_factory: RunnerFa
 
 
 def own_warmups(settings: Settings, vae: Any) -> Settings:
-    """The settings as one of a server's several models reads them: the ``--warmup`` entries of its
-    latents (its channels, and a video's CxTxHxW or an image's CxHxW) and, where it encodes, the
-    ``--encode-warmup`` frames of its kind (3xFxHxW or 3xHxW)."""
+    """The settings as one of a server's several models reads them: the ``--warmup`` entries (and
+    the ``--shapes`` listed) of its latents (its channels, and a video's CxTxHxW or an image's
+    CxHxW) and, where it encodes, the ``--encode-warmup`` frames of its kind (3xFxHxW or 3xHxW)."""
     config = vae.config
     dims = 3 if config.is_image else 4
+
+    def its_own(shape: tuple[int, ...]) -> bool:
+        return len(shape) == dims and shape[0] == config.z_dim
+
+    shapes = settings.shapes if isinstance(settings.shapes, str) else [s for s in settings.shapes if its_own(s)]
     return settings.model_copy(update={
-        "warmup": [w for w in settings.warmup if len(w.shape) == dims and w.shape[0] == config.z_dim],
+        "warmup": [w for w in settings.warmup if its_own(w.shape)], "shapes": shapes,
         "encode_warmup": [f for f in settings.encode_warmup if len(f) == dims] if vae.has_encoder else []})
 
 
