@@ -2,13 +2,14 @@
 (tiny models of three families, saved by the test) answers each model through its own
 ``/v1/models/{name}/decode`` (diffusers' ``remote_decode`` unchanged) and through ``?model=``,
 exactly as the model decodes alone, and encodes with the model its path names; a name it does not
-serve is 404, none of several is 422; the memory guard counts the other models' resident weights;
-``RemoteVAE`` names its model. The three-model server compiles each model's uint8 decode of one
+serve is 404, none of several is 422; a device batch holds requests of one model; the memory guard
+counts the other models' resident weights; ``RemoteVAE`` names its model. The three-model server compiles each model's uint8 decode of one
 shape and Flux.1's encode of one image size.
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,15 @@ import pytest
 from tests.helpers.frames import assert_uint8_frames_match
 from tests.helpers.image_reference import FLUX1_TINY
 from tests.helpers.ltx_reference import LTX090
-from tests.helpers.service_helpers import make_test_model, start_server, thread_server
+from tests.helpers.service_helpers import (
+    GatedRunner,
+    make_test_model,
+    marked,
+    post_in_thread,
+    start_server,
+    thread_server,
+    wait_until,
+)
 from vaeserve import models
 from vaeserve.service.engine.startup import resident_weight_bytes
 
@@ -152,3 +161,40 @@ def test_an_encode_runs_on_the_model_it_names(server, saved):
     assert got.shape == expected.shape == (1, 16, 4, 6)
     np.testing.assert_allclose(got, expected, atol=1e-4)
     assert np.abs(expected).max() > 0.1  # latents, not zeros
+
+
+def test_a_batch_joins_requests_of_one_model_only():
+    """Two Wan models of the same shapes behind one device thread: while the device is held, a
+    request to each model and a second to the first wait; the device batch of the oldest (model b)
+    takes neither of the others, the last runs alone; each answer is its model's own. The control:
+    two waiting requests of one model do share a batch."""
+    served = {"a": make_test_model(), "b": models.init_vae(models.WanVAEConfig(base_dim=8, num_res_blocks=1), seed=1)}
+    x = np.random.default_rng(7).standard_normal((1, 16, 1, 4, 4)).astype(np.float32)  # one decode step
+    GatedRunner.reset()
+    with thread_server(served, runner_factory=GatedRunner, max_batch=2, max_queue=8) as server:
+        def held_then(*posts: tuple[str, str]) -> dict:
+            """POST ``marked(x, marker)`` to each model in turn while a first request (C) holds the
+            device; the answers by marker."""
+            taken = server.metric("vaeserve_batch_size_count")
+            results: dict[str, list] = {marker: [] for marker, _ in [("C", "a"), *posts]}
+            threads = [post_in_thread(server.url, marked(x, "C"), results["C"], model="a")]
+            wait_until(lambda: server.metric("vaeserve_batch_size_count") == taken + 1, "the device to take C")
+            for marker, model in posts:
+                threads.append(post_in_thread(server.url, marked(x, marker), results[marker], model=model))
+            wait_until(lambda: server.metric("vaeserve_queue_depth") == len(posts), "the others to queue")
+            for _ in range(1 + len(posts)):  # every request's step, batched or not
+                GatedRunner.permits.release()
+            for thread in threads:
+                thread.join(300)
+            return {marker: answers[0] for marker, answers in results.items()}
+
+        apart = held_then(("B", "b"), ("A", "a"))
+        assert {marker: answer.headers["X-Batch-Size"] for marker, answer in apart.items()} == {
+            "C": "1", "B": "1", "A": "1"}
+        for marker, model in (("B", "b"), ("A", "a")):
+            got = np.load(io.BytesIO(apart[marker].content))
+            assert_uint8_frames_match(got, np.asarray(served[model].decode(marked(x, marker), output="uint8")))
+        wrong = np.asarray(served["a"].decode(marked(x, "B"), output="uint8"))  # the control: the other model
+        assert np.abs(np.load(io.BytesIO(apart["B"].content)).astype(int) - wrong).max() > 2
+        together = held_then(("A", "a"), ("B", "a"))
+        assert [together[marker].headers["X-Batch-Size"] for marker in "AB"] == ["2", "2"]
