@@ -21,10 +21,11 @@ from ..state import ServiceState
 router = APIRouter(tags=["decode"])
 
 
-@router.post("/v1/decode", dependencies=[ApiKeyDep, StrictQueryDep], response_class=Response, responses=DECODE_RESPONSES,
-             openapi_extra=DECODE_OPENAPI)
+# Decorators apply from the bottom: /v1/decode is registered (and documented) first.
 @router.post("/v1/models/{name:path}/decode", dependencies=[ApiKeyDep, ModelPathDep, StrictQueryDep],
              response_class=Response, responses=DECODE_RESPONSES, openapi_extra=DECODE_OPENAPI)
+@router.post("/v1/decode", dependencies=[ApiKeyDep, StrictQueryDep], response_class=Response, responses=DECODE_RESPONSES,
+             openapi_extra=DECODE_OPENAPI)
 async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsMediaTypeDep, model: ModelNameDep,
                  state: StateDep) -> Response:
     """Decode latents ``(B, C, T, H, W)`` or ``(C, T, H, W)`` (``C``: the model's latent channels)

@@ -18,10 +18,11 @@ from ..schemas import ENCODE_OPENAPI, ENCODE_RESPONSES
 router = APIRouter(tags=["encode"])
 
 
-@router.post("/v1/encode", dependencies=[ApiKeyDep, StrictQueryDep], response_class=Response, responses=ENCODE_RESPONSES,
-             openapi_extra=ENCODE_OPENAPI)
+# Decorators apply from the bottom: /v1/encode is registered (and documented) first.
 @router.post("/v1/models/{name:path}/encode", dependencies=[ApiKeyDep, ModelPathDep, StrictQueryDep],
              response_class=Response, responses=ENCODE_RESPONSES, openapi_extra=ENCODE_OPENAPI)
+@router.post("/v1/encode", dependencies=[ApiKeyDep, StrictQueryDep], response_class=Response, responses=ENCODE_RESPONSES,
+             openapi_extra=ENCODE_OPENAPI)
 async def encode(request: Request, params: EncodeParamsDep, media_type: FramesMediaTypeDep, model: ModelNameDep,
                  state: StateDep) -> Response:
     """Encode to float32 latents ``(B, z, T, H/s, W/s)`` (``z``, ``s``: the model's latent channels
