@@ -9,13 +9,15 @@ embedders can make their own. Environment variables use the prefix ``VAESERVE_``
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import warnings
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from vaeserve.models.registry import embedded_names_text, models_in_words
 from vaeserve.models.shapes import parse_shape_text, shape_text
@@ -116,11 +118,13 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VAESERVE_", extra="ignore", protected_namespaces=())
 
     # --- model and mesh -------------------------------------------------------------------
-    model: str | None = Field(
-        None, description=f"diffusers-format VAE folder (or a pipeline folder with vae/) of {models_in_words()}, "
-        "a .safetensors file, an original release's checkpoint (Wan2.x_VAE.pth, HunyuanVideo's "
+    model: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description=f"diffusers-format VAE folder (or a pipeline folder with vae/) of "
+        f"{models_in_words()}, a .safetensors file, an original release's checkpoint (Wan2.x_VAE.pth, HunyuanVideo's "
         "vae/pytorch_model.pt, Lightricks' single files), or an embedded model with random weights: "
-        f"{embedded_names_text()}",
+        f"{embedded_names_text()}; repeatable: one server for several models, each request naming its own by its "
+        "id in /v1/models (NAME=PATH names one, else the id is the value as given; in the environment a JSON "
+        "list); none: the embedded default",
         json_schema_extra=_in("model", "PATH|NAME"))
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="weights and activations (float32 matches the PyTorch reference)",
@@ -289,6 +293,27 @@ class Settings(BaseSettings):
         "in host-memory-bytes, which bounds them all together (read for one more release)",
         json_schema_extra=_in("host", "BYTES"))
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_list(cls, value: Any) -> Any:
+        # One model as a plain string (VAESERVE_MODEL=/models/wan, Settings(model="wan2.1")), several
+        # as a list (repeated --model, a JSON list in the environment).
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return json.loads(value) if value.lstrip().startswith("[") else [value]
+        return value
+
+    @model_validator(mode="after")
+    def _model_names_differ(self) -> Settings:
+        names = [named_model(entry)[0] for entry in self.model]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"two models are named alike (--model): {', '.join(repeated)}; name them (NAME=PATH)")
+        if len(self.model) > 1 and self.multi_process:
+            raise ValueError("a multi-host slice serves one model: give --model once")
+        return self
+
     @field_validator("warmup", mode="before")
     @classmethod
     def _split_warmup(cls, value: Any) -> Any:
@@ -390,6 +415,17 @@ class Settings(BaseSettings):
         return self
 
 
+# ``--model NAME=SOURCE``: a name a URL's path carries as it is.
+_NAMED_MODEL = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)=(?P<source>.+)")
+
+
+def named_model(entry: str) -> tuple[str, str]:
+    """A ``--model`` entry's name and source: ``wan=/models/wan2.1-vae`` serves that folder as
+    ``wan``; a bare source (an embedded model's name, a path) is its own name."""
+    named = _NAMED_MODEL.fullmatch(entry)
+    return (named["name"], named["source"]) if named else (entry, entry)
+
+
 def read_key_file(path: Path) -> str:
     """The API key in ``path``, whitespace around it stripped (an editor's final newline); ``ValueError``
     for a file that cannot be read or holds no key."""
@@ -410,8 +446,10 @@ def add_argument(parser: argparse.ArgumentParser, name: str, flag: str | None = 
     annotation = field.annotation
     choices = list(get_args(annotation)) if get_origin(annotation) is Literal else None
     kind = next((t for t in (int, float) if annotation in (t, t | None)), str)
-    parser.add_argument(flag or "--" + name.replace("_", "-"), dest=name, type=kind, default=field.default,
-                        choices=choices, help=field.description)
+    default = field.get_default(call_default_factory=True)
+    # A repeatable setting (--model) is taken once by a command of one model: none given, its default is None.
+    parser.add_argument(flag or "--" + name.replace("_", "-"), dest=name, type=kind,
+                        default=None if isinstance(default, list) else default, choices=choices, help=field.description)
 
 
 def _default_text(name: str) -> str:

@@ -11,10 +11,10 @@ from typing import Any
 
 from ..metrics import Metrics
 from ..settings import Settings
-from .model import ModelState
+from .model import ServedModels
 
 
-def boot(settings: Settings, metrics: Metrics, **options: Any) -> ModelState:
+def boot(settings: Settings, metrics: Metrics, **options: Any) -> ServedModels:
     """``service.engine.startup.startup(settings, metrics, **options)``, imported on the way."""
     from .startup import startup  # the device side: JAX, the models, the mesh
 

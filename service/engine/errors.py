@@ -46,6 +46,23 @@ class ShapeNotServed(EngineError):
         self.received, self.allowed = received, allowed
 
 
+class ModelNotServed(EngineError):
+    """A request named a model this server does not serve: ``received`` the name, ``served`` the names it serves."""
+
+    def __init__(self, received: str, served: list[str]):
+        super().__init__(f"the model {received!r} is not served here; served: {', '.join(served)}")
+        self.received, self.served = received, served
+
+
+class ModelNotNamed(EngineError):
+    """A request named no model of a server that serves several (``served``)."""
+
+    def __init__(self, served: list[str]):
+        super().__init__(f"this server serves {len(served)} models: name one (the model query parameter, or "
+                         f"/v1/models/{{name}}/...): {', '.join(served)}")
+        self.served = served
+
+
 class NoEncoder(EngineError):
     """Encode asked of a checkpoint without encoder weights."""
 

@@ -88,6 +88,7 @@ class Job:
     stream: bool
     deadline: float  # time.monotonic()
     loop: asyncio.AbstractEventLoop
+    model: str  # the name of the model that runs it (a server may serve several: ``ServedModels``)
     arrived: float = field(default_factory=time.monotonic)
     encode: EncodeOptions | None = None  # rides in the batch, not in the program key
     decode: DecodeOptions | None = None  # a decode's conditions: they too ride in the batch, per row
@@ -118,9 +119,9 @@ class Job:
 
     @property
     def key(self) -> tuple:
-        """Jobs with equal keys run the same device programs and may share a batch (a stream and a
-        whole answer of the same frames run the same steps)."""
-        return (self.operation, self.inputs.shape[1:], self.output, self.framewise)
+        """Jobs with equal keys run the same device programs of the same model and may share a
+        batch (a stream and a whole answer of the same frames run the same steps)."""
+        return (self.model, self.operation, self.inputs.shape[1:], self.output, self.framewise)
 
     @property
     def pending_bytes(self) -> int:

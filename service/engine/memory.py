@@ -16,8 +16,8 @@ Read once at start-up (:func:`plan_memory`), no JAX here (the runner reads the d
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vaeserve.models.estimate import Estimate, Estimator
@@ -200,25 +200,42 @@ def plan_memory(settings: Settings, *, platform: str, local_devices: int, device
 # -- before loading: the weights ---------------------------------------------------------------------
 # Loading holds a model's weights twice at its peak: as drawn (an embedded model) or read from the
 # checkpoint, and as the model's arrays (or the copy written to the weights cache). Counted in
-# float32, what embedded weights are drawn in and what most checkpoints hold.
+# float32, what embedded weights are drawn in and what most checkpoints hold. Several models load
+# one after another: those loaded stay, so the peak is every model's weights once and the largest's
+# other copies.
 WEIGHT_COPIES_WHILE_LOADING = 2
 
 
-def weights_load_bytes(parameters: int) -> int:
-    """What loading a model of ``parameters`` (decoder and encoder) holds at its peak."""
-    return WEIGHT_COPIES_WHILE_LOADING * 4 * parameters
+def weights_load_bytes(*parameters: int) -> int:
+    """What loading models of ``parameters`` each (decoder and encoder), one after another, holds at its peak."""
+    return 4 * (sum(parameters) + (WEIGHT_COPIES_WHILE_LOADING - 1) * max(parameters, default=0))
 
 
-def check_weights_fit(parameters: int, *, what: str, machine: Machine, in_use: int) -> None:
-    """``StartupRefused`` when loading ``what`` (its ``parameters``) cannot fit the memory this process
-    may use (``machine``, of which ``in_use`` bytes are taken already): a clear refusal to start,
-    where loading would end in the kernel's out-of-memory kill."""
-    needed, free = weights_load_bytes(parameters), machine.bytes - in_use
+def check_weights_fit(parameters: int | Sequence[int], *, what: str, machine: Machine, in_use: int) -> None:
+    """``StartupRefused`` when loading ``what`` (its ``parameters``; a server's several models: each
+    one's) cannot fit the memory this process may use (``machine``, of which ``in_use`` bytes are
+    taken already): a clear refusal to start, where loading would end in the kernel's out-of-memory kill."""
+    each = [parameters] if isinstance(parameters, int) else list(parameters)
+    needed, free, total = weights_load_bytes(*each), machine.bytes - in_use, sum(each)
     if needed > free:
+        copies = (f"{WEIGHT_COPIES_WHILE_LOADING} float32 copies at its peak" if len(each) == 1 else
+                  f"each model's float32 weights, and {WEIGHT_COPIES_WHILE_LOADING} copies of the largest's while "
+                  "it loads")
         raise StartupRefused(
-            f"{what} has {parameters / 1e6:.0f} M parameters: loading them holds about {_size(needed)} "
-            f"({WEIGHT_COPIES_WHILE_LOADING} float32 copies at its peak), and this process may use {_size(free)} more "
-            f"({_size(machine.bytes)}, {machine.source}, less {_size(in_use)} in use): refused before loading")
+            f"{what} {'has' if len(each) == 1 else 'have'} {total / 1e6:.0f} M parameters"
+            f"{'' if len(each) == 1 else ' together'}: loading them holds about {_size(needed)} ({copies}), and "
+            f"this process may use {_size(free)} more ({_size(machine.bytes)}, {machine.source}, less "
+            f"{_size(in_use)} in use): refused before loading")
+
+
+def beside_other_models(plan: MemoryPlan, weights: int) -> MemoryPlan:
+    """``plan`` as one of a server's several models sees it: every device also holds the other models'
+    resident ``weights`` (bytes per device; weights are replicated on every device of the mesh), so its
+    programs must fit in what they leave."""
+    if plan.device_bytes is None or not weights:
+        return plan
+    return replace(plan, device_bytes=max(0, plan.device_bytes - weights),
+                   device_source=f"{plan.device_source}, less {_size(weights)} of the other models' weights")
 
 
 # -- before compiling: the estimate ------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""What start-up produced: the model, its runner and limits, what is served. Read-only afterwards.
+"""What start-up produced: each model served, its runner and limits, what is served. Read-only afterwards.
 
 Also the two seams a multi-host slice plugs into (``service.slice``): the ``Runner`` the worker
 calls (process 0's runner sends every call to every process first) and the ``Cluster`` hook (a
@@ -17,7 +17,7 @@ from vaeserve.models.estimate import Convs
 from vaeserve.models.shapes import Output, shape_text
 
 from ..limits import Limits
-from .errors import NoEncoder, ShapeNotServed
+from .errors import ModelNotNamed, ModelNotServed, NoEncoder, ShapeNotServed
 from .jobs import DecodeOptions, EncodeOptions, Operation
 from .memory import MemoryGuard, MemoryPlan
 
@@ -105,6 +105,7 @@ class Cluster(Protocol):
 class ModelState:
     """What start-up produced; read-only afterwards (built by ``service.engine.startup.load_model``)."""
 
+    name: str  # the id in /v1/models: --model as given, or the model's own name
     vae: Any
     runner: Runner
     limits: Limits
@@ -173,3 +174,48 @@ class ModelState:
         the host (float32)."""
         per_channel = (1, -1) + (1,) * (latents.ndim - 2)
         return latents * self.std.reshape(per_channel) + self.mean.reshape(per_channel)
+
+
+@dataclass(frozen=True)
+class ServedModels:
+    """The models one server serves, by name, in the order given (``--model``, repeatable). One
+    device thread serves them all, each with its own runner, program cache and limits; their
+    programs are checked against one device memory, less the other models' resident weights
+    (``ModelState.memory``), and their requests hold one host account. A multi-host slice serves
+    one model."""
+
+    by_name: dict[str, ModelState]
+    memory: MemoryPlan  # the devices' and the host's memory, before the models' weights share it out
+
+    @property
+    def first(self) -> ModelState:
+        """The first model given; on a multi-host slice, the only one."""
+        return next(iter(self.by_name.values()))
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.by_name)
+
+    @property
+    def cluster(self) -> Cluster | None:
+        return self.first.cluster
+
+    @property
+    def follower(self) -> bool:
+        return self.first.follower
+
+    def find(self, name: str | None) -> ModelState | None:
+        """The model ``name`` names (None: the only one served), or None where there is none."""
+        if name is None:
+            return self.first if len(self.by_name) == 1 else None
+        return self.by_name.get(name)
+
+    def choose(self, name: str | None) -> ModelState:
+        """The model a request names (``name``; None: the only one served): ``ModelNotServed`` for
+        a name not served, ``ModelNotNamed`` when several are served and none is named."""
+        model = self.find(name)
+        if model is not None:
+            return model
+        if name is None:
+            raise ModelNotNamed(self.names)
+        raise ModelNotServed(name, self.names)

@@ -1,4 +1,4 @@
-"""Start-up of the device worker: JAX options, the model, the mesh, the runner and the warm-up.
+"""Start-up of the device worker: JAX options, the models, the mesh, the runners and the warm-up.
 
 All of it runs in the worker thread (``Worker(startup=...)``, through ``service.engine.boot``), so
 ``/healthz`` answers at once and ``/readyz`` turns 200 only when a request for a warmed shape will
@@ -20,7 +20,7 @@ import numpy as np
 from vaeserve import models, sharding
 from vaeserve.models.conv import convs_for
 from vaeserve.models.decode import has_framewise
-from vaeserve.models.estimate import Convs, estimator
+from vaeserve.models.estimate import BYTES, Convs, estimator
 from vaeserve.models.programs import ProgramKey
 from vaeserve.models.shapes import encode_frame_step, shape_text
 from vaeserve.sharding.chips import platforms_without_absent_tpu
@@ -31,10 +31,18 @@ from vaeserve.sharding.mesh import mesh_key
 
 from ..limits import Limits
 from ..metrics import Metrics
-from ..settings import WARMUP_OUTPUTS, Settings
+from ..settings import WARMUP_OUTPUTS, Settings, named_model
 from .errors import StartupRefused, TooLargeForMemory
-from .memory import MemoryGuard, MemoryPlan, check_weights_fit, machine_memory, plan_memory, process_rss
-from .model import ModelState, RunnerFactory, ServedShapes
+from .memory import (
+    MemoryGuard,
+    MemoryPlan,
+    beside_other_models,
+    check_weights_fit,
+    machine_memory,
+    plan_memory,
+    process_rss,
+)
+from .model import ModelState, RunnerFactory, ServedModels, ServedShapes
 from .runner import DeviceRunner
 
 log = logging.getLogger("vaeserve")
@@ -66,32 +74,110 @@ def choose_platforms() -> None:
                  platforms)
 
 
-def _load_vae(settings: Settings) -> Any:
-    if settings.model is None:  # the embedded model's loader warns that its weights are random
+def _load_vae(settings: Settings, source: str | None) -> Any:
+    if source is None:  # the embedded model's loader warns that its weights are random
         log.info("no --model given: loading the embedded default (%s)", models.loading.DEFAULT_MODEL)
-    return models.load_vae(settings.model, dtype=settings.dtype,
-                           embedded_weights_cache=settings.embedded_weights_cache)
+    return models.load_vae(source, dtype=settings.dtype, embedded_weights_cache=settings.embedded_weights_cache)
 
 
-def check_weights_load(settings: Settings) -> None:
-    """Refuse to start (``StartupRefused``) when loading ``settings.model``'s weights cannot fit the
-    memory this process may use: checked from its config before a weight is drawn or read."""
-    config = models.load_config(settings.model)
-    what = f"the model {settings.model or models.loading.DEFAULT_MODEL!r} ({config.class_name})"
-    check_weights_fit(models.vae.parameter_count(config), what=what, machine=machine_memory(), in_use=process_rss())
+def check_weights_load(sources: list[str | None]) -> None:
+    """Refuse to start (``StartupRefused``) when loading the models ``sources`` names (None: the
+    embedded default) cannot fit the memory this process may use, all of them together: checked
+    from their configs before a weight is drawn or read."""
+    configs = [models.load_config(source) for source in sources]
+    what = ", ".join(f"{source or models.loading.DEFAULT_MODEL!r} ({config.class_name})"
+                     for source, config in zip(sources, configs, strict=True))
+    check_weights_fit([models.vae.parameter_count(config) for config in configs],
+                      what=f"the model{'s' if len(sources) > 1 else ''} {what}", machine=machine_memory(),
+                      in_use=process_rss())
+
+
+def load_vaes(settings: Settings, given: Any = None) -> dict[str, Any]:
+    """The VAEs to serve, by name: ``given`` (a VAE, named by ``--model`` or its own name; or a dict
+    of them by name), else every ``--model`` (none: the embedded default), their weights checked
+    together before any is loaded. A name is ``--model``'s (``settings.named_model``)."""
+    embedded: set[str] = set()  # loaded by name: the loader said already that their weights are random
+    if isinstance(given, dict):
+        vaes = dict(given)
+    elif given is not None:
+        vaes = {named_model(settings.model[0])[0] if settings.model else given.metadata.get("name", "vae"): given}
+    else:
+        named: list[tuple[str | None, str | None]] = [named_model(entry) for entry in settings.model] or [(None, None)]
+        check_weights_load([source for _, source in named])
+        vaes = {}
+        for name, source in named:
+            vae = _load_vae(settings, source)
+            name = name or vae.metadata.get("name", "vae")
+            vaes[name] = vae
+            if source is None or source in models.MODEL_NAMES:
+                embedded.add(name)
+    for name, vae in vaes.items():
+        if vae.metadata.get("random_weights") and name not in embedded:
+            log.warning("the model %s has RANDOM weights: outputs are noise-like, for testing only", name)
+    return vaes
+
+
+def resident_weight_bytes(vae: Any) -> int:
+    """The bytes a model's weights (decoder and encoder) hold on every device that serves it."""
+    meta = vae.metadata
+    return (int(meta.get("parameters", 0)) + int(meta.get("encoder_parameters", 0))) * BYTES[vae.dtype]
+
+
+def load_models(settings: Settings, *, vae: Any = None, runner_factory: RunnerFactory | None = None) -> ServedModels:
+    """Every model served (``load_vaes``), on one mesh, each with its runner, request limits and
+    normalization from its config; its programs must fit the devices' memory less the other
+    models' resident weights. Nothing is compiled yet."""
+    vaes = load_vaes(settings, vae)
+    mesh = sharding.make_mesh(settings.tp, settings.dp)
+    platform = mesh_platform(mesh)
+    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    memory = plan_memory(settings, platform=platform, local_devices=len(local),
+                         device_limit=device_bytes_limit(list(mesh.devices.flat)))
+    weights = {name: resident_weight_bytes(loaded) for name, loaded in vaes.items()}
+    own = {name: settings if len(vaes) == 1 else own_warmups(settings, loaded) for name, loaded in vaes.items()}
+    check_warmups_taken(settings, list(own.values()))
+    return ServedModels({name: model_state(own[name], name, loaded, mesh, runner_factory,
+                                           beside_other_models(memory, sum(weights.values()) - weights[name]))
+                         for name, loaded in vaes.items()}, memory)
+
+
+def own_warmups(settings: Settings, vae: Any) -> Settings:
+    """The settings as one of a server's several models reads them: the ``--warmup`` entries (and
+    the ``--shapes`` listed) of its latents (its channels, and a video's CxTxHxW or an image's
+    CxHxW) and, where it encodes, the ``--encode-warmup`` frames of its kind (3xFxHxW or 3xHxW)."""
+    config = vae.config
+    dims = 3 if config.is_image else 4
+
+    def its_own(shape: tuple[int, ...]) -> bool:
+        return len(shape) == dims and shape[0] == config.z_dim
+
+    shapes = settings.shapes if isinstance(settings.shapes, str) else [s for s in settings.shapes if its_own(s)]
+    return settings.model_copy(update={
+        "warmup": [w for w in settings.warmup if its_own(w.shape)], "shapes": shapes,
+        "encode_warmup": [f for f in settings.encode_warmup if len(f) == dims] if vae.has_encoder else []})
+
+
+def check_warmups_taken(settings: Settings, own: list[Settings]) -> None:
+    """``StartupRefused`` for a warm-up entry no model served takes."""
+    warmed = {w for each in own for w in each.warmup}
+    encoded = {f for each in own for f in each.encode_warmup}
+    left = [str(w) for w in settings.warmup if w not in warmed] + [
+        f"encode {shape_text(f)}" for f in settings.encode_warmup if f not in encoded]
+    if left:
+        raise StartupRefused(f"no model served takes the warm-up {', '.join(left)}: a warm-up's latents have a "
+                             "model's channels (and frames only for a video model)")
 
 
 def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFactory | None = None) -> ModelState:
-    """The model (``vae`` if given, else ``settings.model``), its mesh and runner, and the request
-    limits and normalization taken from its config. Nothing is compiled yet."""
-    embedded = vae is None and (settings.model is None or settings.model in models.MODEL_NAMES)
-    if vae is None:
-        check_weights_load(settings)
-    vae = vae if vae is not None else _load_vae(settings)
+    """The first model ``load_models`` serves (``vae`` if given)."""
+    return load_models(settings, vae=vae, runner_factory=runner_factory).first
+
+
+def model_state(settings: Settings, name: str, vae: Any, mesh: Any, runner_factory: RunnerFactory | None,
+                memory: MemoryPlan) -> ModelState:
+    """One model served on ``mesh``: its runner, limits and normalization, its programs checked
+    against ``memory``."""
     vae.cpu_convs = settings.cpu_convs
-    if vae.metadata.get("random_weights") and not embedded:  # an embedded model's loader said so already
-        log.warning("the model has RANDOM weights: outputs are noise-like, for testing only")
-    mesh = sharding.make_mesh(settings.tp, settings.dp)
     runner = (runner_factory or DeviceRunner)(vae, mesh, max_batch=settings.max_batch, dp=settings.dp)
     config = vae.config
     limits = Limits(channels=config.z_dim, max_batch=settings.max_batch,
@@ -99,16 +185,12 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
                     max_height=settings.max_height, max_width=settings.max_width,
                     temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale,
                     decoded_frames=config.num_output_frames, clip_step=encode_frame_step(config))
-    platform = mesh_platform(mesh)
-    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-    memory = plan_memory(settings, platform=platform, local_devices=len(local),
-                         device_limit=device_bytes_limit(list(mesh.devices.flat)))
     framewise = has_framewise(config)
-    convs = convs_for(platform, vae.cpu_convs)
+    convs = convs_for(mesh_platform(mesh), vae.cpu_convs)
     if settings.compile_cache and convs == "onednn":
         say_onednn_programs_are_not_cached()
     return ModelState(
-        vae=vae, runner=runner, limits=limits,
+        name=name, vae=vae, runner=runner, limits=limits,
         mean=np.asarray(config.latents_mean, np.float32), std=np.asarray(config.latents_std, np.float32),
         devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
         warmed=tuple(settings.warmup), served=served_shapes(settings, framewise=framewise),
@@ -265,19 +347,22 @@ def log_memory(model: ModelState) -> None:
 
 
 def startup(settings: Settings, metrics: Metrics, *, vae: Any = None, runner_factory: RunnerFactory | None = None,
-            join: Join | None = None) -> ModelState:
-    """JAX options, the slice (``join``: joined before JAX starts), the model, the warm-up. On a
-    multi-host slice process 0's warm-up compiles on every process (a broadcast call); followers
-    compile nothing on their own."""
+            join: Join | None = None) -> ServedModels:
+    """JAX options, the slice (``join``: joined before JAX starts), the models, the warm-up. On a
+    multi-host slice (one model) process 0's warm-up compiles on every process (a broadcast call);
+    followers compile nothing on their own."""
     configure_jax(settings)
     attach = join() if join is not None else None
-    model = load_model(settings, vae=vae, runner_factory=runner_factory)
+    served = load_models(settings, vae=vae, runner_factory=runner_factory)
     if attach is not None:
-        model = attach(model)
-    watch_programs(model.vae, settings, metrics)
-    guard_programs(model)
-    metrics.device_memory_limit.set(model.device_memory_bytes or 0)
-    if not model.follower:
-        log_memory(model)
-        warm_up(model, settings)
-    return model
+        served = ServedModels({name: attach(model) for name, model in served.by_name.items()}, served.memory)
+    for model in served.by_name.values():
+        watch_programs(model.vae, settings, metrics)
+        guard_programs(model)
+    metrics.device_memory_limit.set(served.memory.device_bytes or 0)
+    if not served.follower:
+        several = len(served.by_name) > 1
+        for model in served.by_name.values():
+            log_memory(model)
+            warm_up(model, own_warmups(settings, model.vae) if several else settings)
+    return served

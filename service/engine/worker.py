@@ -2,9 +2,10 @@
 
 The event loop (route handlers) only ever calls :meth:`Worker.reserve` and :meth:`Worker.submit`;
 the worker thread runs the start-up (load + warm-up, :mod:`service.engine.startup`), then loops: take the
-oldest live job plus every queued job that can share its program (same operation, input shape,
-output and stream flag, up to ``max_batch`` inputs), run them as one batch through the runner,
-and hand each job its slice back on its own event loop.
+oldest live job plus every queued job that can share its program (same model, operation, input
+shape, output and stream flag, up to ``max_batch`` inputs), run them as one batch through their
+model's runner, and hand each job its slice back on its own event loop. One thread serves every
+model of the server: their programs take turns on the same devices.
 
 Every decode runs as a ``StepRun``: one decode step at a time (latent frame 0, then each later
 latent frame; a model that is not causal in time decodes its clip in one step), each step's frames
@@ -55,7 +56,7 @@ from .errors import (
     Unavailable,
 )
 from .jobs import STREAM_END, Job
-from .model import ModelState, Runner
+from .model import ModelState, ServedModels
 
 log = logging.getLogger("vaeserve")
 
@@ -139,11 +140,11 @@ class StepRun:
 
 
 class Worker:
-    """Device owner thread. Runs ``startup()`` (load + warm-up), then serves the queue until
-    :meth:`stop`. ``on_ready`` / ``on_failed`` are called from the worker thread."""
+    """Device owner thread. Runs ``startup()`` (load + warm-up of every model), then serves the
+    queue until :meth:`stop`. ``on_ready`` / ``on_failed`` are called from the worker thread."""
 
-    def __init__(self, *, startup: Callable[[], ModelState], metrics: Metrics, max_queue: int, max_batch: int,
-                 on_ready: Callable[[ModelState], None], on_failed: Callable[[str], None],
+    def __init__(self, *, startup: Callable[[], ServedModels], metrics: Metrics, max_queue: int, max_batch: int,
+                 on_ready: Callable[[ServedModels], None], on_failed: Callable[[str], None],
                  stream_buffer_bytes: int = 64 * 2**20, slow_reader_s: float = 30.0):
         self._startup = startup
         self._on_ready = on_ready
@@ -159,9 +160,8 @@ class Worker:
         self._suspects: set[tuple] = set()  # job keys whose programs ran out of memory: checked again first
         # job key -> the fewest rows whose batch program was refused for memory: batches stay below it
         self._refused_rows: dict[tuple, int] = {}
-        self._runner: Runner | None = None
-        self._interleave = True  # stream runs may take turns on the device (the runner says)
-        self.model: ModelState | None = None  # what start-up produced, once it has
+        self._interleave = True  # stream runs may take turns on the device (the runners say)
+        self.models: ServedModels | None = None  # what start-up produced, once it has
         self._started = False  # start-up (load, warm-up) returned: from then on stop() waits for the thread
         self._batch: list[Job] = []  # the jobs on the device now
         self._runs: list[StepRun] = []  # stream runs begun and not finished, oldest first
@@ -322,9 +322,9 @@ class Worker:
     # ---- worker-thread side --------------------------------------------------------------
 
     def _main(self) -> None:
-        model, failure = None, ""
+        models, failure = None, ""
         try:
-            model = self._startup()
+            models = self._startup()
         except Exception as exc:  # report through /healthz and /readyz instead of dying silently
             log.exception("model load or warm-up failed")
             failure = f"model load failed: {type(exc).__name__}: {exc}"
@@ -332,15 +332,16 @@ class Worker:
             self._started = True
             if not self._running:  # stopped while starting: nobody is left to tell (the loop may be gone)
                 return
-        if model is None:
+        if models is None:
             self._on_failed(failure)
             return
-        self._runner, self.model = model.runner, model
-        self._interleave = model.runner.interleaves_streams
+        self.models = models
+        self._interleave = all(model.runner.interleaves_streams for model in models.by_name.values())
         self.metrics.ready.set(1)
-        self._on_ready(model)
-        if model.cluster is not None and not model.cluster.is_leader:
-            model.cluster.follow()  # a follower of a multi-host slice: process 0's calls replace the queue
+        self._on_ready(models)
+        cluster = models.cluster
+        if cluster is not None and not cluster.is_leader:
+            cluster.follow()  # a follower of a multi-host slice: process 0's calls replace the queue
             return
         while True:
             with self._cond:
@@ -413,13 +414,18 @@ class Worker:
 
     def _begin(self, batch: list[Job]) -> StepRun:
         """A run for a batch of decode jobs (lock held). Its steps start when it is first taken up."""
-        assert self._runner is not None and self.model is not None
         self._note_start(batch)
         latents = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
-        run = StepRun(batch, self._steps(batch, latents), self.model.limits.output_frames(clip_shape(latents.shape)[2]))
+        limits = self._model_of(batch[0]).limits
+        run = StepRun(batch, self._steps(batch, latents), limits.output_frames(clip_shape(latents.shape)[2]))
         self._runs.append(run)
         self._holding.update(job for job in batch if job.stream)
         return run
+
+    def _model_of(self, job: Job) -> ModelState:
+        """The model that runs ``job`` (set before any job is taken)."""
+        assert self.models is not None
+        return self.models.by_name[job.model]
 
     def _note_start(self, batch: list[Job]) -> None:
         start, size = time.monotonic(), sum(job.size for job in batch)
@@ -466,21 +472,21 @@ class Worker:
         (``_WaitForMemory``: not now); a program that ran out of memory before is also checked
         against the memory free now (``OutOfMemory``). Raises before anything runs. A decode
         ``run`` learns what its state will hold between its steps."""
-        assert self._runner is not None and self.model is not None
         head = batch[0]
-        rows = sum(job.size for job in batch)
-        needed = self._runner.prepare(head.operation, head.inputs.shape[1:], batch=rows,
-                                      output=head.output, framewise=head.framewise)
-        limit = self.model.device_memory_bytes
+        model, rows = self._model_of(head), sum(job.size for job in batch)
+        runner = model.runner
+        needed = runner.prepare(head.operation, head.inputs.shape[1:], batch=rows, output=head.output,
+                                framewise=head.framewise)
+        limit = model.device_memory_bytes  # less the other models' resident weights
         with self._cond:
             held = sum(other.held for other in self._runs if other is not run and other.steps_done)
         if limit is not None and held and needed + held > limit:
             raise _WaitForMemory(needed, held, limit)
         if run is not None:
-            run.held = self._runner.held_bytes(head.inputs.shape[1:], batch=rows, output=head.output,
-                                               framewise=head.framewise)
+            run.held = runner.held_bytes(head.inputs.shape[1:], batch=rows, output=head.output,
+                                         framewise=head.framewise)
         if head.key in self._suspects:
-            free = self._runner.free_bytes()
+            free = runner.free_bytes()
             if free is not None and needed > free:
                 raise OutOfMemory(f"this {head.operation} ran out of memory before; it needs {needed} bytes per device "
                                   f"and {free} are free now", where="device")
@@ -534,18 +540,16 @@ class Worker:
 
     def _execute(self, batch: list[Job]) -> np.ndarray:
         """The one device call of an encode batch: frames in, latents out (host arrays)."""
-        assert self._runner is not None
         # A batch of one runs on its own inputs: a copy would double the host memory of a large encode.
         inputs = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
         requests = [(job.encode, job.size) for job in batch if job.encode is not None]
-        return self._runner.encode(inputs, requests)
+        return self._model_of(batch[0]).runner.encode(inputs, requests)
 
     def _steps(self, batch: list[Job], latents: np.ndarray) -> Iterator[Any]:
         """The steps of a decode batch; each job's rows decode with its own conditions (an LTX timestep, seed)."""
-        assert self._runner is not None
         head = batch[0]
-        return self._runner.decode_stream(latents, output=head.output, framewise=head.framewise,
-                                          conditions=[(job.decode, job.size) for job in batch])
+        return self._model_of(head).runner.decode_stream(latents, output=head.output, framewise=head.framewise,
+                                                         conditions=[(job.decode, job.size) for job in batch])
 
     def _expire(self, run: StepRun) -> None:
         """Answer the jobs of ``run`` whose deadline has passed (504) and stop decoding for them:

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 
 from ..engine.boot import boot
 from ..engine.errors import StartupRefused
-from ..engine.model import ModelState, RunnerFactory
+from ..engine.model import RunnerFactory, ServedModels
 from ..engine.worker import Worker
 from ..metrics import Metrics
 from ..settings import Settings
@@ -35,16 +35,16 @@ from .state import ServiceState
 VERSION = "0.2.0"
 
 
-def _start_worker(state: ServiceState, startup: Callable[[], ModelState]) -> Worker:
+def _start_worker(state: ServiceState, startup: Callable[[], ServedModels]) -> Worker:
     loop = asyncio.get_running_loop()
 
-    def on_ready(model: ModelState) -> None:  # called in the device thread: hop onto the loop
-        loop.call_soon_threadsafe(state.set_ready, model)
+    def on_ready(models: ServedModels) -> None:  # called in the device thread: hop onto the loop
+        loop.call_soon_threadsafe(state.set_ready, models)
 
     def on_failed(error: str) -> None:
         loop.call_soon_threadsafe(state.set_failed, error)
 
-    def startup_or_refuse() -> ModelState:
+    def startup_or_refuse() -> ServedModels:
         try:
             return startup()
         except StartupRefused as refusal:  # the serving process exits 3 (service.http.server)
@@ -65,14 +65,14 @@ def _start_worker(state: ServiceState, startup: Callable[[], ModelState]) -> Wor
 
 async def _leave_slice(worker: Worker) -> None:
     """After the drain, on a multi-host slice: leave it (process 0 stops the followers)."""
-    model = worker.model
-    if model is not None and model.cluster is not None:
-        await anyio.to_thread.run_sync(model.cluster.leave, not worker.alive)
+    models = worker.models
+    if models is not None and models.cluster is not None:
+        await anyio.to_thread.run_sync(models.cluster.leave, not worker.alive)
 
 
 def create_app(settings: Settings | None = None, *, vae: Any = None,
                runner_factory: RunnerFactory | None = None) -> FastAPI:
-    """Build the app. ``vae`` (a ``models`` VAE) skips loading ``settings.model``;
+    """Build the app. ``vae`` (a ``models`` VAE, or a dict of them by name) skips loading ``settings.model``;
     ``runner_factory(vae, mesh, max_batch=, dp=)`` replaces ``service.engine.runner.DeviceRunner``."""
     settings = settings or Settings()
     metrics = Metrics()

@@ -7,7 +7,7 @@ import secrets
 from typing import Annotated
 
 import numpy as np
-from fastapi import Depends, Header, Query, Request
+from fastapi import Depends, Header, Path, Query, Request
 from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
 from fastapi.security.base import SecurityBase
 
@@ -57,6 +57,28 @@ class BearerKey(SecurityBase):
                           expected="Authorization: Bearer <key>",
                           received="no Authorization header" if authorization is None else "a different token",
                           headers={"WWW-Authenticate": 'Bearer realm="vaeserve"'})
+
+
+def model_name(request: Request, model: Annotated[str | None, Query(
+        description="the model to run, as /v1/models names it (its id): needed when the server serves several; "
+        "/v1/models/{name}/decode and /v1/models/{name}/encode name it in the path")] = None) -> str | None:
+    """The model a request names: the path's (``/v1/models/{name}/...``) or its ``model`` query
+    parameter's (None: the only one served). Both, naming different models, are refused (422)."""
+    named = request.path_params.get("name")
+    if named is not None and model is not None and model != named:
+        raise Problem(422, "invalid-parameter", f"the path names the model {named!r} and the model query parameter "
+                      f"{model!r}", expected=named, received=model)
+    return model if named is None else named
+
+
+ModelNameDep = Annotated[str | None, Depends(model_name)]
+
+
+def model_path(name: Annotated[str, Path(description="the model to run, as /v1/models names it (its id)")]) -> None:
+    """Declares ``/v1/models/{name}/...``'s path parameter (for the API docs); ``model_name`` reads it."""
+
+
+ModelPathDep = Depends(model_path)
 
 
 def check_latents_body_headers(request: Request, state: StateDep) -> str:
@@ -128,6 +150,7 @@ def request_timeout(settings: Settings, timeout_s: float | None) -> float:
 
 def decode_params(
     state: StateDep,
+    model: ModelNameDep,
     output_type: Annotated[OutputType | None, Query(description="default mp4 (an image model: png); with "
                                                     "stream=true, mp4 asks for fragmented MP4 instead of raw frames; "
                                                     "pil: an image file in image_format")] = None,
@@ -157,7 +180,8 @@ def decode_params(
     settings = state.settings
     if denormalize is None:
         denormalize = bool(do_scaling)
-    images = state.model is not None and state.model.vae.config.is_image  # (no model yet: 503 follows)
+    served = state.models.find(model) if state.models is not None else None  # None: a 503, 404 or 422 follows
+    images = served is not None and served.vae.config.is_image
     return DecodeParams(
         output_type=output_type or ("png" if images else "mp4"), denormalize=denormalize, partial_postprocess=partial_postprocess,
         stream=stream, mp4_stream=stream and output_type == "mp4", fps=fps or settings.default_fps, crf=settings.default_crf if crf is None else crf,

@@ -5,7 +5,7 @@ inputs), **submit** (the job to the device worker), **answer** (wait or stream, 
 
 .. code-block:: python
 
-    async with admitted(request, state, params.timeout_s) as admission:   # 503 / 429 here
+    async with admitted(request, state, params.timeout_s, model) as admission:  # 503 / 404 / 429 here
         async with admission.body() as body:                               # 413 / 408 / 429 here
             inputs = await anyio.to_thread.run_sync(parse, body, ...)       # 4xx here
         await admission.reserve_decode(inputs.latents.shape, params)       # 422 / 503 here
@@ -109,24 +109,26 @@ class Admission:
     def submit(self, operation: Operation, inputs: np.ndarray, **fields: Any) -> Job:
         """The request's job (its other ``Job`` fields given by name), queued in the place its ticket holds."""
         job = Job(self.request.state.request_id, operation, inputs, deadline=self.deadline,
-                  loop=asyncio.get_running_loop(), arrived=self.arrived, **fields)
+                  loop=asyncio.get_running_loop(), model=self.model.name, arrived=self.arrived, **fields)
         self.worker.submit(job, self.ticket)
         return job
 
 
 @asynccontextmanager
-async def admitted(request: Request, state: ServiceState, timeout_s: float) -> AsyncIterator[Admission]:
+async def admitted(request: Request, state: ServiceState, timeout_s: float,
+                   model: str | None) -> AsyncIterator[Admission]:
     """Admit a request before a byte of its body is read: the service must be serving (503 while
-    loading, draining or failed) and the queue not full (429); its deadline is ``timeout_s`` from
+    loading, draining or failed) the ``model`` it names (404; 422 when it names none of several),
+    and the queue not full (429); its deadline is ``timeout_s`` from
     now. The ticket is given back unless a job was submitted with it; what the request held is let go
     when the block ends. The request's arrival is noted for its latency metric (taken when the last
     byte of its answer is sent: ``service.http.middleware``)."""
     arrived = time.monotonic()
-    model, worker = state.serving()
+    served, worker = state.serving(model)
     ticket = worker.reserve()
     request.state.arrived = arrived
     async with AsyncExitStack() as holds:
         try:
-            yield Admission(request, state, model, worker, ticket, arrived, arrived + timeout_s, holds)
+            yield Admission(request, state, served, worker, ticket, arrived, arrived + timeout_s, holds)
         finally:
             ticket.release()  # a no-op once the job was submitted

@@ -22,6 +22,8 @@ from ..engine.errors import (
     DeadlineExceeded,
     DeviceFailed,
     EngineError,
+    ModelNotNamed,
+    ModelNotServed,
     NoEncoder,
     NonFiniteOutput,
     OutOfMemory,
@@ -61,6 +63,10 @@ def engine_problem(error: EngineError, *, retry_after_s: int, request_id: str | 
     if isinstance(error, SlowReader):
         return Problem(408, "slow-reader", str(error), expected=f"frames taken as they come (behind for less than "
                        f"{error.seconds:g} s while others wait)", received=f"{error.behind_bytes} bytes not taken")
+    if isinstance(error, ModelNotServed):
+        return Problem(404, "model-not-found", str(error), expected=error.served, received=error.received)
+    if isinstance(error, ModelNotNamed):
+        return Problem(422, "model-not-named", str(error), expected=error.served, received="no model named")
     if isinstance(error, ShapeNotServed):
         return Problem(422, "shape-not-allowed", str(error), expected=error.allowed, received=error.received)
     if isinstance(error, TooLargeForMemory):

@@ -239,8 +239,10 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     for code, description in {
         400: "malformed request headers", 401: "API key set and the bearer token missing or wrong",
         408: "the body did not arrive in time", 413: "body over max_body_bytes",
+        404: "the model named (model=, /v1/models/{name}/...) is not served here",
         415: "Content-Type not a format of this route",
-        422: "the body or a parameter is invalid, or the request cannot fit this server's memory",
+        422: "the body or a parameter is invalid, the request cannot fit this server's memory, or it names no "
+             "model of a server of several",
         429: "queue full, or too many body bytes being read", 500: "the decode or encode failed",
         501: "encode asked of a checkpoint without an encoder",
         503: "loading, draining or failed; the host memory for requests stayed in use until the deadline; "

@@ -220,9 +220,9 @@ class DrainingServer(uvicorn.Server):
             return
         if service is not None:
             service.set_draining()
-            model = service.model
-            if model is not None and model.cluster is not None and not model.cluster.is_leader:
-                model.cluster.request_stop(f"signal {signal.Signals(sig).name}")  # process 0 stops the slice
+            models = service.models
+            if models is not None and models.cluster is not None and not models.cluster.is_leader:
+                models.cluster.request_stop(f"signal {signal.Signals(sig).name}")  # process 0 stops the slice
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[Any] | None = None) -> None:

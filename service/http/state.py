@@ -15,7 +15,7 @@ from typing import Literal
 import anyio
 
 from ..engine.errors import Unavailable
-from ..engine.model import ModelState
+from ..engine.model import ModelState, ServedModels
 from ..engine.worker import Worker
 from ..metrics import Metrics
 from ..settings import Settings
@@ -33,25 +33,24 @@ class ServiceState:
     settings: Settings
     metrics: Metrics
     reading: ByteBudget  # request bodies being read
-    host: MemoryBudget  # the host account: what requests hold on the host (sized from the model's memory plan)
+    host: MemoryBudget  # the host account: what requests hold on the host, for every model (sized from the memory plan)
     worker: Worker | None = None  # set by the lifespan
     mp4_pool: Mp4Pool | None = None  # set by the lifespan (its FIFO belongs to the serving loop)
     phase: Phase = "loading"
-    model: ModelState | None = None
+    models: ServedModels | None = None
     error: str | None = None
     refused: bool = False  # start-up refused to serve as configured: the process exits non-zero
     stop_server: Callable[[], None] | None = None  # set by the server that runs the app (service.http.server)
     _drain: asyncio.Future[None] | None = field(default=None, repr=False)  # begun once (drain())
 
     # -- transitions (event loop only) -----------------------------------------------------------
-    def set_ready(self, model: ModelState) -> None:
-        self.model = model
-        if model.memory is not None:
-            self.host.limit = model.memory.host_bytes
-            self.metrics.host_memory_limit.set(model.memory.host_bytes)
+    def set_ready(self, models: ServedModels) -> None:
+        self.models = models
+        self.host.limit = models.memory.host_bytes  # one host account for every model
+        self.metrics.host_memory_limit.set(models.memory.host_bytes)
         if self.phase == "loading":
             self.phase = "ready"
-            log.info("%s", ready_line(model, self.settings))
+            log.info("%s", ready_line(models, self.settings))
 
     def set_failed(self, error: str) -> None:
         if not self.refused:  # the refusal's message is the one to keep
@@ -82,7 +81,7 @@ class ServiceState:
         waits for is answered 503 at once, as at ``drain_timeout_s``. Not on a follower of a
         multi-host slice, whose drain is waiting for process 0 to stop the slice: leaving before
         would fail the slice under process 0's requests."""
-        if self.model is not None and self.model.follower:
+        if self.models is not None and self.models.follower:
             log.warning("%s: ignored; a follower leaves when process 0 stops the slice", reason)
             return
         log.warning("%s: the drain ends now; what is left is answered 503", reason)
@@ -95,7 +94,7 @@ class ServiceState:
         if worker is None:
             return
         timeout = self.settings.drain_timeout_s
-        if worker.model is not None and worker.model.follower:  # its device loop ends with process 0's STOP
+        if worker.models is not None and worker.models.follower:  # its device loop ends with process 0's STOP
             timeout += FOLLOWER_STOP_MARGIN_S
         await anyio.to_thread.run_sync(worker.stop, timeout)
 
@@ -116,29 +115,35 @@ class ServiceState:
             log.error("no server to stop (the app is embedded): stop it from outside")
 
     # -- reads -------------------------------------------------------------------------------------
-    def serving(self) -> tuple[ModelState, Worker]:
-        """The model and worker; ``Unavailable`` while loading, draining or failed, and on the
+    def serving_all(self) -> tuple[ServedModels, Worker]:
+        """The models and worker; ``Unavailable`` while loading, draining or failed, and on the
         followers of a multi-host slice (process 0 serves requests)."""
-        if self.phase != "ready" or self.model is None or self.worker is None:
+        if self.phase != "ready" or self.models is None or self.worker is None:
             raise Unavailable(self.error if self.phase == "failed" and self.error else f"service is {self.phase}")
-        cluster = self.model.cluster
+        cluster = self.models.cluster
         if cluster is not None and not cluster.is_leader:
             raise Unavailable(f"this is process {cluster.process_id} of a {cluster.num_processes}-process slice: "
                               "it follows process 0, which serves requests")
-        return self.model, self.worker
+        return self.models, self.worker
+
+    def serving(self, name: str | None = None) -> tuple[ModelState, Worker]:
+        """The model a request names (``name``; None: the only one served) and the worker:
+        ``Unavailable`` as ``serving_all`` says, then ``ModelNotServed`` or ``ModelNotNamed``."""
+        models, worker = self.serving_all()
+        return models.choose(name), worker
 
 
-def ready_line(model: ModelState, settings: Settings) -> str:
-    """The one log line that says the service is ready: where, which model, on what, and what
+def ready_line(models: ServedModels, settings: Settings) -> str:
+    """The one log line that says the service is ready: where, which models, on what, and what
     was compiled ahead (a request of another shape compiles first)."""
-    meta = model.vae.metadata
-    name = settings.model or meta.get("name", "vae")
-    weights = " with RANDOM weights" if meta.get("random_weights") else ""
+    model = models.first
+    names = ", ".join(f"{name}{' with RANDOM weights' if each.vae.metadata.get('random_weights') else ''}"
+                      for name, each in models.by_name.items())
     devices = f"{len(model.devices)} {model.platform} device{'s' if len(model.devices) != 1 else ''}"
-    warmed = ", ".join(str(w) for w in model.warmed) or "none (each new shape compiles on its first request)"
+    warmed = ", ".join(str(w) for each in models.by_name.values() for w in each.warmed) or (
+        "none (each new shape compiles on its first request)")
     if model.follower:
         assert model.cluster is not None
-        return (f"ready: process {model.cluster.process_id} of the slice, following process 0 ({name}{weights}, "
-                f"{devices})")
-    return (f"ready on http://{settings.host}:{settings.port}: {name}{weights}, {model.vae.dtype}, {devices} "
+        return f"ready: process {model.cluster.process_id} of the slice, following process 0 ({names}, {devices})"
+    return (f"ready on http://{settings.host}:{settings.port}: {names}, {model.vae.dtype}, {devices} "
             f"(dp={settings.dp}, tp={settings.tp}); warmed: {warmed}")

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from tests.helpers.service_helpers import REPO
 from vaeserve.service.cli import build_parser, main, serve as serve_command
 from vaeserve.service.cli.serve import settings_from
-from vaeserve.service.settings import Settings, parse_latent_shape, settings_markdown
+from vaeserve.service.settings import Settings, named_model, parse_latent_shape, settings_markdown
 
 
 def serve_parser():
@@ -128,3 +128,17 @@ def test_the_api_key_file_is_read_stripped_and_an_empty_one_refused(tmp_path, mo
     assert f"api_key_file {key_file} holds no key" in capsys.readouterr().err
     assert main(["serve", "--api-key-file", str(tmp_path / "missing")]) == 2
     assert "cannot be read" in capsys.readouterr().err
+
+
+def test_model_repeats_and_names_its_models(monkeypatch):
+    args = build_parser().parse_args(["serve", "--model", "wan2.1", "--model", "ltx=/models/ltx-2-vae"])
+    assert settings_from(args).model == ["wan2.1", "ltx=/models/ltx-2-vae"]
+    assert [named_model(entry) for entry in settings_from(args).model] == [
+        ("wan2.1", "wan2.1"), ("ltx", "/models/ltx-2-vae")]
+    assert named_model("/models/a=b") == ("/models/a=b", "/models/a=b")  # a path is not a name
+    monkeypatch.setenv("VAESERVE_MODEL", "/models/wan2.1-vae")  # one model: the value as it is
+    assert Settings().model == ["/models/wan2.1-vae"]
+    monkeypatch.setenv("VAESERVE_MODEL", '["wan2.1", "flux1=/models/flux1-vae"]')
+    assert Settings().model == ["wan2.1", "flux1=/models/flux1-vae"]
+    with pytest.raises(ValidationError, match="named alike.*wan"):
+        Settings(model=["wan=/a", "wan=/b"])

@@ -55,7 +55,7 @@ def test_every_variable_is_a_setting_and_the_command_is_valid(settings):
     for variable in CONTAINER["env"]:
         assert variable["name"].startswith("VAESERVE_"), variable
         assert variable["name"].removeprefix("VAESERVE_").lower() in Settings.model_fields, variable
-    assert (settings.model, settings.dtype, settings.shapes) == ("/models/wan2.1-vae", "bfloat16", "warmed")
+    assert (settings.model, settings.dtype, settings.shapes) == (["/models/wan2.1-vae"], "bfloat16", "warmed")
     assert [str(warmup) for warmup in settings.warmup] == ["16x21x90x160:uint8,stream"]
     assert settings.api_key is not None  # from the secret
 
@@ -84,7 +84,7 @@ def test_the_compile_cache_and_the_model_lie_on_the_volumes(settings):
     assert settings.compile_cache is not None
     cache = mounted_volume(settings.compile_cache)
     assert not cache.get("readOnly", False)
-    assert mounted_volume(settings.model or "")["readOnly"] is True
+    assert mounted_volume(settings.model[0])["readOnly"] is True
     volumes = {volume["name"]: volume for volume in POD["volumes"]}
     claim = volumes[cache["name"]]["persistentVolumeClaim"]["claimName"]
     assert DOCUMENTS["PersistentVolumeClaim"]["metadata"]["name"] == claim

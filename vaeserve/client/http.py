@@ -7,6 +7,7 @@
         ...
     latents = encode("http://127.0.0.1:8000", frames)                            # (B, z, T, H/s, W/s) float32
     latents = encode("http://127.0.0.1:8000", Path("first_frame.png").read_bytes(), normalize=True)
+    video = decode("http://127.0.0.1:8000", latents, model="ltx2")   # a server of several models: name one
 
 Stream framing (``application/x-vaeserve-stream``): a sequence of messages, each
 ``u32 little-endian N`` + ``N bytes of JSON header`` + ``header["nbytes"]`` bytes of payload.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -49,6 +51,14 @@ def _endpoint(url: str, route: str = "/v1/decode") -> str:
     return url if url.rstrip("/").endswith(route) else url.rstrip("/") + route
 
 
+def _model_endpoint(url: str, operation: str, model: str | None) -> str:
+    """``POST /v1/{operation}``, or with a ``model`` (its id in ``GET /v1/models``; any characters)
+    ``/v1/models/{model}/{operation}``."""
+    if model is None:
+        return _endpoint(url, f"/v1/{operation}")
+    return url.rstrip("/") + f"/v1/models/{quote(model, safe='')}/{operation}"
+
+
 def _raise_for_problem(response: httpx.Response) -> None:
     if response.status_code != 200:
         response.read()
@@ -60,10 +70,11 @@ def _raise_for_problem(response: httpx.Response) -> None:
 
 
 def decode(url: str, latents: np.ndarray, *, output_type: str = "mp4", api_key: str | None = None,
-           timeout: float = 600.0, **params):
-    """One request. Returns MP4/PNG bytes, or a numpy array for ``npy`` and ``pt``."""
+           timeout: float = 600.0, model: str | None = None, **params):
+    """One request (to ``model``: needed of a server of several). Returns MP4/PNG bytes, or a numpy
+    array for ``npy`` and ``pt``."""
     args = _request_args(latents, api_key, {"output_type": output_type, **params})
-    response = httpx.post(_endpoint(url), timeout=timeout, **args)
+    response = httpx.post(_model_endpoint(url, "decode", model), timeout=timeout, **args)
     _raise_for_problem(response)
     if output_type == "npy":
         import io
@@ -112,11 +123,11 @@ def read_stream(byte_chunks: Iterator[bytes]) -> Iterator[tuple[dict, bytes]]:
 
 
 def decode_stream(url: str, latents: np.ndarray, *, api_key: str | None = None, timeout: float = 600.0,
-                  **params) -> Iterator[np.ndarray]:
+                  model: str | None = None, **params) -> Iterator[np.ndarray]:
     """Yield uint8 frame chunks ``(B, f, H, W, 3)`` (``(f, H, W, 3)`` for unbatched latents) as the
-    server decodes them. Raises DecodeError for an error before or during the stream."""
+    server (its ``model``) decodes them. Raises DecodeError for an error before or during the stream."""
     args = _request_args(latents, api_key, {"stream": True, **params})
-    with httpx.stream("POST", _endpoint(url), timeout=timeout, **args) as response:
+    with httpx.stream("POST", _model_endpoint(url, "decode", model), timeout=timeout, **args) as response:
         _raise_for_problem(response)
         ended = False
         for header, payload in read_stream(response.iter_bytes()):
@@ -131,11 +142,12 @@ def decode_stream(url: str, latents: np.ndarray, *, api_key: str | None = None, 
 
 
 def encode(url: str, frames: np.ndarray | bytes, *, normalize: bool = False, sample: bool = False,
-           seed: int | None = None, api_key: str | None = None, timeout: float = 600.0, **params) -> np.ndarray:
+           seed: int | None = None, api_key: str | None = None, timeout: float = 600.0, model: str | None = None,
+           **params) -> np.ndarray:
     """Encode frames ``(B, 3, F, H, W)`` / ``(B, 3, H, W)`` in [-1, 1] (sent as raw float32), or the
     bytes of a PNG, JPEG or MP4 file (sent as they are; the server recognizes them). Returns float32
     latents ``(B, z, T, H/s, W/s)`` (``s`` the spatial scale: 8, or 16 for Wan 2.2). ``params``:
-    ``scaling_factor``, ``shift_factor``, ``timeout_s``."""
+    ``scaling_factor``, ``shift_factor``, ``timeout_s``; ``model``: as ``decode``."""
     query = {"normalize": normalize, "sample": sample, "seed": seed, "output_type": "pt", **params}
     if isinstance(frames, bytes):
         content: bytes = frames
@@ -144,7 +156,7 @@ def encode(url: str, frames: np.ndarray | bytes, *, normalize: bool = False, sam
     else:
         args = _request_args(frames, api_key, query)
         content, query, headers = args["content"], args["params"], args["headers"]
-    response = httpx.post(_endpoint(url, "/v1/encode"), content=content, params=query, headers=headers,
+    response = httpx.post(_model_endpoint(url, "encode", model), content=content, params=query, headers=headers,
                           timeout=timeout)
     _raise_for_problem(response)
     return np.frombuffer(response.content, "<f4").reshape(json.loads(response.headers["shape"]))

@@ -51,6 +51,7 @@ class RemoteVAE:
             raise ValueError(f"frames must be 'float16' or 'uint8', not {frames!r}")
         self.url, self.frames, self.api_key, self.timeout = url.rstrip("/"), frames, api_key, timeout
         self.info = pick_model(served_models(self.url, api_key=api_key), model)
+        self.model: str = self.info["id"]  # every request names it (/v1/models/{id}/decode)
         self.config = FrozenDict(self.info["config"])
         latents = self.info["latents"]
         self.spatial_compression_ratio: int = latents["spatial_scale"]
@@ -131,7 +132,7 @@ class RemoteVAE:
         import torch
 
         conditions = {} if timestep is None else {"timestep": timestep, "noise_scale": 0.0}
-        answer = decode_latents(self.url, latents_array(z), output_type="pt", api_key=self.api_key,
+        answer = decode_latents(self.url, latents_array(z), output_type="pt", api_key=self.api_key, model=self.model,
                                 timeout=self.timeout, partial_postprocess=self.frames == "uint8", **conditions)
         frames = torch.from_numpy(np.array(answer))
         if self.frames == "uint8":  # channels-last levels back to channels-first [-1, 1]
@@ -159,7 +160,7 @@ class RemotePosterior:
 
         vae = self.vae
         latents = encode_frames(vae.url, np.ascontiguousarray(latents_array(self.frames)), api_key=vae.api_key,
-                                timeout=vae.timeout, **params)
+                                timeout=vae.timeout, model=vae.model, **params)
         return torch.from_numpy(np.array(latents)).to(device=self.frames.device, dtype=self.frames.dtype)
 
     @property

@@ -1,4 +1,4 @@
-"""``POST /v1/decode``: latents in, video / frames / tensor out."""
+"""``POST /v1/decode`` (and ``/v1/models/{name}/decode``): latents in, video / frames / tensor out."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from ...engine.errors import EngineError
 from ...engine.jobs import Job
 from .. import responses, streams
-from ..deps import ApiKeyDep, DecodeParamsDep, LatentsMediaTypeDep, StateDep
+from ..deps import ApiKeyDep, DecodeParamsDep, LatentsMediaTypeDep, ModelNameDep, ModelPathDep, StateDep
 from ..inputs import DecodeInputs, declared_latents, decode_inputs, decode_options
 from ..lifecycle import admitted
 from ..query import StrictQueryDep
@@ -21,13 +21,16 @@ from ..state import ServiceState
 router = APIRouter(tags=["decode"])
 
 
+# Decorators apply from the bottom: /v1/decode is registered (and documented) first.
+@router.post("/v1/models/{name:path}/decode", dependencies=[ApiKeyDep, ModelPathDep, StrictQueryDep],
+             response_class=Response, responses=DECODE_RESPONSES, openapi_extra=DECODE_OPENAPI)
 @router.post("/v1/decode", dependencies=[ApiKeyDep, StrictQueryDep], response_class=Response, responses=DECODE_RESPONSES,
              openapi_extra=DECODE_OPENAPI)
-async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsMediaTypeDep,
+async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsMediaTypeDep, model: ModelNameDep,
                  state: StateDep) -> Response:
-    """Decode latents ``(B, C, T, H, W)`` or ``(C, T, H, W)`` (``C``: the model's latent channels);
-    see the API docs for the formats."""
-    async with admitted(request, state, params.timeout_s) as admission:
+    """Decode latents ``(B, C, T, H, W)`` or ``(C, T, H, W)`` (``C``: the model's latent channels)
+    with the model the path or the ``model`` parameter names; see the API docs for the formats."""
+    async with admitted(request, state, params.timeout_s, model) as admission:
         conditions = decode_options(params, admission.model)
         declared = declared_latents(params, media_type, admission.model)
         if declared is not None:  # a raw body: its shape is in the query, checked before the body is read

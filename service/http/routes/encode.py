@@ -1,4 +1,5 @@
-"""``POST /v1/encode``: an image, an MP4 or frames in, latents out (diffusers' ``remote_encode`` contract)."""
+"""``POST /v1/encode`` (and ``/v1/models/{name}/encode``): an image, an MP4 or frames in, latents out
+(diffusers' ``remote_encode`` contract)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from fastapi.responses import Response
 
 from ...engine.jobs import EncodeOptions
 from .. import responses
-from ..deps import ApiKeyDep, EncodeParamsDep, FramesMediaTypeDep, StateDep
+from ..deps import ApiKeyDep, EncodeParamsDep, FramesMediaTypeDep, ModelNameDep, ModelPathDep, StateDep
 from ..inputs import encode_header
 from ..lifecycle import admitted
 from ..query import StrictQueryDep
@@ -17,14 +18,18 @@ from ..schemas import ENCODE_OPENAPI, ENCODE_RESPONSES
 router = APIRouter(tags=["encode"])
 
 
+# Decorators apply from the bottom: /v1/encode is registered (and documented) first.
+@router.post("/v1/models/{name:path}/encode", dependencies=[ApiKeyDep, ModelPathDep, StrictQueryDep],
+             response_class=Response, responses=ENCODE_RESPONSES, openapi_extra=ENCODE_OPENAPI)
 @router.post("/v1/encode", dependencies=[ApiKeyDep, StrictQueryDep], response_class=Response, responses=ENCODE_RESPONSES,
              openapi_extra=ENCODE_OPENAPI)
-async def encode(request: Request, params: EncodeParamsDep, media_type: FramesMediaTypeDep,
+async def encode(request: Request, params: EncodeParamsDep, media_type: FramesMediaTypeDep, model: ModelNameDep,
                  state: StateDep) -> Response:
     """Encode to float32 latents ``(B, z, T, H/s, W/s)`` (``z``, ``s``: the model's latent channels
-    and spatial scale, ``/v1/models``); see the API docs for the body formats."""
-    state.serving()[0].require_encoder()  # 501 before a queue slot is taken or a byte of the body read
-    async with admitted(request, state, params.timeout_s) as admission:
+    and spatial scale, ``/v1/models``) with the model the path or the ``model`` parameter names;
+    see the API docs for the body formats."""
+    state.serving(model)[0].require_encoder()  # 501 before a queue slot is taken or a byte of the body read
+    async with admitted(request, state, params.timeout_s, model) as admission:
         async with admission.body() as body:
             # Headers first (4xx before a pixel exists), then the memory: the encode's program
             # against the devices' (the estimate) and its frames in the host account (waiting up

@@ -1,4 +1,4 @@
-"""``GET /v1/models``: the model served, its latents' rules and limits, the mesh and the programs."""
+"""``GET /v1/models``: every model served, its latents' rules and limits, the mesh and the programs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from vaeserve.models.conditions import SEED_RANGE, TIMESTEP_RANGE, condition_defaults
 
 from ...engine.model import ModelState
+from ...settings import Settings
 from ..deps import ApiKeyDep, StateDep
 from ..query import StrictQueryDep
 from ..schemas import (
@@ -30,8 +31,14 @@ router = APIRouter(tags=["models"])
 @router.get("/v1/models", response_model=ModelList, dependencies=[ApiKeyDep, StrictQueryDep],
             responses={code: PROBLEM_RESPONSES[code] for code in (401, 422, 503)})
 async def list_models(state: StateDep) -> ModelList:
-    model, _ = state.serving()
-    settings, vae = state.settings, model.vae
+    models, _ = state.serving_all()
+    return ModelList(data=[model_info(model, state.settings) for model in models.by_name.values()])
+
+
+def model_info(model: ModelState, settings: Settings) -> ModelInfo:
+    """One served model: its id (what a request names it by), weights, latents' rules and limits,
+    its mesh, programs and memory."""
+    vae = model.vae
     meta, limits = dict(vae.metadata), model.limits
     config = vae.config
     images = config.is_image
@@ -43,8 +50,8 @@ async def list_models(state: StateDep) -> ModelList:
         max_batch=limits.max_batch, max_latent_frames=None if images else limits.max_latent_frames,
         max_latent_height=limits.max_latent_height, max_latent_width=limits.max_latent_width,
         max_height=limits.max_height, max_width=limits.max_width)
-    return ModelList(data=[ModelInfo(
-        id=settings.model or meta.get("name", "vae"), source=meta.get("source"),
+    return ModelInfo(
+        id=model.name, source=meta.get("source"),
         random_weights=meta.get("random_weights"), dtype=vae.dtype, encodes=vae.has_encoder, latents=latents,
         decode_conditions=conditions_info(vae), config=vae.config.to_dict(),
         metadata=meta, mesh=MeshInfo(dp=settings.dp, tp=settings.tp, devices=model.devices,
@@ -55,7 +62,7 @@ async def list_models(state: StateDep) -> ModelList:
                 for w in model.warmed],
         compiled=model.runner.programs(),
         program_memory=[ProgramMemory(**row) for row in model.runner.program_memory()],
-        device_memory_bytes=model.device_memory_bytes, memory=memory_info(model))])
+        device_memory_bytes=model.device_memory_bytes, memory=memory_info(model))
 
 
 def conditions_info(vae: Any) -> ConditionsInfo | None:

@@ -1,8 +1,8 @@
 """``GET /ui``: a page that decodes a dropped latents file — a video model's video played while it
 decodes (fragmented MP4 through Media Source Extensions), an image model's images as PNG —
 showing this request's progress (whether the server is compiling its size, the frames or bytes
-that have come) and offering the result for download, with the model, the mesh's bands, the queue
-and the compiled programs beside it. The page is three static files shipped in the package (``static/``: the HTML, its
+that have come) and offering the result for download, with the model (a server of several: the
+one chosen in its select), the mesh's bands, the queue and the compiled programs beside it. The page is three static files shipped in the package (``static/``: the HTML, its
 script ``/ui/app.js`` and its style ``/ui/app.css``; nothing inline, so a strict
 Content-Security-Policy holds); it calls the public API like any client (with the API key typed
 into it, when one is set)."""

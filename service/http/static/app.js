@@ -372,7 +372,8 @@ $("decode").addEventListener("click", async () => {
   const stop = watch();
   try {
     setPhase("sending");
-    const request = post(`/v1/decode?${queryFor(latents, mode)}`, latents.body,
+    const route = ui.model ? `/v1/models/${encodeURIComponent(ui.model.id)}/decode` : "/v1/decode";
+    const request = post(`${route}?${queryFor(latents, mode)}`, latents.body,
       { "Content-Type": latents.contentType, ...headers() }, {
         sending: (loaded, total) => { ui.sent = [loaded, total]; tell(); },
         sent: () => {
@@ -758,6 +759,19 @@ function showModel(model) {
 
 ui.showModel = showModel;
 
+// A server of several models: the page offers them (GET /v1/models' ids) and decodes with the one chosen.
+function chosenModel(served) {
+  const select = $("model-choice"), ids = served.map(model => model.id);
+  if (select.dataset.ids !== JSON.stringify(ids)) {
+    select.dataset.ids = JSON.stringify(ids);
+    select.replaceChildren(...ids.map(id => new Option(id, id)));
+  }
+  $("model-label").hidden = served.length < 2;
+  return served.find(model => model.id === select.value) || served[0];
+}
+
+$("model-choice").addEventListener("change", () => refresh());
+
 const shown = (value, digits = 0) => value === null ? "not reported" : value.toFixed(digits);
 
 async function refresh() {
@@ -771,7 +785,7 @@ async function refresh() {
                    shown(metric(text, "vaeserve_frames_decoded_total"))]];
     fillTable($("queue"), queue);
     const models = await fetch("/v1/models", { headers: headers() });
-    if (models.ok) showModel((await models.json()).data[0]);
+    if (models.ok) showModel(chosenModel((await models.json()).data));
     else fillTable($("model"), [[models.status === 401 ? "an API key is needed to read the model" : `model: ${models.status}`]]);
   } catch (error) {
     fillTable($("model"), [[`service unreachable: ${error.message || error}`]]);

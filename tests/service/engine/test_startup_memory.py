@@ -59,15 +59,20 @@ def memory_cgroup(limit: int) -> Path | None:
         return None
 
 
-def test_a_server_refuses_to_start_a_model_its_cgroup_cannot_hold(tmp_path):
-    """``vaeserve serve --model ltx-video`` in a 6 GB memory cgroup: exit status 3 within seconds, the
-    reason in its log, no weights drawn and nothing left in the weights cache."""
+@pytest.mark.parametrize(("served", "said"), [
+    (["ltx-video"], "1247 M parameters"),
+    # Each fits alone (Wan 2.2's 705 M: 5.6 GB at its peak); together they do not.
+    (["wan2.2", "hunyuan1.0", "wan2.1"], "1078 M parameters together")])
+def test_a_server_refuses_to_start_models_its_cgroup_cannot_hold(tmp_path, served, said):
+    """``vaeserve serve --model ltx-video`` (or three models that fit only alone) in a 6 GB memory
+    cgroup: exit status 3 within seconds, the reason in its log, no weights drawn and nothing left in
+    the weights cache."""
     group = memory_cgroup(6 * 2**30)
     if group is None:
         pytest.skip("no cgroup v1 memory controller this process may write")
     cache = tmp_path / "weights"
-    command = [sys.executable, "-m", "vaeserve", "serve", "--model", "ltx-video", "--port", str(free_port()),
-               "--embedded-weights-cache", str(cache)]
+    command = [sys.executable, "-m", "vaeserve", "serve", *[flag for name in served for flag in ("--model", name)],
+               "--port", str(free_port()), "--embedded-weights-cache", str(cache)]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     try:
         start = time.monotonic()
@@ -79,5 +84,16 @@ def test_a_server_refuses_to_start_a_model_its_cgroup_cannot_hold(tmp_path):
         group.rmdir()
     assert process.returncode == 3, log[-3000:]
     assert "machine 6.44 GB (cgroup memory.limit_in_bytes)" in log or "6.44 GB" in log, log[-3000:]
-    assert "refused before loading" in log and seconds < 120
+    assert "refused before loading" in log and said in log and seconds < 120
     assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_several_models_weights_are_checked_together():
+    """Two models that each fit alone are refused together: those loaded stay while the next loads
+    (each model's weights once, the largest's second copy at the peak)."""
+    wan = parameter_count(EMBEDDED["wan2.1"].config())
+    machine = Machine(int(1.4 * weights_load_bytes(wan)), "MemTotal")
+    check_weights_fit(wan, what="wan2.1", machine=machine, in_use=0)
+    assert weights_load_bytes(wan, wan) == 3 * 4 * wan
+    with pytest.raises(StartupRefused, match=r"the models 'a', 'b' have 254 M parameters together: .* refused"):
+        check_weights_fit([wan, wan], what="the models 'a', 'b'", machine=machine, in_use=0)

@@ -15,7 +15,8 @@ architecture): a batch of two shows two PNGs (made by the page from the raw fram
 the server's decode), one image the server's own PNG; the page says "compiling this size", then
 "decoding" with a running clock while the decode is held, and a size already compiled goes straight
 to decoding. Neither page says "null" anywhere, nor scrolls sideways at 1400 px; neither reports
-an error. ``GET /docs`` (Swagger UI) and ``GET /redoc`` (Redoc) render the operations from the
+an error. A server of several models: the page offers them in a select and shows the one chosen
+(with one model it offers none). ``GET /docs`` (Swagger UI) and ``GET /redoc`` (Redoc) render the operations from the
 package's own copies of their scripts."""
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def test_the_page_plays_a_fragmented_mp4_before_the_answer_ends(page_server, bro
     browser.get(page_server.url + "/ui")
     wait_for(browser, "return window.vaeserveUi.model")
     assert not browser.find_element(By.ID, "banner").is_displayed()  # a checkpoint's weights
+    assert not browser.find_element(By.ID, "model-label").is_displayed()  # one model: nothing to choose
     assert [o.get_attribute("value") for o in Select(browser.find_element(By.ID, "output")).options] == [
         "mp4-stream", "mp4", "frames"]
     model = browser.find_element(By.ID, "model").text
@@ -310,6 +312,29 @@ def _sideways(browser) -> list[str]:
         "return [document.scrollingElement, ...document.querySelectorAll('*')].filter(e => e.scrollWidth > e.clientWidth "
         "&& (e === document.scrollingElement || ['auto', 'scroll'].includes(getComputedStyle(e).overflowX)))"
         ".map(e => `${e.tagName}#${e.id}: ${e.scrollWidth} > ${e.clientWidth}`)")
+
+
+@needs_browser
+def test_the_page_offers_the_models_of_a_server_of_several(browser):
+    """A server of a video and an image model: the page offers both (GET /v1/models' ids) and shows
+    the one chosen, with that model's outputs."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    served = {"wan": models.init_vae(models.WanVAEConfig(base_dim=8, num_res_blocks=1), seed=0),
+              "flux1": models.init_vae(FLUX1_TINY, seed=0)}
+    with thread_server(served) as server:
+        browser.get(server.url + "/ui")
+        wait_for(browser, "return window.vaeserveUi.model")
+        choice = Select(browser.find_element(By.ID, "model-choice"))
+        assert browser.find_element(By.ID, "model-label").is_displayed()
+        assert [option.get_attribute("value") for option in choice.options] == ["wan", "flux1"]
+        assert browser.execute_script("return window.vaeserveUi.model.id") == "wan"
+        choice.select_by_value("flux1")
+        wait_for(browser, "return window.vaeserveUi.model.id === 'flux1'")
+        assert [o.get_attribute("value") for o in Select(browser.find_element(By.ID, "output")).options] == ["png"]
+        assert "flux1" in browser.find_element(By.ID, "model").text
+        assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []
 
 
 @needs_browser
