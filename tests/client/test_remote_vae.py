@@ -62,6 +62,17 @@ def as_array(output) -> np.ndarray:
 
 # ---- Wan 2.1 -----------------------------------------------------------------------------------
 
+def assert_remote_like_local(run, local, remote, other, shape: tuple[int, ...]) -> np.ndarray:
+    """``run(vae)`` (a pipeline's output with ``vae`` as its VAE) with ``remote`` within float16's
+    rounding of ``run(local)``, and far from ``run(other)`` (another seed's weights: the control);
+    the remote output."""
+    expected, got = run(local), run(remote)
+    assert got.shape == expected.shape == shape
+    assert np.abs(got - expected).max() <= FLOAT16_TOL
+    assert np.abs(got - run(other)).max() > FAR
+    return got
+
+
 def wan_vae(seed: int):
     torch.manual_seed(seed)
     return diffusers.AutoencoderKLWan(base_dim=8, num_res_blocks=1).eval()
@@ -94,12 +105,7 @@ def test_wan_pipeline_with_the_remote_vae_gives_the_local_frames(wan):
     pipe, local, url = wan
     remote = RemoteVAE(url)
     assert remote.config == model_config(local) and remote.temperal_downsample == local.temperal_downsample
-    expected = run_wan(pipe, local, "np")
-    got = run_wan(pipe, remote, "np")
-    assert got.shape == expected.shape == (1, 5, 32, 32, 3)
-    assert np.abs(got - expected).max() <= FLOAT16_TOL
-    # The control: the same pipeline with another seed's VAE is far from what the server gave.
-    assert np.abs(got - run_wan(pipe, wan_vae(1), "np")).max() > FAR
+    got = assert_remote_like_local(lambda vae: run_wan(pipe, vae, "np"), local, remote, wan_vae(1), (1, 5, 32, 32, 3))
     # Built anew around the remote VAE (docs/pipelines.md's recipe), it reads its sizes from it.
     rebuilt = diffusers.WanPipeline(**{**pipe.components, "vae": remote})
     assert rebuilt.vae_scale_factor_spatial == 8 and rebuilt.vae_scale_factor_temporal == 4
@@ -181,11 +187,8 @@ def run_flux(pipe, vae, output_type: str) -> np.ndarray:
 
 def test_flux_pipeline_with_the_remote_vae_gives_the_local_images(flux):
     pipe, local, url = flux
-    expected = run_flux(pipe, local, "np")
-    got = run_flux(pipe, RemoteVAE(url), "np")
-    assert got.shape == expected.shape == (1, 32, 32, 3)
-    assert np.abs(got - expected).max() <= FLOAT16_TOL
-    assert np.abs(got - run_flux(pipe, flux_vae(1), "np")).max() > FAR
+    assert_remote_like_local(lambda vae: run_flux(pipe, vae, "np"),
+                             local, RemoteVAE(url), flux_vae(1), (1, 32, 32, 3))
     assert_uint8_frames_match(run_flux(pipe, RemoteVAE(url, frames="uint8"), "pil"), run_flux(pipe, local, "pil"))
 
 
@@ -226,11 +229,8 @@ def run_ltx(pipe, vae, decode_timestep) -> np.ndarray:
 def test_ltx_pipeline_passes_its_decode_timestep_through(ltx):
     pipe, local, url = ltx
     timesteps = [0.3, 0.6]  # a row each (two requests), neither the server's default
-    expected = run_ltx(pipe, local, timesteps)
-    got = run_ltx(pipe, RemoteVAE(url), timesteps)
-    assert got.shape == expected.shape == (2, 9, 32, 32, 3)
-    assert np.abs(got - expected).max() <= FLOAT16_TOL
-    assert np.abs(got - run_ltx(pipe, ltx_vae(1), timesteps)).max() > FAR
+    got = assert_remote_like_local(lambda vae: run_ltx(pipe, vae, timesteps),
+                                   local, RemoteVAE(url), ltx_vae(1), (2, 9, 32, 32, 3))
     # The control of the timestep itself: the frames of other timesteps are far from these.
     assert np.abs(got - run_ltx(pipe, local, [0.05, 0.05])).max() > FAR
 
@@ -271,11 +271,8 @@ def run_sdxl(pipe, vae, output_type: str) -> np.ndarray:
 
 def test_sdxl_pipeline_with_the_remote_vae_gives_the_local_images(sdxl):
     pipe, local, url = sdxl
-    expected = run_sdxl(pipe, local, "np")
-    got = run_sdxl(pipe, RemoteVAE(url), "np")
-    assert got.shape == expected.shape == (1, 32, 32, 3)
-    assert np.abs(got - expected).max() <= FLOAT16_TOL
-    assert np.abs(got - run_sdxl(pipe, sdxl_vae(1), "np")).max() > FAR
+    assert_remote_like_local(lambda vae: run_sdxl(pipe, vae, "np"),
+                             local, RemoteVAE(url), sdxl_vae(1), (1, 32, 32, 3))
 
 
 # ---- Qwen-Image (one-frame clips) ----------------------------------------------------------------
@@ -310,11 +307,8 @@ def run_qwen(pipe, vae, output_type: str) -> np.ndarray:
 
 def test_qwen_image_pipeline_with_the_remote_vae_gives_the_local_images(qwen):
     pipe, local, url = qwen
-    expected = run_qwen(pipe, local, "np")
-    got = run_qwen(pipe, RemoteVAE(url), "np")
-    assert got.shape == expected.shape == (1, 32, 32, 3)
-    assert np.abs(got - expected).max() <= FLOAT16_TOL
-    assert np.abs(got - run_qwen(pipe, qwen_vae(1), "np")).max() > FAR
+    assert_remote_like_local(lambda vae: run_qwen(pipe, vae, "np"),
+                             local, RemoteVAE(url), qwen_vae(1), (1, 32, 32, 3))
 
 
 # ---- HunyuanVideo 1.5 ----------------------------------------------------------------------------
@@ -356,11 +350,8 @@ def run_hunyuan15(pipe, vae, output_type: str) -> np.ndarray:
 
 def test_hunyuan_video15_pipeline_with_the_remote_vae_gives_the_local_frames(hunyuan15):
     pipe, local, url = hunyuan15
-    expected = run_hunyuan15(pipe, local, "np")
-    got = run_hunyuan15(pipe, RemoteVAE(url), "np")
-    assert got.shape == expected.shape == (1, 5, 32, 32, 3)
-    assert np.abs(got - expected).max() <= FLOAT16_TOL
-    assert np.abs(got - run_hunyuan15(pipe, hunyuan15_vae(1), "np")).max() > FAR
+    assert_remote_like_local(lambda vae: run_hunyuan15(pipe, vae, "np"),
+                             local, RemoteVAE(url), hunyuan15_vae(1), (1, 5, 32, 32, 3))
 
 
 def test_wan_image_to_video_pipeline_encodes_its_image_on_the_server(wan):
@@ -383,7 +374,4 @@ def test_wan_image_to_video_pipeline_encodes_its_image_on_the_server(wan):
             return i2v(image=image, prompt_embeds=embeds, guidance_scale=1.0, height=32, width=32, num_frames=5,
                        num_inference_steps=2, generator=torch.Generator().manual_seed(19), output_type="np").frames
 
-    expected, got = run_i2v(local), run_i2v(RemoteVAE(url))
-    assert got.shape == expected.shape == (1, 5, 32, 32, 3)
-    assert np.abs(got - expected).max() <= FLOAT16_TOL
-    assert np.abs(got - run_i2v(wan_vae(1))).max() > FAR
+    assert_remote_like_local(run_i2v, local, RemoteVAE(url), wan_vae(1), (1, 5, 32, 32, 3))
