@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.helpers.minimax_h3_reference import seeded_reference
 from vaeserve import models
 from vaeserve.models.families.minimax_h3 import decode as h3
 from vaeserve.models.families.minimax_h3.config import TILING_FIELDS, AutoencoderKLMiniMaxH3Config
@@ -40,17 +41,7 @@ ENCODES = [(1, 3, 1, 24, 32), (1, 3, 22, 24, 32)]  # one frame; 17·1 + 5 frames
 
 @pytest.fixture(scope="module")
 def reference():
-    """diffusers' model with seeded weights; its residual scales and register tokens (zeros at
-    init) drawn too, so that every block changes the output."""
-    torch.manual_seed(0)
-    model = diffusers.AutoencoderKLMiniMaxH3(**{k: v for k, v in TINY.to_dict().items() if k != "_class_name"})
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith(("scale1", "scale2", "register_tokens")):
-                parameter.normal_(0, 0.5)
-    model.enable_tiling(TINY.tile_sample_min_height, TINY.tile_sample_min_width,
-                        TINY.tile_sample_min_overlap_height, TINY.tile_sample_min_overlap_width)
-    return model.eval()
+    return seeded_reference(TINY)
 
 
 @pytest.fixture(scope="module")

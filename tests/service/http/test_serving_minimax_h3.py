@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.frames import assert_uint8_frames_match
+from tests.helpers.minimax_h3_reference import seeded_reference
 from tests.helpers.service_helpers import latents, thread_server
 from vaeserve import models
 from vaeserve.models.families.minimax_h3.config import (
@@ -43,16 +44,7 @@ ENCODE_TOLERANCE = 1e-4  # the family's parity promise with diffusers
 
 @pytest.fixture(scope="module")
 def reference():
-    """diffusers' model, seeded (its residual scales and register tokens too), tiling on at the
-    tiny tiles."""
-    torch.manual_seed(0)
-    model = diffusers.AutoencoderKLMiniMaxH3(**{k: v for k, v in TINY.to_dict().items() if k != "_class_name"})
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith(("scale1", "scale2", "register_tokens")):
-                parameter.normal_(0, 0.5)
-    model.enable_tiling(*(getattr(TINY, name) for name in TILING_FIELDS))
-    return model.eval()
+    return seeded_reference(TINY)
 
 
 @pytest.fixture(scope="module")
