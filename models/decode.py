@@ -4,8 +4,8 @@ a first step of ``1 + lookahead`` latent frames, then a scan of steps that run o
 end until every frame is out (``models.families.ltx.layers``).
 
 These are pure functions of a merged decoder (any family's: ``models.family_modules``) and a spatial
-context, so the single-device path (``VAE.decode``) and the sharded path (``sharding``) run the
-very same code. A batch's rows run one after another inside a program (``models.rows``), so an
+context: ``sharding`` runs them on every band of a mesh (one device is a 1x1 mesh, where the
+context pads the whole frame itself). A batch's rows run one after another inside a program (``models.rows``), so an
 answer is bit for bit the same whatever it is batched with. Layouts: ``(B, z, T, H, W)`` NCTHW at the public boundary, ``(B, T, H, W, C)`` inside;
 an image model's latents ``(B, z, H, W)`` run as one-frame clips and come out as images
 (``models.shapes.one_frame_clip``/``without_time``).
@@ -317,8 +317,7 @@ def full_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], 
                  denormalize: bool, output: Output, chunk: int, inner_frames: int | None = None,
                  framewise: bool = False) -> Program:
     """``(state, latents NCTHW[, conditions]) → (frames, (B,) non-finite count)``: the whole decode on
-    one device (or one band: the single-device and the sharded decode differ only in
-    ``make_context``); ``conditions`` for a decoder that takes them (``decode_conditions``). Image
+    one band of a mesh (the whole frame on a 1x1 mesh; bands differ only in ``make_context``); ``conditions`` for a decoder that takes them (``decode_conditions``). Image
     latents ``(B, z, H, W)`` give images: float ``(B, 3, sH, sW)`` or uint8 ``(B, sH, sW, 3)``."""
 
     def run_rows(state, rows: tuple[jax.Array, DecodeConditions | None]) -> tuple[jax.Array, jax.Array]:

@@ -179,12 +179,11 @@ def latents_from_moments(moments: jax.Array, options: PosteriorOptions, config: 
 
 
 MomentsProgram = Callable[[object, jax.Array], jax.Array]
-EncodeProgram = Callable[[object, jax.Array, PosteriorOptions], jax.Array]
 
 
 def moments_program(graphdef, dtype, make_context: Callable[[], SpatialContext], *, chunk: int) -> MomentsProgram:
-    """``(state, frames NCTHW) → moments (B, T, h, w, 2z)`` on one device (or one band: the
-    single-device and the sharded encode differ only in ``make_context``); images ``(B, 3, H, W)``
+    """``(state, frames NCTHW) → moments (B, T, h, w, 2z)`` on one band of a mesh
+    (the whole frame on a 1x1 mesh; bands differ only in ``make_context``); images ``(B, 3, H, W)``
     as one-frame clips (``T = 1``)."""
 
     def run_rows(state, frames: jax.Array) -> jax.Array:
@@ -200,16 +199,3 @@ def moments_program(graphdef, dtype, make_context: Callable[[], SpatialContext],
 def image_latents(latents: jax.Array, frames_ndim: int) -> jax.Array:
     """The latents of images (``frames_ndim`` 4) without their time axis: ``(B, z, h, w)``."""
     return without_time(latents) if frames_ndim == 4 else latents
-
-
-def encode_program(graphdef, config: VAEConfig, dtype, make_context: Callable[[], SpatialContext], *,
-                   chunk: int) -> EncodeProgram:
-    """``(state, frames NCTHW, options) → latents (B, z, T, H/s, W/s)``: the whole single-device
-    encode (``options`` a ``PosteriorOptions`` of the batch); images ``(B, 3, H, W)`` give
-    ``(B, z, H/s, W/s)``."""
-    moments = moments_program(graphdef, dtype, make_context, chunk=chunk)
-
-    def run(state, frames: jax.Array, options: PosteriorOptions) -> jax.Array:
-        return image_latents(latents_from_moments(moments(state, frames), options, config), frames.ndim)
-
-    return run

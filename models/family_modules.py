@@ -85,7 +85,7 @@ class FamilyPrograms(Protocol):
     ``decode_program(...)(state, latents NCTHW) → (frames, (B,) non-finite count)``, frames as
     ``models.decode.full_program``'s (float32 NCTHW in [-1, 1] or uint8 NTHWC);
     ``encode_program(...)(state, frames NCTHW in [-1, 1], options) → latents NCTHW``, as
-    ``models.encode.encode_program``'s."""
+    ``sharding.compile_encode``'s."""
 
     def decode_program(self, graphdef: Any, config: Any, dtype: Any, *, denormalize: bool, output: Any,
                        mesh: Any = None, axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...

@@ -254,7 +254,7 @@ class ResidualBlock(nnx.Module):
         return h + shortcut, (cache1, cache2)
 
 
-class AttentionBlock(nnx.Module):
+class FrameAttentionBlock(nnx.Module):
     """Single-head self-attention over the H·W tokens of each frame (no mixing across time).
 
     ``(B, T, H, W, C)`` → same; the spatial context supplies the frame's keys and values.
@@ -277,7 +277,7 @@ class MidBlock(nnx.Module):
 
     def __init__(self, dim: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
         self.resnets = nnx.List([ResidualBlock(dim, dim, rngs=rngs, dtype=dtype) for _ in range(2)])
-        self.attentions = nnx.List([AttentionBlock(dim, rngs=rngs, dtype=dtype)])
+        self.attentions = nnx.List([FrameAttentionBlock(dim, rngs=rngs, dtype=dtype)])
 
     @scoped
     def __call__(self, x: jax.Array, caches: MidBlockCache | None,

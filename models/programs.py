@@ -1,6 +1,6 @@
 """One cache of compiled programs per model: ahead-of-time compiles, least recently used out.
 
-Every decode program (single-device or sharded, whole decode or stream step) is lowered and
+Every program (on one device or a mesh; whole decode, stream step or encode) is lowered and
 compiled explicitly (``jax.jit(...).lower(...).compile()``) and kept here under a key that names
 the program, its target devices, its input shape and its options. Explicit compiles are what make
 ``memory_analysis()`` available before a program runs, give an honest count of real compiles, and
@@ -32,7 +32,7 @@ class ProgramKey(NamedTuple):
     Attributes:
       program: ``"decode"`` (a whole decode), ``"stream-step"`` (one step of a streamed decode)
         or ``"encode"``.
-      mesh: ``sharding.mesh.mesh_key`` of the mesh it runs on; None for a single-device program.
+      mesh: ``sharding.mesh.mesh_key`` of the mesh it runs on (one device: a 1x1 mesh).
       shape: its input, latents ``(B, C, T, H, W)`` or frames ``(B, 3, F, H, W)``.
       variant: what it returns: the output (``"float"`` | ``"uint8"``) of a decode; ``"first"``
         (latent frame 0, from empty caches) or ``"next"`` for a stream step; ``"latents"`` for an

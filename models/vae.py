@@ -15,34 +15,11 @@ from flax import nnx
 from .conditions import DecodeConditions
 from .config import ConfigError, VAEConfig
 from .conv import CPU_CONVS, ConvPath, compiler_options_for, conv_path_for
-from .decode import (
-    check_framewise,
-    decode_conditions,
-    first_step_clip,
-    full_program,
-    is_first_step,
-    resolve_chunk,
-    step_latents,
-    step_program,
-    stream_frames,
-    stream_start,
-    stream_steps,
-)
-from .encode import PosteriorOptions, encode_program, posterior_options, resolve_encode_chunk
+from .decode import decode_conditions, first_step_clip
 from .family_modules import family_modules, family_programs
-from .frame_groups import check_inner_frames, inner_frames_option
-from .programs import ProgramCache, program_key
+from .programs import ProgramCache
 from .registry import default_config
-from .shapes import (
-    NoEncoderError,
-    Output,
-    check_frames_shape,
-    check_latents_shape,
-    check_output,
-    is_image_shape,
-    output_frames,
-)
-from .spatial import SingleDeviceContext
+from .shapes import NoEncoderError, Output
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -175,75 +152,30 @@ class VAE:
         self.require_encoder()
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), self.encoder_state)
 
-    # -- single-device programs -----------------------------------------------------------------
-    def _context(self) -> SingleDeviceContext:
-        return SingleDeviceContext(**self.conv_path(jax.devices()[0].platform))
-
-    def _jit(self, run):
-        return self.jit(run, jax.devices()[0].platform)
-
+    # -- the Python API: the mesh programs on a one-device mesh ---------------------------------
+    # A single device is a 1x1 mesh: every decode and encode, on one device or many, runs the one
+    # program path of ``vaeserve.sharding`` (its image, whole-clip and stepped branches, program keys
+    # and stream loop). That package builds on this one, so it is imported here on use.
     def compile(self, shape: tuple[int, ...], *, denormalize: bool = False, output: Output = "float",
                 chunk: int | None = None, inner_frames: int | None = None,
                 framewise: bool = False) -> jax.stages.Compiled:
-        """The compiled single-device decode of NCTHW latents of ``shape`` (cached in ``programs``;
-        ``memory_analysis()`` and ``as_text()`` answer without running it)."""
-        shape, output, chunk = tuple(shape), check_output(output), resolve_chunk(chunk)
-        inner_frames = check_inner_frames(inner_frames)
-        check_latents_shape(shape, self.config)
-        tiling = check_framewise(self.config, framewise)
-        key = program_key("decode", shape, output, denormalize=denormalize, chunk=chunk,
-                          **inner_frames_option(inner_frames), **tiling)
-
-        def lower():
-            if self.own_programs is not None:
-                run = self.own_programs.decode_program(self.graphdef, self.config, DTYPES[self.dtype],
-                                                       denormalize=denormalize, output=output)
-            else:
-                run = full_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
-                                   denormalize=denormalize, output=output, chunk=chunk, inner_frames=inner_frames,
-                                   framewise=framewise)
-            return self._jit(run).lower(self.state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
-                                        *self.conditions_avals(shape[0]))
-
-        return self.programs.get(key, lower)
-
-    def _compile_step(self, shape: tuple[int, ...], caches, *, denormalize: bool, inner_frames: int | None,
-                      clip: dict[str, Any]) -> jax.stages.Compiled:
-        """The stream step for latents of ``shape`` after ``caches`` (abstract; None or a
-        ``StreamStart`` for the first step); ``clip``: ``clip_frames_option`` of the stream."""
-        key = program_key("stream-step", shape, "first" if is_first_step(caches) else "next", denormalize=denormalize,
-                          **inner_frames_option(inner_frames), **clip)
-
-        def lower():
-            run = step_program(self.graphdef, self.config, DTYPES[self.dtype], self._context,
-                               denormalize=denormalize, output="uint8", inner_frames=inner_frames,
-                               clip_frames=clip.get("clip_frames"))
-            return self._jit(run).lower(self.state_avals(), caches, jax.ShapeDtypeStruct(shape, jnp.float32),
-                                        *self.conditions_avals(shape[0]))
-
-        return self.programs.get(key, lower)
+        """The compiled decode of NCTHW latents of ``shape`` on one device
+        (``sharding.compile_decode`` on ``single_device_mesh()``, cached in ``programs``):
+        ``memory_analysis()`` and ``as_text()`` answer without running it. Called as
+        ``compiled(vae.state, latents, *conditions)`` → frames and their ``(B, 1)`` non-finite counts."""
+        from vaeserve.sharding.decode import compile_decode
+        from vaeserve.sharding.mesh import single_device_mesh
+        return compile_decode(self, shape, single_device_mesh(), denormalize=denormalize, output=output, chunk=chunk,
+                              inner_frames=inner_frames, framewise=framewise)
 
     def compile_encode(self, shape: tuple[int, ...], *, chunk: int | None = None) -> jax.stages.Compiled:
-        """The compiled single-device encode of NCTHW frames of ``shape`` (cached in ``programs``),
-        called as ``compiled(vae.encoder_state, frames, posterior_options(B, ...))``; one program
-        serves every sampling/normalization option."""
-        self.require_encoder()
-        shape, chunk = tuple(shape), resolve_encode_chunk(chunk)
-        check_frames_shape(shape, self.config)
-        key = program_key("encode", shape, "latents", chunk=chunk)
+        """The compiled encode of NCTHW frames of ``shape`` on one device (``sharding.compile_encode``
+        on ``single_device_mesh()``, cached in ``programs``), called as ``compiled(vae.encoder_state,
+        frames, posterior_options(B, ...))``; one program serves every sampling/normalization option."""
+        from vaeserve.sharding.encode import compile_encode
+        from vaeserve.sharding.mesh import single_device_mesh
+        return compile_encode(self, shape, single_device_mesh(), chunk=chunk)
 
-        def lower():
-            if self.own_programs is not None:
-                run = self.own_programs.encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype])
-            else:
-                run = encode_program(self.encoder_graphdef, self.config, DTYPES[self.dtype], self._context,
-                                     chunk=chunk)
-            return self._jit(run).lower(self.encoder_state_avals(), jax.ShapeDtypeStruct(shape, jnp.float32),
-                                        PosteriorOptions.avals(shape[0]))
-
-        return self.programs.get(key, lower)
-
-    # -- public API ----------------------------------------------------------------------------
     def encode(self, frames, *, sample: bool = False, seed: int | None = None, normalize: bool = False,
                chunk: int | None = None) -> jax.Array:
         """Encode frames ``(B, 3, F, H, W)`` in [-1, 1], ``F = 1 + 4k``, ``H`` and ``W`` multiples of
@@ -256,10 +188,12 @@ class VAE:
         (a fresh seed when None); with ``normalize``, ``(z − latents_mean) / latents_std`` after.
         ``chunk`` groups of 4 frames are encoded per scan step (default 1: the reference's chunks).
         Raises ``NoEncoderError`` for a decode-only checkpoint, ``FramesError`` for a bad shape.
+        ``sharding.sharded_encode`` on ``single_device_mesh()``.
         """
-        program = self.compile_encode(np.shape(frames), chunk=chunk)
-        options = posterior_options(np.shape(frames)[0], sample=sample, seed=seed, normalize=normalize)
-        return program(self.encoder_state, jnp.asarray(frames, jnp.float32), options)
+        from vaeserve.sharding.encode import sharded_encode
+        from vaeserve.sharding.mesh import single_device_mesh
+        return sharded_encode(self, frames, single_device_mesh(), sample=sample, seed=seed, normalize=normalize,
+                              chunk=chunk)
 
     def decode(self, latents, *, denormalize: bool = False, output: Output = "float", chunk: int | None = None,
                inner_frames: int | None = None, framewise: bool = False, timestep: float | None = None,
@@ -281,13 +215,13 @@ class VAE:
         ``decode_timestep``, else 0.05), and some inject noise; ``noise_scale`` mixes noise into the
         latents first, as pipelines do (``decode_noise_scale``; default the pipeline's, else 0);
         ``seed`` makes the noise reproducible (``models.decode.decode_conditions``). Other decoders
-        refuse them.
+        refuse them. ``sharding.sharded_decode`` on ``single_device_mesh()``.
         """
-        program = self.compile(np.shape(latents), denormalize=denormalize, output=output, chunk=chunk,
-                               inner_frames=inner_frames, framewise=framewise)
-        conditions = self.conditions(np.shape(latents)[0], timestep=timestep, noise_scale=noise_scale, seed=seed)
-        frames, _ = program(self.state, jnp.asarray(latents, jnp.float32), *([conditions] if conditions else []))
-        return frames
+        from vaeserve.sharding.decode import sharded_decode
+        from vaeserve.sharding.mesh import single_device_mesh
+        return sharded_decode(self, latents, single_device_mesh(), denormalize=denormalize, output=output, chunk=chunk,
+                              inner_frames=inner_frames, framewise=framewise, timestep=timestep,
+                              noise_scale=noise_scale, seed=seed)
 
     def decode_stream(self, latents, *, denormalize: bool = False, chunk: int | None = None,
                       inner_frames: int | None = None, framewise: bool = False, timestep: float | None = None,
@@ -299,49 +233,15 @@ class VAE:
         yields it in the same pieces (frame 0, then ``temporal_scale · chunk`` frames at a time).
         Images ``(B, z, H, W)`` decode in one step, yielded as one frame ``(B, 1, sH, sW, 3)``. An
         LTX decoder's first step takes ``1 + lookahead`` latent frames; its steps then give their
-        frames that far behind (``models.decode.stream_frames``). ``timestep``, ``noise_scale``,
-        ``seed``: as in ``decode``."""
-        chunk, inner_frames = resolve_chunk(chunk), check_inner_frames(inner_frames)
-        latents = np.asarray(latents, np.float32)
-        check_latents_shape(latents.shape, self.config)
-        check_framewise(self.config, framewise)
-        if is_image_shape(latents.shape):
-            yield np.asarray(self.decode(latents, denormalize=denormalize, output="uint8"))[:, None]
-            return
-        if self.own_programs is not None:  # its whole decode, in one piece
-            yield np.asarray(self.decode(latents, denormalize=denormalize, output="uint8"))
-            return
-        conditions = self.conditions(latents.shape[0], timestep=timestep, noise_scale=noise_scale, seed=seed)
-        if not self.steps:
-            frames = self.decode(latents, denormalize=denormalize, output="uint8", framewise=framewise)
-            yield from split_stream(np.asarray(frames), latents.shape[2], chunk, self.config.temporal_scale)
-            return
-        clip = self.clip_frames_option(latents.shape[2])
-        caches: Any = stream_start(self.config, latents.shape[2])
-        steps = stream_steps(latents.shape[2], chunk, self.config)
-        kept = stream_frames(self.config, latents.shape[2], chunk)
-        for (start, stop), (first, end) in zip(steps, kept, strict=True):
-            z = step_latents(latents, start, stop)
-            step = self._compile_step(z.shape, None if caches is None else _avals(caches), denormalize=denormalize,
-                                      inner_frames=inner_frames, clip=clip)
-            frames, caches, _ = step(self.state, caches, z, *([conditions] if conditions else []))
-            yield np.asarray(frames)[:, : end - first]
-
-
-def split_stream(frames: np.ndarray, latent_frames: int, chunk: int, temporal_scale: int, *,
-                 axis: int = 1) -> Iterator[np.ndarray]:
-    """Decoded frames, their time on ``axis`` (1 of uint8 ``(B, F, H, W, 3)``, 2 of float ``(B, 3, F,
-    H, W)``), in the pieces a causal stream yields: frame 0, then ``temporal_scale`` frames per
-    latent frame of each ``stream_steps`` step."""
-    for start, stop in stream_steps(latent_frames, chunk):
-        first = 0 if start == 0 else output_frames(start, temporal_scale)
-        index: list[slice] = [slice(None)] * frames.ndim
-        index[axis] = slice(first, output_frames(stop, temporal_scale))
-        yield frames[tuple(index)]  # a view: the pieces share the whole clip's buffer
-
-
-def _avals(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+        frames that far behind (``models.decode.stream_frames``); MiniMax-H3 yields a chunk at a time.
+        ``timestep``, ``noise_scale``, ``seed``: as in ``decode``. ``sharding.sharded_decode_stream``
+        on ``single_device_mesh()``, its frames."""
+        from vaeserve.sharding.decode import sharded_decode_stream
+        from vaeserve.sharding.mesh import single_device_mesh
+        for decoded in sharded_decode_stream(self, latents, single_device_mesh(), denormalize=denormalize, chunk=chunk,
+                                             inner_frames=inner_frames, framewise=framewise, timestep=timestep,
+                                             noise_scale=noise_scale, seed=seed):
+            yield decoded.frames
 
 
 class _ShapeKeys:

@@ -39,8 +39,8 @@ from vaeserve.models.decode import (
 from vaeserve.models.estimate import QUERY_CHUNK
 from vaeserve.models.frame_groups import check_inner_frames, inner_frames_option
 from vaeserve.models.programs import program_key
-from vaeserve.models.shapes import Output, check_latents_shape, check_output, is_image_shape, time_axis
-from vaeserve.models.vae import DTYPES, VAE, split_stream
+from vaeserve.models.shapes import Output, check_latents_shape, check_output, is_image_shape, output_frames, time_axis
+from vaeserve.models.vae import DTYPES, VAE
 
 from .bands import BandLayout, Split, SplitError, band_layout
 from .halo import BandContext
@@ -484,6 +484,18 @@ def compile_decode_stream(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, denor
                                 chunk=resolve_chunk(chunk), inner_frames=inner_frames, query_chunk=query_chunk,
                                 output=output)
     return tuple(dict.fromkeys(programs.values()))
+
+
+def split_stream(frames: np.ndarray, latent_frames: int, chunk: int, temporal_scale: int, *,
+                 axis: int = 1) -> Iterator[np.ndarray]:
+    """Decoded frames, their time on ``axis`` (1 of uint8 ``(B, F, H, W, 3)``, 2 of float ``(B, 3, F,
+    H, W)``), in the pieces a causal stream yields: frame 0, then ``temporal_scale`` frames per
+    latent frame of each ``stream_steps`` step."""
+    for start, stop in stream_steps(latent_frames, chunk):
+        first = 0 if start == 0 else output_frames(start, temporal_scale)
+        index: list[slice] = [slice(None)] * frames.ndim
+        index[axis] = slice(first, output_frames(stop, temporal_scale))
+        yield frames[tuple(index)]  # a view: the pieces share the whole clip's buffer
 
 
 # -- public API -------------------------------------------------------------------------------------

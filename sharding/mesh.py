@@ -68,6 +68,12 @@ def make_mesh(tp: int, dp: int = 1, devices: Sequence[jax.Device] | None = None)
     return Mesh(device_grid(tp, dp, devices), MESH_AXES)
 
 
+def single_device_mesh(device: jax.Device | None = None) -> Mesh:
+    """A 1x1 mesh of ``device`` (default: the first of this process's): where a single device's
+    decode and encode run, the same programs as any mesh's."""
+    return Mesh(np.array([[device or jax.local_devices()[0]]]), MESH_AXES)
+
+
 def device_key(device: jax.Device) -> tuple:
     """What makes a device a distinct compile target: ids alone collide across platforms (CPU
     device 0 and the first chip of an abstract TPU topology), and across TPU generations."""

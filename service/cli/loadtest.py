@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class Runner:
+class LoadRunner:
     def __init__(self, plan: LoadPlan, client: httpx.AsyncClient, latents: np.ndarray):
         self.plan, self.client, self.latents, self.body = plan, client, latents, latents.tobytes()
         self.base = plan.url.rstrip("/").removesuffix("/v1/decode")
@@ -202,7 +202,7 @@ def buckets_used(buckets: list[int], max_batch: int, rows: int, concurrency: int
     return [size for size in buckets if size < largest] + [min(size for size in buckets if size >= largest)]
 
 
-async def warm_up(runner: Runner, buckets: list[int], requests: int) -> dict:
+async def warm_up(runner: LoadRunner, buckets: list[int], requests: int) -> dict:
     """Compile what the run will use before it is measured: one request per batch bucket, then
     ``requests`` of the run's own. Raises ``SystemExit`` when the server refuses one."""
     warmed, skipped = [], {}
@@ -256,7 +256,7 @@ async def run(args: argparse.Namespace) -> dict:
     concurrency = None if args.rate else (args.concurrency or 4)
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
-        runner = Runner(plan, client, latents)
+        runner = LoadRunner(plan, client, latents)
         auth = {"Authorization": runner.headers["Authorization"]} if plan.api_key else {}
         model = await served_model(client, runner.base, auth)
         plan.frames_per_video = model_frames(model, args.shape[-3])

@@ -7,7 +7,10 @@ import pytest
 
 from vaeserve import models
 from vaeserve.models.conv import native_conv_for, rounded_conv_sums_for
+from vaeserve.models.estimate import QUERY_CHUNK
 from vaeserve.models.programs import ProgramCache, ProgramKey
+from vaeserve.sharding.bands import band_layout
+from vaeserve.sharding.mesh import mesh_key, single_device_mesh
 
 CONFIG = models.WanVAEConfig(base_dim=8, num_res_blocks=1)
 SHAPE = (1, 16, 2, 3, 3)
@@ -24,7 +27,8 @@ def test_a_shape_compiles_once_and_the_cache_drops_the_least_recently_used(vae):
     compiles = vae.programs.compiles
     assert np.array_equal(np.asarray(vae.decode(x)), first) and vae.programs.compiles == compiles
     (key,) = vae.programs.keys()  # a named key: what the service lists under /v1/models
-    assert isinstance(key, ProgramKey) and key.mesh is None and dict(key.options) == {"denormalize": False, "chunk": 1}
+    assert isinstance(key, ProgramKey) and key.mesh == mesh_key(single_device_mesh())  # one device: a 1x1 mesh
+    assert dict(key.options) == {"denormalize": False, "chunk": 1, "layout": band_layout(3, 3, 1), "query_chunk": QUERY_CHUNK}
     assert key.describe() == ["decode", list(SHAPE), "float"]
 
     seen = []
@@ -52,7 +56,7 @@ def test_the_profile_names_every_block(vae):
     """``jax.named_scope`` on every layer: a profile (and the HLO) says which conv is which."""
     names = set(re.findall(r'op_name="([^"]+)"', vae.compile(SHAPE).as_text()))
     for path in ("decoder/Decoder3d/up_blocks.1/UpBlock/resnets.0/ResidualBlock/conv1/CausalConv3d",
-                 "decoder/Decoder3d/mid_block/MidBlock/attentions.0/AttentionBlock",
+                 "decoder/Decoder3d/mid_block/MidBlock/attentions.0/FrameAttentionBlock",
                  "decoder/Decoder3d/up_blocks.0/UpBlock/upsamplers.0/Resample/time_conv",
                  "decode_step/WanDecoder/post_quant_conv/PointwiseConv"):
         assert any(path in name for name in names), path

@@ -105,7 +105,7 @@ class ResnetBlock(nnx.Module):
         return h + shortcut
 
 
-class Attention(nnx.Module):
+class FrameCausalAttention(nnx.Module):
     """diffusers' ``Attention`` as HunyuanVideo's mid block builds it: GroupNorm, one head of width
     C, linear q/k/v/out with biases, residual; every token of the clip attends to the tokens of its
     own and earlier frames. ``(B, T, H, W, C)`` → same."""
@@ -129,7 +129,7 @@ class MidBlock(nnx.Module):
 
     def __init__(self, dim: int, groups: int, *, attention: bool, rngs: nnx.Rngs, dtype=jnp.float32):
         self.resnets = nnx.List([ResnetBlock(dim, dim, groups, rngs=rngs, dtype=dtype) for _ in range(2)])
-        self.attentions = nnx.List([Attention(dim, groups, rngs=rngs, dtype=dtype)] if attention else [])
+        self.attentions = nnx.List([FrameCausalAttention(dim, groups, rngs=rngs, dtype=dtype)] if attention else [])
 
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext, *, inner_frames: int | None = None) -> jax.Array:

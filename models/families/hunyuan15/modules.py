@@ -66,7 +66,7 @@ class KVCache(NamedTuple):
     frames: jax.Array
 
 
-class AttentionBlock(nnx.Module):
+class CachedFrameCausalAttention(nnx.Module):
     """``HunyuanVideo15AttnBlock``: RMS norm, 1x1x1 q/k/v/proj_out, one head of width C, residual;
     each token attends to the tokens of its own and earlier latent frames. ``(B, T, H, W, C)`` → same.
 
@@ -107,7 +107,7 @@ class MidBlock(nnx.Module):
     def __init__(self, dim: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
         self.resnets = nnx.List([ResidualBlock(dim, dim, rngs=rngs, dtype=dtype, conv=ReplicateConv3d)
                                  for _ in range(2)])
-        self.attentions = nnx.List([AttentionBlock(dim, rngs=rngs, dtype=dtype)])
+        self.attentions = nnx.List([CachedFrameCausalAttention(dim, rngs=rngs, dtype=dtype)])
 
     @scoped
     def __call__(self, x: jax.Array, caches: MidBlockCache | None, ctx: SpatialContext, *,

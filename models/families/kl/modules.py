@@ -48,7 +48,7 @@ class ResnetBlock2D(nnx.Module):
         return self.conv2(jax.nn.silu(self.norm2(h, ctx)), ctx) + shortcut
 
 
-class Attention(nnx.Module):
+class ImageAttention(nnx.Module):
     """diffusers' ``Attention`` as the mid block builds it: GroupNorm, one head of width C, linear
     q/k/v/out with biases, residual; every token attends to every token of its image.
     ``(B, T, H, W, C)`` → same."""
@@ -73,7 +73,7 @@ class MidBlock(nnx.Module):
 
     def __init__(self, dim: int, groups: int, *, attention: bool, rngs: nnx.Rngs, dtype=jnp.float32):
         self.resnets = nnx.List([ResnetBlock2D(dim, dim, groups, rngs=rngs, dtype=dtype) for _ in range(2)])
-        self.attentions = nnx.List([Attention(dim, groups, rngs=rngs, dtype=dtype)] if attention else [])
+        self.attentions = nnx.List([ImageAttention(dim, groups, rngs=rngs, dtype=dtype)] if attention else [])
 
     @scoped
     def __call__(self, x: jax.Array, ctx: SpatialContext) -> jax.Array:
