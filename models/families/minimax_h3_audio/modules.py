@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vaeserve.models.families.ltx.layers import layer_norm
+from vaeserve.models.families.ltx.layers import LayerNorm
 from vaeserve.models.families.ltx2_audio.modules import PRECISION, zeros_param
 from vaeserve.models.families.ltx2_audio.vocoder import (
     SNAKE_EPS,
@@ -36,9 +36,8 @@ from vaeserve.models.families.ltx2_audio.vocoder import (
     SnakeBeta,
     conv1d,
     conv_transpose1d,
-    downsample_sinc,
     kaiser_crop,
-    upsample_sinc,
+    replicate_pad,
 )
 
 from .config import ANTIALIAS_KERNEL, ANTIALIAS_RATIO, MLP_RATIO, MiniMaxH3AudioConfig
@@ -102,6 +101,37 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     scores = jnp.where(later, -jnp.inf, scores.astype(jnp.float32))
     weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     return jnp.einsum("bhqk,bkhd->bqhd", weights, v, precision=PRECISION)
+
+
+def upsample_polyphase(x: jax.Array, taps: jax.Array, ratio: int) -> jax.Array:
+    """``MiniMaxH3AudioUpSample1d``: ``(B, S, C)`` → ``(B, ratio·S, C)``: edge-replicated, a
+    transposed conv with the filter (the same for every channel), times ``ratio``, cropped.
+
+    Computed by phases, not as a depthwise transposed conv (which XLA's CPU backend runs some 40x
+    slower than the dense convs around it): output ``ratio·q + p`` is ``Σ_j taps[p + ratio·j] ·
+    x[q − j]``, a few shifted slices multiplied and added, every channel at once."""
+    kernel = taps.shape[-1]
+    crop = kaiser_crop(kernel, ratio)
+    padded = replicate_pad(x, crop.pad, crop.pad)
+    length, per_phase = padded.shape[1], -(-kernel // ratio)
+    zeros = jnp.pad(padded, ((0, 0), (per_phase - 1, per_phase - 1), (0, 0)))
+    outputs = length + per_phase - 1  # per phase: the transposed conv's full length, rounded up
+    phases = [sum(taps[p + ratio * j] * zeros[:, per_phase - 1 - j:per_phase - 1 - j + outputs]
+                  for j in range(per_phase) if p + ratio * j < kernel) for p in range(ratio)]
+    y = ratio * jnp.stack(phases, axis=2).reshape(x.shape[0], outputs * ratio, x.shape[2])
+    full = (length - 1) * ratio + kernel
+    return y[:, crop.left:full - crop.right]
+
+
+def decimate_lowpass(x: jax.Array, taps: jax.Array, ratio: int) -> jax.Array:
+    """``MiniMaxH3AudioLowPassFilter1d``: ``(B, S, C)`` → ``(B, S/ratio, C)``: edge-replicated,
+    low-passed by the filter, every ``ratio``-th sample kept; as strided slices multiplied and added
+    (see ``upsample_polyphase``)."""
+    kernel = taps.shape[-1]
+    padded = replicate_pad(x, kernel // 2 - 1 + kernel % 2, kernel // 2)
+    outputs = (padded.shape[1] - kernel) // ratio + 1
+    terms = [taps[k] * padded[:, k:k + ratio * (outputs - 1) + 1:ratio] for k in range(kernel)]
+    return sum(terms[1:], terms[0])
 
 
 # -- layers ------------------------------------------------------------------------------------------
@@ -170,9 +200,9 @@ class AntiAliasSnakeBeta(nnx.Module):
         self.downsample = Lowpass(dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        up = self.upsample.filter[...].astype(x.dtype)
-        x = upsample_sinc(x, up, ANTIALIAS_RATIO, kaiser_crop(up.shape[-1], ANTIALIAS_RATIO))
-        return downsample_sinc(self.act(x), self.downsample.lowpass.filter[...].astype(x.dtype), ANTIALIAS_RATIO)
+        x = upsample_polyphase(x, self.upsample.filter[...].reshape(-1).astype(x.dtype), ANTIALIAS_RATIO)
+        return decimate_lowpass(self.act(x), self.downsample.lowpass.filter[...].reshape(-1).astype(x.dtype),
+                                ANTIALIAS_RATIO)
 
 
 class AMPBlock(nnx.Module):
@@ -283,8 +313,8 @@ class DacEncoder(nnx.Module):
         return x
 
 
-class Linear(nnx.Module):
-    """``nn.Linear(cin, cout)``: ``weight`` ``(cout, cin)``."""
+class Dense(nnx.Module):
+    """``nn.Linear(cin, cout)``: ``weight`` ``(cout, cin)`` (PyTorch's layout and names)."""
 
     def __init__(self, cin: int, cout: int, *, bias: bool = True, dtype=jnp.float32):
         self.weight = zeros_param((cout, cin), dtype)
@@ -295,15 +325,6 @@ class Linear(nnx.Module):
         return y if self.bias is None else y + self.bias[...].astype(x.dtype)
 
 
-class LayerNorm(nnx.Module):
-    def __init__(self, channels: int, *, dtype=jnp.float32):
-        self.weight = zeros_param((channels,), dtype)
-        self.bias = zeros_param((channels,), dtype)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return layer_norm(x, self.weight[...], self.bias[...], LAYER_NORM_EPS)
-
-
 class H3AudioCausalAttention(nnx.Module):
     """``MiniMaxH3AudioCausalAttention``: ``(B, S, latent_dim)`` → ``(B, S, latent_channels)``. One
     bias-less ``qkv`` projection plus ``q_bias``, the checkpoint's zero ``zero_k_bias`` and
@@ -312,11 +333,11 @@ class H3AudioCausalAttention(nnx.Module):
 
     def __init__(self, config: MiniMaxH3AudioConfig, *, dtype=jnp.float32):
         width, out = config.latent_dim, config.latent_channels
-        self.qkv = Linear(width, 3 * width, bias=False, dtype=dtype)
+        self.qkv = Dense(width, 3 * width, bias=False, dtype=dtype)
         self.q_bias = zeros_param((width,), dtype)
         self.zero_k_bias = zeros_param((width,), dtype)
         self.v_bias = zeros_param((width,), dtype)
-        self.proj = Linear(out, out, dtype=dtype)
+        self.proj = Dense(out, out, dtype=dtype)
         self.heads = config.num_attention_heads
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -331,10 +352,10 @@ class GeGluMlp(nnx.Module):
     """``MiniMaxH3AudioGeGluMlp``: a LayerNorm, then ``w2(gelu_tanh(w0(x)) · w1(x))``."""
 
     def __init__(self, channels: int, *, dtype=jnp.float32):
-        self.norm = LayerNorm(channels, dtype=dtype)
-        self.w0 = Linear(channels, MLP_RATIO * channels, dtype=dtype)
-        self.w1 = Linear(channels, MLP_RATIO * channels, dtype=dtype)
-        self.w2 = Linear(MLP_RATIO * channels, channels, dtype=dtype)
+        self.norm = LayerNorm(channels, LAYER_NORM_EPS, dtype=dtype)
+        self.w0 = Dense(channels, MLP_RATIO * channels, dtype=dtype)
+        self.w1 = Dense(channels, MLP_RATIO * channels, dtype=dtype)
+        self.w2 = Dense(MLP_RATIO * channels, channels, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = self.norm(x)
@@ -347,11 +368,11 @@ class AttentionProjection(nnx.Module):
 
     def __init__(self, config: MiniMaxH3AudioConfig, *, dtype=jnp.float32):
         width, out = config.latent_dim, config.latent_channels
-        self.norm1 = LayerNorm(width, dtype=dtype)
+        self.norm1 = LayerNorm(width, LAYER_NORM_EPS, dtype=dtype)
         self.attn = H3AudioCausalAttention(config, dtype=dtype)
-        self.proj = Linear(width, out, dtype=dtype)
-        self.norm3 = LayerNorm(width, dtype=dtype)
-        self.norm2 = LayerNorm(out, dtype=dtype)
+        self.proj = Dense(width, out, dtype=dtype)
+        self.norm3 = LayerNorm(width, LAYER_NORM_EPS, dtype=dtype)
+        self.norm2 = LayerNorm(out, LAYER_NORM_EPS, dtype=dtype)
         self.mlp = GeGluMlp(out, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
