@@ -4,9 +4,10 @@ decode and encode (normalised stereo latents ↔ a stereo waveform), on a tiny r
 from a ``save_pretrained`` folder.
 
 The promise is ≤ 1e-4 max abs; each comparison has a negative control that must exceed it: one
-tap of a low-pass filter moved, one Snake ``alpha`` moved, the latents left normalised. Live
-against diffusers (skipped without torch); each test compiles one tiny program (about a second or
-two on 2 cores).
+tap of a low-pass filter moved, one Snake ``alpha`` moved, the latents left normalised, the
+upsampler's phases swapped. Live
+against diffusers (skipped without torch); each test compiles one or two tiny programs (2-4 s on 2
+shared cores; the file ~36 s with its imports).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from vaeserve.models.families.minimax_h3_audio.config import MiniMaxH3AudioConfi
 from vaeserve.models.families.minimax_h3_audio.modules import (  # noqa: E402
     H3AudioDecoder,
     H3AudioEncoder,
+    decimate_lowpass,
     kaiser_sinc_taps,
+    upsample_polyphase,
 )
 from vaeserve.models.families.minimax_h3_audio.pipeline import (  # noqa: E402
     H3AudioDecodePath,
@@ -92,8 +95,33 @@ def _latents(seed: int):
     return torch.randn(2, LATENT_CHANNELS, LATENT_FRAMES, generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.parametrize(("ratio", "kernel", "samples"), [(2, 12, 9), (3, 13, 10), (2, 11, 8)])
+def test_resampling_matches_diffusers(ratio, kernel, samples):
+    """About a second each (op by op, no jit). The anti-aliased activations' resamplers, computed by
+    phases and strided slices, against diffusers' (a depthwise transposed conv, a strided one) at
+    the release's ratio and kernel and at others; the control: the phases swapped."""
+    from diffusers.models.autoencoders.autoencoder_kl_minimax_h3_audio import (
+        MiniMaxH3AudioDownSample1d,
+        MiniMaxH3AudioUpSample1d,
+    )
+
+    up, down = MiniMaxH3AudioUpSample1d(ratio, kernel), MiniMaxH3AudioDownSample1d(ratio, kernel)
+    x = torch.randn(2, 3, samples, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        expected_up, expected_down = up(x).numpy(), down(x).numpy()
+    taps = jnp.asarray(up.filter.numpy().reshape(-1))
+    # Our own taps (seeded random weights) are the checkpoint's, to float32's rounding.
+    np.testing.assert_allclose(kaiser_sinc_taps(0.5 / ratio, 0.6 / ratio, kernel).reshape(-1), taps, atol=1e-7)
+    channels_last = jnp.asarray(x.numpy().transpose(0, 2, 1))
+    upsampled = np.asarray(upsample_polyphase(channels_last, taps, ratio)).transpose(0, 2, 1)
+    assert _max_diff(upsampled, expected_up) <= 1e-6
+    assert _max_diff(np.asarray(decimate_lowpass(channels_last, taps, ratio)).transpose(0, 2, 1), expected_down) <= 1e-6
+    swapped = upsampled.reshape(2, 3, samples, ratio)[..., ::-1].reshape(upsampled.shape)
+    assert _max_diff(swapped, expected_up) > 10 * TOLERANCE
+
+
 def test_decoder_matches_diffusers(pipeline_folder):
-    """~3 s. Denormalised latents → waveform, the decoder read from the folder's ``audio_vae/``; the
+    """~4 s. Denormalised latents → waveform, the decoder read from the folder's ``audio_vae/``; the
     control: one tap of one anti-aliasing low-pass filter moved."""
     root, vae = pipeline_folder
     decoder = load_h3_audio_decoder(root / "audio_vae")
@@ -104,9 +132,9 @@ def test_decoder_matches_diffusers(pipeline_folder):
     assert _max_diff(_jitted(decoder, latents.numpy()), expected) <= TOLERANCE
 
     tensors = tensors_under(_state(vae), DECODER_PREFIXES)
-    tensors["decoder.resblocks.1.activations.2.downsample.lowpass.filter"][0, 0, 5] += 0.01
+    tensors["decoder.resblocks.1.activations.2.downsample.lowpass.filter"][0, 0, 5] += 0.05
     control = load_module(lambda: H3AudioDecoder(decoder.config), tensors)
-    assert _max_diff(_jitted(control, latents.numpy()), expected) > TOLERANCE
+    assert _max_diff(_jitted(control, latents.numpy()), expected) > 10 * TOLERANCE
 
 
 def test_encoder_matches_diffusers(pipeline_folder):
@@ -123,7 +151,7 @@ def test_encoder_matches_diffusers(pipeline_folder):
     tensors = tensors_under(_state(vae), ENCODER_PREFIXES)
     tensors["encoder.block.2.block.1.block.2.alpha"][0, 3, 0] += 0.1
     control = load_module(lambda: H3AudioEncoder(encoder.config), tensors)
-    assert _max_diff(_jitted(control, waveform.numpy()), expected) > TOLERANCE
+    assert _max_diff(_jitted(control, waveform.numpy()), expected) > 10 * TOLERANCE
 
 
 def _pipeline_decode(vae, latents) -> np.ndarray:
@@ -152,7 +180,7 @@ def test_decode_audio_matches_the_pipeline(pipeline_folder):
 
 
 def test_encode_audio_matches_the_pipeline(pipeline_folder):
-    """~3 s. A stereo soundtrack ``(2, S)`` → normalised latents ``(2, C, L)`` as the pipeline's
+    """~2 s. A stereo soundtrack ``(2, S)`` → normalised latents ``(2, C, L)`` as the pipeline's
     reference encoder computes them (before it packs them into rows)."""
     root, vae = pipeline_folder
     path = load_h3_audio_encode_path(root)
@@ -180,9 +208,8 @@ def _names_and_shapes(build) -> dict[str, tuple[int, ...]]:
 
 
 def test_release_architecture_names_every_tensor_as_diffusers():
-    """~10 s, no compile. The default config (the release's) has exactly diffusers' tensors, names
-    and shapes, less ``logs_proj`` (diffusers' model built on the meta device: no weights drawn);
-    the seeded random weights' filters are the checkpoint's."""
+    """~2 s, no compile. The default config (the release's) has exactly diffusers' tensors, names
+    and shapes, less ``logs_proj`` (diffusers' model built on the meta device: no weights drawn)."""
     with torch.device("meta"):
         reference = AutoencoderKLMiniMaxH3Audio()
     expected = {k: tuple(t.shape) for k, t in reference.state_dict().items() if not k.startswith("logs_proj.")}
@@ -190,12 +217,10 @@ def test_release_architecture_names_every_tensor_as_diffusers():
     assert {**_names_and_shapes(lambda: H3AudioDecoder(config)),
             **_names_and_shapes(lambda: H3AudioEncoder(config))} == expected
     assert config.hop_length * 40 == config.sampling_rate
-    filter_ = AutoencoderKLMiniMaxH3Audio(**CONFIG).decoder.activation_post.upsample.filter.numpy()
-    np.testing.assert_allclose(kaiser_sinc_taps(0.25, 0.3, 12), filter_, atol=1e-7)
 
 
 def test_seeded_random_weights_decode_and_encode():
-    """~3 s. The seeded random model (tiny config) is deterministic, decodes to a waveform in
+    """~4 s. The seeded random model (tiny config) is deterministic, decodes to a waveform in
     [-1, 1] that is no constant, and encodes its shape back; another seed gives another waveform."""
     config = MiniMaxH3AudioConfig(**CONFIG)
     latents = jnp.asarray(_latents(7).numpy())
