@@ -5,9 +5,8 @@ from a ``save_pretrained`` folder.
 
 The promise is ≤ 1e-4 max abs; each comparison has a negative control that must exceed it: one
 tap of a low-pass filter moved, one Snake ``alpha`` moved, the latents left normalised, the
-upsampler's phases swapped. Live
-against diffusers (skipped without torch); each test compiles one or two tiny programs (2-4 s on 2
-shared cores; the file ~36 s with its imports).
+upsampler's phases swapped. Live against diffusers (skipped without torch); each test compiles one
+or two tiny programs (2-4 s on 2 shared cores; the file ~36 s with its imports).
 """
 
 from __future__ import annotations
