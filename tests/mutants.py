@@ -75,6 +75,9 @@ PAD_HW_AFTER = ("tests/sharding/test_halo.py::test_pad_hw_after_equals_bottom_ri
                 "[height-8-4]",)
 DECODE_EXACT = ("tests/sharding/test_exact.py::test_height_split_matches_single_device[tp2-h8-t1]",)
 ENCODE_EXACT = ("tests/sharding/test_encode_exact.py::test_sharded_encode_matches_single_device[tp8-h8-one-row-bands]",)
+# Frames reach every mesh by ``put_frames``, one device's (a 1x1 mesh) too: a fault there moves the
+# single-device encode with the sharded one, so the reference that catches it is diffusers'.
+ENCODE_PLACED = ("tests/models/test_encode_parity.py::test_posterior_mean_matches_diffusers_fixture[tiny_r1-2x3x1x24x40]",)
 SCALING = ("tests/service/codecs/test_codec.py::test_scaling_follows_diffusers_remote_convention",)
 PAD_REFLECT = ("tests/sharding/test_halo.py::test_pad_hw_reflect_equals_reflect_padding_of_the_whole_frame[height-7-4]",
                "tests/sharding/test_halo.py::test_pad_hw_reflect_equals_reflect_padding_of_the_whole_frame[height-34-8]")
@@ -122,7 +125,7 @@ MUTANTS = (
            "below = jnp.where(rows == real, row(real), row(real - 1))", PAD_REFLECT),
     Mutant("encoder-bands-on-odd-rows", "the encoder's bands start one frame row off the even rows",
            "sharding/encode.py", "jax.device_put(np.pad(frames, widths), NamedSharding(",
-           "jax.device_put(np.roll(np.pad(frames, widths), 1, axis), NamedSharding(", ENCODE_EXACT),
+           "jax.device_put(np.roll(np.pad(frames, widths), 1, axis), NamedSharding(", ENCODE_PLACED),
     Mutant("uint8-truncates", "uint8 frames truncated instead of rounded", DECODE,
            "return jnp.round(scaled).astype(jnp.uint8)", "return jnp.floor(scaled).astype(jnp.uint8)", UINT8),
     Mutant("uint8-scale-127", "[-1, 1] mapped with 127 instead of 127.5", DECODE,
