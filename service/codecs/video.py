@@ -23,6 +23,7 @@ import av
 import numpy as np
 from PIL import Image
 
+from .audio import Sound, aac_packets, add_aac_track
 from .fmp4 import fragment, init_segment
 
 # libx264's options: the file's (quality per byte), and the stream's (the first frame out first).
@@ -35,7 +36,8 @@ class Mp4Writer:
     """H.264 (libx264, yuv420p) in MP4, written incrementally.
 
     ``write(frames)`` takes ``(f, H, W, 3)`` uint8 frames and returns the bytes ready so far;
-    ``close()`` flushes the encoder and returns the rest. ``fragmented=False``: a faststart file
+    ``close()`` flushes the encoder and returns the rest. ``sound``: an AAC track beside the video
+    (a file's: ``service.codecs.audio``). ``fragmented=False``: a faststart file
     (the ``moov`` index before the media, so a player starts before the whole file has arrived)
     — every byte comes from ``close()``, because FFmpeg moves the index in a second pass that
     reopens the output by name (a private temporary file). ``fragmented=True``: ``ftyp`` + an
@@ -44,7 +46,8 @@ class Mp4Writer:
     ours are multiples of 8. One writer is used by one thread at a time.
     """
 
-    def __init__(self, height: int, width: int, *, fps: int, crf: int, fragmented: bool = False):
+    def __init__(self, height: int, width: int, *, fps: int, crf: int, fragmented: bool = False,
+                 sound: Sound | None = None):
         self.fragmented = fragmented
         self._folder: tempfile.TemporaryDirectory | None = None
         self._container: av.container.OutputContainer | None = None
@@ -65,6 +68,12 @@ class Mp4Writer:
         self._encoder.width, self._encoder.height = width, height
         self._encoder.pix_fmt = "yuv420p"
         self._encoder.options = {"crf": str(crf), **(STREAM_OPTIONS if fragmented else FILE_OPTIONS)}
+        if sound is not None and self._container is not None:
+            # The whole sound is known first: its packets go in now (the first mux opens every
+            # stream, so the video's is set up before), and the muxer interleaves them with the frames.
+            audio = add_aac_track(self._container, sound)
+            for packet in aac_packets(audio, sound):
+                self._container.mux(packet)
         # The frames the encoder holds, by pts, until their packet comes out (the file's encoder
         # holds about a dozen: ``veryfast`` has 10 of look-ahead, and B-frames; the stream's none).
         # At very small sizes libx264's output differs between runs of the same frames, less often
@@ -132,9 +141,9 @@ class Mp4Writer:
         return out
 
 
-def mp4_bytes(frames: np.ndarray, *, fps: int, crf: int) -> bytes:
-    """A whole video as a faststart MP4 (``Mp4Writer`` fed every frame at once)."""
-    writer = Mp4Writer(int(frames.shape[1]), int(frames.shape[2]), fps=fps, crf=crf)
+def mp4_bytes(frames: np.ndarray, *, fps: int, crf: int, sound: Sound | None = None) -> bytes:
+    """A whole video as a faststart MP4 (``Mp4Writer`` fed every frame at once), with its ``sound``."""
+    writer = Mp4Writer(int(frames.shape[1]), int(frames.shape[2]), fps=fps, crf=crf, sound=sound)
     writer.write(frames)
     return writer.close()
 

@@ -15,7 +15,7 @@ FAMILIES = "vaeserve.models.families"
 MAY_NAME_FAMILIES = {"vaeserve.models.registry", "vaeserve.models"}
 # Family folders the registry does not list (they export no descriptor): LTX-2's sound decodes to a
 # waveform, which no ``VAEConfig`` describes.
-UNLISTED = {"ltx2_audio"}
+UNLISTED = {"ltx2_audio"}  # sound families (models.sound), listed in models.registry.SOUND_FAMILIES
 
 
 def graph() -> dict[str, set[str]]:
