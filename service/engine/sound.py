@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vaeserve import models
+from vaeserve.models.loading import DEFAULT_SEED
 from vaeserve.models.registry import sound_family_of
 from vaeserve.models.sound import SoundInfo
-from vaeserve.models.loading import DEFAULT_SEED
 from vaeserve.sharding.fits import program_total_bytes
 from vaeserve.sharding.introspect import program_memory
 

@@ -206,7 +206,8 @@ def model_state(settings: Settings, name: str, vae: Any, mesh: Any, runner_facto
                     max_frames=1 if config.is_image else settings.max_frames, images=config.is_image,
                     max_height=settings.max_height, max_width=settings.max_width,
                     temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale,
-                    decoded_frames=config.num_output_frames, clip_step=encode_frame_step(config))
+                    decoded_frames=config.num_output_frames, clip_step=encode_frame_step(config),
+                    max_audio_seconds=settings.max_audio_seconds, audio_sync_slack=settings.audio_sync_slack)
     framewise = has_framewise(config)
     convs = convs_for(mesh_platform(mesh), vae.cpu_convs)
     if settings.compile_cache and convs == "onednn":

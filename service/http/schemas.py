@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from vaeserve.models.shapes import Output
 
-OutputType = Literal["mp4", "pt", "npy", "png", "jpeg", "pil"]
+OutputType = Literal["mp4", "pt", "npy", "png", "jpeg", "pil", "wav", "flac"]  # wav, flac: a model's sound alone
 # pil: an image file, its format from image_format (diffusers' remote_decode names JPEG "jpg").
 ImageFormat = Literal["png", "jpg", "jpeg"]
 EncodeOutputType = Literal["pt", "npy", "safetensors"]
@@ -191,6 +191,19 @@ class MemoryInfo(BaseModel):
     largest_encode: list[VideoSize]
 
 
+class SoundDescription(BaseModel):
+    """A model's sound decoder (docs/audio.md): its latents ``(B, *latent_layout)`` (``L``: latent
+    frames) decode to ``channels`` at ``sample_rate``, ``samples_per_latent_frame`` each."""
+
+    title: str
+    sample_rate: int
+    channels: int
+    latent_channels: int
+    latent_layout: str
+    samples_per_latent_frame: int
+    latent_frames_per_second: float
+
+
 class ModelInfo(BaseModel):
     id: str
     source: str | None
@@ -210,6 +223,7 @@ class ModelInfo(BaseModel):
     program_memory: list[ProgramMemory]
     device_memory_bytes: int | None  # what every program is checked against per device (None: unknown, no check)
     memory: MemoryInfo | None
+    sound: SoundDescription | None = None  # its sound decoder (audio_latents beside the latents); None: no sound
 
 
 class ModelList(BaseModel):

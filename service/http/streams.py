@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from ..codecs.audio import Sound
 from ..codecs.stream import STREAM_MEDIA_TYPE, stream_message
 from ..engine.errors import EngineError
 from ..engine.jobs import STREAM_END, Job
@@ -167,16 +168,19 @@ async def mp4_stream(request: Request, job: Job, params: DecodeParams, mp4_pool:
     return BodyStream(fragments(), media_type="video/mp4", headers=job_headers(job))
 
 
-async def pipelined_mp4(request: Request, job: Job, params: DecodeParams, mp4_pool: Mp4Pool) -> Response:
+async def pipelined_mp4(request: Request, job: Job, params: DecodeParams, mp4_pool: Mp4Pool,
+                        soundtrack: Callable[[np.ndarray], Sound] | None = None) -> Response:
     """An ordinary ``video/mp4`` answer (faststart), its frames written as each decode step leaves
-    the device, so the answer takes about max(decode, MP4) instead of their sum. An error at any
+    the device, so the answer takes about max(decode, MP4) instead of their sum; with the job's
+    sound (decoded before its frames) as the ``soundtrack`` of its waveforms. An error at any
     point is an ordinary problem response (``EngineError`` raised; the status line is not sent)."""
 
     async def write() -> tuple[bytes, float]:
         async with aclosing(job_frames(job)) as frames:
+            sound = None if soundtrack is None else soundtrack(await job.heard)
             first = await anext(frames)
             _, _, height, width, _ = first.shape
-            async with mp4_pool.writer(height, width, fps=params.fps, crf=params.crf) as writer:
+            async with mp4_pool.writer(height, width, fps=params.fps, crf=params.crf, sound=sound) as writer:
                 await writer.write(first[0])
                 async for chunk in frames:
                     await writer.write(chunk[0])

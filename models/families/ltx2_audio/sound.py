@@ -23,7 +23,7 @@ from .config import LATENT_DOWNSAMPLE_FACTOR, LTX2AudioVAEConfig, LTX2VocoderCon
 from .modules import AudioDecoder
 from .pipeline import AudioDecodePath, load_audio_decode_path
 from .vocoder import Vocoder
-from .weights import AudioStatistics
+from .weights import AudioStatistics, Built
 
 # A random model's bias scale, as the video VAEs' (``models.vae.seeded_module``).
 RANDOM_BIAS_SCALE = 0.02
@@ -69,7 +69,7 @@ def load_sound(folder: str | Path, *, dtype: str = "float32") -> LTX2Sound:
     return LTX2Sound(load_audio_decode_path(folder, dtype=dtype), source=str(folder))
 
 
-def seeded_weights(build: Callable[[], nnx.Module], rng: np.random.Generator) -> nnx.Module:
+def seeded_weights(build: Callable[[], Built], rng: np.random.Generator) -> Built:
     """``build()`` with random weights drawn on the host: kernels N(0, 1/fan-in) (fan-in: every
     axis but the first), biases N(0, 0.02²), Snake amplitudes 1 (their log 0), resampling
     filters a moving average. Drawn with NumPy (one ``jax.random`` program per shape would compile
