@@ -269,7 +269,8 @@ DECODE_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "description": "latents (B, C, T, H, W) or (C, T, H, W); an image model's (B, C, H, W), (C, H, W) or Flux's "
-        "packed (B, H·W/4, 4C) with height and width; C: the model's latent channels (/v1/models)",
+        "packed (B, H·W/4, 4C) with height and width; C: the model's latent channels (/v1/models). A model with "
+        "sound: a safetensors body with the tensors latents and audio_latents (docs/audio.md)",
         "content": {media: _BINARY for media in (
             "application/octet-stream", "tensor/binary", "application/x-npy", "application/x-safetensors")},
     }
@@ -278,10 +279,10 @@ DECODE_OPENAPI: dict[str, Any] = {
 DECODE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "by output_type: video/mp4, application/x-npy, image/png, image/jpeg (pil: by image_format), "
-        "application/octet-stream (pt); application/x-vaeserve-stream with stream=true",
+        "application/octet-stream (pt), audio/wav, audio/flac; application/x-vaeserve-stream with stream=true",
         "content": {media: _BINARY for media in (
             "video/mp4", "application/x-npy", "image/png", "image/jpeg", "application/octet-stream",
-            "application/x-vaeserve-stream")},
+            "application/x-vaeserve-stream", "audio/wav", "audio/flac")},
     },
     **PROBLEM_RESPONSES,
 }

@@ -106,6 +106,7 @@ def test_npy_is_the_models_waveform(client, sound):
     assert np.abs(waveform - expected).max() <= 1e-5
     other = np.asarray(jax.jit(sound.apply)(sound.state, audio_latents(seed=2)))
     assert np.abs(other - expected).max() > 1e-2  # the control: another sound is another waveform
+    assert ["sound", list(AUDIO), "waveform"] in client.get("/v1/models").json()["data"][0]["compiled"]
 
 
 def test_flac_and_wav_are_the_pcm_of_the_waveform(client):
