@@ -16,6 +16,8 @@ from fractions import Fraction
 import av
 import numpy as np
 
+from .fmp4 import SoundTrack
+
 PCM16_SCALE = 32767  # full scale of 16-bit PCM: [-1, 1] → [-32767, 32767]
 LAYOUTS = {1: "mono", 2: "stereo"}  # the channel counts an audio file or track is written with here
 
@@ -78,6 +80,33 @@ def aac_packets(stream: av.AudioStream, sound: Sound) -> list[av.Packet]:
                                        layout=LAYOUTS[sound.waveform.shape[0]])
     frame.sample_rate, frame.pts = sound.sample_rate, 0
     return [*stream.encode(frame), *stream.encode(None)]
+
+
+@dataclass(frozen=True)
+class AacPacket:
+    """One encoded AAC frame: its presentation time in samples (negative for the priming ones),
+    duration and bytes."""
+
+    pts: int
+    duration: int
+    data: bytes
+
+
+def aac_fragments(sound: Sound) -> tuple[SoundTrack, list[AacPacket]]:
+    """The whole sound encoded for a fragmented MP4: its track's description (the encoder's
+    AudioSpecificConfig, its priming) and its packets in order."""
+    encoder = av.AudioCodecContext.create("aac", "w")
+    encoder.sample_rate, encoder.layout, encoder.format = sound.sample_rate, LAYOUTS[sound.waveform.shape[0]], "fltp"
+    encoder.bit_rate, encoder.time_base = sound.bitrate, Fraction(1, sound.sample_rate)
+    encoder.flags |= av.codec.context.Flags.global_header  # the AudioSpecificConfig in extradata, for the esds
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(sound.waveform, np.float32), format="fltp",
+                                       layout=LAYOUTS[sound.waveform.shape[0]])
+    frame.sample_rate, frame.pts = sound.sample_rate, 0
+    # The encoder stamps every packet (the first ones before 0: its priming).
+    packets = [AacPacket(p.pts or 0, p.duration or 0, bytes(p)) for p in [*encoder.encode(frame), *encoder.encode(None)]]
+    track = SoundTrack(sample_rate=sound.sample_rate, channels=sound.waveform.shape[0],
+                       specific_config=encoder.extradata or b"", bitrate=sound.bitrate, priming=-packets[0].pts)
+    return track, packets
 
 
 def read_sound(data: bytes) -> tuple[np.ndarray, int]:

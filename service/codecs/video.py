@@ -23,8 +23,8 @@ import av
 import numpy as np
 from PIL import Image
 
-from .audio import Sound, aac_packets, add_aac_track
-from .fmp4 import fragment, init_segment
+from .audio import AacPacket, Sound, aac_fragments, aac_packets, add_aac_track
+from .fmp4 import SoundTrack, fragment, init_segment, sound_fragment
 
 # libx264's options: the file's (quality per byte), and the stream's (the first frame out first).
 FILE_OPTIONS = {"preset": "veryfast"}
@@ -83,7 +83,14 @@ class Mp4Writer:
         self._held: dict[int, av.VideoFrame] = {}
         self._ready: list[bytes] = []
         self._packets = 0
+        self._fragments = 0  # moof boxes written (their sequence numbers count from 1)
         self.frames = 0
+        # A fragmented stream's sound: encoded whole now, its packets written after the frames they
+        # accompany (``_sound_until``).
+        self._sound: tuple[SoundTrack, list[AacPacket]] | None = None
+        self._sound_written = 0
+        if sound is not None and fragmented:
+            self._sound = aac_fragments(sound)
 
     def write(self, frames: np.ndarray) -> bytes:
         for frame in frames:
@@ -99,6 +106,8 @@ class Mp4Writer:
         try:
             self._mux(self._encoder.encode(None))
             if self._container is None:
+                if self._sound is not None:  # what is left of the sound (it may outlast the last frame)
+                    self._ready.append(self._sound_until(None))
                 return self._take()
             self._container.close()
             return self._path.read_bytes()
@@ -132,9 +141,28 @@ class Mp4Writer:
             assert self._stream_codec is not None
             width, height = self._size
             head = init_segment(width, height, timescale=self._fps * STREAM_TICKS_PER_FRAME,
-                                parameter_sets=self._stream_codec.extradata or b"")
-        return head + fragment(index + 1, index * STREAM_TICKS_PER_FRAME, STREAM_TICKS_PER_FRAME, bytes(packet),
-                               keyframe=packet.is_keyframe)
+                                parameter_sets=self._stream_codec.extradata or b"",
+                                sound=None if self._sound is None else self._sound[0])
+        self._fragments += 1
+        video = fragment(self._fragments, index * STREAM_TICKS_PER_FRAME, STREAM_TICKS_PER_FRAME, bytes(packet),
+                         keyframe=packet.is_keyframe)
+        return head + video + self._sound_until(Fraction(index + 1, self._fps))
+
+    def _sound_until(self, end: Fraction | None) -> bytes:
+        """The sound's packets not yet written that start before ``end`` seconds (None: all), as
+        one fragment (nothing without sound, or when none is due)."""
+        if self._sound is None:
+            return b""
+        track, packets = self._sound
+        first = self._sound_written
+        last = first
+        while last < len(packets) and (end is None or packets[last].pts < end * track.sample_rate):
+            last += 1
+        if last == first:
+            return b""
+        self._sound_written, self._fragments = last, self._fragments + 1
+        return sound_fragment(self._fragments, packets[first].pts + track.priming,
+                              [(p.data, p.duration) for p in packets[first:last]])
 
     def _take(self) -> bytes:
         out, self._ready = b"".join(self._ready), []

@@ -100,9 +100,9 @@ def check_sync(sound: np.ndarray, latents: np.ndarray, params: DecodeParams, mod
 
 
 def check_sound_answer(params: DecodeParams, batch: int) -> None:
-    """422 for an answer that cannot carry the sound (a frame stream, an image, a tensor of
-    frames), or a sound file of several rows."""
-    if params.stream or params.output_type not in SOUND_ANSWERS:
+    """422 for an answer that cannot carry the sound (a raw frame stream, an image, a tensor of
+    frames), or a sound file of several rows. A fragmented MP4 stream carries it."""
+    if (params.stream and not params.mp4_stream) or params.output_type not in SOUND_ANSWERS:
         received = "stream=true" if params.stream else f"output_type={params.output_type}"
         raise Problem(422, "invalid-parameter", "a decode with sound answers an MP4 with its soundtrack, or the "
                       "sound alone (wav, flac, npy)", expected=[f"output_type={t}" for t in SOUND_ANSWERS],

@@ -48,7 +48,7 @@ async def decode(request: Request, params: DecodeParamsDep, media_type: LatentsM
         if inputs.latents is None:  # the sound alone
             assert inputs.sound is not None
             job = admission.submit("sound", inputs.sound, output=params.output, stream=False)
-            return await answer_sound(request, job, inputs, params, state, admission.model.sound)
+            return await answer_sound(request, job, inputs, params, state, sound.sound_of(admission.model))
         if declared is None:
             await admission.reserve_decode(inputs.latents.shape, params)
         job = admission.submit("decode", inputs.latents, output=params.output, stream=inputs.streamed,
@@ -68,7 +68,7 @@ async def answer(request: Request, job: Job, inputs: DecodeInputs, params: Decod
     assert mp4_pool is not None
     try:
         if params.mp4_stream:
-            return await streams.mp4_stream(request, job, params, mp4_pool, problem_for)
+            return await streams.mp4_stream(request, job, params, mp4_pool, problem_for, soundtrack)
         if params.stream:
             return await streams.frame_stream(request, job, inputs.batched, problem_for)
         if inputs.streamed:
@@ -80,9 +80,8 @@ async def answer(request: Request, job: Job, inputs: DecodeInputs, params: Decod
 
 
 async def answer_sound(request: Request, job: Job, inputs: DecodeInputs, params: DecodeParams, state: ServiceState,
-                       info: SoundInfo | None) -> Response:
+                       info: SoundInfo) -> Response:
     """The sound decoded alone (WAV, FLAC or npy waveforms)."""
-    assert info is not None
     try:
         waveforms = await responses.wait_for(request, job, job.future)
     except EngineError as error:

@@ -144,7 +144,7 @@ def test_mp4_with_sound_has_both_tracks_in_sync(client):
     ({"audio_latents": latents((1, 2, 40, 4))}, {}, "audio-out-of-sync"),  # 0.4 s of sound for 0.25 s of video
     ({"audio_latents": np.full(AUDIO, np.nan, np.float32)}, {}, "non-finite"),
     ({"audio_latents": latents((1, 2, 101, 4))}, {"output_type": "wav"}, "audio-too-long"),  # over 1 s
-    ({"audio_latents": latents(AUDIO)}, {"stream": "true"}, "invalid-parameter"),
+    ({"audio_latents": latents(AUDIO)}, {"stream": "true"}, "invalid-parameter"),  # a raw frame stream
     ({"audio_latents": latents(AUDIO)}, {"output_type": "pt"}, "invalid-parameter"),
     ({}, {"output_type": "flac"}, "missing-tensor"),
 ])
@@ -169,3 +169,33 @@ def test_a_model_without_sound_refuses_audio_latents():
         problem = post(client, body(latents=latents(LATENT), audio_latents=audio_latents())).json()
         assert problem["type"].endswith("no-sound") and problem["status"] == 422
         assert client.get("/v1/models").json()["data"][0]["sound"] is None
+
+
+def fragment_tracks(data: bytes) -> list[int]:
+    """The track of each ``moof`` of a fragmented MP4, in order (its ``tfhd``'s track id)."""
+    tracks, offset = [], 0
+    while offset + 8 <= len(data):
+        size, kind = int.from_bytes(data[offset:offset + 4], "big"), data[offset + 4:offset + 8]
+        if kind == b"moof":
+            at = data.index(b"tfhd", offset, offset + size)
+            tracks.append(int.from_bytes(data[at + 8:at + 12], "big"))
+        offset += size
+    return tracks
+
+
+def test_fragmented_mp4_interleaves_the_sound_with_the_frames(client):
+    streamed = post(client, body(latents=latents(LATENT), audio_latents=audio_latents()), stream="true",
+                    output_type="mp4")
+    assert streamed.status_code == 200, streamed.text
+    video_only = client.post("/v1/decode", content=body(latents=latents(LATENT)), params={"fps": FPS, "crf": 0},
+                             headers={"Content-Type": "application/x-safetensors"})
+    assert np.array_equal(read_mp4(streamed.content), read_mp4(video_only.content))
+    tracks = fragment_tracks(streamed.content)
+    assert tracks[:2] == [1, 2] and tracks.count(1) == 5  # each frame's fragment, then the sound it spans
+    assert tracks.index(2) < len(tracks) - tracks[::-1].index(1)  # sound before the last frame: interleaved
+    waveform = np.load(__import__("io").BytesIO(post(client, body(audio_latents=audio_latents()),
+                                                     output_type="npy").content))[0]
+    track, rate = read_sound(streamed.content)
+    assert rate == 8000 and track.shape[1] >= waveform.shape[1]  # whole AAC frames: up to 1023 samples more
+    assert snr_db(waveform, track[:, :waveform.shape[1]]) > SNR_DB  # the edit list skips the priming: aligned
+    assert snr_db(waveform, track[:, 1:waveform.shape[1] + 1]) < SNR_DB  # the control: a sample off is not
