@@ -100,16 +100,15 @@ def embedded_names_text() -> str:
 
 def sound_family_of(source: str | Path | None) -> SoundFamily | None:
     """The sound served beside the model ``source`` names (None: the default embedded model): an
-    embedded model's own, or the first sound family whose folders a pipeline folder holds
-    (LTX-2's ``audio_vae/`` and ``vocoder/``); None without one."""
+    embedded model's own, or the sound family whose folders a pipeline folder holds (LTX-2's
+    ``audio_vae/`` of an ``AutoencoderKLLTX2Audio`` and ``vocoder/``); None without one."""
     if source is None or (isinstance(source, str) and source in EMBEDDED):
         folder = EMBEDDED[source or DEFAULT_MODEL].sound
         return None if folder is None else SOUND_FAMILIES[folder]
     root = Path(source)
     if root.name == "vae":  # a pipeline's vae/ folder given: its sound lies beside it
         root = root.parent
-    return next((family for family in SOUND_FAMILIES.values()
-                 if all((root / part / "config.json").is_file() for part in family.components)), None)
+    return next((family for family in SOUND_FAMILIES.values() if family.serves(root)), None)
 
 
 def config_from_dict(raw: dict[str, Any]) -> VAEConfig:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
+from pathlib import Path
 from typing import Any
 
 FAMILIES_PACKAGE = "vaeserve.models.families"
@@ -78,16 +80,29 @@ class SoundInfo:
 @dataclasses.dataclass(frozen=True)
 class SoundFamily:
     """A sound family: ``folder`` under ``models/families/``, ``title`` in words, the ``components``
-    (sub-folders of a pipeline folder) its weights are read from, and two ``"module:function"``
-    paths within the folder: ``load(folder, *, dtype)`` (a pipeline folder's decoder) and
-    ``random(*, seed, dtype)`` (the release's architecture with seeded random weights). Both return
-    a decoder with ``info``, ``state`` and ``apply`` (the module docstring)."""
+    (sub-folders of a pipeline folder) its weights are read from, the diffusers ``class_names`` its
+    first component's ``config.json`` may name (what tells two families' ``audio_vae/`` apart), and
+    two ``"module:function"`` paths within the folder: ``load(folder, *, dtype)`` (a pipeline
+    folder's decoder) and ``random(*, seed, dtype)`` (the release's architecture with seeded random
+    weights). Both return a decoder with ``info``, ``state`` and ``apply`` (the module docstring)."""
 
     folder: str
     title: str
     components: tuple[str, ...]
+    class_names: tuple[str, ...]
     load: str
     random: str
+
+    def serves(self, pipeline: Path) -> bool:
+        """``pipeline`` holds this family's components, the first of a class it names."""
+        configs = [pipeline / part / "config.json" for part in self.components]
+        if not all(config.is_file() for config in configs):
+            return False
+        try:
+            class_name = json.loads(configs[0].read_text()).get("_class_name")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return class_name in self.class_names
 
     def resolve(self, dotted: str) -> Any:
         module, _, attribute = dotted.partition(":")

@@ -11,5 +11,7 @@ VAEs only. The registry lists it among the sound families; LTX-2's embedded mode
 
 from vaeserve.models.sound import SoundFamily
 
+from .config import LTX2AudioVAEConfig
+
 SOUND = SoundFamily(folder="ltx2_audio", title="LTX-2 audio VAE and vocoder", components=("audio_vae", "vocoder"),
-                    load="sound:load_sound", random="sound:random_sound")
+                    class_names=(LTX2AudioVAEConfig.class_name,), load="sound:load_sound", random="sound:random_sound")

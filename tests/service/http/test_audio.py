@@ -12,6 +12,7 @@ Two compiled programs in all (the video's steps, one sound decode): about 20 s o
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -24,6 +25,8 @@ from tests.helpers.service_helpers import LATENT, app_client, latents, make_test
 from vaeserve import models
 from vaeserve.models.families.ltx2_audio.config import LTX2AudioVAEConfig, LTX2VocoderConfig
 from vaeserve.models.families.ltx2_audio.sound import LTX2Sound, random_sound
+from vaeserve.models.registry import SOUND_FAMILIES, sound_family_of
+from vaeserve.models.sound import SoundInfo
 from vaeserve.service.codecs.audio import pcm16, read_sound
 from vaeserve.service.codecs.video import read_mp4
 
@@ -65,11 +68,17 @@ def sound() -> LTX2Sound:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory, sound):
+def pipeline(tmp_path_factory, sound) -> Path:
+    """A pipeline folder: ``vae/``, ``audio_vae/``, ``vocoder/``."""
     root = tmp_path_factory.mktemp("pipeline")
     models.save_vae(make_test_model(), root / "vae")
     save_sound(sound, root)
-    with app_client(None, model=[str(root)], max_audio_seconds=1.0) as client:
+    return root
+
+
+@pytest.fixture(scope="module")
+def client(pipeline):
+    with app_client(None, model=[str(pipeline)], max_audio_seconds=1.0) as client:
         yield client
 
 
@@ -88,6 +97,27 @@ def post(client, content: bytes, **params):
 
 def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
     return float(10 * np.log10(np.mean(reference**2) / np.mean((other - reference) ** 2)))
+
+
+def test_a_pipeline_folder_is_served_with_the_sound_it_holds(tmp_path_factory, pipeline):
+    root = pipeline
+    assert sound_family_of(str(root)) is SOUND_FAMILIES["ltx2_audio"] is sound_family_of(str(root / "vae"))
+    assert sound_family_of("ltx2") is SOUND_FAMILIES["ltx2_audio"] and sound_family_of("wan2.1") is None
+    other = tmp_path_factory.mktemp("other")
+    shutil.copytree(root, other, dirs_exist_ok=True)
+    config = other / "audio_vae" / "config.json"
+    config.write_text(config.read_text().replace(AUDIO_VAE.class_name, "AutoencoderKLMiniMaxH3Audio"))
+    assert sound_family_of(str(other)) is None  # the control: another family's audio VAE is not LTX-2's
+
+
+def test_the_sync_rule_is_ltx2_pipelines():
+    """LTX2Pipeline sizes the sound of F frames as round(F / fps · sample_rate / hop / 4) latent
+    frames from the audio VAE's config; the rule here reads the vocoder's output: the same for the release."""
+    vae, vocoder = LTX2AudioVAEConfig(), LTX2VocoderConfig()
+    per_second = vae.sample_rate / vae.mel_hop_length / 4
+    assert vocoder.output_sampling_rate / (4 * vocoder.samples_per_frame) == per_second == 25
+    info = SoundInfo(title="release", sample_rate=24000, channels=2, layout=(8, None, 16), samples_per_latent_frame=960)
+    assert [info.frames_for_video(f, 24) for f in (121, 97, 25)] == [round(f / 24 * per_second) for f in (121, 97, 25)]
 
 
 def test_models_says_the_sound(client):
