@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-FAMILIES_PACKAGE = "vaeserve.models.families"
+from .descriptor import FAMILIES_PACKAGE
 
 
 @dataclasses.dataclass(frozen=True)
