@@ -229,3 +229,63 @@ def test_fragmented_mp4_interleaves_the_sound_with_the_frames(client):
     assert rate == 8000 and track.shape[1] >= waveform.shape[1]  # whole AAC frames: up to 1023 samples more
     assert snr_db(waveform, track[:, :waveform.shape[1]]) > SNR_DB  # the edit list skips the priming: aligned
     assert snr_db(waveform, track[:, 1:waveform.shape[1] + 1]) < SNR_DB  # the control: a sample off is not
+
+
+# A page that plays an MP4's bytes through Media Source Extensions, video and sound in one
+# SourceBuffer, and says how far it played and how much sound it decoded.
+MSE_PAGE = """<!doctype html><video id=v muted></video><script>
+const source = new MediaSource(), video = document.getElementById('v');
+video.src = URL.createObjectURL(source);
+source.addEventListener('sourceopen', async () => {
+  const type = 'video/mp4; codecs="avc1.64000a, mp4a.40.2"', result = {supported: MediaSource.isTypeSupported(type)};
+  try {
+    const buffer = source.addSourceBuffer(type);
+    buffer.appendBuffer(await (await fetch('clip.mp4')).arrayBuffer());
+    await new Promise(done => buffer.addEventListener('updateend', done, {once: true}));
+    source.endOfStream();
+    await video.play();
+    await new Promise(done => video.addEventListener('ended', done, {once: true}));
+    Object.assign(result, {duration: video.duration, ended: video.ended, audioBytes: video.webkitAudioDecodedByteCount});
+  } catch (error) { result.error = String(error) + ' ' + (video.error && video.error.message); }
+  window.result = result;
+});
+</script>"""
+
+
+def test_the_fragmented_mp4_with_sound_plays_in_chromium(client, tmp_path):
+    """Chromium's MP4 parser takes the sound track's boxes (mp4a, esds, the edit list) and decodes
+    its sound: about 2 s (a browser start)."""
+    import functools
+    import http.server
+    import threading
+    import time
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    if chromium is None or driver is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (.ci/run installs them)")
+    streamed = post(client, body(latents=latents(LATENT), audio_latents=audio_latents()), stream="true",
+                    output_type="mp4")
+    (tmp_path / "clip.mp4").write_bytes(streamed.content)
+    (tmp_path / "index.html").write_text(MSE_PAGE)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required",
+                 f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(driver))
+    try:
+        browser.get(f"http://127.0.0.1:{files.server_address[1]}/index.html")
+        deadline = time.monotonic() + 30
+        while not (result := browser.execute_script("return window.result")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        browser.quit()
+        files.shutdown()
+    assert result is not None and "error" not in result, result
+    assert result["supported"] and result["ended"] and result["duration"] == pytest.approx(5 / FPS, abs=0.05)
+    assert result["audioBytes"] > 0  # it decoded the sound, not the picture alone
