@@ -268,9 +268,11 @@ def test_the_fragmented_mp4_with_sound_plays_in_chromium(client, tmp_path):
                     output_type="mp4")
     (tmp_path / "clip.mp4").write_bytes(streamed.content)
     (tmp_path / "index.html").write_text(MSE_PAGE)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
-    handler.log_message = lambda *args: None  # type: ignore[method-assign]
-    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    class Files(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # the test's output is not a server log
+            pass
+
+    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Files, directory=str(tmp_path)))
     threading.Thread(target=files.serve_forever, daemon=True).start()
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
