@@ -291,3 +291,14 @@ def test_the_fragmented_mp4_with_sound_plays_in_chromium(client, tmp_path):
     assert result is not None and "error" not in result, result
     assert result["supported"] and result["ended"] and result["duration"] == pytest.approx(5 / FPS, abs=0.05)
     assert result["audioBytes"] > 0  # it decoded the sound, not the picture alone
+
+
+def test_a_sound_too_large_for_the_memory_is_refused_and_the_server_serves_on(pipeline):
+    """The sound's program is compiled and checked against the device's memory like every
+    program: over it, 422 too-large-for-memory, naming the bytes."""
+    with app_client(None, model=[str(pipeline)], device_memory_bytes=200_000) as client:
+        answer = post(client, body(audio_latents=audio_latents()), output_type="wav")
+        assert answer.status_code == 422, answer.text
+        problem = answer.json()
+        assert problem["type"].endswith("too-large-for-memory") and "sound decode" in problem["detail"], problem
+        assert client.get("/readyz").status_code == 200
