@@ -53,10 +53,6 @@ class LTX2Sound:
         self.source = source
         self._graphdef, self.state = nnx.split((path.decoder, path.vocoder))
 
-    @property
-    def parameters(self) -> int:
-        return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(self.state))
-
     def apply(self, state: Any, latents: jax.Array) -> jax.Array:
         """Latents ``(B, C, L, M)`` → waveform ``(B, channels, samples)`` float32. Pure: jit it."""
         decoder, vocoder = nnx.merge(self._graphdef, state)
