@@ -90,6 +90,9 @@ class SimulatedRunner:
     def encode(self, frames: np.ndarray, requests: Any) -> np.ndarray:
         raise NotImplementedError("the simulated device decodes only")
 
+    def decode_sound(self, latents: np.ndarray) -> np.ndarray:
+        raise NotImplementedError("the simulated device decodes video only")
+
     def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool, framewise: bool = False,
                 sizes: Any = None) -> list:
         return []

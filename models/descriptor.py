@@ -23,6 +23,7 @@ class EmbeddedModel:
     name: str
     title: str  # in words: logs, metadata, ``--help``
     config: Callable[[], VAEConfig]
+    sound: str | None = None  # the folder of its sound family (``models.sound``), served beside it
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,10 +28,11 @@ from typing import Any
 from .conditions import conditions_taken
 from .config import ConfigError, VAEConfig
 from .descriptor import EmbeddedModel, FamilyDescriptor, ModuleTypes
+from .sound import SoundFamily
 
 __all__ = ["DEFAULT_MODEL", "EMBEDDED", "FAMILIES", "EmbeddedModel", "FamilyDescriptor", "ModuleTypes", "config_class", "config_from_dict", "read_config",
            "default_config", "default_family", "embedded_model", "embedded_names_text", "family_of",
-           "known_class_name", "module_types"]
+           "known_class_name", "module_types", "SOUND_FAMILIES", "sound_family_of"]
 
 
 def _families() -> tuple[FamilyDescriptor, ...]:
@@ -43,7 +44,14 @@ def _families() -> tuple[FamilyDescriptor, ...]:
             minimax_h3.FAMILY)
 
 
+def _sound_families() -> tuple[SoundFamily, ...]:
+    from .families import ltx2_audio
+
+    return (ltx2_audio.SOUND,)
+
+
 FAMILIES: tuple[FamilyDescriptor, ...] = _families()
+SOUND_FAMILIES: dict[str, SoundFamily] = {family.folder: family for family in _sound_families()}
 _BY_CLASS: dict[str, tuple[FamilyDescriptor, type]] = {
     cls.class_name: (family, cls) for family in FAMILIES for cls in family.configs}
 EMBEDDED: dict[str, EmbeddedModel] = {model.name: model for family in FAMILIES for model in family.embedded}
@@ -88,6 +96,19 @@ def embedded_model(name: str) -> EmbeddedModel:
 def embedded_names_text() -> str:
     """The embedded model names, for help texts: ``wan2.1 (the default), wan2.2, …``."""
     return ", ".join(f"{name} (the default)" if name == DEFAULT_MODEL else name for name in EMBEDDED)
+
+
+def sound_family_of(source: str | Path | None) -> SoundFamily | None:
+    """The sound served beside the model ``source`` names (None: the default embedded model): an
+    embedded model's own, or the sound family whose folders a pipeline folder holds (LTX-2's
+    ``audio_vae/`` of an ``AutoencoderKLLTX2Audio`` and ``vocoder/``); None without one."""
+    if source is None or (isinstance(source, str) and source in EMBEDDED):
+        folder = EMBEDDED[source or DEFAULT_MODEL].sound
+        return None if folder is None else SOUND_FAMILIES[folder]
+    root = Path(source)
+    if root.name == "vae":  # a pipeline's vae/ folder given: its sound lies beside it
+        root = root.parent
+    return next((family for family in SOUND_FAMILIES.values() if family.serves(root)), None)
 
 
 def config_from_dict(raw: dict[str, Any]) -> VAEConfig:

@@ -31,6 +31,10 @@ class Limits:
     # (``models.shapes.encode_frame_step``; None: ``frames_per_step`` of the temporal scale).
     decoded_frames: Callable[[int], int] | None = None
     clip_step: int | None = None
+    # A model with sound (docs/audio.md): the longest sound, and how many audio latent frames it
+    # may differ from its video's length.
+    max_audio_seconds: float = 60.0
+    audio_sync_slack: int = 1
 
     @classmethod
     def unlimited(cls, channels: int = 3) -> Limits:

@@ -272,6 +272,16 @@ class Settings(BaseSettings):
     default_crf: int = Field(18, ge=0, le=51, description="libx264 quality of MP4 answers without crf= (0: lossless)",
                              json_schema_extra=_in("output", "CRF"))
 
+    # --- sound (a model with a sound decoder: docs/audio.md) --------------------------------------
+    max_audio_seconds: float = Field(60.0, gt=0, description="longest sound a decode takes: its audio latents' "
+                                     "frames over the decoder's latent frames per second",
+                                     json_schema_extra=_in("limits", "SECONDS"))
+    audio_sync_slack: int = Field(1, ge=0, description="audio latent frames a request's sound may differ from "
+                                  "round(frames / fps x latent frames per second), its video's length",
+                                  json_schema_extra=_in("limits", "FRAMES"))
+    audio_bitrate: int = Field(192_000, ge=32_000, le=512_000, description="AAC bit rate of the sound of MP4 answers, "
+                               "bits per second", json_schema_extra=_in("output", "BPS"))
+
     # --- host work: streams and MP4 encoding ---------------------------------------------------
     mp4_writers: int | None = Field(
         None, ge=1, description="H.264 encodes run at once, each in a thread (PyAV releases the GIL while it "

@@ -95,19 +95,20 @@ def check_latent_dims(shape: tuple[int, ...]) -> None:
 
 
 def parse_latents(body: bytes, content_type: str, shape: tuple[int, ...] | None, dtype: str | None, limits: Limits,
-                  rules: ShapeRules, *, packed_size: tuple[int | None, int | None] = (None, None)
-                  ) -> tuple[np.ndarray, bool]:
+                  rules: ShapeRules, *, packed_size: tuple[int | None, int | None] = (None, None),
+                  tensor: str | None = None) -> tuple[np.ndarray, bool]:
     """Body -> ``(latents float32 in the model's batched layout, had_batch_dim)``; raises Problem
     on bad input. ``packed_size``: the image's ``(height, width)`` in pixels when the body may be
     packed latents (see :func:`model_layout`).
 
     Values are not checked here: NaN/Inf are refused by :func:`service.codecs.tensors.check_finite` once scaling and
-    denormalizing are applied (finite inputs can overflow there)."""
+    denormalizing are applied (finite inputs can overflow there). ``tensor``: the name of the
+    latents in a safetensors body that holds several (None: its one tensor)."""
     body_format = latents_format(check_latents_content_type(content_type), body, shape is not None)
     if body_format == "npy":
         array = parse_npy(body, check=check_latent_dims)
     elif body_format == "safetensors":
-        array = parse_safetensors(body, check=check_latent_dims)
+        array = parse_safetensors(body, check=check_latent_dims, name=tensor)
     else:
         array = parse_raw(body, shape, dtype, check=check_latent_dims)
     latents, batched = model_layout(array, rules, packed_size)

@@ -175,11 +175,22 @@ def _safetensors_header(body: bytes) -> tuple[dict, int]:
     return header, header_len
 
 
-def parse_safetensors(body: bytes, *, check: ShapeCheck) -> np.ndarray:
-    """A safetensors file with exactly one tensor (any name). Parsed by hand so that bfloat16
-    works without torch and so every malformed header gets a precise 422."""
+def safetensors_names(body: bytes) -> list[str]:
+    """The tensor names a safetensors body's header lists (422 for a malformed header)."""
+    header, _ = _safetensors_header(body)
+    return [name for name in header if name != "__metadata__"]
+
+
+def parse_safetensors(body: bytes, *, check: ShapeCheck, name: str | None = None) -> np.ndarray:
+    """A safetensors file's tensor ``name`` (None: its one tensor, by any name). Parsed by hand so
+    that bfloat16 works without torch and so every malformed header gets a precise 422."""
     header, header_len = _safetensors_header(body)
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    if name is not None:
+        if name not in tensors:
+            raise Problem(422, "missing-tensor", f"the safetensors body has no tensor named {name!r}",
+                          expected=name, received=sorted(tensors)[:8])
+        tensors = {name: tensors[name]}
     if len(tensors) != 1:
         raise _safetensors_problem(body, f"expected exactly one tensor, found {len(tensors)}")
     (info,) = tensors.values()

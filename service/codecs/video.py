@@ -23,7 +23,8 @@ import av
 import numpy as np
 from PIL import Image
 
-from .fmp4 import fragment, init_segment
+from .audio import AacPacket, Sound, aac_fragments, aac_packets, add_aac_track
+from .fmp4 import SoundTrack, fragment, init_segment, sound_fragment
 
 # libx264's options: the file's (quality per byte), and the stream's (the first frame out first).
 FILE_OPTIONS = {"preset": "veryfast"}
@@ -35,7 +36,8 @@ class Mp4Writer:
     """H.264 (libx264, yuv420p) in MP4, written incrementally.
 
     ``write(frames)`` takes ``(f, H, W, 3)`` uint8 frames and returns the bytes ready so far;
-    ``close()`` flushes the encoder and returns the rest. ``fragmented=False``: a faststart file
+    ``close()`` flushes the encoder and returns the rest. ``sound``: an AAC track beside the video
+    (a file's: ``service.codecs.audio``). ``fragmented=False``: a faststart file
     (the ``moov`` index before the media, so a player starts before the whole file has arrived)
     — every byte comes from ``close()``, because FFmpeg moves the index in a second pass that
     reopens the output by name (a private temporary file). ``fragmented=True``: ``ftyp`` + an
@@ -44,7 +46,8 @@ class Mp4Writer:
     ours are multiples of 8. One writer is used by one thread at a time.
     """
 
-    def __init__(self, height: int, width: int, *, fps: int, crf: int, fragmented: bool = False):
+    def __init__(self, height: int, width: int, *, fps: int, crf: int, fragmented: bool = False,
+                 sound: Sound | None = None):
         self.fragmented = fragmented
         self._folder: tempfile.TemporaryDirectory | None = None
         self._container: av.container.OutputContainer | None = None
@@ -65,6 +68,12 @@ class Mp4Writer:
         self._encoder.width, self._encoder.height = width, height
         self._encoder.pix_fmt = "yuv420p"
         self._encoder.options = {"crf": str(crf), **(STREAM_OPTIONS if fragmented else FILE_OPTIONS)}
+        if sound is not None and self._container is not None:
+            # The whole sound is known first: its packets go in now (the first mux opens every
+            # stream, so the video's is set up before), and the muxer interleaves them with the frames.
+            audio = add_aac_track(self._container, sound)
+            for packet in aac_packets(audio, sound):
+                self._container.mux(packet)
         # The frames the encoder holds, by pts, until their packet comes out (the file's encoder
         # holds about a dozen: ``veryfast`` has 10 of look-ahead, and B-frames; the stream's none).
         # At very small sizes libx264's output differs between runs of the same frames, less often
@@ -74,7 +83,14 @@ class Mp4Writer:
         self._held: dict[int, av.VideoFrame] = {}
         self._ready: list[bytes] = []
         self._packets = 0
+        self._fragments = 0  # moof boxes written (their sequence numbers count from 1)
         self.frames = 0
+        # A fragmented stream's sound: encoded whole now, its packets written after the frames they
+        # accompany (``_sound_until``).
+        self._sound: tuple[SoundTrack, list[AacPacket]] | None = None
+        self._sound_written = 0
+        if sound is not None and fragmented:
+            self._sound = aac_fragments(sound)
 
     def write(self, frames: np.ndarray) -> bytes:
         for frame in frames:
@@ -90,6 +106,8 @@ class Mp4Writer:
         try:
             self._mux(self._encoder.encode(None))
             if self._container is None:
+                if self._sound is not None:  # what is left of the sound (it may outlast the last frame)
+                    self._ready.append(self._sound_until(None))
                 return self._take()
             self._container.close()
             return self._path.read_bytes()
@@ -123,18 +141,37 @@ class Mp4Writer:
             assert self._stream_codec is not None
             width, height = self._size
             head = init_segment(width, height, timescale=self._fps * STREAM_TICKS_PER_FRAME,
-                                parameter_sets=self._stream_codec.extradata or b"")
-        return head + fragment(index + 1, index * STREAM_TICKS_PER_FRAME, STREAM_TICKS_PER_FRAME, bytes(packet),
-                               keyframe=packet.is_keyframe)
+                                parameter_sets=self._stream_codec.extradata or b"",
+                                sound=None if self._sound is None else self._sound[0])
+        self._fragments += 1
+        video = fragment(self._fragments, index * STREAM_TICKS_PER_FRAME, STREAM_TICKS_PER_FRAME, bytes(packet),
+                         keyframe=packet.is_keyframe)
+        return head + video + self._sound_until(Fraction(index + 1, self._fps))
+
+    def _sound_until(self, end: Fraction | None) -> bytes:
+        """The sound's packets not yet written that start before ``end`` seconds (None: all), as
+        one fragment (nothing without sound, or when none is due)."""
+        if self._sound is None:
+            return b""
+        track, packets = self._sound
+        first = self._sound_written
+        last = first
+        while last < len(packets) and (end is None or packets[last].pts < end * track.sample_rate):
+            last += 1
+        if last == first:
+            return b""
+        self._sound_written, self._fragments = last, self._fragments + 1
+        return sound_fragment(self._fragments, packets[first].pts + track.priming,
+                              [(p.data, p.duration) for p in packets[first:last]])
 
     def _take(self) -> bytes:
         out, self._ready = b"".join(self._ready), []
         return out
 
 
-def mp4_bytes(frames: np.ndarray, *, fps: int, crf: int) -> bytes:
-    """A whole video as a faststart MP4 (``Mp4Writer`` fed every frame at once)."""
-    writer = Mp4Writer(int(frames.shape[1]), int(frames.shape[2]), fps=fps, crf=crf)
+def mp4_bytes(frames: np.ndarray, *, fps: int, crf: int, sound: Sound | None = None) -> bytes:
+    """A whole video as a faststart MP4 (``Mp4Writer`` fed every frame at once), with its ``sound``."""
+    writer = Mp4Writer(int(frames.shape[1]), int(frames.shape[2]), fps=fps, crf=crf, sound=sound)
     writer.write(frames)
     return writer.close()
 

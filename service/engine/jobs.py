@@ -27,7 +27,7 @@ from vaeserve.models.shapes import Output, time_axis
 
 from .errors import EngineError
 
-Operation = Literal["decode", "encode"]
+Operation = Literal["decode", "encode", "sound"]
 STREAM_END = object()  # stream sentinel: no more chunks
 
 
@@ -93,6 +93,10 @@ class Job:
     encode: EncodeOptions | None = None  # rides in the batch, not in the program key
     decode: DecodeOptions | None = None  # a decode's conditions: they too ride in the batch, per row
     framewise: bool = False  # decode: HunyuanVideo 1.0's framewise decode (a program of its own)
+    # A decode's audio latents (B, *layout) float32: their waveforms are decoded before its first
+    # step and answered in ``heard`` (a job whose operation is "sound" has them as its inputs).
+    sound: np.ndarray | None = None
+    heard: asyncio.Future = field(init=False)
     future: asyncio.Future = field(init=False)
     chunks: asyncio.Queue | None = field(init=False, default=None)
     cancelled: bool = False  # set by the handler when its client left or it gave up
@@ -110,6 +114,7 @@ class Job:
 
     def __post_init__(self) -> None:
         self.future = self.loop.create_future()
+        self.heard = self.loop.create_future()
         if self.stream:
             self.chunks = asyncio.Queue()
 
@@ -186,6 +191,13 @@ class Job:
         self.kept[tuple(index)] = frames
         self.kept_frames += frames.shape[axis]
 
+    def hear(self, waveforms: np.ndarray) -> None:
+        """(device thread) The waveforms of the decode's sound, before its first frames."""
+        def settle() -> None:
+            if not self.heard.done() and not self.cancelled:
+                self.heard.set_result(waveforms)
+        self._call(settle)
+
     def resolve(self, value: np.ndarray | EngineError) -> None:
         self.ended = True
 
@@ -213,7 +225,13 @@ class Job:
         self._call(put)
 
     def fail(self, error: EngineError) -> None:
-        """Answer with ``error``: in-band for a stream (its status line may be gone), else the future."""
+        """Answer with ``error``: in-band for a stream (its status line may be gone), else the future
+        (and the sound's, where it is still awaited)."""
+        if self.sound is not None:
+            def settle() -> None:
+                if not self.heard.done() and not self.cancelled:
+                    self.heard.set_exception(error)
+            self._call(settle)
         if self.stream:
             self.push(error)
         else:

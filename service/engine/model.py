@@ -15,6 +15,7 @@ import numpy as np
 
 from vaeserve.models.estimate import Convs
 from vaeserve.models.shapes import Output, shape_text
+from vaeserve.models.sound import SoundInfo
 
 from ..limits import Limits
 from .errors import ModelNotNamed, ModelNotServed, NoEncoder, ShapeNotServed
@@ -47,6 +48,8 @@ class Runner(Protocol):
 
     def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray: ...
 
+    def decode_sound(self, latents: np.ndarray) -> np.ndarray: ...  # audio latents -> waveforms (B, channels, samples)
+
     def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool, framewise: bool = False,
                 sizes: Sequence[int] | None = None) -> CompiledPrograms: ...
 
@@ -73,7 +76,7 @@ RunnerFactory = Callable[..., Runner]
 # The ``Runner`` methods that reach the devices (the others read the program cache): on a
 # multi-host slice process 0 makes each of them on every process (``service.slice.member``). Their
 # arguments are host arrays and JSON values (tuples travel as lists).
-DEVICE_CALLS = ("decode", "decode_stream", "encode", "compile", "compile_encode", "prepare")
+DEVICE_CALLS = ("decode", "decode_stream", "encode", "decode_sound", "compile", "compile_encode", "prepare")
 
 
 class Cluster(Protocol):
@@ -121,6 +124,7 @@ class ModelState:
     cluster: Cluster | None = None  # this process's part in a multi-host slice
     framewise: bool = False  # the model offers diffusers' framewise decode (HunyuanVideo 1.0: framewise=true)
     convs: Convs = "onednn"  # how its programs convolve (models.conv.convs_for): "onednn"/"matmul" on CPU, else "native"
+    sound: SoundInfo | None = None  # its sound decoder's sizes and rates (models.sound), where it has one
 
     @property
     def device_memory_bytes(self) -> int | None:

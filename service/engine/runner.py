@@ -31,6 +31,7 @@ from .batches import batch_buckets, bucket_for, pad_batch
 from .errors import TooLargeForMemory
 from .jobs import DecodeOptions, EncodeOptions, Operation
 from .memory import available_host_bytes
+from .sound import SoundPrograms
 
 
 def encode_rows(requests: Sequence[tuple[EncodeOptions, int]], batch: int) -> PosteriorOptions:
@@ -67,10 +68,11 @@ class DeviceRunner:
 
     interleaves_streams = True  # each step is a call of its own: streams may take turns
 
-    def __init__(self, vae: Any, mesh: Any, *, max_batch: int, dp: int):
+    def __init__(self, vae: Any, mesh: Any, *, max_batch: int, dp: int, sound: SoundPrograms | None = None):
         self.vae = vae
         self.mesh = mesh
         self.buckets = batch_buckets(max_batch, dp)
+        self.sound = sound  # the model's sound decoder, where it has one
         self._thread: int | None = None
 
     def _check_thread(self) -> None:
@@ -106,6 +108,14 @@ class DeviceRunner:
         for step in sharding.sharded_decode_stream(self.vae, padded, self.mesh, framewise=framewise, output=output,
                                                    conditions=rows):
             yield Decoded(step.frames[:n], step.nonfinite[:n])
+
+    def decode_sound(self, latents: np.ndarray) -> np.ndarray:
+        """The sound of audio latents ``(B, *layout)`` float32: waveforms ``(B, channels, samples)``
+        float32 (``service.engine.sound``), the batch padded to its bucket as the video's."""
+        if self.sound is None:
+            raise ValueError("this model has no sound decoder")
+        n, padded = latents.shape[0], self._padded(latents)
+        return self.sound.decode(padded)[:n]
 
     def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray:
         """Encode a batch: ``requests`` are the ``(options, rows)`` of the requests that share it,
@@ -152,12 +162,16 @@ class DeviceRunner:
         ``TooLargeForMemory``); returns the most bytes per device any of them needs."""
         size = [bucket_for(batch, self.buckets)]
         try:
+            if operation == "sound":
+                assert self.sound is not None
+                return self.sound.needed_bytes((size[0], *shape))
             if operation == "encode":
                 programs = self.compile_encode(shape, sizes=size)
             else:
                 programs = self.compile(shape, output=output, stream=True, framewise=framewise, sizes=size)
         except TooLargeForMemory as refused:
-            what = "the encode of frames" if operation == "encode" else "the decode of latents"
+            what = {"encode": "the encode of frames", "sound": "the sound decode of latents"}.get(
+                operation, "the decode of latents")
             received = shape_text((batch, *shape))
             raise TooLargeForMemory(f"{what} {received}: {refused}", needed=refused.needed,
                                     available=refused.available, received=received,
@@ -198,14 +212,14 @@ class DeviceRunner:
             rows.append({"program": program, "shape": shape, "variant": variant,
                          **{k: v for k, v in memory.items() if k != "alias_bytes"},
                          "total_bytes": program_total_bytes(memory)})
-        return rows
+        return rows + (self.sound.program_memory() if self.sound is not None else [])
 
     def programs(self) -> list[list]:
         """The compiled programs of this runner's mesh in the model's cache, least recently used
         first: ``["decode", [B, C, T, H, W], output]`` (``output+framewise`` for a framewise decode), ``["stream-step", [B, C, t, H, W],
         "first" | "next"]`` or ``["encode", [B, 3, F, H, W], "latents"]``. (A read of the cache; it
         is safe from any thread.)"""
-        return [key.describe() for key in self._keys()]
+        return [key.describe() for key in self._keys()] + (self.sound.programs() if self.sound is not None else [])
 
     def _keys(self) -> list[ProgramKey]:
         """Cache keys of this mesh's decode, stream-step and encode programs, least recently used first."""

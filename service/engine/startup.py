@@ -44,6 +44,7 @@ from .memory import (
 )
 from .model import ModelState, RunnerFactory, ServedModels, ServedShapes
 from .runner import DeviceRunner
+from .sound import SoundPrograms, load_sound
 
 log = logging.getLogger("vaeserve")
 
@@ -92,11 +93,13 @@ def check_weights_load(sources: list[str | None]) -> None:
                       in_use=process_rss())
 
 
-def load_vaes(settings: Settings, given: Any = None) -> dict[str, Any]:
+def load_vaes(settings: Settings, given: Any = None) -> tuple[dict[str, Any], dict[str, str | None]]:
     """The VAEs to serve, by name: ``given`` (a VAE, named by ``--model`` or its own name; or a dict
     of them by name), else every ``--model`` (none: the embedded default), their weights checked
-    together before any is loaded. A name is ``--model``'s (``settings.named_model``)."""
+    together before any is loaded. A name is ``--model``'s (``settings.named_model``). Also the
+    source each was loaded from, by name (what its sound is looked up by; none for ``given``)."""
     embedded: set[str] = set()  # loaded by name: the loader said already that their weights are random
+    sources: dict[str, str | None] = {}
     if isinstance(given, dict):
         vaes = dict(given)
     elif given is not None:
@@ -109,12 +112,27 @@ def load_vaes(settings: Settings, given: Any = None) -> dict[str, Any]:
             vae = _load_vae(settings, source)
             name = name or vae.metadata.get("name", "vae")
             vaes[name] = vae
+            sources[name] = source
             if source is None or source in models.MODEL_NAMES:
                 embedded.add(name)
     for name, vae in vaes.items():
         if vae.metadata.get("random_weights") and name not in embedded:
             log.warning("the model %s has RANDOM weights: outputs are noise-like, for testing only", name)
-    return vaes
+    return vaes, sources
+
+
+def load_sounds(settings: Settings, sources: dict[str, str | None], mesh: Any) -> dict[str, SoundPrograms]:
+    """The sound decoders served beside the models loaded from ``sources`` (``service.engine.sound``),
+    by model name, on the mesh's first device of this process."""
+    device = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
+    sounds = {}
+    for name, source in sources.items():
+        decoder = load_sound(source, dtype=settings.dtype)
+        if decoder is not None:
+            sounds[name] = SoundPrograms(decoder, device, max_entries=settings.max_programs or None)
+            log.info("the model %s has sound: %s (%s, %d parameters)", name, decoder.info.title, decoder.source,
+                     sounds[name].parameters)
+    return sounds
 
 
 def resident_weight_bytes(vae: Any) -> int:
@@ -127,17 +145,20 @@ def load_models(settings: Settings, *, vae: Any = None, runner_factory: RunnerFa
     """Every model served (``load_vaes``), on one mesh, each with its runner, request limits and
     normalization from its config; its programs must fit the devices' memory less the other
     models' resident weights. Nothing is compiled yet."""
-    vaes = load_vaes(settings, vae)
+    vaes, sources = load_vaes(settings, vae)
     mesh = sharding.make_mesh(settings.tp, settings.dp)
+    sounds = load_sounds(settings, sources, mesh)
     platform = mesh_platform(mesh)
     local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
     memory = plan_memory(settings, platform=platform, local_devices=len(local),
                          device_limit=device_bytes_limit(list(mesh.devices.flat)))
-    weights = {name: resident_weight_bytes(loaded) for name, loaded in vaes.items()}
+    weights = {name: resident_weight_bytes(loaded) + (sounds[name].weight_bytes if name in sounds else 0)
+               for name, loaded in vaes.items()}
     own = {name: settings if len(vaes) == 1 else own_warmups(settings, loaded) for name, loaded in vaes.items()}
     check_warmups_taken(settings, list(own.values()))
     return ServedModels({name: model_state(own[name], name, loaded, mesh, runner_factory,
-                                           beside_other_models(memory, sum(weights.values()) - weights[name]))
+                                           beside_other_models(memory, sum(weights.values()) - weights[name]),
+                                           sound=sounds.get(name))
                          for name, loaded in vaes.items()}, memory)
 
 
@@ -174,17 +195,19 @@ def load_model(settings: Settings, *, vae: Any = None, runner_factory: RunnerFac
 
 
 def model_state(settings: Settings, name: str, vae: Any, mesh: Any, runner_factory: RunnerFactory | None,
-                memory: MemoryPlan) -> ModelState:
-    """One model served on ``mesh``: its runner, limits and normalization, its programs checked
-    against ``memory``."""
+                memory: MemoryPlan, *, sound: SoundPrograms | None = None) -> ModelState:
+    """One model served on ``mesh``: its runner (with its ``sound`` decoder, where it has one),
+    limits and normalization, its programs checked against ``memory``."""
     vae.cpu_convs = settings.cpu_convs
-    runner = (runner_factory or DeviceRunner)(vae, mesh, max_batch=settings.max_batch, dp=settings.dp)
+    with_sound = {} if sound is None else {"sound": sound}  # runner factories of tests take no sound
+    runner = (runner_factory or DeviceRunner)(vae, mesh, max_batch=settings.max_batch, dp=settings.dp, **with_sound)
     config = vae.config
     limits = Limits(channels=config.z_dim, max_batch=settings.max_batch,
                     max_frames=1 if config.is_image else settings.max_frames, images=config.is_image,
                     max_height=settings.max_height, max_width=settings.max_width,
                     temporal_scale=config.temporal_scale, spatial_scale=config.spatial_scale,
-                    decoded_frames=config.num_output_frames, clip_step=encode_frame_step(config))
+                    decoded_frames=config.num_output_frames, clip_step=encode_frame_step(config),
+                    max_audio_seconds=settings.max_audio_seconds, audio_sync_slack=settings.audio_sync_slack)
     framewise = has_framewise(config)
     convs = convs_for(mesh_platform(mesh), vae.cpu_convs)
     if settings.compile_cache and convs == "onednn":
@@ -195,7 +218,8 @@ def model_state(settings: Settings, name: str, vae: Any, mesh: Any, runner_facto
         devices=[str(d) for d in np.asarray(mesh.devices).ravel()], platform=jax.default_backend(),
         warmed=tuple(settings.warmup), served=served_shapes(settings, framewise=framewise),
         memory=memory, guard=memory_guard(vae, memory, limits, settings, convs), framewise=framewise, convs=convs,
-        encode_served=None if settings.shapes == "any" else frozenset(settings.encode_warmup))
+        encode_served=None if settings.shapes == "any" else frozenset(settings.encode_warmup),
+        sound=None if sound is None else sound.info)
 
 
 # What JAX warns, once per program, when XLA:CPU cannot serialize a program that calls oneDNN
@@ -247,6 +271,20 @@ def guard_programs(model: ModelState) -> None:
                                     received=shape_text(key.shape), would_fit=hints) from None
 
     model.vae.programs.check = check
+    sound = getattr(model.runner, "sound", None)
+    if sound is not None:
+        sound.check = partial(check_sound_fits, limit=limit, dtype=model.vae.dtype)
+
+
+def check_sound_fits(shape: tuple[int, ...], compiled: Any, *, limit: int, dtype: str) -> None:
+    """``TooLargeForMemory`` for a sound program of latents ``shape`` that cannot fit ``limit``
+    bytes (it runs whole on one device: a shorter sound, or bfloat16, is what would fit)."""
+    needed = program_total_bytes(program_memory(compiled))
+    if needed > limit:
+        hints = ["a shorter sound"] + (["bfloat16 (serve with --dtype bfloat16)"] if dtype == "float32" else [])
+        raise TooLargeForMemory(f"the sound decode of latents {shape_text(shape)} needs {needed} bytes on its device "
+                                f"and {limit} are available", needed=needed, available=limit,
+                                received=shape_text(shape), would_fit=hints)
 
 
 def served_shapes(settings: Settings, *, framewise: bool) -> ServedShapes | None:

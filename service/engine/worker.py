@@ -98,6 +98,14 @@ def _frames(out: np.ndarray, output: Output) -> int:
     return out.shape[0] * out.shape[1 if output == "uint8" else 2]
 
 
+def finite_waveforms(waveforms: np.ndarray) -> np.ndarray:
+    """``waveforms``, or ``NonFiniteOutput`` counting the values that are NaN or infinite."""
+    bad = int(waveforms.size - np.count_nonzero(np.isfinite(waveforms)))
+    if bad:
+        raise NonFiniteOutput(bad)
+    return waveforms
+
+
 def out_of_memory(error: BaseException) -> str | None:
     """Where a device call ran out of memory: ``"host"`` (an allocation on the host failed),
     ``"device"`` (XLA's ``RESOURCE_EXHAUSTED``); None for any other error."""
@@ -530,8 +538,9 @@ class Worker:
             return
         self._suspects.discard(batch[0].key)
         device_s = time.monotonic() - start
-        self.metrics.device_seconds.labels("encode").observe(device_s)
-        self.metrics.frames_encoded.inc(sum(job.size * clip_shape(job.inputs.shape)[2] for job in batch))
+        self.metrics.device_seconds.labels(batch[0].operation).observe(device_s)
+        if batch[0].operation == "encode":
+            self.metrics.frames_encoded.inc(sum(job.size * clip_shape(job.inputs.shape)[2] for job in batch))
         offset = 0
         for job in batch:
             job.device_s = device_s
@@ -539,11 +548,33 @@ class Worker:
             offset += job.size
 
     def _execute(self, batch: list[Job]) -> np.ndarray:
-        """The one device call of an encode batch: frames in, latents out (host arrays)."""
+        """The one device call of an encode batch (frames in, latents out) or a sound batch (audio
+        latents in, waveforms out; ``NonFiniteOutput`` for any value not finite), host arrays."""
         # A batch of one runs on its own inputs: a copy would double the host memory of a large encode.
         inputs = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
+        runner = self._model_of(batch[0]).runner
+        if batch[0].operation == "sound":
+            return finite_waveforms(runner.decode_sound(inputs))
         requests = [(job.encode, job.size) for job in batch if job.encode is not None]
-        return self._model_of(batch[0]).runner.encode(inputs, requests)
+        return runner.encode(inputs, requests)
+
+    def _decode_sounds(self, run: StepRun) -> None:
+        """The sound of each job of a decode run that has one, before its first step (it is small
+        beside the video): its program checked like every program, its waveforms handed to the job;
+        a job whose sound fails fails alone."""
+        model = self._model_of(run.jobs[0])
+        for job in run.live():
+            if job.sound is None:
+                continue
+            start = time.monotonic()
+            try:
+                model.runner.prepare("sound", job.sound.shape[1:], batch=job.size)
+                job.hear(finite_waveforms(model.runner.decode_sound(job.sound)))
+            except Exception as exc:
+                self._fail([job], exc)
+            finally:
+                job.device_s += time.monotonic() - start
+                self.metrics.device_seconds.labels("sound").observe(time.monotonic() - start)
 
     def _steps(self, batch: list[Job], latents: np.ndarray) -> Iterator[Any]:
         """The steps of a decode batch; each job's rows decode with its own conditions (an LTX timestep, seed)."""
@@ -573,6 +604,7 @@ class Worker:
             if not run.prepared:  # the run's programs are those of all its jobs' latents, padded
                 self._prepare(run.jobs, run)
                 run.prepared = True
+                self._decode_sounds(run)
             step = next(run.steps, None)
         except _WaitForMemory as wait:
             self._close(run, requeued=True)

@@ -19,17 +19,29 @@ from ..metrics import Metrics
 from ..problem import Problem
 from ..settings import VideoCodec
 from .schemas import DecodeParams, EncodeParams
+from .sound import (
+    AUDIO_LATENTS,
+    VIDEO_LATENTS,
+    body_tensors,
+    check_sound_answer,
+    check_sync,
+    parse_audio_latents,
+    sound_alone,
+)
 
 
 @dataclass(frozen=True)
 class DecodeInputs:
     """A decode request's latents ``(B, C, T, H, W)`` float32 (an image model's ``(B, C, H, W)``),
     whether the body had the batch dim, and whether its answer takes the decode's steps as they come
-    (a stream, or an MP4 encoded while it decodes) rather than the whole decode at its end."""
+    (a stream, or an MP4 encoded while it decodes) rather than the whole decode at its end. With
+    sound (``service.http.sound``): its audio latents ``(B, *layout)`` float32; a request for the
+    sound alone has no video latents to decode (None)."""
 
-    latents: np.ndarray
+    latents: np.ndarray | None
     batched: bool
     streamed: bool
+    sound: np.ndarray | None = None
 
 
 def check_decode_served(shape: tuple[int, ...], params: DecodeParams, model: ModelState) -> bool:
@@ -108,9 +120,27 @@ def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: Mod
     """Body → latents ``(B, C, T, H, W)`` (images ``(B, C, H, W)``) float32: parsed (Flux's packed
     latents unpacked), checked against the model and the limits, scaled
     (``/ scaling_factor + shift_factor``), denormalized if asked, then checked for NaN/Inf — after
-    the arithmetic, because finite inputs and factors can overflow float32."""
+    the arithmetic, because finite inputs and factors can overflow float32. A safetensors body may
+    hold the sound's ``audio_latents`` beside the ``latents`` (``service.http.sound``): they are
+    checked, and the sound is answered alone or with the video."""
+    names = body_tensors(body, media_type, params)
+    sound, sound_batched = parse_audio_latents(body, model) if AUDIO_LATENTS in names else (None, False)
+    alone = sound_alone(params, sound is not None)
+    if alone and sound is None:
+        raise Problem(422, "missing-tensor", f"output_type={params.output_type} answers a sound: send its "
+                      f"audio latents as the safetensors tensor {AUDIO_LATENTS!r}", expected=AUDIO_LATENTS,
+                      received=names or "a body of one tensor")
+    if alone and VIDEO_LATENTS not in names:
+        assert sound is not None
+        check_sound_answer(params, sound.shape[0])
+        return DecodeInputs(None, sound_batched, streamed=False, sound=sound)
     latents, batched = parse_latents(body, media_type, params.shape, params.dtype, model.limits, model.vae.config,
-                                     packed_size=params.packed_size)
+                                     packed_size=params.packed_size, tensor=VIDEO_LATENTS if sound is not None else None)
+    if sound is not None:
+        check_sound_answer(params, sound.shape[0])
+        check_sync(sound, latents, params, model)
+        if alone:  # the video latents only set the sound's length
+            return DecodeInputs(None, sound_batched, streamed=False, sound=sound)
     try:
         streamed = check_decode_served(latents.shape[1:], params, model)
     except ShapeNotServed:
@@ -122,7 +152,7 @@ def decode_inputs(body: bytes, media_type: str, params: DecodeParams, model: Mod
         if params.denormalize:
             values = model.denormalize(values)
     check_finite(values, "latents", where=f" after scaling ({params.scaling})" if values is not latents else "")
-    return DecodeInputs(np.ascontiguousarray(values, np.float32), batched, streamed)
+    return DecodeInputs(np.ascontiguousarray(values, np.float32), batched, streamed, sound)
 
 
 def encode_header(body: bytes, media_type: str, params: EncodeParams, model: ModelState, metrics: Metrics,

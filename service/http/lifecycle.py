@@ -42,6 +42,7 @@ from ..engine.worker import Ticket, Worker
 from .admission import MemoryBudget, read_body
 from .host_memory import decode_host_bytes, encode_host_bytes
 from .schemas import DecodeParams
+from .sound import sound_host_bytes, sound_of
 from .state import ServiceState
 
 
@@ -105,6 +106,11 @@ class Admission:
         fit the devices, then its host bytes held (before the frames are decoded)."""
         self.check(partial(self.model.check_encode_fits, header.shape))
         await self.hold_host(encode_host_bytes(header, self.model.limits))
+
+    async def reserve_sound(self, shape: tuple[int, ...]) -> None:
+        """The sound of audio latents ``shape`` ``(B, *layout)``: its host bytes held (its program is
+        small; it is compiled and checked against the device's memory before it runs)."""
+        await self.hold_host(sound_host_bytes(shape, sound_of(self.model)))
 
     def submit(self, operation: Operation, inputs: np.ndarray, **fields: Any) -> Job:
         """The request's job (its other ``Job`` fields given by name), queued in the place its ticket holds."""

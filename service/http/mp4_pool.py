@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..codecs.audio import Sound
 from ..codecs.video import Mp4Writer
 from ..metrics import Metrics
 
@@ -87,11 +88,11 @@ class Mp4Pool:
                 self._metrics.encoders_busy.dec()
 
     @asynccontextmanager
-    async def writer(self, height: int, width: int, *, fps: int, crf: int,
-                     fragmented: bool = False) -> AsyncIterator[PooledWriter]:
-        """The writer of one video of ``height`` x ``width``, discarded on the way out, whatever
-        happened. Holding it holds no slot."""
-        writer = PooledWriter(self, Mp4Writer(height, width, fps=fps, crf=crf, fragmented=fragmented))
+    async def writer(self, height: int, width: int, *, fps: int, crf: int, fragmented: bool = False,
+                     sound: Sound | None = None) -> AsyncIterator[PooledWriter]:
+        """The writer of one video of ``height`` x ``width`` (with its ``sound``), discarded on the
+        way out, whatever happened. Holding it holds no slot."""
+        writer = PooledWriter(self, Mp4Writer(height, width, fps=fps, crf=crf, fragmented=fragmented, sound=sound))
         try:
             yield writer
         finally:

@@ -24,6 +24,7 @@ from ..problem import Problem
 from .admission import unless_client_leaves
 from .problems import ClientGone, engine_problem
 from .schemas import DecodeParams, EncodeParams
+from .sound import sound_body
 
 T = TypeVar("T")
 
@@ -110,6 +111,13 @@ async def render_frames(job: Job, frames: np.ndarray, params: DecodeParams, batc
     """A whole decode's frames as the answer ``params`` asks for: npy, png or ``pt`` (an MP4 is
     written as the decode runs: ``service.http.streams.pipelined_mp4``)."""
     return await _serialized(job, frames, params.output_type, metrics, lambda a: _frames_body(a, params, batched))
+
+
+async def render_sound(job: Job, waveforms: np.ndarray, params: DecodeParams, batched: bool, sample_rate: int,
+                       metrics: Metrics) -> Response:
+    """A sound decoded alone as the answer ``params`` asks for: WAV, FLAC or npy (``service.http.sound``)."""
+    return await _serialized(job, waveforms, params.output_type, metrics,
+                             lambda a: sound_body(a, params, batched, sample_rate))
 
 
 async def render_latents(job: Job, latents: np.ndarray, params: EncodeParams, metrics: Metrics) -> Response:

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from vaeserve.models.shapes import Output
 
-OutputType = Literal["mp4", "pt", "npy", "png", "jpeg", "pil"]
+OutputType = Literal["mp4", "pt", "npy", "png", "jpeg", "pil", "wav", "flac"]  # wav, flac: a model's sound alone
 # pil: an image file, its format from image_format (diffusers' remote_decode names JPEG "jpg").
 ImageFormat = Literal["png", "jpg", "jpeg"]
 EncodeOutputType = Literal["pt", "npy", "safetensors"]
@@ -191,6 +191,19 @@ class MemoryInfo(BaseModel):
     largest_encode: list[VideoSize]
 
 
+class SoundDescription(BaseModel):
+    """A model's sound decoder (docs/audio.md): its latents ``(B, *latent_layout)`` (``L``: latent
+    frames) decode to ``channels`` at ``sample_rate``, ``samples_per_latent_frame`` each."""
+
+    title: str
+    sample_rate: int
+    channels: int
+    latent_channels: int
+    latent_layout: str
+    samples_per_latent_frame: int
+    latent_frames_per_second: float
+
+
 class ModelInfo(BaseModel):
     id: str
     source: str | None
@@ -210,6 +223,7 @@ class ModelInfo(BaseModel):
     program_memory: list[ProgramMemory]
     device_memory_bytes: int | None  # what every program is checked against per device (None: unknown, no check)
     memory: MemoryInfo | None
+    sound: SoundDescription | None = None  # its sound decoder (audio_latents beside the latents); None: no sound
 
 
 class ModelList(BaseModel):
@@ -255,7 +269,8 @@ DECODE_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "description": "latents (B, C, T, H, W) or (C, T, H, W); an image model's (B, C, H, W), (C, H, W) or Flux's "
-        "packed (B, H·W/4, 4C) with height and width; C: the model's latent channels (/v1/models)",
+        "packed (B, H·W/4, 4C) with height and width; C: the model's latent channels (/v1/models). A model with "
+        "sound: a safetensors body with the tensors latents and audio_latents (docs/audio.md)",
         "content": {media: _BINARY for media in (
             "application/octet-stream", "tensor/binary", "application/x-npy", "application/x-safetensors")},
     }
@@ -264,10 +279,10 @@ DECODE_OPENAPI: dict[str, Any] = {
 DECODE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "by output_type: video/mp4, application/x-npy, image/png, image/jpeg (pil: by image_format), "
-        "application/octet-stream (pt); application/x-vaeserve-stream with stream=true",
+        "application/octet-stream (pt), audio/wav, audio/flac; application/x-vaeserve-stream with stream=true",
         "content": {media: _BINARY for media in (
             "video/mp4", "application/x-npy", "image/png", "image/jpeg", "application/octet-stream",
-            "application/x-vaeserve-stream")},
+            "application/x-vaeserve-stream", "audio/wav", "audio/flac")},
     },
     **PROBLEM_RESPONSES,
 }

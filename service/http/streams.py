@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from ..codecs.audio import Sound
 from ..codecs.stream import STREAM_MEDIA_TYPE, stream_message
 from ..engine.errors import EngineError
 from ..engine.jobs import STREAM_END, Job
@@ -136,20 +137,24 @@ async def frame_stream(request: Request, job: Job, batched: bool,
 
 
 async def mp4_stream(request: Request, job: Job, params: DecodeParams, mp4_pool: Mp4Pool,
-                     problem_for: Callable[[EngineError], Problem]) -> Response:
+                     problem_for: Callable[[EngineError], Problem],
+                     soundtrack: Callable[[np.ndarray], Sound] | None = None) -> Response:
     """Fragmented MP4 (``video/mp4``) written as the decode runs: the init segment, then a
-    fragment per frame as the H.264 encoder lets go of it, so a browser plays while the decode runs.
+    fragment per frame as the H.264 encoder lets go of it, so a browser plays while the decode runs;
+    with the job's sound (decoded before its frames) as the ``soundtrack`` of its waveforms, its
+    packets after the frames they accompany.
 
     Errors before the first decode step are ordinary problem responses. After it an MP4 has no
     room for a message: the answer is cut off (no last chunk, the connection closed), the
     problem is logged with the request id, and the request is counted with the problem's status."""
     frames = job_frames(job)
+    sound = None if soundtrack is None else soundtrack(await wait_for(request, job, job.heard))
     first = await _first(request, job, frames)
     _, _, height, width, _ = first.shape
 
     async def fragments() -> AsyncGenerator[bytes, None]:
         async with aclosing(frames), mp4_pool.writer(height, width, fps=params.fps, crf=params.crf,
-                                                     fragmented=True) as writer:
+                                                     fragmented=True, sound=sound) as writer:
             try:
                 chunk = first
                 while True:
@@ -167,16 +172,19 @@ async def mp4_stream(request: Request, job: Job, params: DecodeParams, mp4_pool:
     return BodyStream(fragments(), media_type="video/mp4", headers=job_headers(job))
 
 
-async def pipelined_mp4(request: Request, job: Job, params: DecodeParams, mp4_pool: Mp4Pool) -> Response:
+async def pipelined_mp4(request: Request, job: Job, params: DecodeParams, mp4_pool: Mp4Pool,
+                        soundtrack: Callable[[np.ndarray], Sound] | None = None) -> Response:
     """An ordinary ``video/mp4`` answer (faststart), its frames written as each decode step leaves
-    the device, so the answer takes about max(decode, MP4) instead of their sum. An error at any
+    the device, so the answer takes about max(decode, MP4) instead of their sum; with the job's
+    sound (decoded before its frames) as the ``soundtrack`` of its waveforms. An error at any
     point is an ordinary problem response (``EngineError`` raised; the status line is not sent)."""
 
     async def write() -> tuple[bytes, float]:
         async with aclosing(job_frames(job)) as frames:
+            sound = None if soundtrack is None else soundtrack(await job.heard)
             first = await anext(frames)
             _, _, height, width, _ = first.shape
-            async with mp4_pool.writer(height, width, fps=params.fps, crf=params.crf) as writer:
+            async with mp4_pool.writer(height, width, fps=params.fps, crf=params.crf, sound=sound) as writer:
                 await writer.write(first[0])
                 async for chunk in frames:
                     await writer.write(chunk[0])

@@ -13,9 +13,9 @@ FAMILIES = "vaeserve.models.families"
 # The registry imports each family's package (its descriptor); the package's own __init__ names the
 # families' config classes for type checkers only (``if TYPE_CHECKING``: loaded on first use).
 MAY_NAME_FAMILIES = {"vaeserve.models.registry", "vaeserve.models"}
-# Family folders the registry does not list (they export no descriptor): LTX-2's sound decodes to a
-# waveform, which no ``VAEConfig`` describes.
-UNLISTED = {"ltx2_audio", "minimax_h3_audio"}
+# Family folders the registry does not list (they export no descriptor): LTX-2's and MiniMax-H3's
+# sound decode to a waveform, which no ``VAEConfig`` describes.
+UNLISTED = {"ltx2_audio", "minimax_h3_audio"}  # sound families (models.sound); SOUND_FAMILIES lists the served ones
 
 
 def graph() -> dict[str, set[str]]:

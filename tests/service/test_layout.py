@@ -14,7 +14,8 @@ SERVICE = REPO / "service"
 SUBPACKAGES = {"http", "engine", "slice", "codecs", "cli"}
 SHARED = {"__init__", "settings", "limits", "metrics", "problem", "client"}  # used by every subpackage
 # Modules that import JAX when imported: the device side (loaded in the device thread) and the slice.
-DEVICE_SIDE = {"vaeserve.service.engine.runner", "vaeserve.service.engine.startup", "vaeserve.service.slice.member"}
+DEVICE_SIDE = {"vaeserve.service.engine.runner", "vaeserve.service.engine.sound", "vaeserve.service.engine.startup",
+               "vaeserve.service.slice.member"}
 
 
 def service_imports() -> dict[str, set[str]]:

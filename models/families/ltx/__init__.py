@@ -14,6 +14,6 @@ FAMILY = FamilyDescriptor(
     configs=(LTXVideoConfig, LTX2VideoConfig),
     modules={LTXVideoConfig.class_name: _MODULES, LTX2VideoConfig.class_name: _MODULES},
     embedded=(EmbeddedModel("ltx-video", "LTX-Video 0.9.5", LTXVideoConfig.v095),
-              EmbeddedModel("ltx2", "LTX-2", LTX2VideoConfig.ltx2)),
+              EmbeddedModel("ltx2", "LTX-2", LTX2VideoConfig.ltx2, sound="ltx2_audio")),
     conditions=(TIMESTEP, NOISE_SCALE, SEED),
 )

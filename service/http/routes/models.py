@@ -21,6 +21,7 @@ from ..schemas import (
     ModelInfo,
     ModelList,
     ProgramMemory,
+    SoundDescription,
     VideoSize,
     WarmedShape,
 )
@@ -62,7 +63,8 @@ def model_info(model: ModelState, settings: Settings) -> ModelInfo:
                 for w in model.warmed],
         compiled=model.runner.programs(),
         program_memory=[ProgramMemory(**row) for row in model.runner.program_memory()],
-        device_memory_bytes=model.device_memory_bytes, memory=memory_info(model))
+        device_memory_bytes=model.device_memory_bytes, memory=memory_info(model),
+        sound=None if model.sound is None else SoundDescription(**model.sound.describe()))
 
 
 def conditions_info(vae: Any) -> ConditionsInfo | None:
