@@ -124,9 +124,7 @@ class VAE:
     # -- the weights, placed and abstract -------------------------------------------------------
     def placed_state(self, sharding: jax.sharding.Sharding):
         """The weights laid out by ``sharding`` (e.g. replicated over a mesh), placed once and kept."""
-        if sharding not in self._placed:
-            self._placed[sharding] = jax.device_put(self.state, sharding)
-        return self._placed[sharding]
+        return self._place("decoder", sharding, self.state)
 
     def state_avals(self, sharding: jax.sharding.Sharding | None = None):
         """The weights as ``jax.ShapeDtypeStruct``s: enough to compile a program without placing them."""
@@ -143,9 +141,15 @@ class VAE:
     def placed_encoder_state(self, sharding: jax.sharding.Sharding):
         """The encoder weights laid out by ``sharding``, placed once and kept."""
         self.require_encoder()
-        if ("encoder", sharding) not in self._placed:
-            self._placed["encoder", sharding] = jax.device_put(self.encoder_state, sharding)
-        return self._placed["encoder", sharding]
+        return self._place("encoder", sharding, self.encoder_state)
+
+    def _place(self, half: str, sharding: jax.sharding.Sharding, state: Any):
+        """``state`` (the ``half``'s weights) laid out by ``sharding``, placed once while they are the
+        model's: weights assigned anew (``vae.state = ...``) are placed anew."""
+        placed = self._placed.get((half, sharding))
+        if placed is None or placed[0] is not state:
+            placed = self._placed[half, sharding] = (state, jax.device_put(state, sharding))
+        return placed[1]
 
     def encoder_state_avals(self, sharding: jax.sharding.Sharding | None = None):
         """The encoder weights as ``jax.ShapeDtypeStruct``s."""
