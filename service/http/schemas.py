@@ -193,7 +193,8 @@ class MemoryInfo(BaseModel):
 
 class SoundDescription(BaseModel):
     """A model's sound decoder (docs/audio.md): its latents ``(B, *latent_layout)`` (``L``: latent
-    frames) decode to ``channels`` at ``sample_rate``, ``samples_per_latent_frame`` each."""
+    frames) decode to ``channels`` at ``sample_rate``, ``samples_per_latent_frame`` each; where it
+    ``encodes``, the same sound encodes to them."""
 
     title: str
     sample_rate: int
@@ -202,6 +203,7 @@ class SoundDescription(BaseModel):
     latent_layout: str
     samples_per_latent_frame: int
     latent_frames_per_second: float
+    encodes: bool  # it has an encoder: POST /v1/encode turns a WAV, FLAC or MP4's sound into its latents
 
 
 class ModelInfo(BaseModel):
