@@ -176,6 +176,11 @@ def test_the_sync_rule_in_the_problem(client):
                 output_type="flac").status_code == 200  # within the slack
 
 
+def test_ltx2s_sound_does_not_encode(client):
+    answer = client.post("/v1/encode", content=b"RIFF", headers={"Content-Type": "audio/wav"})
+    assert answer.status_code == 422 and answer.json()["type"].endswith("no-sound-encoder"), answer.text
+
+
 def test_a_model_without_sound_refuses_audio_latents():
     with app_client(make_test_model()) as client:
         problem = post(client, body(latents=latents(LATENT), audio_latents=audio_latents())).json()

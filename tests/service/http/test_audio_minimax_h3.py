@@ -11,6 +11,7 @@ with the video is refused. Two compiled programs (the video's steps, one sound d
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -134,3 +135,79 @@ def test_a_sound_out_of_sync_is_refused(client, frames, status):
         problem = answer.json()
         assert problem["type"].endswith("audio-out-of-sync") and problem["expected"] == "50 (±1) audio latent frames"
         assert problem["received"] == frames
+
+
+# -- encode: a sound to audio latents ----------------------------------------------------------------
+def post_encode(client, content: bytes, content_type: str, **params):
+    return client.post("/v1/encode", content=content, params={"output_type": "npy", **params},
+                       headers={"Content-Type": content_type})
+
+
+def encoded(sound: H3Sound, waveform: np.ndarray) -> np.ndarray:
+    """The sound's own encode of ``(channels, samples)`` float32: the reference (one compile per shape)."""
+    return np.asarray(jitted_encode(sound)(sound.encoder_state, waveform[None].astype(np.float32)))
+
+
+@functools.cache
+def jitted_encode(sound: H3Sound):
+    return jax.jit(sound.encode)
+
+
+def test_a_flac_or_wav_encodes_to_the_latents_of_its_pcm(client, sound):
+    """The body's 16-bit PCM reads as x / 32767 and encodes as the audio VAE's encoder does; the
+    latents decode back to a waveform of the same length (the sync rule's layout)."""
+    waveform = waveform_of(client)
+    expected = encoded(sound, pcm16(waveform) / np.float32(32767))
+    flac = post(client, body(audio_latents=audio_latents()), output_type="flac").content
+    answer = post_encode(client, flac, "audio/flac")
+    latents_ = npy_of(answer)
+    assert latents_.shape == AUDIO and np.abs(latents_ - expected).max() <= 1e-4
+    assert np.abs(encoded(sound, waveform_of(client, seed=2)) - latents_).max() > 1e-2  # the control
+    wav = post(client, body(audio_latents=audio_latents()), output_type="wav").content
+    assert np.array_equal(npy_of(post_encode(client, wav, "audio/wav")), latents_)  # the same PCM, the same latents
+    assert ["sound", [1, 2, 2000], "latents"] in client.get("/v1/models").json()["data"][0]["compiled"]
+    assert waveform_of(client).shape == (2, 2000)  # decoded back: as long as the sound encoded
+
+
+def test_an_mp4s_sound_track_encodes_with_audio_true(client, sound):
+    mp4 = post(client, body(latents=latents(LATENT), audio_latents=audio_latents())).content
+    track, _ = read_sound(mp4)
+    answer = npy_of(post_encode(client, mp4, "video/mp4", audio="true"))
+    assert answer.shape == AUDIO and np.abs(answer - encoded(sound, track)).max() <= 1e-4
+    assert np.abs(answer - encoded(sound, track[::-1])).max() > 1e-2  # the control: the channels in their order
+
+
+def sound_file(samples: int = 2000, channels: int = 2, rate: int = 8000) -> bytes:
+    from vaeserve.service.codecs.audio import wav_bytes
+
+    return wav_bytes(np.random.default_rng(0).uniform(-0.5, 0.5, (channels, samples)).astype(np.float32), rate)
+
+
+@pytest.mark.parametrize(("content", "params", "kind", "expected", "received"), [
+    (sound_file(rate=16000), {}, "invalid-sample-rate", 8000, 16000),
+    (sound_file(channels=1), {}, "invalid-channels", 2, 1),
+    (sound_file(samples=8001), {}, "audio-too-long", "1 to 8000 samples", 8001),  # over max_audio_seconds, 1 s
+    (b"RIFF not a wave file", {}, "invalid-sound", None, None),
+    (sound_file(), {"sample": "true"}, "invalid-parameter", None, "sample=true"),
+])
+def test_a_sound_the_encoder_does_not_take_is_a_problem_and_the_server_serves_on(client, content, params, kind,
+                                                                                   expected, received):
+    answer = post_encode(client, content, "audio/wav", **params)
+    assert answer.status_code == 422, answer.text
+    problem = answer.json()
+    assert answer.headers["content-type"] == "application/problem+json" and problem["type"].endswith(kind), problem
+    if expected is not None:
+        assert problem["expected"] == expected
+    if received is not None:
+        assert problem["received"] == received
+    assert post_encode(client, sound_file(), "audio/wav").status_code == 200  # the control: a sound it takes
+
+
+def test_a_sound_encode_too_large_for_the_memory_is_refused_and_the_server_serves_on(pipeline):
+    """The encode's program is compiled and checked against the device's memory like every program."""
+    with app_client(None, model=[str(pipeline)], device_memory_bytes=200_000) as client:
+        answer = post_encode(client, sound_file(), "audio/wav")
+        assert answer.status_code == 422, answer.text
+        problem = answer.json()
+        assert problem["type"].endswith("too-large-for-memory") and "sound encode" in problem["detail"], problem
+        assert client.get("/readyz").status_code == 200
