@@ -17,6 +17,7 @@ import numpy as np
 from vaeserve.models.sound import SoundInfo
 
 from ..codecs.audio import PCM16_SCALE, read_sound
+from ..codecs.tensors import check_finite
 from ..engine.model import ModelState
 from ..problem import Problem
 from .schemas import EncodeParams
@@ -52,7 +53,7 @@ def sound_encoder_of(model: ModelState, params: EncodeParams) -> SoundInfo:
 def read_waveform(body: bytes, media_type: str, info: SoundInfo, max_seconds: float) -> np.ndarray:
     """The body's first sound track → ``(1, channels, samples)`` float32 at ``info.sample_rate``;
     422 for a body that holds none, another rate or channel count, nothing or more than
-    ``max_seconds`` of it. The header is checked before a sample is decoded."""
+    ``max_seconds`` of it, or values not finite. The header is checked before a sample is decoded."""
     what = SOUND_CONTENT_TYPES.get(media_type, "an MP4's sound")
     try:
         with av.open(io.BytesIO(body), mode="r") as container:
@@ -60,7 +61,9 @@ def read_waveform(body: bytes, media_type: str, info: SoundInfo, max_seconds: fl
             if not tracks:
                 raise Problem(422, "no-sound-track", "the body has no sound track to encode",
                               expected="a WAV, FLAC or MP4 with a sound track", received="no sound track")
-            _check_header(tracks[0].rate, tracks[0].channels, container.duration, info, max_seconds)
+            track = tracks[0]
+            declared = None if track.duration is None else float(track.duration * track.time_base)
+            _check_header(track.rate, track.channels, declared, info, max_seconds)
         samples, rate = read_sound(body)
     except av.error.FFmpegError as error:
         raise Problem(422, "invalid-sound", f"the body is not a readable {what} file: {error}",
@@ -68,10 +71,12 @@ def read_waveform(body: bytes, media_type: str, info: SoundInfo, max_seconds: fl
                       received=f"{len(body)} bytes that do not parse") from None
     _check_length(samples.shape[1], rate, max_seconds)
     scale = INTEGER_SCALES.get(samples.dtype, 1)
-    return (samples.astype(np.float32) / np.float32(scale))[None]
+    waveform = (samples.astype(np.float32) / np.float32(scale))[None]
+    check_finite(waveform, "samples")  # a float WAV may hold NaN or Inf
+    return waveform
 
 
-def _check_header(rate: int, channels: int, duration_us: int | None, info: SoundInfo, max_seconds: float) -> None:
+def _check_header(rate: int, channels: int, seconds: float | None, info: SoundInfo, max_seconds: float) -> None:
     if rate != info.sample_rate:
         raise Problem(422, "invalid-sample-rate", f"the sound is at {rate} Hz; the {info.title} takes "
                       f"{info.sample_rate} Hz (resample it first, e.g. ffmpeg -ar {info.sample_rate})",
@@ -79,8 +84,8 @@ def _check_header(rate: int, channels: int, duration_us: int | None, info: Sound
     if channels != info.channels:
         raise Problem(422, "invalid-channels", f"the sound has {channels} channels; the {info.title} takes "
                       f"{info.channels} (e.g. ffmpeg -ac {info.channels})", expected=info.channels, received=channels)
-    if duration_us is not None:  # the container's word, where it gives one: refused before decoding
-        _check_length(round(duration_us * rate / 1_000_000), rate, max_seconds)
+    if seconds is not None:  # the track's declared length, where it gives one: refused before decoding
+        _check_length(round(seconds * rate), rate, max_seconds)
 
 
 def _check_length(samples: int, rate: int, max_seconds: float) -> None:

@@ -12,6 +12,7 @@ with the video is refused. Two compiled programs (the video's steps, one sound d
 from __future__ import annotations
 
 import functools
+import struct
 from pathlib import Path
 
 import jax
@@ -183,11 +184,24 @@ def sound_file(samples: int = 2000, channels: int = 2, rate: int = 8000) -> byte
     return wav_bytes(np.random.default_rng(0).uniform(-0.5, 0.5, (channels, samples)).astype(np.float32), rate)
 
 
+def float_wav(samples: np.ndarray, rate: int = 8000) -> bytes:
+    """A 32-bit float WAV (format 3, IEEE float) of ``(channels, samples)``: the format that can hold NaN."""
+    channels, data = samples.shape[0], np.ascontiguousarray(samples.T, "<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, channels, rate, rate * channels * 4, channels * 4, 32)
+    return (b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE" + b"fmt " + struct.pack("<I", len(fmt))
+            + fmt + b"data" + struct.pack("<I", len(data)) + data)
+
+
+NAN_SOUND = np.zeros((2, 2000), np.float32)
+NAN_SOUND[1, 7] = np.nan
+
+
 @pytest.mark.parametrize(("content", "params", "kind", "expected", "received"), [
     (sound_file(rate=16000), {}, "invalid-sample-rate", 8000, 16000),
     (sound_file(channels=1), {}, "invalid-channels", 2, 1),
     (sound_file(samples=8001), {}, "audio-too-long", "1 to 8000 samples", 8001),  # over max_audio_seconds, 1 s
     (b"RIFF not a wave file", {}, "invalid-sound", None, None),
+    (float_wav(NAN_SOUND), {}, "non-finite", "finite values", "1 non-finite of 4000"),
     (sound_file(), {"sample": "true"}, "invalid-parameter", None, "sample=true"),
 ])
 def test_a_sound_the_encoder_does_not_take_is_a_problem_and_the_server_serves_on(client, content, params, kind,
@@ -201,6 +215,7 @@ def test_a_sound_the_encoder_does_not_take_is_a_problem_and_the_server_serves_on
     if received is not None:
         assert problem["received"] == received
     assert post_encode(client, sound_file(), "audio/wav").status_code == 200  # the control: a sound it takes
+    assert post_encode(client, float_wav(np.nan_to_num(NAN_SOUND)), "audio/wav").status_code == 200  # a float WAV
 
 
 def test_a_sound_encode_too_large_for_the_memory_is_refused_and_the_server_serves_on(pipeline):
