@@ -93,6 +93,9 @@ class SimulatedRunner:
     def decode_sound(self, latents: np.ndarray) -> np.ndarray:
         raise NotImplementedError("the simulated device decodes video only")
 
+    def encode_sound(self, waveforms: np.ndarray) -> np.ndarray:
+        raise NotImplementedError("the simulated device decodes video only")
+
     def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool, framewise: bool = False,
                 sizes: Any = None) -> list:
         return []

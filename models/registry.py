@@ -45,9 +45,9 @@ def _families() -> tuple[FamilyDescriptor, ...]:
 
 
 def _sound_families() -> tuple[SoundFamily, ...]:
-    from .families import ltx2_audio
+    from .families import ltx2_audio, minimax_h3_audio
 
-    return (ltx2_audio.SOUND,)
+    return (ltx2_audio.SOUND, minimax_h3_audio.SOUND)
 
 
 FAMILIES: tuple[FamilyDescriptor, ...] = _families()

@@ -10,7 +10,10 @@ straight to a waveform). A *sound family* is a folder under ``models/families/``
 What the service reads of a loaded sound decoder is generic: its ``SoundInfo`` (JAX-free: the sizes
 and rates the HTTP layer checks and answers with), its ``state`` (a pytree of arrays) and its pure
 ``apply(state, latents)`` — latents ``info.latent_shape(L)`` with a batch dim first → a waveform
-``(B, channels, samples)`` float32 in [-1, 1] at ``sample_rate``.
+``(B, channels, samples)`` float32 in [-1, 1] at ``sample_rate``. A decoder whose ``info.encodes``
+has an encoder too: its ``encoder_state`` and pure ``encode(encoder_state, waveform)``, a waveform
+``(B, channels, samples)`` float32 at ``sample_rate`` → latents ``(B, *layout)``, their time axis
+``ceil(samples / samples_per_latent_frame)`` long.
 
 The sync rule: a clip of ``F`` frames at ``fps`` lasts ``F / fps`` seconds, so its sound has
 ``round(F / fps · latent_frames_per_second)`` latent frames (how ``LTX2Pipeline`` sizes them).
@@ -40,10 +43,14 @@ class SoundInfo:
     layout: tuple[int | None, ...]  # e.g. (8, None, 16): (channels, time, mel bins)
     samples_per_latent_frame: int
     lost_samples: int = 0
+    channel_axis: int = 0  # the layout's axis of latent channels (MiniMax-H3: 1, after the stereo pair)
+    encodes: bool = False  # it has an encoder too: ``encoder_state`` and ``encode`` (the module docstring)
 
     @property
     def latent_channels(self) -> int:
-        return next(size for size in self.layout if size is not None)
+        size = self.layout[self.channel_axis]
+        assert size is not None, "the channel axis is not the time axis"
+        return size
 
     @property
     def time_axis(self) -> int:
@@ -74,7 +81,7 @@ class SoundInfo:
         return {"title": self.title, "sample_rate": self.sample_rate, "channels": self.channels,
                 "latent_channels": self.latent_channels, "latent_layout": self.layout_text(),
                 "samples_per_latent_frame": self.samples_per_latent_frame,
-                "latent_frames_per_second": self.latent_frames_per_second}
+                "latent_frames_per_second": self.latent_frames_per_second, "encodes": self.encodes}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from vaeserve.models.shapes import Output, time_axis
 
 from .errors import EngineError
 
-Operation = Literal["decode", "encode", "sound"]
+Operation = Literal["decode", "encode", "sound", "sound_encode"]  # sound: audio latents to waveforms; sound_encode: back
 STREAM_END = object()  # stream sentinel: no more chunks
 
 

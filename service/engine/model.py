@@ -50,6 +50,8 @@ class Runner(Protocol):
 
     def decode_sound(self, latents: np.ndarray) -> np.ndarray: ...  # audio latents -> waveforms (B, channels, samples)
 
+    def encode_sound(self, waveforms: np.ndarray) -> np.ndarray: ...  # waveforms (B, channels, samples) -> audio latents
+
     def compile(self, shape: tuple[int, ...], *, output: Output, stream: bool, framewise: bool = False,
                 sizes: Sequence[int] | None = None) -> CompiledPrograms: ...
 
@@ -76,7 +78,8 @@ RunnerFactory = Callable[..., Runner]
 # The ``Runner`` methods that reach the devices (the others read the program cache): on a
 # multi-host slice process 0 makes each of them on every process (``service.slice.member``). Their
 # arguments are host arrays and JSON values (tuples travel as lists).
-DEVICE_CALLS = ("decode", "decode_stream", "encode", "decode_sound", "compile", "compile_encode", "prepare")
+DEVICE_CALLS = ("decode", "decode_stream", "encode", "decode_sound", "encode_sound", "compile", "compile_encode",
+                "prepare")
 
 
 class Cluster(Protocol):

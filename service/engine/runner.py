@@ -31,7 +31,7 @@ from .batches import batch_buckets, bucket_for, pad_batch
 from .errors import TooLargeForMemory
 from .jobs import DecodeOptions, EncodeOptions, Operation
 from .memory import available_host_bytes
-from .sound import SoundPrograms
+from .sound import SOUND_PROGRAM_NAMES, SoundPrograms
 
 
 def encode_rows(requests: Sequence[tuple[EncodeOptions, int]], batch: int) -> PosteriorOptions:
@@ -117,6 +117,14 @@ class DeviceRunner:
         n, padded = latents.shape[0], self._padded(latents)
         return self.sound.decode(padded)[:n]
 
+    def encode_sound(self, waveforms: np.ndarray) -> np.ndarray:
+        """The audio latents ``(B, *layout)`` float32 of waveforms ``(B, channels, samples)`` float32
+        at the sound's rate (``service.engine.sound``), the batch padded to its bucket."""
+        if self.sound is None or not self.sound.info.encodes:
+            raise ValueError("this model has no sound encoder")
+        n, padded = waveforms.shape[0], self._padded(waveforms)
+        return self.sound.encode(padded)[:n]
+
     def encode(self, frames: np.ndarray, requests: Sequence[tuple[EncodeOptions, int]]) -> np.ndarray:
         """Encode a batch: ``requests`` are the ``(options, rows)`` of the requests that share it,
         in order (each request's rows with its own seed and flags)."""
@@ -162,15 +170,15 @@ class DeviceRunner:
         ``TooLargeForMemory``); returns the most bytes per device any of them needs."""
         size = [bucket_for(batch, self.buckets)]
         try:
-            if operation == "sound":
+            if operation in ("sound", "sound_encode"):
                 assert self.sound is not None
-                return self.sound.needed_bytes((size[0], *shape))
+                return self.sound.needed_bytes(operation, (size[0], *shape))
             if operation == "encode":
                 programs = self.compile_encode(shape, sizes=size)
             else:
                 programs = self.compile(shape, output=output, stream=True, framewise=framewise, sizes=size)
         except TooLargeForMemory as refused:
-            what = {"encode": "the encode of frames", "sound": "the sound decode of latents"}.get(
+            what = {"encode": "the encode of frames", **SOUND_PROGRAM_NAMES}.get(
                 operation, "the decode of latents")
             received = shape_text((batch, *shape))
             raise TooLargeForMemory(f"{what} {received}: {refused}", needed=refused.needed,

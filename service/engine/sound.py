@@ -1,6 +1,7 @@
 """A served model's sound decoder (``models.sound``) on the device: its weights on one device, its
-programs compiled per batched latents shape and checked against the memory before they are kept,
-and its decode, host latents in, host waveform out. Used by the device thread only (``DeviceRunner``).
+programs compiled per batched input shape and checked against the memory before they are kept,
+its decode (host latents in, host waveform out) and, where it has an encoder, its encode (host
+waveform in, host latents out). Used by the device thread only (``DeviceRunner``).
 
 A sound decode is small beside the video's (LTX-2's release: about 85 M parameters, a few seconds
 of waveform per request), so it runs whole, on the first device of the mesh, as one program.
@@ -28,8 +29,11 @@ from vaeserve.sharding.introspect import program_memory
 log = logging.getLogger("vaeserve")
 
 # The compiled check a server installs (``service.engine.startup.guard_programs``): it raises
-# ``TooLargeForMemory`` for a program that cannot fit, given the batched latents it serves.
-SoundCheck = Callable[[tuple[int, ...], Any], None]
+# ``TooLargeForMemory`` for a program that cannot fit, given what it is and the batched input it serves.
+SoundCheck = Callable[[str, tuple[int, ...], Any], None]
+# The two programs, by the job operation that runs them: what each gives (``programs``), and its name in words.
+SOUND_PROGRAMS = {"sound": "waveform", "sound_encode": "latents"}
+SOUND_PROGRAM_NAMES = {"sound": "the sound decode of latents", "sound_encode": "the sound encode of waveforms"}
 
 
 def load_sound(source: str | None, *, dtype: str) -> Any:
@@ -47,53 +51,69 @@ def load_sound(source: str | None, *, dtype: str) -> Any:
 
 
 class SoundPrograms:
-    """A sound decoder's weights on ``device`` and its compiled programs, least recently used first
-    (at most ``max_entries``; None: no bound)."""
+    """A sound decoder's weights (and its encoder's, where ``info.encodes``) on ``device`` and its
+    compiled programs, keyed by ``(operation, batched input shape)``, least recently used first (at
+    most ``max_entries``; None: no bound)."""
 
     def __init__(self, decoder: Any, device: Any, *, max_entries: int | None = None):
         self.info: SoundInfo = decoder.info
-        self.parameters: int = int(sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(decoder.state)))
-        self.weight_bytes: int = int(sum(leaf.nbytes for leaf in jax.tree.leaves(decoder.state)))
-        self._apply = decoder.apply
+        states = [decoder.state] + ([decoder.encoder_state] if self.info.encodes else [])
+        self.parameters: int = int(sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(states)))
+        self.weight_bytes: int = int(sum(leaf.nbytes for leaf in jax.tree.leaves(states)))
         self._device = device
-        self._state = jax.device_put(decoder.state, device)
-        self._compiled: collections.OrderedDict[tuple[int, ...], Any] = collections.OrderedDict()
+        self._programs = {"sound": (decoder.apply, jax.device_put(decoder.state, device))}
+        if self.info.encodes:
+            self._programs["sound_encode"] = (decoder.encode, jax.device_put(decoder.encoder_state, device))
+        self._compiled: collections.OrderedDict[tuple[str, tuple[int, ...]], Any] = collections.OrderedDict()
         self.max_entries = max_entries
         self.check: SoundCheck | None = None
 
-    def compiled(self, shape: tuple[int, ...]) -> Any:
-        """The program decoding latents ``shape`` ``(B, *layout)``, compiled (and checked) once."""
-        if shape in self._compiled:
-            self._compiled.move_to_end(shape)
-            return self._compiled[shape]
+    def compiled(self, operation: str, shape: tuple[int, ...]) -> Any:
+        """The program of ``operation`` (``SOUND_PROGRAMS``) on inputs ``shape`` — latents
+        ``(B, *layout)`` to decode, waveforms ``(B, channels, samples)`` to encode — compiled (and
+        checked) once."""
+        key = (operation, shape)
+        if key in self._compiled:
+            self._compiled.move_to_end(key)
+            return self._compiled[key]
+        function, state = self._programs[operation]
         start = time.monotonic()
-        latents = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=jax.sharding.SingleDeviceSharding(self._device))
-        compiled = jax.jit(self._apply).lower(self._state, latents).compile()
-        log.info("compiled the sound decode of latents %s in %.1f s", list(shape), time.monotonic() - start)
+        inputs = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=jax.sharding.SingleDeviceSharding(self._device))
+        compiled = jax.jit(function).lower(state, inputs).compile()
+        what = SOUND_PROGRAM_NAMES[operation]
+        log.info("compiled %s %s in %.1f s", what, list(shape), time.monotonic() - start)
         if self.check is not None:
-            self.check(shape, compiled)
-        self._compiled[shape] = compiled
+            self.check(what, shape, compiled)
+        self._compiled[key] = compiled
         while self.max_entries and len(self._compiled) > self.max_entries:
             self._compiled.popitem(last=False)
         return compiled
 
-    def needed_bytes(self, shape: tuple[int, ...]) -> int:
-        return program_total_bytes(program_memory(self.compiled(shape)))
+    def needed_bytes(self, operation: str, shape: tuple[int, ...]) -> int:
+        return program_total_bytes(program_memory(self.compiled(operation, shape)))
+
+    def _run(self, operation: str, inputs: np.ndarray) -> np.ndarray:
+        program, state = self.compiled(operation, inputs.shape), self._programs[operation][1]
+        return np.asarray(program(state, jax.device_put(inputs, self._device)))
 
     def decode(self, latents: np.ndarray) -> np.ndarray:
         """Latents ``(B, *layout)`` float32 → waveform ``(B, channels, samples)`` float32, on the host."""
-        program = self.compiled(latents.shape)
-        return np.asarray(program(self._state, jax.device_put(latents, self._device)))
+        return self._run("sound", latents)
+
+    def encode(self, waveforms: np.ndarray) -> np.ndarray:
+        """Waveforms ``(B, channels, samples)`` float32 → latents ``(B, *layout)`` float32, on the host."""
+        return self._run("sound_encode", waveforms)
 
     def programs(self) -> list[list]:
-        """``["sound", [B, *latents], "waveform"]`` per compiled program, least recently used first."""
-        return [["sound", list(shape), "waveform"] for shape in self._compiled]
+        """``["sound", [B, *inputs], "waveform" | "latents"]`` per compiled program (a decode gives
+        the waveform, an encode the latents), least recently used first."""
+        return [["sound", list(shape), SOUND_PROGRAMS[operation]] for operation, shape in self._compiled]
 
     def program_memory(self) -> list[dict[str, Any]]:
         rows = []
-        for shape, compiled in list(self._compiled.items()):
+        for (operation, shape), compiled in list(self._compiled.items()):
             memory = program_memory(compiled)
-            rows.append({"program": "sound", "shape": list(shape), "variant": "waveform",
+            rows.append({"program": "sound", "shape": list(shape), "variant": SOUND_PROGRAMS[operation],
                          **{k: v for k, v in memory.items() if k != "alias_bytes"},
                          "total_bytes": program_total_bytes(memory)})
         return rows

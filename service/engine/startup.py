@@ -276,13 +276,14 @@ def guard_programs(model: ModelState) -> None:
         sound.check = partial(check_sound_fits, limit=limit, dtype=model.vae.dtype)
 
 
-def check_sound_fits(shape: tuple[int, ...], compiled: Any, *, limit: int, dtype: str) -> None:
-    """``TooLargeForMemory`` for a sound program of latents ``shape`` that cannot fit ``limit``
-    bytes (it runs whole on one device: a shorter sound, or bfloat16, is what would fit)."""
+def check_sound_fits(what: str, shape: tuple[int, ...], compiled: Any, *, limit: int, dtype: str) -> None:
+    """``TooLargeForMemory`` for a sound program (``what``: its decode or encode) of inputs ``shape``
+    that cannot fit ``limit`` bytes (it runs whole on one device: a shorter sound, or bfloat16, is
+    what would fit)."""
     needed = program_total_bytes(program_memory(compiled))
     if needed > limit:
         hints = ["a shorter sound"] + (["bfloat16 (serve with --dtype bfloat16)"] if dtype == "float32" else [])
-        raise TooLargeForMemory(f"the sound decode of latents {shape_text(shape)} needs {needed} bytes on its device "
+        raise TooLargeForMemory(f"{what} {shape_text(shape)} needs {needed} bytes on its device "
                                 f"and {limit} are available", needed=needed, available=limit,
                                 received=shape_text(shape), would_fit=hints)
 

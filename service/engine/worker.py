@@ -98,12 +98,12 @@ def _frames(out: np.ndarray, output: Output) -> int:
     return out.shape[0] * out.shape[1 if output == "uint8" else 2]
 
 
-def finite_waveforms(waveforms: np.ndarray) -> np.ndarray:
-    """``waveforms``, or ``NonFiniteOutput`` counting the values that are NaN or infinite."""
-    bad = int(waveforms.size - np.count_nonzero(np.isfinite(waveforms)))
+def finite_values(values: np.ndarray) -> np.ndarray:
+    """``values`` (waveforms, audio latents), or ``NonFiniteOutput`` counting those NaN or infinite."""
+    bad = int(values.size - np.count_nonzero(np.isfinite(values)))
     if bad:
         raise NonFiniteOutput(bad)
-    return waveforms
+    return values
 
 
 def out_of_memory(error: BaseException) -> str | None:
@@ -548,13 +548,16 @@ class Worker:
             offset += job.size
 
     def _execute(self, batch: list[Job]) -> np.ndarray:
-        """The one device call of an encode batch (frames in, latents out) or a sound batch (audio
-        latents in, waveforms out; ``NonFiniteOutput`` for any value not finite), host arrays."""
+        """The one device call of an encode batch (frames in, latents out), a sound batch (audio
+        latents in, waveforms out) or a sound encode batch (waveforms in, audio latents out; both
+        ``NonFiniteOutput`` for any value not finite), host arrays."""
         # A batch of one runs on its own inputs: a copy would double the host memory of a large encode.
         inputs = batch[0].inputs if len(batch) == 1 else np.concatenate([job.inputs for job in batch], axis=0)
         runner = self._model_of(batch[0]).runner
         if batch[0].operation == "sound":
-            return finite_waveforms(runner.decode_sound(inputs))
+            return finite_values(runner.decode_sound(inputs))
+        if batch[0].operation == "sound_encode":
+            return finite_values(runner.encode_sound(inputs))
         requests = [(job.encode, job.size) for job in batch if job.encode is not None]
         return runner.encode(inputs, requests)
 
@@ -569,7 +572,7 @@ class Worker:
             start = time.monotonic()
             try:
                 model.runner.prepare("sound", job.sound.shape[1:], batch=job.size)
-                job.hear(finite_waveforms(model.runner.decode_sound(job.sound)))
+                job.hear(finite_values(model.runner.decode_sound(job.sound)))
             except Exception as exc:
                 self._fail([job], exc)
             finally:

@@ -19,6 +19,7 @@ from ..codecs.tensors import TENSOR_CONTENT_TYPES, media_type, parse_shape
 from ..problem import Problem
 from ..settings import Settings
 from .schemas import DecodeParams, EncodeOutputType, EncodeParams, ImageFormat, OutputType
+from .sound_encode import SOUND_CONTENT_TYPES
 from .state import ServiceState
 
 
@@ -90,10 +91,11 @@ def check_latents_body_headers(request: Request, state: StateDep) -> str:
 
 
 def check_frames_body_headers(request: Request, state: StateDep) -> str:
-    """``POST /v1/encode``: 415 (images, MP4, frame tensors, or none) and 413 from the headers alone."""
-    media_type = check_frames_content_type(request.headers.get("content-type"))
+    """``POST /v1/encode``: 415 (images, MP4, frame tensors, WAV, FLAC, or none) and 413 from the headers alone."""
+    given = media_type(request.headers.get("content-type"))
+    frames_or_sound = given if given in SOUND_CONTENT_TYPES else check_frames_content_type(given)
     _check_length(request, state)
-    return media_type
+    return frames_or_sound
 
 
 def _check_length(request: Request, state: ServiceState) -> None:
@@ -205,11 +207,14 @@ def encode_params(
     scaling_factor: ScalingQuery = None,
     shift_factor: ShiftQuery = None,
     timeout_s: TimeoutQuery = None,
+    audio: Annotated[bool, Query(description="encode the body's sound (an MP4's track; a WAV or FLAC body always) "
+                                 "to the model's audio latents")] = False,
 ) -> EncodeParams:
     return EncodeParams(
         output_type=output_type, normalize=normalize, sample=sample, seed=seed, shape=parse_shape(shape, check=check_frame_dims),
         dtype=dtype, scaling_factor=_float32("scaling_factor", scaling_factor, positive=True),
         shift_factor=_float32("shift_factor", shift_factor), timeout_s=request_timeout(state.settings, timeout_s),
+        audio=audio,
     )
 
 

@@ -84,6 +84,7 @@ class EncodeParams:
     scaling_factor: float | None
     shift_factor: float | None
     timeout_s: float
+    audio: bool = False  # encode the body's sound (a WAV, FLAC or MP4's track) to audio latents
 
     @property
     def scaling(self) -> str:
@@ -193,7 +194,8 @@ class MemoryInfo(BaseModel):
 
 class SoundDescription(BaseModel):
     """A model's sound decoder (docs/audio.md): its latents ``(B, *latent_layout)`` (``L``: latent
-    frames) decode to ``channels`` at ``sample_rate``, ``samples_per_latent_frame`` each."""
+    frames) decode to ``channels`` at ``sample_rate``, ``samples_per_latent_frame`` each; where it
+    ``encodes``, the same sound encodes to them."""
 
     title: str
     sample_rate: int
@@ -202,6 +204,7 @@ class SoundDescription(BaseModel):
     latent_layout: str
     samples_per_latent_frame: int
     latent_frames_per_second: float
+    encodes: bool  # it has an encoder: POST /v1/encode turns a WAV, FLAC or MP4's sound into its latents
 
 
 class ModelInfo(BaseModel):
@@ -291,17 +294,19 @@ DECODE_RESPONSES: dict[int | str, dict[str, Any]] = {
 ENCODE_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "description": "an image (PNG/JPEG), an MP4, or frames (B, 3, F, H, W) / (B, 3, H, W) in [-1, 1]",
+        "description": "an image (PNG/JPEG), an MP4, or frames (B, 3, F, H, W) / (B, 3, H, W) in [-1, 1]; "
+        "or a sound to audio latents: a WAV or FLAC file, or an MP4 with audio=true",
         "content": {media: _BINARY for media in (
             "image/png", "image/jpeg", "video/mp4", "application/octet-stream", "tensor/binary",
-            "application/x-npy", "application/x-safetensors")},
+            "application/x-npy", "application/x-safetensors", "audio/wav", "audio/flac")},
     }
 }
 
 ENCODE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "float32 latents (B, z, T, H/s, W/s) (an image model's (B, z, H/s, W/s); s = 8 for Wan 2.1 "
-        "and the image models, 16 for Wan 2.2): raw bytes with shape/dtype headers (pt), .npy or safetensors",
+        "and the image models, 16 for Wan 2.2), or a sound's audio latents (1, *sound.latent_layout): raw bytes "
+        "with shape/dtype headers (pt), .npy or safetensors",
         "content": {media: _BINARY for media in (
             "application/octet-stream", "application/x-npy", "application/x-safetensors")},
     },

@@ -14,5 +14,5 @@ FAMILY = FamilyDescriptor(
     configs=(AutoencoderKLMiniMaxH3Config,),
     modules={AutoencoderKLMiniMaxH3Config.class_name: ModuleTypes("modules:H3Decoder", "modules:H3Encoder",
                                                                   programs="programs")},
-    embedded=(EmbeddedModel("minimax-h3", "MiniMax-H3", AutoencoderKLMiniMaxH3Config),),
+    embedded=(EmbeddedModel("minimax-h3", "MiniMax-H3", AutoencoderKLMiniMaxH3Config, sound="minimax_h3_audio"),),
 )

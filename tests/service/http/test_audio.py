@@ -11,7 +11,6 @@ Two compiled programs in all (the video's steps, one sound decode): about 20 s o
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -19,9 +18,9 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from safetensors.numpy import save, save_file
 
 from tests.helpers.service_helpers import LATENT, app_client, latents, make_test_model
+from tests.helpers.sound_helpers import SNR_DB, body, npy_of, post_decode, snr_db, write_folder
 from vaeserve import models
 from vaeserve.models.families.ltx2_audio.config import LTX2AudioVAEConfig, LTX2VocoderConfig
 from vaeserve.models.families.ltx2_audio.sound import LTX2Sound, random_sound
@@ -38,13 +37,6 @@ VOCODER = LTX2VocoderConfig(in_channels=32, hidden_channels=32, upsample_kernel_
                             output_sampling_rate=8000)
 FPS = 20  # LATENT's 5 frames at 20 fps: 0.25 s, 25 audio latent frames
 AUDIO = (1, 2, 25, 4)
-SNR_DB = 10.0  # AAC keeps noise-like sound at 192 kb/s about 16 dB above its error; another sound is ~0 dB
-
-
-def write_folder(folder: Path, config: dict, tensors: dict[str, np.ndarray]) -> None:
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    save_file(tensors, str(folder / "diffusion_pytorch_model.safetensors"))
 
 
 def flat(state, part: int) -> dict[str, np.ndarray]:
@@ -86,17 +78,8 @@ def audio_latents(shape=AUDIO, seed: int = 1) -> np.ndarray:
     return latents(shape, seed)
 
 
-def body(**tensors: np.ndarray) -> bytes:
-    return save({name: np.ascontiguousarray(value) for name, value in tensors.items()})
-
-
 def post(client, content: bytes, **params):
-    return client.post("/v1/decode", content=content, params={"fps": FPS, "crf": 0, **params},
-                       headers={"Content-Type": "application/x-safetensors"})
-
-
-def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
-    return float(10 * np.log10(np.mean(reference**2) / np.mean((other - reference) ** 2)))
+    return post_decode(client, content, fps=FPS, **params)
 
 
 def test_a_pipeline_folder_is_served_with_the_sound_it_holds(tmp_path_factory, pipeline):
@@ -107,7 +90,9 @@ def test_a_pipeline_folder_is_served_with_the_sound_it_holds(tmp_path_factory, p
     shutil.copytree(root, other, dirs_exist_ok=True)
     config = other / "audio_vae" / "config.json"
     config.write_text(config.read_text().replace(AUDIO_VAE.class_name, "AutoencoderKLMiniMaxH3Audio"))
-    assert sound_family_of(str(other)) is None  # the control: another family's audio VAE is not LTX-2's
+    assert sound_family_of(str(other)) is SOUND_FAMILIES["minimax_h3_audio"]  # the class name tells them apart
+    config.write_text(config.read_text().replace("AutoencoderKLMiniMaxH3Audio", "AutoencoderKLUnknownAudio"))
+    assert sound_family_of(str(other)) is None  # the control: an audio VAE no family names is served by none
 
 
 def test_the_sync_rule_is_ltx2_pipelines():
@@ -124,13 +109,13 @@ def test_models_says_the_sound(client):
     sound = client.get("/v1/models").json()["data"][0]["sound"]
     assert sound["sample_rate"] == 8000 and sound["channels"] == 2 and sound["latent_channels"] == 2
     assert sound["latent_layout"] == "2xLx4" and sound["samples_per_latent_frame"] == 80
-    assert sound["latent_frames_per_second"] == 100
+    assert sound["latent_frames_per_second"] == 100 and sound["encodes"] is False
 
 
 def test_npy_is_the_models_waveform(client, sound):
     answer = post(client, body(audio_latents=audio_latents()), output_type="npy")
     assert answer.status_code == 200, answer.text
-    waveform = np.load(__import__("io").BytesIO(answer.content))
+    waveform = npy_of(answer)
     expected = np.asarray(jax.jit(sound.apply)(sound.state, audio_latents()))
     assert waveform.shape == (1, 2, 25 * 80 - 60) and answer.headers["X-Sample-Rate"] == "8000"
     assert np.abs(waveform - expected).max() <= 1e-5
@@ -140,8 +125,7 @@ def test_npy_is_the_models_waveform(client, sound):
 
 
 def test_flac_and_wav_are_the_pcm_of_the_waveform(client):
-    waveform = np.load(__import__("io").BytesIO(post(client, body(audio_latents=audio_latents()),
-                                                     output_type="npy").content))[0]
+    waveform = npy_of(post(client, body(audio_latents=audio_latents()), output_type="npy"))[0]
     for output_type in ("flac", "wav"):
         answer = post(client, body(latents=latents(LATENT), audio_latents=audio_latents()), output_type=output_type)
         assert answer.status_code == 200, answer.text
@@ -158,14 +142,12 @@ def test_mp4_with_sound_has_both_tracks_in_sync(client):
     answer = post(client, body(latents=latents(LATENT), audio_latents=audio_latents()))
     assert answer.status_code == 200, answer.text
     assert np.array_equal(read_mp4(answer.content), read_mp4(video_only.content))
-    waveform = np.load(__import__("io").BytesIO(post(client, body(audio_latents=audio_latents()),
-                                                     output_type="npy").content))[0]
+    waveform = npy_of(post(client, body(audio_latents=audio_latents()), output_type="npy"))[0]
     track, rate = read_sound(answer.content)
     assert rate == 8000 and track.shape == waveform.shape  # the edit list trims AAC's priming: same length
     assert abs(track.shape[1] / rate - 5 / FPS) < 1 / FPS  # the sound lasts as long as the video, within a frame
     assert snr_db(waveform, track) > SNR_DB
-    other = np.load(__import__("io").BytesIO(post(client, body(audio_latents=audio_latents(seed=2)),
-                                                  output_type="npy").content))[0]
+    other = npy_of(post(client, body(audio_latents=audio_latents(seed=2)), output_type="npy"))[0]
     assert snr_db(other, track) < SNR_DB  # the control: the track is not any sound
 
 
@@ -192,6 +174,11 @@ def test_the_sync_rule_in_the_problem(client):
     assert problem["expected"] == "25 (±1) audio latent frames" and problem["received"] == 40
     assert post(client, body(latents=latents(LATENT), audio_latents=latents((1, 2, 26, 4))),
                 output_type="flac").status_code == 200  # within the slack
+
+
+def test_ltx2s_sound_does_not_encode(client):
+    answer = client.post("/v1/encode", content=b"RIFF", headers={"Content-Type": "audio/wav"})
+    assert answer.status_code == 422 and answer.json()["type"].endswith("no-sound-encoder"), answer.text
 
 
 def test_a_model_without_sound_refuses_audio_latents():
@@ -223,8 +210,7 @@ def test_fragmented_mp4_interleaves_the_sound_with_the_frames(client):
     tracks = fragment_tracks(streamed.content)
     assert tracks[:2] == [1, 2] and tracks.count(1) == 5  # each frame's fragment, then the sound it spans
     assert tracks.index(2) < len(tracks) - tracks[::-1].index(1)  # sound before the last frame: interleaved
-    waveform = np.load(__import__("io").BytesIO(post(client, body(audio_latents=audio_latents()),
-                                                     output_type="npy").content))[0]
+    waveform = npy_of(post(client, body(audio_latents=audio_latents()), output_type="npy"))[0]
     track, rate = read_sound(streamed.content)
     assert rate == 8000 and track.shape[1] >= waveform.shape[1]  # whole AAC frames: up to 1023 samples more
     assert snr_db(waveform, track[:, :waveform.shape[1]]) > SNR_DB  # the edit list skips the priming: aligned
