@@ -31,7 +31,7 @@ a raw tensor when ``shape`` is given, else it is recognized by its first bytes (
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -70,12 +70,14 @@ _SNIFFED_AS = {"png": ("png", "a PNG image"), "jpeg": ("jpeg", "a JPEG image"), 
 _READ_FROM_BYTES = {"png": "png", "jpeg": "jpeg", "isobmff": "mp4", "npy": "npy", "safetensors": "safetensors"}
 
 
-def check_frames_content_type(content_type: str | None) -> str:
-    """The media type of an encode body, or 415 (from the headers alone) when no frames body can have it."""
+def check_frames_content_type(content_type: str | None, *, sounds: Sequence[str] = ()) -> str:
+    """The media type of an encode body, or 415 (from the headers alone) when no frames body can
+    have it, nor a sound's (``sounds``: the sound media types the encode also reads)."""
     given = media_type(content_type)
-    if given not in FRAME_CONTENT_TYPES and given not in GENERIC_CONTENT_TYPES:
-        raise Problem(415, "unsupported-media-type", f"Content-Type {given!r} is not an image, video or tensor format",
-                      expected=[*FRAME_CONTENT_TYPES, "(none: recognized by content)"], received=given)
+    if given not in FRAME_CONTENT_TYPES and given not in GENERIC_CONTENT_TYPES and given not in sounds:
+        kinds = "an image, video, sound or tensor format" if sounds else "an image, video or tensor format"
+        raise Problem(415, "unsupported-media-type", f"Content-Type {given!r} is not {kinds}",
+                      expected=[*FRAME_CONTENT_TYPES, *sounds, "(none: recognized by content)"], received=given)
     return given
 
 

@@ -92,8 +92,7 @@ def check_latents_body_headers(request: Request, state: StateDep) -> str:
 
 def check_frames_body_headers(request: Request, state: StateDep) -> str:
     """``POST /v1/encode``: 415 (images, MP4, frame tensors, WAV, FLAC, or none) and 413 from the headers alone."""
-    given = media_type(request.headers.get("content-type"))
-    frames_or_sound = given if given in SOUND_CONTENT_TYPES else check_frames_content_type(given)
+    frames_or_sound = check_frames_content_type(request.headers.get("content-type"), sounds=tuple(SOUND_CONTENT_TYPES))
     _check_length(request, state)
     return frames_or_sound
 
