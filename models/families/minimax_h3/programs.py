@@ -24,7 +24,7 @@ from vaeserve.models.shapes import Output
 
 from .config import AutoencoderKLMiniMaxH3Config
 from .decode import RunTiles, chunk_pieces, decode, decode_clips, encode, from_unit_range, in_steps, to_unit_range
-from .geometry import TILES_PER_STEP
+from .geometry import TILES_PER_STEP, frame_tiles
 from .parallel import spread_over
 
 
@@ -100,6 +100,14 @@ def ahead_shape(shape: tuple[int, ...], config: AutoencoderKLMiniMaxH3Config) ->
     """The read-ahead frames ``(B, frame_overlap, sH, sW, 3)`` a chunk of latents ``shape`` hands the next."""
     s = config.spatial_scale
     return (shape[0], config.frame_overlap, s * shape[3], s * shape[4], 3)
+
+
+def work_pieces(shape: tuple[int, ...], config: AutoencoderKLMiniMaxH3Config) -> int:
+    """The tiles of every chunk of every video the decode of latents ``shape`` ``(B, z, T, h, w)``
+    runs: the batch ``spread_over`` shares among a mesh's devices."""
+    s = config.spatial_scale
+    rows, columns = frame_tiles(s * shape[3], s * shape[4], config)
+    return shape[0] * config.decode_chunks(shape[2]) * len(rows.starts) * len(columns.starts)
 
 
 def encode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, mesh: Mesh | None = None,
