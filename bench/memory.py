@@ -369,7 +369,12 @@ def real_configs() -> dict[str, tuple[Any, list[tuple[int, ...]], list[tuple[int
             "hunyuan1.0": (models.HunyuanVideoConfig(), [(1, 16, 3, 16, 16), (1, 16, 5, 32, 32), (1, 16, 5, 48, 48)],
                            [(1, 3, 5, 128, 128), (1, 3, 9, 256, 256)]),
             "hunyuan1.5": (models.HunyuanVideo15Config(), [(1, 32, 2, 8, 8), (1, 32, 2, 30, 52)],
-                           [(1, 3, 5, 256, 256), (1, 3, 5, 480, 832)])}
+                           [(1, 3, 5, 256, 256), (1, 3, 5, 480, 832)]),
+            # MiniMax-H3 at its real width (2048) with 2 of its 36 ViT blocks: the blocks run one
+            # after another, so more of them add weights (arguments), not working memory. 256x384:
+            # one chunk of two 256-px tiles.
+            "minimax-h3": (dataclasses.replace(models.load_config("minimax-h3"), decoder_num_layers=2),
+                           [(1, 24, 3, 16, 24), (1, 24, 7, 16, 24)], [])}
 
 
 def programs_of(vae: Any, decodes: list[tuple[int, ...]], encodes: list[tuple[int, ...]]):
