@@ -1,6 +1,6 @@
 """MiniMax-H3's programs as the memory estimate sees them (``models.estimate``), and their fitted
 coefficients. Its work is spread by tiles over every device of the mesh (``programs``), not by
-bands: each device decodes its share of the tiles of every chunk, ``TILES_PER_STEP`` at a time,
+bands: each device decodes its share of the tiles of every chunk, ``config.tiles_per_step`` at a time,
 and holds the decoded tiles and the stitched frames whole (``Tensor``s).
 """
 
@@ -11,7 +11,7 @@ import math
 from vaeserve.models.estimate import AttentionLayer, FamilyEstimate, Grid, Layer, Tensor, coefficients
 
 from .config import AutoencoderKLMiniMaxH3Config
-from .geometry import TILES_PER_STEP, frame_tiles
+from .geometry import frame_tiles
 
 H3Config = AutoencoderKLMiniMaxH3Config
 
@@ -40,7 +40,7 @@ def h3_decoder(config: H3Config, grid: Grid, *, first: bool, itemsize: int) -> l
     s = config.spatial_scale
     rows, cols = frame_tiles(s * _frame_rows(grid), s * grid.cols, config)
     tiles = grid.batch * config.decode_chunks(grid.frames) * len(rows.starts) * len(cols.starts)
-    step = min(TILES_PER_STEP, math.ceil(tiles / _devices(grid)))
+    step = min(config.tiles_per_step, math.ceil(tiles / _devices(grid)))
     tokens = config.chunk_latent_frames * (rows.size // s) * (cols.size // s) + config.decoder_num_register_tokens + 1
     tile_frames = config.chunk_latent_frames * config.temporal_scale
     heads = config.decoder_num_attention_heads
@@ -53,13 +53,13 @@ def h3_decoder(config: H3Config, grid: Grid, *, first: bool, itemsize: int) -> l
 
 def h3_encoder(config: H3Config, grid: Grid, *, first: bool, itemsize: int) -> list[Layer]:
     """The released encode of ``grid.clip_frames`` frames: each device's clip tiles through the
-    causal CNN, ``TILES_PER_STEP`` at a time (each level's activations), and the frames whole."""
+    causal CNN, ``config.tiles_per_step`` at a time (each level's activations), and the frames whole."""
     del first, itemsize
     s, f = config.spatial_scale, grid.clip_frames
     rows, cols = frame_tiles(s * _frame_rows(grid), s * grid.cols, config)
     clips, frames = (1, 1) if f == 1 else (math.ceil(f / config.clip_length), config.clip_length)
     tiles = grid.batch * clips * len(rows.starts) * len(cols.starts)
-    step = min(TILES_PER_STEP, math.ceil(tiles / _devices(grid)))
+    step = min(config.tiles_per_step, math.ceil(tiles / _devices(grid)))
     pixels = rows.size * cols.size
     layers: list[Layer] = [Tensor(grid.batch * clips * frames * s * _frame_rows(grid) * s * grid.cols * 3)]
     for cout, spatial, temporal in zip(config.block_out_channels, config.spatial_downsample_factors,
