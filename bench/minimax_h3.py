@@ -88,8 +88,8 @@ def speed_case(name: str, overrides: dict[str, Any] | None, latents_shape: tuple
     with tempfile.TemporaryDirectory() as folder:
         reference = diffusers_reference(config, folder, encoder=False)
         reference.enable_tiling(*(getattr(config, field) for field in TILING_FIELDS))
-        vae = models.load_vae(folder)  # config.json holds no tiles: set them as a server does
-    vae.config = vae.config.with_tiling(size=config.tile_sample_min_height, overlap=config.tile_sample_min_overlap_height)
+        vae = models.load_vae(folder)
+    vae.config = config  # config.json holds no tiles (diffusers keeps them on the model): as a server sets them
     latents = np.random.default_rng(0).standard_normal(latents_shape).astype(np.float32)
 
     def diffusers_decode() -> np.ndarray:
