@@ -1,6 +1,7 @@
 """``vaeserve plan`` for MiniMax-H3, whose decode is its own tiled program (no frame steps, no
 bands): its frame counts (its chunks': not ``1 + 4k``), and a plan compiled from the family's program for a TPU
-slice (libtpu, no TPU) whose bytes are those of the program a server compiles on that mesh."""
+slice (libtpu, no TPU) whose bytes are those of the program a server compiles on that mesh; a
+shipped row of the real model answered from the table, its program found unchanged."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from vaeserve.models.families.minimax_h3.config import AutoencoderKLMiniMaxH3Con
 from vaeserve.models.families.minimax_h3.programs import work_pieces
 from vaeserve.models.flops import decode_flops
 from vaeserve.service import cli
+from vaeserve.sharding import planner
 from vaeserve.sharding.chips import topology_devices
 from vaeserve.sharding.fits import program_total_bytes
 from vaeserve.sharding.introspect import program_memory
+from vaeserve.sharding.plan_table import lookup
 from vaeserve.sharding.planner import PlanError, latent_shape_for_video, plan_decode, video_for_latents
 
 H3 = AutoencoderKLMiniMaxH3Config()
@@ -69,3 +72,18 @@ def test_h3_plan_is_the_served_program_spread_over_the_devices():
         share = math.ceil(pieces / mesh.tp) / pieces
         assert mesh.flops == pytest.approx(decode_flops(TINY, (1, *latents)) * share)
     assert json.loads(json.dumps(plan.to_dict()))["meshes"][1]["tp"] == 3
+
+
+def test_h3_rows_are_answered_from_the_table_fresh(monkeypatch, capsys):
+    """The shipped 1344x768 x 209 row on v6e-8 at tp = 8: answered without a compile, its program
+    lowered here (the real model, abstract weights: a few seconds) and found the same."""
+    _require_libtpu()
+    monkeypatch.setattr(planner, "plan_mesh", lambda *args, **kwargs: pytest.fail("compiled: the table answers"))
+    assert cli.main(["plan", "--topology", "v6e-8", "--model", "minimax-h3", "--video", "1344x768x209",
+                     "--dtype", "bfloat16", "--tp", "8", "--json"]) == 0
+    (mesh,) = json.loads(capsys.readouterr().out)["meshes"]
+    row = lookup("minimax-h3", "1344x768x209", "v6e-8", "bfloat16", 8)
+    assert row is not None and (mesh["source"], mesh["split"], mesh["total_bytes"]) == ("table", "tiles",
+                                                                                          row["total_bytes"])
+    assert mesh["stale"] is None, f"recompile it: python -m bench.plan_table --recompile --only " \
+                                  f"minimax-h3:1344x768x209:v6e-8:bfloat16:8 ({mesh['stale']})"
