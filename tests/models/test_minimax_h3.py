@@ -7,8 +7,9 @@ The decode (tiling on, as released) of 2 videos of 8 latent frames at 6x8 latent
 cut off) must match to ≤ 1e-4 (measured ≤ 1e-6); its controls, a hard cut instead of the tiles'
 blends and the untiled decode (each chunk's whole frame one attention: RoPE over the frame, not
 the tile), must miss by far more. The encode (tiled) of one frame and of 17·1 + 5 frames matches
-too. The model is loaded from diffusers' ``save_pretrained`` folder. diffusers runs live (skipped
-without it). About 17 s for the file on a 2-core host, most of it compiling.
+too, and a server's tile settings (``--tile-size``, ``--tile-overlap``) give diffusers' decode at
+that geometry. The model is loaded from diffusers' ``save_pretrained`` folder. diffusers runs live
+(skipped without it). About 25 s for the file on a quiet 2-core host, most of it compiling.
 """
 
 from __future__ import annotations
