@@ -9,7 +9,8 @@ blends and the untiled decode (each chunk's whole frame one attention: RoPE over
 the tile), must miss by far more. The encode (tiled) of one frame and of 17·1 + 5 frames matches
 too, and a server's tile settings (``--tile-size``, ``--tile-overlap``) give diffusers' decode at
 that geometry. The model is loaded from diffusers' ``save_pretrained`` folder. diffusers runs live
-(skipped without it). About 25 s for the file on a quiet 2-core host, most of it compiling.
+(skipped without it). About 50 s for the file on a 2-core host that other work shared (load 9), most
+of it compiling.
 """
 
 from __future__ import annotations
