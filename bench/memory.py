@@ -361,6 +361,7 @@ def real_configs() -> dict[str, tuple[Any, list[tuple[int, ...]], list[tuple[int
     from small sizes to 480p or 720p (``--real``; compiling needs no weights, seconds to a minute
     each with oneDNN's convs, minutes with the nine-tap ones)."""
     from vaeserve import models
+    from vaeserve.models.families.minimax_h3.config import AutoencoderKLMiniMaxH3Config
 
     return {"wan2.1": (models.WanVAEConfig(), [(1, 16, 2, 16, 16), (1, 16, 2, 60, 104), (1, 16, 2, 90, 160)],
                        [(1, 3, 9, 128, 128), (1, 3, 5, 480, 832), (1, 3, 81, 720, 1280)]),
@@ -369,7 +370,12 @@ def real_configs() -> dict[str, tuple[Any, list[tuple[int, ...]], list[tuple[int
             "hunyuan1.0": (models.HunyuanVideoConfig(), [(1, 16, 3, 16, 16), (1, 16, 5, 32, 32), (1, 16, 5, 48, 48)],
                            [(1, 3, 5, 128, 128), (1, 3, 9, 256, 256)]),
             "hunyuan1.5": (models.HunyuanVideo15Config(), [(1, 32, 2, 8, 8), (1, 32, 2, 30, 52)],
-                           [(1, 3, 5, 256, 256), (1, 3, 5, 480, 832)])}
+                           [(1, 3, 5, 256, 256), (1, 3, 5, 480, 832)]),
+            # MiniMax-H3 at its real width (2048) with 2 of its 36 ViT blocks: the blocks run one
+            # after another, so more of them add weights (arguments), not working memory. 256x384:
+            # one chunk of two 256-px tiles.
+            "minimax-h3": (AutoencoderKLMiniMaxH3Config(decoder_num_layers=2),
+                           [(1, 24, 3, 16, 24), (1, 24, 7, 16, 24)], [])}
 
 
 def programs_of(vae: Any, decodes: list[tuple[int, ...]], encodes: list[tuple[int, ...]]):
@@ -388,6 +394,8 @@ def programs_of(vae: Any, decodes: list[tuple[int, ...]], encodes: list[tuple[in
     for shape in decodes:
         compiled = sharding.compile_decode_stream(vae, shape, mesh)
         programs = list(model.decode_steps(shape))
+        if len(compiled) > len(programs) == 1:  # a stream of chunks (MiniMax-H3): the estimate is the whole decode's
+            compiled = (sharding.compile_decode(vae, shape, mesh, output="uint8"),)
         assert len(programs) == len(compiled), (vae.config.family, shape, len(programs), len(compiled))
         for program, step in zip(programs, compiled, strict=True):
             yield "decode", shape, program.name, program.estimate, program.estimate.weighed, program_memory(step)

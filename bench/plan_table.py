@@ -57,9 +57,12 @@ MODELS = {
     # The image VAEs at the size an upscale hits (an image is a video of one frame here), bfloat16.
     "sdxl": (("4096x4096x1",), ("v5e-8", "v6e-8", "h100-8"), ("bfloat16",)),
     "flux1": (("4096x4096x1",), ("v5e-8", "v6e-8", "h100-8"), ("bfloat16",)),
+    # MiniMax-H3: its pipeline's 209-frame videos (17n + 5), every tile spread over the devices.
+    "minimax-h3": (("1280x720x209", "1344x768x209"), ("v5e-8", "v6e-8", "h100-8", "h200-8"), ("bfloat16",)),
 }
 MODEL_TITLES = {"wan2.1": "Wan 2.1", "hunyuan1.0": "HunyuanVideo", "hunyuan1.5": "HunyuanVideo 1.5",
-                "sdxl": "SDXL (VAE decode of one image)", "flux1": "Flux.1 (VAE decode of one image)"}
+                "sdxl": "SDXL (VAE decode of one image)", "flux1": "Flux.1 (VAE decode of one image)",
+                "minimax-h3": "MiniMax-H3 (tiled ViT decode)"}
 
 
 class Table(NamedTuple):

@@ -119,7 +119,8 @@ Layer = ConvLayer | AttentionLayer | KeptFrames | Tensor
 @dataclass(frozen=True)
 class Grid:
     """What a device holds of a program's input: ``batch`` rows of ``rows x cols`` latent pixels (its
-    band; ``full_rows`` the frame's), ``frames`` latent frames in this step (or clip)."""
+    band; ``full_rows`` the frame's, padded to whole bands; ``frame_rows`` the frame's as given, 0
+    where not known), ``frames`` latent frames in this step (or clip)."""
 
     batch: int
     rows: int
@@ -127,6 +128,7 @@ class Grid:
     full_rows: int
     frames: int
     clip_frames: int
+    frame_rows: int = 0
 
 
 # -- the features of a program, and what they weigh ------------------------------------------------
@@ -310,7 +312,7 @@ class Estimator:
     def _grid(self, batch: int, frames: int, rows: int, cols: int, clip_frames: int) -> Grid:
         band = math.ceil(rows / self.tp)
         return Grid(batch=max(1, batch // self.dp), rows=band, cols=cols, full_rows=band * self.tp,
-                    frames=frames, clip_frames=clip_frames)
+                    frames=frames, clip_frames=clip_frames, frame_rows=rows)
 
     def decode_steps(self, shape: tuple[int, ...], output: Output = "uint8") -> Iterator[ProgramEstimate]:
         """Every program a server runs to decode latents ``shape`` ``(B, C, T, H, W)`` (an image

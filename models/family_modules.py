@@ -106,6 +106,10 @@ class FamilyPrograms(Protocol):
     def chunk_program(self, graphdef: Any, config: Any, dtype: Any, *, first: bool, denormalize: bool, output: Any,
                       mesh: Any = None, axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...
 
+    # The independent pieces of work (MiniMax-H3: the tiles of every chunk of every video) the
+    # decode of latents ``shape`` spreads over a mesh's devices: what each device's share is made of.
+    def work_pieces(self, shape: tuple[int, ...], config: Any) -> int: ...
+
 
 def family_programs(config: VAEConfig) -> FamilyPrograms | None:
     """The family's own whole programs (imported now), or None for a family whose modules the

@@ -165,6 +165,18 @@ class Settings(BaseSettings):
     max_programs: int = Field(
         64, ge=0, description="compiled programs kept (least recently used dropped); 0 = no limit",
         json_schema_extra=_in("model", "N"))
+    tile_size: int | None = Field(
+        None, ge=1, description="a tiled decode and encode (MiniMax-H3): the side of its square spatial tiles in "
+        "pixels, a multiple of the model's spatial scale (16); default: the model's release (256). The released "
+        "frames are those of its own tiles: another size decodes another picture; models without tiles ignore it",
+        json_schema_extra=_in("model", "PIXELS"))
+    tile_overlap: int | None = Field(
+        None, ge=1, description="a tiled decode and encode (MiniMax-H3): the least overlap of neighbouring tiles in "
+        "pixels, widened so the tiles cover the frame exactly; a multiple of the spatial scale below tile-size; "
+        "default: the model's release (64)", json_schema_extra=_in("model", "PIXELS"))
+    tiles_per_step: int | None = Field(
+        None, ge=1, description="a tiled decode and encode (MiniMax-H3): tiles each device runs at once (more: "
+        "fewer steps and more memory; the same frames); default: the model's (4)", json_schema_extra=_in("model", "N"))
     # --- multi-host slice (one process per host; process 0 serves requests) ----------------
     distributed: Literal["off", "auto"] = Field(
         "off", description="auto: join a multi-host slice, JAX detecting what is not given (TPU VMs, GKE)",

@@ -8,6 +8,11 @@ mesh it reports the per-device ``memory_analysis()``, whether it fits the chip's
 headroom, FLOPs, HBM traffic, halo bytes, the collectives in the compiled HLO, the compile time and
 a roofline *lower bound* on the decode time; then the smallest tp that fits.
 
+A family that builds its own programs (MiniMax-H3's tiled ViT: ``models.family_modules.family_programs``)
+is planned from those: its decode spreads independent pieces of work (tiles) over every device of
+the mesh, so a candidate's "tp" is the devices the pieces are spread over, its ``split`` is
+``"tiles"`` and it exchanges no halos.
+
 FLOPs are the model's count (``models.flops``) of the whole decode, per device: XLA's
 ``cost_analysis()`` sees a ``lax.scan`` body once (latent frame 0 plus one later step, not T − 1
 of them), so its figure is reported beside it (``cost_analysis_flops``), and so is its byte count
@@ -23,14 +28,25 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from vaeserve.models.config import VAEConfig
 from vaeserve.models.conv import compiler_options_for
 from vaeserve.models.flops import decode_flops
-from vaeserve.models.shapes import Output, check_output, clip_shape, latents_for_frames, misfits
-from vaeserve.models.vae import VAE
+from vaeserve.models.shapes import (
+    FramesError,
+    Output,
+    check_output,
+    clip_shape,
+    latents_for_frames,
+    min_latent_frames,
+    misfits,
+    output_frames,
+)
+from vaeserve.models.vae import DTYPES, VAE
 
-from .bands import band_layout
+from .bands import Split, band_layout
 from .chips import (
     ChipFacts,
     TopologyError,
@@ -40,7 +56,7 @@ from .chips import (
     slice_facts,
     topology_devices,
 )
-from .decode import lower_decode, mesh_platform
+from .decode import OWN_PROGRAM_AXES, band_counts, jit_for, latents_sharding, lower_decode, mesh_platform
 from .fits import program_total_bytes
 from .introspect import collective_summary, collectives, halo_bytes, program_memory
 from .mesh import DP_AXIS, TP_AXIS, make_mesh
@@ -56,17 +72,47 @@ def latent_shape_for_video(config: VAEConfig, width: int, height: int, frames: i
     """Latents ``(C, T, H, W)`` that decode to ``frames`` frames of ``width x height``; an image
     model's ``(C, H, W)`` for one frame (an image).
 
-    The decoder yields ``1 + temporal_scale·(T − 1)`` frames of ``spatial_scale`` times the latent
-    size; other sizes are refused (``PlanError``) with the nearest ones that exist.
+    The decoder yields ``1 + temporal_scale·(T − 1)`` frames (or what its config's
+    ``num_output_frames`` says: MiniMax-H3's ``17n + 5`` for ``5n + 2``) of ``spatial_scale`` times
+    the latent size; other sizes are refused (``PlanError``) with the nearest ones that exist.
     """
     spatial, temporal = config.spatial_scale, config.temporal_scale
     if config.is_image and frames != 1:
         raise PlanError(f"the {config.class_name} VAE decodes images: one frame, received {frames}")
-    problems = misfits(width, height, frames, spatial=spatial, temporal=temporal)
+    if config.is_image or follows_frame_rule(config):
+        problems = misfits(width, height, frames, spatial=spatial, temporal=temporal)
+        t = latents_for_frames(frames, temporal)
+    else:
+        problems, t = own_frame_misfits(config, frames), latent_frames_decoding_to(config, frames)
+        problems += misfits(width, height, 1, spatial=spatial, temporal=temporal)
     if problems:
         raise PlanError("; ".join(map(str, problems)))
-    time_axis = () if config.is_image else (latents_for_frames(frames, temporal),)
+    time_axis = () if config.is_image else (t,)
     return config.z_dim, *time_axis, height // spatial, width // spatial
+
+
+def follows_frame_rule(config: VAEConfig) -> bool:
+    """Whether ``config`` decodes ``1 + temporal_scale·(T − 1)`` frames from ``T`` latent frames
+    (every family but one whose decode chunks time its own way: MiniMax-H3)."""
+    fewest = min_latent_frames(config)
+    return all(config.num_output_frames(t) == output_frames(t, config.temporal_scale)
+               for t in range(fewest, fewest + 8))
+
+
+def latent_frames_decoding_to(config: VAEConfig, frames: int) -> int:
+    """The latent frames whose decode has exactly ``frames`` frames (0: none has)."""
+    return next((t for t in range(min_latent_frames(config), frames + 1) if config.num_output_frames(t) == frames), 0)
+
+
+def own_frame_misfits(config: VAEConfig, frames: int) -> list[FramesError]:
+    """``frames`` as a config with its own frame rule refuses it: the frame counts its decodes
+    have just below and above (one error), or none."""
+    if latent_frames_decoding_to(config, frames):
+        return []
+    counts = [config.num_output_frames(t) for t in range(min_latent_frames(config), frames + 2)]
+    nearest = [max((c for c in counts if c < frames), default=None), min((c for c in counts if c > frames), default=None)]
+    return [FramesError(f"the {config.class_name} decoder makes no video of that many frames",
+                        expected=[c for c in nearest if c is not None], received=frames, what="frames")]
 
 
 def video_for_latents(config: VAEConfig, shape: Sequence[int]) -> tuple[int, int, int]:
@@ -84,7 +130,8 @@ class MeshPlan:
     ``fits`` when ``total_bytes ≤ usable_bytes = hbm_bytes · (1 − headroom)``. ``flops`` is the
     model's count for the whole decode on this device; ``cost_analysis_flops`` and
     ``bytes_accessed`` are XLA's, counting a scan body once. ``halo_bytes`` are sent by the busiest
-    device over the whole decode. ``bound_s`` is a lower bound, not a measurement.
+    device over the whole decode (None for a family's own tiled program: ``split`` ``"tiles"``, no
+    halos). ``bound_s`` is a lower bound, not a measurement.
 
     ``refused``: the compiler's own message when it refused the program for memory (libtpu checks a
     program against the chip's HBM while compiling). Such a row does not fit; its ``temp_bytes`` and
@@ -142,6 +189,19 @@ def device_flops(config: VAEConfig, shape: tuple[int, ...], tp: int, dp: int, sp
     return decode_flops(config, padded) / tp
 
 
+# The ``split`` of a family's own programs: its pieces of work (tiles) spread over the devices.
+TILES_SPLIT = "tiles"
+
+
+def own_device_flops(vae: VAE, shape: tuple[int, ...], devices: int) -> float:
+    """Model FLOPs of one device's share of a family's own decode: the whole decode's FLOPs times
+    the share of its pieces of work (``FamilyPrograms.work_pieces``) the busiest device runs (an
+    uneven count is padded with pieces every device computes)."""
+    assert vae.own_programs is not None
+    pieces = vae.own_programs.work_pieces(shape, vae.config)
+    return decode_flops(vae.config, shape) * -(-pieces // devices) / pieces
+
+
 def program_of(vae: VAE, mesh: jax.sharding.Mesh, lowered: jax.stages.Lowered) -> str:
     """The fingerprint of a lowered decode (``plan_table.program_fingerprint``) with the compiler
     options its platform compiles it with and, for a GPU, the description we give of it."""
@@ -151,10 +211,26 @@ def program_of(vae: VAE, mesh: jax.sharding.Mesh, lowered: jax.stages.Lowered) -
     return program_fingerprint(lowered.as_text(debug_info=False), options, target)
 
 
+def lower_own_decode(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, *,
+                     output: Output = "uint8") -> jax.stages.Lowered:
+    """The decode a family that builds its own programs runs on ``mesh`` (what
+    ``sharding.compile_decode`` compiles for it), lowered: the family's ``decode_program`` spread
+    over every device, its ``(B,)`` count one column."""
+    assert vae.own_programs is not None
+    run = vae.own_programs.decode_program(vae.graphdef, vae.config, DTYPES[vae.dtype], denormalize=False,
+                                          output=output, mesh=mesh, axes=OWN_PROGRAM_AXES)
+    latents = jax.ShapeDtypeStruct(tuple(shape), jnp.float32, sharding=latents_sharding(mesh))
+    return jit_for(vae, mesh, band_counts(run)).lower(vae.state_avals(NamedSharding(mesh, P())), latents)
+
+
 def decode_program(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, *, output: Output = "uint8",
                    inner_frames: int | None = None) -> tuple[jax.stages.Lowered, str]:
-    """The decode a plan compiles (``compile_decode``'s, lowered) and its fingerprint."""
-    lowered = lower_decode(vae, shape, mesh, output=output, inner_frames=inner_frames)
+    """The decode a plan compiles (``compile_decode``'s, lowered) and its fingerprint; a family's
+    own program where it builds one (``inner_frames`` does not apply to it)."""
+    if vae.own_programs is not None:
+        lowered = lower_own_decode(vae, shape, mesh, output=output)
+    else:
+        lowered = lower_decode(vae, shape, mesh, output=output, inner_frames=inner_frames)
     return lowered, program_of(vae, mesh, lowered)
 
 
@@ -165,8 +241,11 @@ def plan_mesh(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: C
     one device's needs (``inner_frames``: as in ``compile_decode``; None is what a server runs)."""
     tp, dp = mesh.shape[TP_AXIS], mesh.shape[DP_AXIS]
     usable = int(hbm_bytes * (1 - (chip.headroom if headroom is None else headroom)))
-    bands = band_layout(shape[-2], shape[-1], tp)
-    flops = device_flops(vae.config, shape, tp, dp, bands.split, bands.band)
+    bands = None if vae.own_programs is not None else band_layout(shape[-2], shape[-1], tp)
+    if bands is None:
+        split, flops = TILES_SPLIT, own_device_flops(vae, shape, tp * dp)
+    else:
+        split, flops = bands.split, device_flops(vae.config, shape, tp, dp, bands.split, bands.band)
     compiler = compiler_versions(platform_of_mesh(mesh))
     start = time.perf_counter()
     lowered, program = decode_program(vae, shape, mesh, output=output, inner_frames=inner_frames)
@@ -177,7 +256,7 @@ def plan_mesh(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: C
         if required is None:
             raise
         return MeshPlan(
-            tp=tp, dp=dp, split=bands.split, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=required,
+            tp=tp, dp=dp, split=split, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=required,
             code_bytes=0, total_bytes=required, hbm_bytes=hbm_bytes, usable_bytes=usable, fits=False, flops=flops,
             cost_analysis_flops=0.0, bytes_accessed=0.0, halo_bytes=0, collectives={},
             compile_s=round(time.perf_counter() - start, 3), bound_s=0.0, refused=str(error).splitlines()[0],
@@ -187,18 +266,23 @@ def plan_mesh(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, chip: C
     total = program_total_bytes(memory)
     cost = _cost(compiled)
     bytes_accessed = float(cost.get("bytes accessed", 0.0))
-    halo = halo_bytes(vae, shape, tp, dp=dp, split=bands.split)
     return MeshPlan(
-        tp=tp, dp=dp, split=bands.split, argument_bytes=memory["argument_bytes"], output_bytes=memory["output_bytes"],
+        tp=tp, dp=dp, split=split, argument_bytes=memory["argument_bytes"], output_bytes=memory["output_bytes"],
         alias_bytes=memory["alias_bytes"], temp_bytes=memory["temp_bytes"], code_bytes=memory["code_bytes"],
         total_bytes=total, hbm_bytes=hbm_bytes, usable_bytes=usable,
         fits=total <= usable, flops=flops, cost_analysis_flops=float(cost.get("flops", 0.0)),
         bytes_accessed=bytes_accessed,
-        halo_bytes=halo["first_per_device"] + (clip_shape(shape)[2] - 1) * halo["next_per_device"],
+        halo_bytes=None if bands is None else decode_halo_bytes(vae, shape, tp, dp, bands.split),
         collectives=collective_summary(collectives(compiled.as_text() or "")), compile_s=round(compile_s, 3),
         bound_s=max(flops / chip.peak_bf16_flops, bytes_accessed / chip.hbm_bytes_per_s),
         compiler=compiler, program=program,
     )
+
+
+def decode_halo_bytes(vae: VAE, shape: tuple[int, ...], tp: int, dp: int, split: Split) -> int:
+    """The halo bytes the busiest band sends over a whole decode of latents ``shape``."""
+    halo = halo_bytes(vae, shape, tp, dp=dp, split=split)
+    return halo["first_per_device"] + (clip_shape(shape)[2] - 1) * halo["next_per_device"]
 
 
 def platform_of_mesh(mesh: jax.sharding.Mesh) -> str:

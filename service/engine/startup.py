@@ -116,6 +116,7 @@ def load_vaes(settings: Settings, given: Any = None) -> tuple[dict[str, Any], di
             if source is None or source in models.MODEL_NAMES:
                 embedded.add(name)
     for name, vae in vaes.items():
+        set_tiling(vae, settings)
         if vae.metadata.get("random_weights") and name not in embedded:
             log.warning("the model %s has RANDOM weights: outputs are noise-like, for testing only", name)
     return vaes, sources
@@ -133,6 +134,25 @@ def load_sounds(settings: Settings, sources: dict[str, str | None], mesh: Any) -
             log.info("the model %s has sound: %s (%s, %d parameters)", name, decoder.info.title, decoder.source,
                      sounds[name].parameters)
     return sounds
+
+
+def set_tiling(vae: Any, settings: Settings) -> None:
+    """A tiled model's tile geometry and tiles per step from the settings (``tile_size``,
+    ``tile_overlap``, ``tiles_per_step``; unset: the model's own), before any program is compiled:
+    its programs are built from its config and cached by the model, so a model that has compiled
+    one keeps its geometry (``StartupRefused`` for another). Models without tiles have no
+    ``with_tiling``."""
+    with_tiling = getattr(vae.config, "with_tiling", None)
+    if with_tiling is None:
+        return
+    try:
+        config = with_tiling(size=settings.tile_size, overlap=settings.tile_overlap, per_step=settings.tiles_per_step)
+    except models.ConfigError as error:
+        raise StartupRefused(f"--tile-size/--tile-overlap/--tiles-per-step: {error}") from None
+    if config != vae.config and vae.programs.compiles:
+        raise StartupRefused("--tile-size/--tile-overlap/--tiles-per-step: the model has compiled programs of its "
+                             "own tiles already; load it again to serve other tiles")
+    vae.config = config
 
 
 def resident_weight_bytes(vae: Any) -> int:

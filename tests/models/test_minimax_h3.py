@@ -7,8 +7,10 @@ The decode (tiling on, as released) of 2 videos of 8 latent frames at 6x8 latent
 cut off) must match to ≤ 1e-4 (measured ≤ 1e-6); its controls, a hard cut instead of the tiles'
 blends and the untiled decode (each chunk's whole frame one attention: RoPE over the frame, not
 the tile), must miss by far more. The encode (tiled) of one frame and of 17·1 + 5 frames matches
-too. The model is loaded from diffusers' ``save_pretrained`` folder. diffusers runs live (skipped
-without it). About 17 s for the file on a 2-core host, most of it compiling.
+too, and a server's tile settings (``--tile-size``, ``--tile-overlap``) give diffusers' decode at
+that geometry. The model is loaded from diffusers' ``save_pretrained`` folder. diffusers runs live
+(skipped without it). About 50 s for the file on a 2-core host that other work shared (load 9), most
+of it compiling.
 """
 
 from __future__ import annotations
@@ -25,9 +27,17 @@ from flax import nnx
 from tests.helpers.minimax_h3_reference import seeded_reference
 from vaeserve import models
 from vaeserve.models.families.minimax_h3 import decode as h3
-from vaeserve.models.families.minimax_h3.config import TILING_FIELDS, AutoencoderKLMiniMaxH3Config
+from vaeserve.models.families.minimax_h3.config import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    TILING_FIELDS,
+    AutoencoderKLMiniMaxH3Config,
+)
 from vaeserve.models.families.minimax_h3.geometry import Tiles, split_tiles
 from vaeserve.models.loading import WeightsError, build_vae
+from vaeserve.service.engine.errors import StartupRefused
+from vaeserve.service.engine.startup import set_tiling
+from vaeserve.service.settings import Settings
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -158,3 +168,30 @@ def test_tiles_run_in_steps_alike(loaded):
     latents = _seeded((1, *LATENTS[1:]), 4)
     whole, grouped = _decode(loaded, latents), _decode(loaded, latents, per_step=5)
     assert _diff(whole, grouped) <= 1e-6 and math.isfinite(float(whole.std()))
+
+
+def test_served_tiles_are_the_settings_and_diffusers_at_them(reference, folder):
+    """``--tile-size 12 --tile-overlap 8`` (``set_tiling``, as a server starts) reaches the model's
+    programs: its decode is diffusers' ``enable_tiling(12, 12, 8, 8)`` (4x4 tiles over 24x32), not
+    the default tiles' picture (the control); a geometry the decode cannot run, or another one for a
+    model that has compiled programs already, refuses to start."""
+    vae = models.load_vae(folder)  # its own programs: the module's ``loaded`` keeps the released tiles
+    set_tiling(vae, Settings(tile_size=12, tile_overlap=8, tiles_per_step=3))
+    assert (vae.config.tile_sample_min_width, vae.config.tile_sample_min_overlap_height, vae.config.tiles_per_step) \
+        == (12, 8, 3)
+    latents = _seeded((1, *LATENTS[1:]), 5)
+    reference.enable_tiling(12, 12, 8, 8)
+    try:
+        with torch.no_grad():
+            expected = reference.decode(torch.from_numpy(latents)).sample.numpy()
+    finally:
+        reference.enable_tiling(*TILES.values())
+    served = np.asarray(vae.decode(latents))  # [-1, 1]: ImageNet space taken to [0, 1], clamped
+    mean, std = (np.asarray(v, np.float32)[:, None, None, None] for v in (IMAGENET_MEAN, IMAGENET_STD))
+    assert _diff(served, 2 * np.clip(expected * std + mean, 0, 1) - 1) <= 2 * TOLERANCE
+    released = 2 * np.clip(_decode(vae, latents) * std + mean, 0, 1) - 1  # TINY's tiles, the same weights
+    assert _diff(served, released) > 100 * TOLERANCE
+    with pytest.raises(StartupRefused, match="tile 10 with overlap 8; expected multiples of 4"):
+        set_tiling(models.load_vae(folder), Settings(tile_size=10, tile_overlap=8))
+    with pytest.raises(StartupRefused, match="compiled programs of its own tiles"):
+        set_tiling(vae, Settings(tile_size=20))

@@ -11,11 +11,13 @@ from typing import Any, ClassVar
 
 from vaeserve.models.config import ConfigError, config_fields_from_dict, config_to_dict
 
-# diffusers keeps the tile geometry on the model, not in config.json (``enable_tiling``): these
-# fields are read from a config dict when present and never written back, so a saved folder loads
-# in diffusers unchanged.
+# diffusers keeps the tile geometry on the model, not in config.json (``enable_tiling``'s arguments,
+# in its order), and knows nothing of how many tiles run at once (``STEP_FIELDS``): these fields are
+# read from a config dict when present and never written back, so a saved folder loads in diffusers
+# unchanged.
 TILING_FIELDS = ("tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
                  "tile_sample_min_overlap_width")
+STEP_FIELDS = ("tiles_per_step",)
 # The decoder's pixels are ImageNet-normalised over [0, 1] (diffusers' class docstring).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -48,6 +50,8 @@ def _problems(config: AutoencoderKLMiniMaxH3Config) -> list[str]:
                           (config.tile_sample_min_width, config.tile_sample_min_overlap_width)):
         if size % s or overlap % s or not 0 < overlap < size:
             problems.append(f"tile {size} with overlap {overlap}; expected multiples of {s}, 0 < overlap < tile")
+    if config.tiles_per_step < 1:
+        problems.append(f"tiles_per_step={config.tiles_per_step}; expected ≥ 1")
     return problems
 
 
@@ -56,7 +60,10 @@ class AutoencoderKLMiniMaxH3Config:
     """Every ``AutoencoderKLMiniMaxH3`` config key, with diffusers' defaults (the released
     architecture; the release's ``latents_mean``/``latents_std`` are its pipeline's statistics), and
     the tile geometry of its released decode (``tile_sample_min_*``: 256-pixel tiles, at least
-    64 pixels of overlap; diffusers' ``enable_tiling`` arguments).
+    64 pixels of overlap; diffusers' ``enable_tiling`` arguments) and the tiles each device runs at
+    once (``tiles_per_step``: a bound on the attention's memory, a released tile being 1,797 tokens
+    of 2,048 channels; the frames are the same whatever it is). A server sets these three from its
+    settings (``with_tiling``).
 
     Encoder: a causal 3-D CNN (``block_out_channels`` levels, ``layers_per_block`` resnets each,
     per-level downsample factors: 16x spatial, 4x temporal), GroupNorm per frame. Decoder: a ViT over
@@ -104,6 +111,7 @@ class AutoencoderKLMiniMaxH3Config:
     tile_sample_min_width: int = 256
     tile_sample_min_overlap_height: int = 64
     tile_sample_min_overlap_width: int = 64
+    tiles_per_step: int = 4
 
     def __post_init__(self) -> None:
         for name in ("block_out_channels", "spatial_downsample_factors", "temporal_downsample_factors",
@@ -123,6 +131,17 @@ class AutoencoderKLMiniMaxH3Config:
                      latents_std=(1.0,) * 4, tile_sample_min_height=16, tile_sample_min_width=16,
                      tile_sample_min_overlap_height=4, tile_sample_min_overlap_width=4)
         return cls(**{**small, **overrides})
+
+    def with_tiling(self, *, size: int | None = None, overlap: int | None = None,
+                    per_step: int | None = None) -> AutoencoderKLMiniMaxH3Config:
+        """This config with square ``size``-pixel tiles overlapping by at least ``overlap`` pixels,
+        ``per_step`` of them at once on each device (None: as it is); ``ConfigError`` for a
+        geometry the decode cannot run (sizes not multiples of the spatial scale, overlap ≥ tile)."""
+        changes: dict[str, Any] = {**({"tile_sample_min_height": size, "tile_sample_min_width": size} if size else {}),
+                   **({"tile_sample_min_overlap_height": overlap, "tile_sample_min_overlap_width": overlap}
+                      if overlap else {}),
+                   **({"tiles_per_step": per_step} if per_step else {})}
+        return dataclasses.replace(self, **changes)
 
     # -- what every config answers (models.config.VAEConfig) -----------------------------------
     @property
@@ -225,4 +244,4 @@ class AutoencoderKLMiniMaxH3Config:
         return config_fields_from_dict(cls, raw)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in config_to_dict(self).items() if k not in TILING_FIELDS}
+        return {k: v for k, v in config_to_dict(self).items() if k not in TILING_FIELDS + STEP_FIELDS}

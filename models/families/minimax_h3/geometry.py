@@ -8,11 +8,6 @@ import math
 
 from .config import AutoencoderKLMiniMaxH3Config
 
-# Tiles (or encoder clip tiles) each device runs at once (``programs``, ``estimate``): a bound on
-# the attention's memory (a released tile is 1,797 tokens of 2,048 channels, 32 heads); the frames
-# are the same whatever it is.
-TILES_PER_STEP = 4
-
 
 @dataclasses.dataclass(frozen=True)
 class Tiles:

@@ -7,7 +7,9 @@ float32 ``(B, 3, F, H, W)`` in [-1, 1] or uint8 ``(B, F, H, W, 3)``. The decoder
 ImageNet-normalised: they are taken to [0, 1] and clamped (``to_unit_range``, what H3's pipeline
 does) and from there to [-1, 1], the service's float range; the encoder takes frames in [-1, 1]
 back to its space (``from_unit_range``). On a mesh, every tile of every chunk is one batch spread
-over the given axes (``parallel.spread_over``), ``TILES_PER_STEP`` tiles at a time on each device.
+over the given axes (``parallel.spread_over``), ``config.tiles_per_step`` tiles at a time on each
+device. The tile geometry and the tiles per step are the config's (a server sets them from its
+settings): a VAE's programs are cached per VAE, so each geometry has programs of its own.
 """
 
 from __future__ import annotations
@@ -24,14 +26,15 @@ from vaeserve.models.shapes import Output
 
 from .config import AutoencoderKLMiniMaxH3Config
 from .decode import RunTiles, chunk_pieces, decode, decode_clips, encode, from_unit_range, in_steps, to_unit_range
-from .geometry import TILES_PER_STEP
+from .geometry import frame_tiles
 from .parallel import spread_over
 
 
-def tile_runner(module: nnx.Module, mesh: Mesh | None, axes: tuple[str, ...]) -> RunTiles:
-    """``module`` over a batch of tiles, ``TILES_PER_STEP`` at a time, spread over ``mesh``'s
+def tile_runner(module: nnx.Module, config: AutoencoderKLMiniMaxH3Config, mesh: Mesh | None,
+                axes: tuple[str, ...]) -> RunTiles:
+    """``module`` over a batch of tiles, ``config.tiles_per_step`` at a time, spread over ``mesh``'s
     ``axes`` (on one device when ``mesh`` is None)."""
-    run = in_steps(module, TILES_PER_STEP)
+    run = in_steps(module, config.tiles_per_step)
     return run if mesh is None else spread_over(run, mesh, axes)
 
 
@@ -48,7 +51,7 @@ def decode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, den
     chunked), the count read on the decoder's own pixels before they are clamped."""
 
     def run(state, latents: jax.Array) -> tuple[jax.Array, jax.Array]:
-        decoder = tile_runner(nnx.merge(graphdef, state), mesh, axes)
+        decoder = tile_runner(nnx.merge(graphdef, state), config, mesh, axes)
         frames = decode(decoder, _channels_last(latents, config, dtype, denormalize=denormalize), config)
         return _served_frames(frames, output), nonfinite_count(frames)
 
@@ -71,7 +74,7 @@ def chunk_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, firs
     (``config.padding_frames``)."""
 
     def run(state, latents: jax.Array, ahead: jax.Array | None = None):
-        decoder = tile_runner(nnx.merge(graphdef, state), mesh, axes)
+        decoder = tile_runner(nnx.merge(graphdef, state), config, mesh, axes)
         frames = decode_clips(decoder, _channels_last(latents, config, dtype, denormalize=denormalize), config)
         piece, ahead = chunk_pieces(frames, ahead, config)
         return _served_frames(piece, output), ahead, _served_frames(ahead, output), nonfinite_count(frames)
@@ -102,6 +105,14 @@ def ahead_shape(shape: tuple[int, ...], config: AutoencoderKLMiniMaxH3Config) ->
     return (shape[0], config.frame_overlap, s * shape[3], s * shape[4], 3)
 
 
+def work_pieces(shape: tuple[int, ...], config: AutoencoderKLMiniMaxH3Config) -> int:
+    """The tiles of every chunk of every video the decode of latents ``shape`` ``(B, z, T, h, w)``
+    runs: the batch ``spread_over`` shares among a mesh's devices."""
+    s = config.spatial_scale
+    rows, columns = frame_tiles(s * shape[3], s * shape[4], config)
+    return shape[0] * config.decode_chunks(shape[2]) * len(rows.starts) * len(columns.starts)
+
+
 def encode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, mesh: Mesh | None = None,
                    axes: tuple[str, ...] = ()):
     """``(state, frames NCTHW in [-1, 1], options) → latents (B, z, T, H/s, W/s)``: the released
@@ -110,7 +121,7 @@ def encode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, mes
 
     def run(state, frames: jax.Array, options: PosteriorOptions) -> jax.Array:
         x = from_unit_range((jnp.moveaxis(jnp.asarray(frames, jnp.float32), 1, -1) + 1.0) / 2.0)
-        encoder = tile_runner(nnx.merge(graphdef, state), mesh, axes)
+        encoder = tile_runner(nnx.merge(graphdef, state), config, mesh, axes)
         return latents_from_moments(encode(encoder, x.astype(dtype), config), options, config)
 
     return run
