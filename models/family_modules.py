@@ -79,8 +79,8 @@ def family_modules(config: VAEConfig) -> FamilyModules:
 
 class FamilyPrograms(Protocol):
     """The whole programs of a family whose modules are not frame-stepped (its descriptor's
-    ``ModuleTypes.programs``: MiniMax-H3's tiled ViT). ``mesh`` None builds the single-device
-    program; with a mesh, the program spreads its independent pieces of work over ``axes``.
+    ``ModuleTypes.programs``: MiniMax-H3's tiled ViT), built for a ``mesh`` (one device: a 1x1
+    mesh): each spreads its independent pieces of work over the mesh's ``axes``.
 
     ``decode_program(...)(state, latents NCTHW) → (frames, (B,) non-finite count)``, frames as
     ``models.decode.full_program``'s (float32 NCTHW in [-1, 1] or uint8 NTHWC);
@@ -88,7 +88,7 @@ class FamilyPrograms(Protocol):
     ``sharding.compile_encode``'s."""
 
     def decode_program(self, graphdef: Any, config: Any, dtype: Any, *, denormalize: bool, output: Any,
-                       mesh: Any = None, axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...
+                       mesh: Any, axes: tuple[str, ...]) -> Callable[..., Any]: ...
 
     def encode_program(self, graphdef: Any, config: Any, dtype: Any, *, mesh: Any = None,
                        axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...
@@ -104,7 +104,7 @@ class FamilyPrograms(Protocol):
     def ahead_shape(self, shape: tuple[int, ...], config: Any) -> tuple[int, ...]: ...
 
     def chunk_program(self, graphdef: Any, config: Any, dtype: Any, *, first: bool, denormalize: bool, output: Any,
-                      mesh: Any = None, axes: tuple[str, ...] = ()) -> Callable[..., Any]: ...
+                      mesh: Any, axes: tuple[str, ...]) -> Callable[..., Any]: ...
 
     # The independent pieces of work (MiniMax-H3: the tiles of every chunk of every video) the
     # decode of latents ``shape`` spreads over a mesh's devices: what each device's share is made of.

@@ -308,14 +308,18 @@ def compile_own_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: 
     check_latents_shape(shape, vae.config)
     _check_mesh(mesh, shape[0])
     key = program_key("decode", shape, output, mesh=mesh_key(mesh), denormalize=denormalize)
+    return vae.programs.get(key, functools.partial(lower_own_decode, vae, shape, mesh, output=output,
+                                                   denormalize=denormalize))
 
-    def lower() -> jax.stages.Lowered:
-        assert vae.own_programs is not None
-        run = vae.own_programs.decode_program(vae.graphdef, vae.config, DTYPES[vae.dtype], denormalize=denormalize,
-                                              output=output, mesh=mesh, axes=OWN_PROGRAM_AXES)
-        return jit_for(vae, mesh, band_counts(run)).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh))
 
-    return vae.programs.get(key, lower)
+def lower_own_decode(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, output: Output = "uint8",
+                     denormalize: bool = False) -> jax.stages.Lowered:
+    """What ``compile_own_decode`` compiles, lowered and not compiled: the family's
+    ``decode_program`` spread over ``OWN_PROGRAM_AXES``, its ``(B,)`` count one column."""
+    assert vae.own_programs is not None
+    run = vae.own_programs.decode_program(vae.graphdef, vae.config, DTYPES[vae.dtype], denormalize=denormalize,
+                                          output=output, mesh=mesh, axes=OWN_PROGRAM_AXES)
+    return jit_for(vae, mesh, band_counts(run)).lower(_state_aval(vae, mesh), _latents_aval(shape, mesh))
 
 
 def compile_own_chunk(vae: VAE, shape: tuple[int, ...], mesh: Mesh, *, first: bool, denormalize: bool,

@@ -28,8 +28,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from vaeserve.models.config import VAEConfig
 from vaeserve.models.conv import compiler_options_for
@@ -44,7 +42,7 @@ from vaeserve.models.shapes import (
     misfits,
     output_frames,
 )
-from vaeserve.models.vae import DTYPES, VAE
+from vaeserve.models.vae import VAE
 
 from .bands import Split, band_layout
 from .chips import (
@@ -56,7 +54,7 @@ from .chips import (
     slice_facts,
     topology_devices,
 )
-from .decode import OWN_PROGRAM_AXES, band_counts, jit_for, latents_sharding, lower_decode, mesh_platform
+from .decode import lower_decode, lower_own_decode, mesh_platform
 from .fits import program_total_bytes
 from .introspect import collective_summary, collectives, halo_bytes, program_memory
 from .mesh import DP_AXIS, TP_AXIS, make_mesh
@@ -209,18 +207,6 @@ def program_of(vae: VAE, mesh: jax.sharding.Mesh, lowered: jax.stages.Lowered) -
     options = compiler_options_for(mesh_platform(mesh), vae.cpu_convs)
     target = compile_target(chip_facts(device.device_kind)) if mesh_platform(mesh) == "gpu" else ""
     return program_fingerprint(lowered.as_text(debug_info=False), options, target)
-
-
-def lower_own_decode(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, *,
-                     output: Output = "uint8") -> jax.stages.Lowered:
-    """The decode a family that builds its own programs runs on ``mesh`` (what
-    ``sharding.compile_decode`` compiles for it), lowered: the family's ``decode_program`` spread
-    over every device, its ``(B,)`` count one column."""
-    assert vae.own_programs is not None
-    run = vae.own_programs.decode_program(vae.graphdef, vae.config, DTYPES[vae.dtype], denormalize=False,
-                                          output=output, mesh=mesh, axes=OWN_PROGRAM_AXES)
-    latents = jax.ShapeDtypeStruct(tuple(shape), jnp.float32, sharding=latents_sharding(mesh))
-    return jit_for(vae, mesh, band_counts(run)).lower(vae.state_avals(NamedSharding(mesh, P())), latents)
 
 
 def decode_program(vae: VAE, shape: tuple[int, ...], mesh: jax.sharding.Mesh, *, output: Output = "uint8",

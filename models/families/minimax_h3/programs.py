@@ -30,12 +30,11 @@ from .geometry import frame_tiles
 from .parallel import spread_over
 
 
-def tile_runner(module: nnx.Module, config: AutoencoderKLMiniMaxH3Config, mesh: Mesh | None,
+def tile_runner(module: nnx.Module, config: AutoencoderKLMiniMaxH3Config, mesh: Mesh,
                 axes: tuple[str, ...]) -> RunTiles:
     """``module`` over a batch of tiles, ``config.tiles_per_step`` at a time, spread over ``mesh``'s
-    ``axes`` (on one device when ``mesh`` is None)."""
-    run = in_steps(module, config.tiles_per_step)
-    return run if mesh is None else spread_over(run, mesh, axes)
+    ``axes`` (one device: a 1x1 mesh)."""
+    return spread_over(in_steps(module, config.tiles_per_step), mesh, axes)
 
 
 def _served_frames(frames: jax.Array, output: Output) -> jax.Array:
@@ -46,7 +45,7 @@ def _served_frames(frames: jax.Array, output: Output) -> jax.Array:
 
 
 def decode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, denormalize: bool, output: Output,
-                   mesh: Mesh | None = None, axes: tuple[str, ...] = ()):
+                   mesh: Mesh, axes: tuple[str, ...]):
     """``(state, latents NCTHW) → (frames, (B,) non-finite count)``: the released decode (tiled,
     chunked), the count read on the decoder's own pixels before they are clamped."""
 
@@ -65,7 +64,7 @@ def _channels_last(latents: jax.Array, config: AutoencoderKLMiniMaxH3Config, dty
 
 
 def chunk_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, first: bool, denormalize: bool,
-                  output: Output, mesh: Mesh | None = None, axes: tuple[str, ...] = ()):
+                  output: Output, mesh: Mesh, axes: tuple[str, ...]):
     """One chunk of a streamed decode: ``(state, chunk NCTHW (B, z, chunk_latent_frames, h, w)[,
     ahead]) → (piece, ahead, ahead's frames, (B,) non-finite count)``. ``ahead``: the previous
     chunk's read-ahead frames (float32, ImageNet-normalised, ``(B, f, H, W, 3)``), absent for the
@@ -113,8 +112,7 @@ def work_pieces(shape: tuple[int, ...], config: AutoencoderKLMiniMaxH3Config) ->
     return shape[0] * config.decode_chunks(shape[2]) * len(rows.starts) * len(columns.starts)
 
 
-def encode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, mesh: Mesh | None = None,
-                   axes: tuple[str, ...] = ()):
+def encode_program(graphdef, config: AutoencoderKLMiniMaxH3Config, dtype, *, mesh: Mesh, axes: tuple[str, ...]):
     """``(state, frames NCTHW in [-1, 1], options) → latents (B, z, T, H/s, W/s)``: the released
     encode (one frame alone, or ``clip_length``-frame clips less ``token_drop`` latent frames), then
     the posterior ``options`` ask for (``models.encode.latents_from_moments``)."""
