@@ -73,6 +73,14 @@ def assert_remote_like_local(run, local, remote, other, shape: tuple[int, ...]) 
     return got
 
 
+def seeded_diffusers_vae(vae_class, config, seed: int, **overrides):
+    """diffusers' ``vae_class`` with our tiny ``config``'s keys (and ``overrides``), its weights drawn
+    after ``torch.manual_seed(seed)``: another seed is the controls' other weights."""
+    torch.manual_seed(seed)
+    keys = {k: v for k, v in config.to_dict().items() if k != "_class_name"}
+    return vae_class(**{**keys, **overrides}).eval()
+
+
 def wan_vae(seed: int):
     torch.manual_seed(seed)
     return diffusers.AutoencoderKLWan(base_dim=8, num_res_blocks=1).eval()
@@ -156,9 +164,7 @@ def test_a_model_the_server_does_not_serve_is_named(wan):
 # ---- Flux.1 ------------------------------------------------------------------------------------
 
 def flux_vae(seed: int):
-    config = {k: v for k, v in FLUX1_TINY.to_dict().items() if k != "_class_name"}
-    torch.manual_seed(seed)
-    return diffusers.AutoencoderKL(**config).eval()
+    return seeded_diffusers_vae(diffusers.AutoencoderKL, FLUX1_TINY, seed)
 
 
 @pytest.fixture(scope="module")
@@ -197,10 +203,8 @@ def test_flux_pipeline_with_the_remote_vae_gives_the_local_images(flux):
 def ltx_vae(seed: int):
     # LTX-Video 0.9.5's decoder, timestep-conditioned, without noise of its own (which the server
     # and torch would draw differently); its scales (8x, 8x in time) given, as the pipeline reads them.
-    config = {k: v for k, v in LTX095.to_dict().items() if k != "_class_name"}
-    torch.manual_seed(seed)
-    return diffusers.AutoencoderKLLTXVideo(**{**config, "decoder_inject_noise": (False,) * 4,
-                                              "spatial_compression_ratio": 8, "temporal_compression_ratio": 8}).eval()
+    return seeded_diffusers_vae(diffusers.AutoencoderKLLTXVideo, LTX095, seed, decoder_inject_noise=(False,) * 4,
+                                spatial_compression_ratio=8, temporal_compression_ratio=8)
 
 
 @pytest.fixture(scope="module")
@@ -238,9 +242,7 @@ def test_ltx_pipeline_passes_its_decode_timestep_through(ltx):
 # ---- SDXL ----------------------------------------------------------------------------------------
 
 def sdxl_vae(seed: int):
-    config = {k: v for k, v in SD_TINY.to_dict().items() if k != "_class_name"}
-    torch.manual_seed(seed)
-    return diffusers.AutoencoderKL(**{**config, "scaling_factor": 0.13025}).eval()
+    return seeded_diffusers_vae(diffusers.AutoencoderKL, SD_TINY, seed, scaling_factor=0.13025)
 
 
 @pytest.fixture(scope="module")
@@ -278,9 +280,7 @@ def test_sdxl_pipeline_with_the_remote_vae_gives_the_local_images(sdxl):
 # ---- Qwen-Image (one-frame clips) ----------------------------------------------------------------
 
 def qwen_vae(seed: int):
-    config = {k: v for k, v in QWEN_TINY.to_dict().items() if k != "_class_name"}
-    torch.manual_seed(seed)
-    return diffusers.AutoencoderKLQwenImage(**config).eval()
+    return seeded_diffusers_vae(diffusers.AutoencoderKLQwenImage, QWEN_TINY, seed)
 
 
 @pytest.fixture(scope="module")
@@ -314,9 +314,7 @@ def test_qwen_image_pipeline_with_the_remote_vae_gives_the_local_images(qwen):
 # ---- HunyuanVideo 1.5 ----------------------------------------------------------------------------
 
 def hunyuan15_vae(seed: int):
-    config = {k: v for k, v in HY15_TINY.to_dict().items() if k != "_class_name"}
-    torch.manual_seed(seed)
-    return diffusers.AutoencoderKLHunyuanVideo15(**config).eval()
+    return seeded_diffusers_vae(diffusers.AutoencoderKLHunyuanVideo15, HY15_TINY, seed)
 
 
 @pytest.fixture(scope="module")
