@@ -46,7 +46,7 @@ def sound_of(model: ModelState) -> SoundInfo:
     """The model's sound decoder's sizes; 422 for a model without one."""
     if model.sound is None:
         raise Problem(422, "no-sound", f"the model {model.name} has no sound decoder: send the video latents alone "
-                      "(a pipeline folder with audio_vae/ and vocoder/ brings one)",
+                      "(a pipeline folder with the model's audio VAE, audio_vae/, brings one)",
                       expected="no audio_latents", received=AUDIO_LATENTS)
     return model.sound
 
