@@ -8,14 +8,20 @@ It measures, in this order, as long as ``--budget-s`` lasts (it stops cleanly an
 
 1. the versions, the device's name and memory; float32 parity of our decode and encode with
    diffusers' on that device (small configs of each family measured below);
-2. for Wan 2.1 at 1280x720x81, then Wan 2.2 at 1280x704x121 and HunyuanVideo 1.5 at 1280x720x121:
+   with ``--variants``, then: ways to run our bfloat16 decode of the first video (``VARIANTS``:
+   step geometries, XLA flags), each in a process of its own, with its compiled temp, its frames'
+   difference from the first variant's and the top kernels of one traced run (``bench.trace_summary``);
+2. for Wan 2.1 at 1280x720x81, then Wan 2.2 at 1280x704x121, HunyuanVideo 1.5 at 1280x720x121, LTX-2
+   at 1280x704x121 and Flux.1's image VAE at 1024x1024, a batch of 8, as long as the budget lasts:
    decode and encode time (min and median of warm runs) ours and diffusers', bfloat16 then float32
    (diffusers untiled, or with ``enable_tiling()`` where the untiled one does not fit), peak device
    memory, and our bfloat16 decode's error against our float32; last, diffusers' float32 decode
    with TF32 off (``float32-exact``: PyTorch's float32 convolves in TF32 on GPUs by default, ours
    is true float32);
 3. with the time left, the service end to end (MP4 answers at concurrency 1, 2 and 4), when
-   FastAPI, uvicorn, pydantic and PyAV are importable (they travel as wheels: docs/development.md).
+   FastAPI, uvicorn, pydantic and PyAV are importable (they travel as wheels: docs/development.md);
+   with ``--service-first`` before the cases (after the variants), with each answer's latency over
+   our decode of the same video alone.
 
 Each part runs in a process of its own (``bench.device_work``). ``DIR/device_check.json`` is
 rewritten after each part, ``DIR/device_check.png`` drawn at the end, and a ``jax.profiler`` trace
@@ -38,6 +44,8 @@ from typing import Any
 
 from vaeserve.models.config import VAEConfig  # these import no JAX
 from vaeserve.models.families.hunyuan15.config import HunyuanVideo15Config
+from vaeserve.models.families.kl.config import KL_BLOCKS, AutoencoderKLConfig
+from vaeserve.models.families.ltx.config import LTX2VideoConfig
 from vaeserve.models.families.wan.config import WanVAEConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,10 +57,14 @@ TRACE_LIMIT_BYTES = 15 * 2**20  # a file the device tool brings back is at most 
 class Case:
     model: str
     config: VAEConfig
-    video: tuple[int, int, int]  # width, height, frames
+    video: tuple[int, int, int]  # width, height, frames (1: an image model's image)
+    batch: int = 1
 
     def spec(self) -> dict[str, Any]:
-        return {"model": self.model, "config": self.config.to_dict(), "video": list(self.video)}
+        return {"model": self.model, "config": self.config.to_dict(), "video": list(self.video), "batch": self.batch}
+
+    def name(self) -> str:
+        return "x".join(map(str, self.video)) + (f" x{self.batch}" if self.batch > 1 else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +78,26 @@ class DeviceCheckPlan:
     diffusers_dtypes: tuple[str, ...] = DTYPES
 
 
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A way to run our decode of the first case, timed against the others in one run (``--variants``):
+    its step geometry (``VAE.decode``'s ``chunk``, latent frames per step, and ``inner_frames``, frames
+    per inner step after each temporal upsampler; None: the product's default) and XLA flags."""
+
+    name: str
+    chunk: int | None = None
+    inner_frames: int | None = None
+    xla_flags: str = ""
+
+
+NHWC = "--xla_gpu_force_conv_nhwc=true"  # every cuDNN convolution channels-last (docs/gpu-study.md)
+# What the GPU study (docs/gpu-study.md) points at: the product's programs (one latent frame per step,
+# one frame per inner step at 720p), whole steps (no inner loop: 40% fewer bytes moved, the same
+# temp), four latent frames per step (54% fewer, 2.6x the temp), channels-last convolutions.
+VARIANTS = (Variant("current"), Variant("inner-4", chunk=1, inner_frames=4), Variant("chunk-4", chunk=4, inner_frames=16),
+            Variant("nhwc", xla_flags=NHWC), Variant("nhwc-chunk-4", chunk=4, inner_frames=16, xla_flags=NHWC))
+
+
 # Small configs, and a video of each whose latents have odd sizes: parity on the device (both
 # modes), and the whole check in --tiny (the same shapes, so that its float32 programs are the
 # ones parity compiled: a compilation-cache hit).
@@ -75,10 +107,26 @@ SMALL = {
                                                 temperal_downsample=(True, True, False)), (80, 48, 5)),
     "hunyuan1.5": Case("hunyuan1.5", HunyuanVideo15Config(block_out_channels=(8, 16, 16, 32, 64),
                                                           layers_per_block=1, latent_channels=16), (80, 48, 5)),
+    # LTX-2's real decoder (not causal: it sees ahead) and an encoder to match, in two levels (4x in
+    # space and time).
+    "ltx2": Case("ltx2", LTX2VideoConfig.ltx2(block_out_channels=(8, 8, 8), decoder_block_out_channels=(16, 32),
+                                              layers_per_block=(1, 1, 1, 1), decoder_layers_per_block=(1, 0, 1),
+                                              decoder_spatio_temporal_scaling=(True, True),
+                                              upsample_type=("spatiotemporal", "spatiotemporal"), upsample_factor=(2, 2),
+                                              upsample_residual=(True, True), decoder_inject_noise=(False, False, False),
+                                              downsample_type=("spatiotemporal",) * 3,
+                                              spatio_temporal_scaling=(True, True, False), spatial_compression_ratio=None,
+                                              temporal_compression_ratio=None, latent_channels=8, patch_size=1),
+                 (20, 12, 9)),
+    "flux1": Case("flux1", AutoencoderKLConfig.flux1(block_out_channels=(8, 16), down_block_types=(KL_BLOCKS[0],) * 2,
+                                                     up_block_types=(KL_BLOCKS[1],) * 2, norm_num_groups=4,
+                                                     layers_per_block=1), (40, 24, 1), batch=2),
 }
 FULL = DeviceCheckPlan(cases=[Case("wan2.1", WanVAEConfig(), (1280, 720, 81)),
                    Case("wan2.2", WanVAEConfig.wan22(), (1280, 704, 121)),
-                   Case("hunyuan1.5", HunyuanVideo15Config(), (1280, 720, 121))],
+                   Case("hunyuan1.5", HunyuanVideo15Config(), (1280, 720, 121)),
+                   Case("ltx2", LTX2VideoConfig.ltx2(), (1280, 704, 121)),
+                   Case("flux1", AutoencoderKLConfig.flux1(), (1024, 1024, 1), batch=8)],
             runs=3, service_model="wan2.1", service_dtype="bfloat16", budget_s=420, grace_s=30)
 # PyTorch's bfloat16 3-D convolutions on a CPU take ~100x its float32 ones (measured on 2 cores: 14 s
 # against 0.1 s for the tiny Wan decode), so --tiny times diffusers in float32 only.
@@ -103,22 +151,26 @@ class Check:
         path.with_suffix(".partial").write_text(json.dumps(self.doc, indent=1))
         path.with_suffix(".partial").replace(path)
 
-    def run(self, task: str, spec: dict[str, Any], deadline: float) -> dict[str, Any]:
+    def run(self, task: str, spec: dict[str, Any], deadline: float, *, xla_flags: str = "",
+            name: str | None = None) -> dict[str, Any]:
         """One part in its own process until ``deadline`` (killed ``grace_s`` after it); its result."""
-        spec_path, result_path = self.scratch / f"{task}-spec.json", self.scratch / f"{task}-result.json"
+        name = name or task
+        spec_path, result_path = self.scratch / f"{name}-spec.json", self.scratch / f"{name}-result.json"
         result_path.unlink(missing_ok=True)
         spec_path.write_text(json.dumps({**spec, "deadline": deadline}))
         # One compilation cache for the run's parts: a program compiled by one is not compiled again.
         env = {"JAX_COMPILATION_CACHE_DIR": str(self.scratch / "jax-cache"),
                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **os.environ, "PYTHONUNBUFFERED": "1"}
+        if xla_flags:  # XLA reads its flags once per process: a variant's are its process's
+            env["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), xla_flags]))
         if task == "parity":  # both frameworks in one process: JAX must leave PyTorch its share
             env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         try:
             done = subprocess.run([sys.executable, "-m", "bench.device_work", task, str(spec_path), str(result_path)],
                                   cwd=REPO, env=env, timeout=max(1.0, deadline - time.time()) + self.plan.grace_s)
-            status = None if done.returncode == 0 else f"{task} exited with {done.returncode}"
+            status = None if done.returncode == 0 else f"{name} exited with {done.returncode}"
         except subprocess.TimeoutExpired:
-            status = f"{task} was stopped {self.plan.grace_s:.0f} s past its deadline"
+            status = f"{name} was stopped {self.plan.grace_s:.0f} s past its deadline"
         result = json.loads(result_path.read_text()) if result_path.exists() else {}
         if status:
             result["status"] = status
@@ -136,8 +188,33 @@ class Check:
                 self.doc[key] = result[key]
         self.write()
 
+    def variants(self, variants: tuple[Variant, ...], share: float) -> None:
+        """Each variant of the first case's bfloat16 decode in a process of its own, in turn, within
+        ``share`` of the time left (split evenly); the fastest named. The first variant's frames are
+        the reference the others' are compared with."""
+        case = self.plan.cases[0]
+        found: dict[str, Any] = {}
+        self.doc["variants"] = {"model": case.model, "video": case.name(), "dtype": "bfloat16",
+                                "results": found}
+        end = time.time() + share * self.left()
+        for i, variant in enumerate(variants):
+            if self.left() <= 0:
+                found[variant.name] = {"skipped": "no time left of the budget"}
+                continue
+            deadline = time.time() + (end - time.time()) / (len(variants) - i)
+            spec = {**case.spec(), "dtype": "bfloat16", "runs": self.plan.runs, "chunk": variant.chunk,
+                    "inner_frames": variant.inner_frames, "reference": str(self.scratch / "variant-reference.npy"),
+                    "trace_dir": str(self.scratch / f"trace-{variant.name}")}
+            found[variant.name] = self.run("variant", spec, deadline, xla_flags=variant.xla_flags,
+                                           name=f"variant-{variant.name}")
+            self.write()
+        timed = {name: r["decode"]["min_s"] for name, r in found.items() if "min_s" in r.get("decode", {})}
+        if timed:
+            self.doc["variants"]["fastest"] = min(timed, key=timed.__getitem__)
+        self.write()
+
     def case(self, case: Case, trace_dir: Path | None) -> None:
-        entry: dict[str, Any] = {"model": case.model, "video": "x".join(map(str, case.video))}
+        entry: dict[str, Any] = {"model": case.model, "video": case.name()}
         self.doc["cases"].append(entry)
         if self.left() <= 0:
             entry["skipped"] = "no time left of the budget"
@@ -198,6 +275,48 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def variants_table(doc: dict[str, Any]) -> str:
+    """The variants' decode times, the compiled temp, the frames against the first and the top kernel."""
+    variants = doc.get("variants")
+    if not variants:
+        return ""
+    lines = [f"variants of {variants['model']} {variants['video']} decode, {variants['dtype']} "
+             f"(fastest: {variants.get('fastest', 'none timed')})",
+             f"{'variant':14s} {'min s':>8s} {'median s':>9s} {'compile s':>9s} {'temp GB':>8s} {'max abs':>9s}  top kernel"]
+    for name, result in variants["results"].items():
+        m = result.get("decode", {})
+        if "min_s" not in m:
+            lines.append(f"{name:14s} {m.get('error') or m.get('skipped') or result.get('skipped') or result.get('status')}")
+            continue
+        top = (m.get("trace", {}).get("top_kernels") or [{}])[0]
+        lines.append(f"{name:14s} {m['min_s']:8.3f} {m['median_s']:9.3f} {m['compile_s']:9.1f} "
+                     f"{m['program_bytes']['temp_bytes'] / 1e9:8.2f} {m.get('max_abs_vs_first', 0.0):9.2e}  "
+                     f"{top.get('kind', '')} {100 * top.get('share', 0):.0f}% {top.get('name', '')[:60]}")
+    return "\n".join(lines)
+
+
+def service_table(doc: dict[str, Any]) -> str:
+    """The served MP4 answers per concurrency: latency (p50), the device time the server reports
+    (p50), and the latency over our bfloat16 decode of the same video timed alone (the first
+    variant's, else the first case's): how close the served answer keeps to the device."""
+    concurrency = doc.get("service", {}).get("concurrency")
+    if not concurrency:
+        return ""
+    alone = (doc.get("variants", {}).get("results", {}).get("current", {}).get("decode", {}).get("min_s")
+             or next((c.get("ours", {}).get("decode", {}).get("bfloat16", {}).get("min_s") for c in doc["cases"][:1]), None))
+    lines = [f"served MP4 answers (our decode alone: {alone:.3f} s)" if alone else "served MP4 answers",
+             f"{'clients':>7s} {'ok':>3s} {'latency p50 s':>13s} {'device p50 s':>12s} {'latency / alone':>15s} {'frames/s':>9s}"]
+    for clients, summary in concurrency.items():
+        if "latency_s" not in summary:
+            lines.append(f"{clients:>7s} {summary.get('skipped') or summary}")
+            continue
+        latency, device = summary["latency_s"]["p50"], summary["device_s"]["p50"]
+        ratio = f"{latency / alone:15.2f}" if alone and latency else f"{'':>15s}"
+        lines.append(f"{clients:>7s} {summary['ok']:3d} {latency or float('nan'):13.3f} {device or float('nan'):12.3f} "
+                     f"{ratio} {summary['frames_per_s']:9.1f}")
+    return "\n".join(lines)
+
+
 def plot(doc: dict[str, Any], path: Path) -> str | None:
     """Bars of min seconds (decode, encode) and peak memory per video; None, or why not drawn."""
     try:
@@ -245,6 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, help="stop measuring after this (default 420; --tiny 300)")
     parser.add_argument("--models", help="comma-separated, in this order (default: every one of the plan's)")
     parser.add_argument("--no-service", action="store_true", help="skip the service end to end")
+    parser.add_argument("--variants", nargs="*", metavar="NAME", choices=[v.name for v in VARIANTS],
+                        help="first, time these variants of the first case's bfloat16 decode (none named: all: "
+                             + ", ".join(v.name for v in VARIANTS) + ")")
+    parser.add_argument("--service-first", action="store_true",
+                        help="the service end to end before the cases (after parity and the variants)")
+    parser.add_argument("--variants-share", type=float, default=0.6,
+                        help="the share of the time left after parity the variants get (default 0.6)")
     args = parser.parse_args(argv)
     plan = TINY if args.tiny else FULL
     if args.models:
@@ -259,17 +385,25 @@ def main(argv: list[str] | None = None) -> int:
     check.doc["mode"] = "tiny" if args.tiny else "full"
     trace_dir = check.scratch / "trace"
     check.parity()
+    if args.variants is not None:
+        chosen = tuple(v for v in VARIANTS if not args.variants or v.name in args.variants)
+        check.variants(chosen, args.variants_share)
+    if args.no_service:
+        check.doc["service"] = {"skipped": "--no-service"}
+    elif args.service_first:
+        check.service()
     for i, case in enumerate(plan.cases):
         check.case(case, trace_dir if i == 0 else None)
     check.keep_trace(trace_dir)
-    if args.no_service:
-        check.doc["service"] = {"skipped": "--no-service"}
-    else:
+    if not args.no_service and not args.service_first:
         check.service()
     if (why := plot(check.doc, args.out / "device_check.png")) is not None:
         check.doc["notes"].append(why)
     check.write()
     print(table(check.doc))
+    for extra in (variants_table(check.doc), service_table(check.doc)):
+        if extra:
+            print(extra)
     parity = check.doc.get("parity", {})
     print("parity (max abs, float32):", {k: (v.get("decode_max_abs"), v.get("encode_max_abs")) for k, v in
                                          parity.items() if isinstance(v, dict)})

@@ -4,8 +4,9 @@ process's peak memory is its own.
 
     python -m bench.device_work TASK SPEC.json RESULT.json
 
-Tasks: ``parity`` (both frameworks, small configs), ``ours`` (JAX), ``diffusers`` (PyTorch) and
-``service`` (a real server and the httpx load test). A task rewrites RESULT.json after every
+Tasks: ``parity`` (both frameworks, small configs), ``ours`` (JAX), ``variant`` (one variant of our
+decode: its step geometry and XLA flags), ``diffusers`` (PyTorch) and ``service`` (a real server and
+the httpx load test). A task rewrites RESULT.json after every
 measurement, so that what it measured survives a kill at the budget. A task skips a measurement it
 has no time left for, saying so; it never starts a warm-up with less time left than the longest
 warm-up it has seen.
@@ -148,12 +149,14 @@ def config_of(spec: dict[str, Any]):
     return models.config_from_dict(spec["config"])
 
 
-def shapes(config, video: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Latents ``(1, C, T, H, W)`` and frames ``(1, 3, F, height, width)`` of a ``width x height x F`` video."""
+def shapes(config, video: list[int], batch: int = 1) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Latents ``(B, C, T, H, W)`` and frames ``(B, 3, F, height, width)`` of a ``width x height x F``
+    video; for an image model (``F`` 1) ``(B, C, H, W)`` and ``(B, 3, height, width)``."""
     from vaeserve.sharding.planner import latent_shape_for_video
 
     width, height, frames = video
-    return (1, *latent_shape_for_video(config, width, height, frames)), (1, 3, frames, height, width)
+    time_axis = () if config.is_image else (frames,)
+    return (batch, *latent_shape_for_video(config, width, height, frames)), (batch, 3, *time_axis, height, width)
 
 
 def inputs(latents_shape, frames_shape) -> tuple[Any, Any]:
@@ -194,7 +197,7 @@ def parity_task(spec: dict[str, Any], rec: Recorder) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for case in spec["cases"]:
         config = config_of(case)
-        latents, frames = inputs(*shapes(config, case["video"]))
+        latents, frames = inputs(*shapes(config, case["video"], case.get("batch", 1)))
 
         def compare(config=config, latents=latents, frames=frames) -> dict[str, Any]:
             with tempfile.TemporaryDirectory() as folder, torch.no_grad(), exact_float32():
@@ -221,7 +224,7 @@ def ours_task(spec: dict[str, Any], rec: Recorder) -> None:
     from vaeserve.sharding.introspect import program_memory
 
     config = config_of(spec)
-    latents_shape, frames_shape = shapes(config, spec["video"])
+    latents_shape, frames_shape = shapes(config, spec["video"], spec.get("batch", 1))
     latents_host, frames_host = inputs(latents_shape, frames_shape)
     latents, frames = jax.device_put(latents_host), jax.device_put(frames_host)
     rec.put(("shapes",), {"latents": list(latents_shape), "frames": list(frames_shape)})
@@ -265,13 +268,55 @@ def ours_task(spec: dict[str, Any], rec: Recorder) -> None:
                                    "psnr_db": float(10 * jnp.log10(4 / jnp.mean(difference**2)))})
 
 
+def variant_task(spec: dict[str, Any], rec: Recorder) -> None:
+    """One variant of our decode (its step geometry, ``chunk`` and ``inner_frames``; its XLA flags come
+    with the process's environment): compile, time, the top kernels of one traced run, and the
+    frames' largest difference from the first variant's (saved by it to ``spec["reference"]``)."""
+    import jax
+    import numpy as np
+
+    from bench.trace_summary import summarize
+    from vaeserve import models
+    from vaeserve.sharding.introspect import program_memory
+
+    config = config_of(spec)
+    latents_shape, _ = shapes(config, spec["video"], spec.get("batch", 1))
+    latents = jax.device_put(inputs(latents_shape, (1,))[0])
+    chunk, inner_frames = spec.get("chunk"), spec.get("inner_frames")
+    rec.put(("options",), {"chunk": chunk, "inner_frames": inner_frames, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                           "dtype": spec["dtype"], "latents": list(latents_shape)})
+
+    def decode() -> dict[str, Any]:
+        vae = models.init_vae(config, dtype=spec["dtype"], encoder=False)
+        start = time.perf_counter()
+        program = vae.compile(latents_shape, chunk=chunk, inner_frames=inner_frames)
+        compile_s = time.perf_counter() - start
+        timing, out = measure(lambda: vae.decode(latents, chunk=chunk, inner_frames=inner_frames),
+                              jax.block_until_ready, runs=spec["runs"],
+                              rec=rec, compile_s=compile_s)
+        found: dict[str, Any] = {"compile_s": compile_s, **timing, "program_bytes": program_memory(program),
+                                 "process_peak_bytes": (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")}
+        frames, reference = np.asarray(jax.device_get(out)), Path(spec["reference"])
+        if reference.exists():
+            found["max_abs_vs_first"] = float(np.abs(frames - np.load(reference)).max())
+        else:
+            np.save(reference, frames)
+        if rec.left() > timing["min_s"] and spec.get("trace_dir"):
+            with jax.profiler.trace(spec["trace_dir"], create_perfetto_trace=True):
+                jax.block_until_ready(vae.decode(latents, chunk=chunk, inner_frames=inner_frames))
+            found["trace"] = summarize(Path(spec["trace_dir"]), top=15)
+        return found
+
+    attempt(rec, ("decode",), decode)
+
+
 # -- diffusers (PyTorch) ------------------------------------------------------------------------------
 def diffusers_task(spec: dict[str, Any], rec: Recorder) -> None:
     import diffusers
     import torch
 
     config = config_of(spec)
-    latents_shape, frames_shape = shapes(config, spec["video"])
+    latents_shape, frames_shape = shapes(config, spec["video"], spec.get("batch", 1))
     latents_host, frames_host = inputs(latents_shape, frames_shape)
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -354,7 +399,7 @@ def service_task(spec: dict[str, Any], rec: Recorder) -> None:
     from vaeserve.service.cli.loadtest import build_parser, run
 
     config = config_of(spec)
-    latents_shape, _ = shapes(config, spec["video"])
+    latents_shape, _ = shapes(config, spec["video"], spec.get("batch", 1))
     warmup = "x".join(map(str, latents_shape[1:]))
     with tempfile.TemporaryDirectory() as folder:
         model = spec["model_name"] or save_model(config, Path(folder))
@@ -391,7 +436,8 @@ def save_model(config, folder: Path) -> str:
 
 
 TASKS: dict[str, Callable[[dict[str, Any], Recorder], None]] = {
-    "parity": parity_task, "ours": ours_task, "diffusers": diffusers_task, "service": service_task}
+    "parity": parity_task, "ours": ours_task, "variant": variant_task, "diffusers": diffusers_task,
+    "service": service_task}
 
 
 def main() -> None:

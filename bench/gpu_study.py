@@ -13,11 +13,13 @@ kernel counts, with the time each would take at the chip's peak (``ChipFacts``) 
     python -m bench.gpu_study --video 832x480 --dtypes bfloat16 --variants current nhwc
     python -m bench.gpu_study --check                           # the variants' convs against the current, CPU
 
-Variants (compile-only; none is the product's): ``current``, the program as served; ``nhwc``, XLA
+Variants (compile-only studies; ``current`` is the product's): ``current``, the program as served; ``nhwc``, XLA
 told to run every cuDNN convolution channels-last (``--xla_gpu_force_conv_nhwc``);
 ``time-taps-2d``, each causal 3x3x3 conv of a later step as three 2-D convs (one per time tap,
 time folded into the batch, summed); ``time-in-channels``, the three frames side by side in
-channels and one 2-D conv over ``3·C``. Each (variant, dtype) compiles in a process of its own
+channels and one 2-D conv over ``3·C``; ``inner-4``, ``chunk-4``, ``nhwc-chunk-4``, the programs with
+another step geometry (``GEOMETRY``: whole steps, or four latent frames a step; with NHWC).
+Each (variant, dtype) compiles in a process of its own
 (XLA reads its flags once per process). Writes JSON (``--out``) and a markdown table (``--markdown``).
 """
 
@@ -35,12 +37,28 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("current", "nhwc", "time-taps-2d", "time-in-channels")
-XLA_FLAGS = {"nhwc": "--xla_gpu_force_conv_nhwc=true"}
+VARIANTS = ("current", "nhwc", "time-taps-2d", "time-in-channels", "inner-4", "chunk-4", "nhwc-chunk-4")
+XLA_FLAGS = {"nhwc": "--xla_gpu_force_conv_nhwc=true", "nhwc-chunk-4": "--xla_gpu_force_conv_nhwc=true"}
+
+
+@dataclass(frozen=True)
+class StepGeometry:
+    """How much of the clip a step decodes: ``chunk`` latent frames per later step, and the frames
+    per inner step after each temporal upsampler (``inner_frames``; None: the product's automatic
+    choice, one frame when a full-resolution frame is large, ``models.frame_groups.stream_group``)."""
+
+    chunk: int = 1
+    inner_frames: int | None = None
+
+
+# The product's programs (``current``) run one latent frame per step and, at 720p, the stages
+# after each temporal upsampler one frame at a time: each causal conv then reads two cached frames
+# for every new one. The geometry variants decode more frames per conv call (the same values).
+GEOMETRY = {"inner-4": StepGeometry(1, 4), "chunk-4": StepGeometry(4, 16), "nhwc-chunk-4": StepGeometry(4, 16)}
 TOPOLOGY = "h100-1"
 
 # -- the HLO text -----------------------------------------------------------------------------------
@@ -449,10 +467,10 @@ def check_variants(seed: int = 0) -> dict[str, float]:
 
 
 # -- jobs -------------------------------------------------------------------------------------------
-def latents_shape(video: str) -> tuple[int, ...]:
-    """``"1280x720"`` → the latents of its first two latent frames (a first and a later step)."""
+def latents_shape(video: str, chunk: int = 1) -> tuple[int, ...]:
+    """``"1280x720"`` → the latents of a first step and one later step of ``chunk`` latent frames."""
     width, height = (int(n) for n in video.split("x"))
-    return (1, 16, 2, height // 8, width // 8)
+    return (1, 16, 1 + chunk, height // 8, width // 8)
 
 
 def run_job(variant: str, dtype: str, video: str) -> dict[str, Any]:
@@ -467,18 +485,22 @@ def run_job(variant: str, dtype: str, video: str) -> dict[str, Any]:
     chip = chip_facts(devices[0].device_kind)
     mesh = sharding.make_mesh(1, devices=devices)
     vae = models.abstract_vae(models.WanVAEConfig(), dtype=dtype)
+    geometry = GEOMETRY.get(variant, StepGeometry())
     start = time.perf_counter()
     with variant_convs(variant):
-        programs = sharding.compile_decode_stream(vae, latents_shape(video), mesh)
+        programs = sharding.compile_decode_stream(vae, latents_shape(video, geometry.chunk), mesh,
+                                                  chunk=geometry.chunk, inner_frames=geometry.inner_frames)
     seconds = time.perf_counter() - start
     peak = chip.peak_bf16_flops if dtype == "bfloat16" else FLOAT32_PEAK
     studied = {}
+    frames = {"first step": 1, "later step": vae.config.temporal_scale * geometry.chunk}
     for step, compiled in zip(("first step", "later step"), programs, strict=True):
         study = study_program(compiled.as_text() or "")
-        studied[step] = {"memory": program_memory(compiled), "totals": study.totals(peak, chip.hbm_bytes_per_s),
-                         "convs": study.convs}
+        studied[step] = {"frames": frames[step], "memory": program_memory(compiled),
+                         "totals": study.totals(peak, chip.hbm_bytes_per_s), "convs": study.convs}
     versions = {name: metadata.version(name) for name in ("jax", "jax-cuda13-plugin", "nvidia-cudnn-cu13")}
-    return {"variant": variant, "dtype": dtype, "video": video, "device_kind": devices[0].device_kind, "versions": versions,
+    return {"variant": variant, "dtype": dtype, "video": video, "geometry": asdict(geometry),
+            "device_kind": devices[0].device_kind, "versions": versions,
             "compile_s": round(seconds, 1), "peak_flops": peak, "hbm_bytes_per_s": chip.hbm_bytes_per_s,
             "programs": studied}
 
@@ -533,6 +555,21 @@ def markdown(results: list[dict[str, Any]], command: str, host: str) -> str:
                          f"{_gb(moved.get('layout', 0))} | {_gb(moved.get('concatenate', 0))} | {_gb(moved.get('slice', 0))} | "
                          f"{_gb(moved.get('reduction', 0))} | {1e3 * t['conv_floor_s']:.1f} | {1e3 * t['memory_floor_s']:.1f} | "
                          f"{_gb(p['memory']['temp_bytes'])} |")
+    lines += ["", "Per output frame of the later step (an 81-frame clip runs the first step once, then "
+              "80 frames of later steps):", "",
+              "| variant | dtype | latent frames per step | inner frames | frames per step | kernels per frame "
+              "| GB moved per frame | conv floor ms per frame | memory floor ms per frame | temp GB |", "|" + "---|" * 10]
+    for r in results:
+        if "error" in r or "later step" not in r["programs"]:
+            continue
+        p = r["programs"]["later step"]
+        t, frames = p["totals"], p.get("frames", 4)
+        geometry = r.get("geometry", {"chunk": 1, "inner_frames": None})
+        inner = geometry["inner_frames"] or "automatic"
+        lines.append(f"| {r['variant']} | {r['dtype']} | {geometry['chunk']} | {inner} | {frames} | "
+                     f"{t['kernels'] / frames:.0f} | {t['bytes'] / frames / 1e9:.1f} | "
+                     f"{1e3 * t['conv_floor_s'] / frames:.1f} | {1e3 * t['memory_floor_s'] / frames:.1f} | "
+                     f"{_gb(p['memory']['temp_bytes'])} |")
     first = next((r for r in results if "error" not in r), None)
     if first is not None:
         lines += ["", f"Convolutions of the later step ({first['variant']}, {first['dtype']}), once per listed run:", "",

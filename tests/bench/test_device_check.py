@@ -14,6 +14,7 @@ import jax
 import pytest
 from PIL import Image
 
+from bench.device_check import service_table
 from tests.helpers.wan_reference import PARITY_TOL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +30,8 @@ def run_check(out: Path, *args: str) -> tuple[int, dict]:
 @pytest.fixture(scope="module")
 def check(tmp_path_factory) -> tuple[int, dict, Path]:
     out = tmp_path_factory.mktemp("device-check")
-    code, doc = run_check(out, "--budget-s", "3000")  # a loaded 2-core host: nothing may be skipped
+    # A loaded 2-core host: nothing may be skipped. Three variants: the reference, a step geometry, an XLA flag.
+    code, doc = run_check(out, "--budget-s", "3000", "--variants", "current", "chunk-4", "nhwc")
     return code, doc, out
 
 
@@ -62,6 +64,26 @@ def test_every_measurement_of_the_case(check):
     assert 1e-3 < error["max_abs"] < 0.5 and 20 < error["psnr_db"] < 80
 
 
+def test_variants_are_timed_each_in_its_process(check):
+    _, doc, _ = check
+    variants = doc["variants"]
+    assert (variants["model"], variants["video"], variants["dtype"]) == ("wan2.1", "40x24x5", "bfloat16")
+    results = variants["results"]
+    assert list(results) == ["current", "chunk-4", "nhwc"] and variants["fastest"] in results
+    assert results["chunk-4"]["options"]["chunk"] == 4 and results["chunk-4"]["options"]["inner_frames"] == 16
+    assert "--xla_gpu_force_conv_nhwc=true" in results["nhwc"]["options"]["xla_flags"]
+    assert "nhwc" not in results["current"]["options"]["xla_flags"]  # a variant's flags stay in its process
+    for name, result in results.items():
+        decode = result["decode"]
+        assert len(decode["times_s"]) == 2 and 0 < decode["min_s"] <= decode["median_s"]
+        assert decode["program_bytes"]["temp_bytes"] > 0
+        trace = decode["trace"]  # a CPU trace: the host's XLA threads stand in for a device's streams
+        assert trace["source"] == "host XLA threads" and trace["kernels"] > 0 and trace["top_kernels"]
+        # The same frames, however they are stepped (the first variant's are the reference).
+        assert ("max_abs_vs_first" in decode) == (name != "current")
+        assert decode.get("max_abs_vs_first", 0.0) <= 1e-2
+
+
 def test_service_end_to_end_and_the_files(check):
     _, doc, out = check
     service = doc["service"]
@@ -70,6 +92,9 @@ def test_service_end_to_end_and_the_files(check):
         summary = service["concurrency"][concurrency]
         assert summary["ok"] == summary["requests"] == 2 * int(concurrency)
         assert summary["bytes_per_response"] > 1000  # an MP4, not a problem document
+    lines = service_table(doc).splitlines()  # each answer against our decode of the same video alone
+    assert lines[0].startswith("served MP4 answers (our decode alone: ") and len(lines) == 2 + 3
+    assert all(float(line.split()[4]) > 0 for line in lines[2:])
     with Image.open(out / "device_check.png") as png:
         assert png.format == "PNG" and png.size[0] > 800
     with tarfile.open(out / "trace.tar.gz") as tar:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.gpu_study import CATEGORIES, check_variants, executions, parse_module, study_program
+from bench.gpu_study import CATEGORIES, check_variants, executions, markdown, parse_module, study_program
 
 # A while loop (4 trips) whose body concatenates the cache and a frame, convolves them with cuDNN
 # (NCDHW: bf012) and transposes the result to channels-last.
@@ -82,3 +82,14 @@ def test_the_studied_conv_rewrites_are_exact_in_float32():
 @pytest.mark.parametrize("text", ["", "HloModule empty\n"])
 def test_a_module_without_kernels_has_none(text):
     assert study_program(text).kernels == []
+
+
+def test_a_later_step_is_reported_per_output_frame():
+    totals = {"kernels": 320, "kernels_by_category": {"conv": 33}, "conv_flops": 1.6e14, "bytes": 3.2e11,
+              "bytes_by_category": {}, "conv_floor_s": 0.16, "memory_floor_s": 0.096}
+    step = {"frames": 16, "memory": {"temp_bytes": 11.4e9}, "totals": totals, "convs": []}
+    result = {"variant": "chunk-4", "dtype": "bfloat16", "geometry": {"chunk": 4, "inner_frames": 16},
+              "programs": {"later step": step}}
+    text = markdown([result], "python -m bench.gpu_study", "a host")
+    # 16 frames a step: 320 kernels, 320 GB, 160 ms and 96 ms a step are 20, 20.0, 10.0 and 6.0 a frame.
+    assert "| chunk-4 | bfloat16 | 4 | 16 | 16 | 20 | 20.0 | 10.0 | 6.0 | 11.4 |" in text
