@@ -93,9 +93,11 @@ class Variant:
 NHWC = "--xla_gpu_force_conv_nhwc=true"  # every cuDNN convolution channels-last (docs/gpu-study.md)
 # What the GPU study (docs/gpu-study.md) points at: the product's programs (one latent frame per step,
 # one frame per inner step at 720p), whole steps (no inner loop: 40% fewer bytes moved, the same
-# temp), four latent frames per step (54% fewer, 2.6x the temp), channels-last convolutions.
-VARIANTS = (Variant("current"), Variant("inner-4", chunk=1, inner_frames=4), Variant("chunk-4", chunk=4, inner_frames=16),
-            Variant("nhwc", xla_flags=NHWC), Variant("nhwc-chunk-4", chunk=4, inner_frames=16, xla_flags=NHWC))
+# temp), four latent frames per step (54% fewer, 2.6x the temp), each also with channels-last
+# convolutions (no layout changes, larger norm passes).
+VARIANTS = (Variant("current"), Variant("inner-4", chunk=1, inner_frames=4),
+            Variant("nhwc-inner-4", chunk=1, inner_frames=4, xla_flags=NHWC),
+            Variant("chunk-4", chunk=4, inner_frames=16), Variant("nhwc-chunk-4", chunk=4, inner_frames=16, xla_flags=NHWC))
 
 
 # Small configs, and a video of each whose latents have odd sizes: parity on the device (both

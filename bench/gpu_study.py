@@ -41,8 +41,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("current", "nhwc", "time-taps-2d", "time-in-channels", "inner-4", "chunk-4", "nhwc-chunk-4")
-XLA_FLAGS = {"nhwc": "--xla_gpu_force_conv_nhwc=true", "nhwc-chunk-4": "--xla_gpu_force_conv_nhwc=true"}
+VARIANTS = ("current", "nhwc", "time-taps-2d", "time-in-channels", "inner-4", "nhwc-inner-4", "chunk-4", "nhwc-chunk-4")
+_NHWC = "--xla_gpu_force_conv_nhwc=true"
+XLA_FLAGS = {"nhwc": _NHWC, "nhwc-inner-4": _NHWC, "nhwc-chunk-4": _NHWC}
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class StepGeometry:
 # The product's programs (``current``) run one latent frame per step and, at 720p, the stages
 # after each temporal upsampler one frame at a time: each causal conv then reads two cached frames
 # for every new one. The geometry variants decode more frames per conv call (the same values).
-GEOMETRY = {"inner-4": StepGeometry(1, 4), "chunk-4": StepGeometry(4, 16), "nhwc-chunk-4": StepGeometry(4, 16)}
+GEOMETRY = {"inner-4": StepGeometry(1, 4), "nhwc-inner-4": StepGeometry(1, 4), "chunk-4": StepGeometry(4, 16),
+            "nhwc-chunk-4": StepGeometry(4, 16)}
 TOPOLOGY = "h100-1"
 
 # -- the HLO text -----------------------------------------------------------------------------------

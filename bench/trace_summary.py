@@ -4,8 +4,9 @@
 
 Reads the trace viewer JSON a ``jax.profiler.trace(dir, create_perfetto_trace=True)`` leaves
 (``plugins/profile/*/*.json.gz``). On a GPU the device's processes are named ``/device:GPU:N``: their
-kernel streams (threads named ``Stream ...``) carry one event per kernel, and the ``XLA Ops``
-thread, where the profiler has it, one per HLO instruction. Without a device (a CPU run: the
+streams (threads named ``Stream ...``) carry one event per kernel or copy, and the lines the
+profiler derives from them (``DERIVED_LINES``) the same time again: of those, the ``XLA Ops``
+line, where the trace has it, is summed too, one event per HLO instruction. Without a device (a CPU run: the
 bench's ``--tiny`` mode) the host's XLA threads (``tf_XLA...``) stand in, so that the code path runs
 on any host. Each name's events are summed; the summary keeps the ``top`` names by time, each with its
 share of the busy time, its count and a rough kind (``convolution``, ``matmul``, ``layout``, ...)
@@ -34,6 +35,10 @@ _KINDS = (
 )
 
 
+# Lines of a device's process the profiler derives from its streams (the same time again, by HLO op,
+# module or step): every other line of the process is a stream of kernels and copies.
+DERIVED_LINES = frozenset({"XLA Ops", "XLA Modules", "Steps", "TensorFlow Ops", "TensorFlow Name Scope",
+                           "Framework Ops", "Framework Name Scope", "Source code", "Launch Stats", "XLA TraceMe"})
 # A chip's process ("/device:GPU:0", "/device:TPU:0"), not a plugin's own line ("/device:CUSTOM:...").
 _DEVICE = re.compile(r"/device:(GPU|TPU):\d")
 
@@ -82,7 +87,7 @@ def summarize(trace_dir: Path, *, top: int = 25) -> dict[str, Any]:
     devices = {pid for pid, name in processes.items() if _DEVICE.search(name)}
     source = "device"
     if devices:
-        kernel_lines = {key for key, name in threads.items() if key[0] in devices and name.startswith("Stream")}
+        kernel_lines = {key for key, name in threads.items() if key[0] in devices and name not in DERIVED_LINES}
         op_lines = {key for key, name in threads.items() if key[0] in devices and name == "XLA Ops"}
     else:  # no device in the trace: the host's XLA threads
         source = "host XLA threads"

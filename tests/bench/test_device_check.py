@@ -31,7 +31,7 @@ def run_check(out: Path, *args: str) -> tuple[int, dict]:
 def check(tmp_path_factory) -> tuple[int, dict, Path]:
     out = tmp_path_factory.mktemp("device-check")
     # A loaded 2-core host: nothing may be skipped. Three variants: the reference, a step geometry, an XLA flag.
-    code, doc = run_check(out, "--budget-s", "3000", "--variants", "current", "chunk-4", "nhwc")
+    code, doc = run_check(out, "--budget-s", "3000", "--variants", "current", "chunk-4", "nhwc-inner-4")
     return code, doc, out
 
 
@@ -69,9 +69,9 @@ def test_variants_are_timed_each_in_its_process(check):
     variants = doc["variants"]
     assert (variants["model"], variants["video"], variants["dtype"]) == ("wan2.1", "40x24x5", "bfloat16")
     results = variants["results"]
-    assert list(results) == ["current", "chunk-4", "nhwc"] and variants["fastest"] in results
+    assert list(results) == ["current", "chunk-4", "nhwc-inner-4"] and variants["fastest"] in results
     assert results["chunk-4"]["options"]["chunk"] == 4 and results["chunk-4"]["options"]["inner_frames"] == 16
-    assert "--xla_gpu_force_conv_nhwc=true" in results["nhwc"]["options"]["xla_flags"]
+    assert "--xla_gpu_force_conv_nhwc=true" in results["nhwc-inner-4"]["options"]["xla_flags"]
     assert "nhwc" not in results["current"]["options"]["xla_flags"]  # a variant's flags stay in its process
     for name, result in results.items():
         decode = result["decode"]
