@@ -10,6 +10,7 @@ kernels between it and the convolution before. Nothing runs: the figures are FLO
 kernel counts, with the time each would take at the chip's peak (``ChipFacts``) as a floor.
 
     python -m bench.gpu_study                                   # Wan 2.1, 1280x720, both dtypes, all variants
+    python -m bench.gpu_study --model hunyuan1.5 --dtypes bfloat16 --variants current chunk-4
     python -m bench.gpu_study --video 832x480 --dtypes bfloat16 --variants current nhwc
     python -m bench.gpu_study --check                           # the variants' convs against the current, CPU
 
@@ -469,14 +470,28 @@ def check_variants(seed: int = 0) -> dict[str, float]:
 
 
 # -- jobs -------------------------------------------------------------------------------------------
-def latents_shape(video: str, chunk: int = 1) -> tuple[int, ...]:
-    """``"1280x720"`` → the latents of a first step and one later step of ``chunk`` latent frames."""
+# The models studied, by name: their real configs.
+MODELS = ("wan2.1", "wan2.2", "hunyuan1.5")
+
+
+def model_config(model: str):
+    from vaeserve import models
+
+    return {"wan2.1": models.WanVAEConfig, "wan2.2": models.WanVAEConfig.wan22,
+            "hunyuan1.5": models.HunyuanVideo15Config}[model]()
+
+
+def latents_shape(video: str, chunk: int = 1, config=None) -> tuple[int, ...]:
+    """``"1280x720"`` → the latents (of ``config``, Wan 2.1's by default) of a first step and one
+    later step of ``chunk`` latent frames."""
+    config = config or model_config("wan2.1")
     width, height = (int(n) for n in video.split("x"))
-    return (1, 16, 1 + chunk, height // 8, width // 8)
+    scale = config.spatial_scale
+    return (1, config.z_dim, 1 + chunk, height // scale, width // scale)
 
 
-def run_job(variant: str, dtype: str, video: str) -> dict[str, Any]:
-    """Compile the stream steps of a Wan 2.1 decode for an H100 and study each program."""
+def run_job(variant: str, dtype: str, video: str, model: str = "wan2.1") -> dict[str, Any]:
+    """Compile the stream steps of ``model``'s decode for an H100 and study each program."""
     from importlib import metadata
 
     from vaeserve import models, sharding
@@ -486,11 +501,12 @@ def run_job(variant: str, dtype: str, video: str) -> dict[str, Any]:
     devices = topology_devices(TOPOLOGY)
     chip = chip_facts(devices[0].device_kind)
     mesh = sharding.make_mesh(1, devices=devices)
-    vae = models.abstract_vae(models.WanVAEConfig(), dtype=dtype)
+    config = model_config(model)
+    vae = models.abstract_vae(config, dtype=dtype)
     geometry = GEOMETRY.get(variant, StepGeometry())
     start = time.perf_counter()
     with variant_convs(variant):
-        programs = sharding.compile_decode_stream(vae, latents_shape(video, geometry.chunk), mesh,
+        programs = sharding.compile_decode_stream(vae, latents_shape(video, geometry.chunk, config), mesh,
                                                   chunk=geometry.chunk, inner_frames=geometry.inner_frames)
     seconds = time.perf_counter() - start
     peak = chip.peak_bf16_flops if dtype == "bfloat16" else FLOAT32_PEAK
@@ -501,7 +517,7 @@ def run_job(variant: str, dtype: str, video: str) -> dict[str, Any]:
         studied[step] = {"frames": frames[step], "memory": program_memory(compiled),
                          "totals": study.totals(peak, chip.hbm_bytes_per_s), "convs": study.convs}
     versions = {name: metadata.version(name) for name in ("jax", "jax-cuda13-plugin", "nvidia-cudnn-cu13")}
-    return {"variant": variant, "dtype": dtype, "video": video, "geometry": asdict(geometry),
+    return {"model": model, "variant": variant, "dtype": dtype, "video": video, "geometry": asdict(geometry),
             "device_kind": devices[0].device_kind, "versions": versions,
             "compile_s": round(seconds, 1), "peak_flops": peak, "hbm_bytes_per_s": chip.hbm_bytes_per_s,
             "programs": studied}
@@ -511,7 +527,7 @@ def run_job(variant: str, dtype: str, video: str) -> dict[str, Any]:
 FLOAT32_PEAK = 67e12
 
 
-def run_jobs(variants: list[str], dtypes: list[str], video: str) -> list[dict[str, Any]]:
+def run_jobs(variants: list[str], dtypes: list[str], video: str, model: str = "wan2.1") -> list[dict[str, Any]]:
     """Each (variant, dtype) in a process of its own, with its XLA flags; a failed job is recorded."""
     import tempfile
 
@@ -524,7 +540,7 @@ def run_jobs(variants: list[str], dtypes: list[str], video: str) -> list[dict[st
             out = Path(folder) / "job.json"
             env = {**os.environ, "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS"), XLA_FLAGS.get(variant)]))}
             done = subprocess.run([sys.executable, "-m", "bench.gpu_study", "--job", variant, dtype, "--video", video,
-                                   "--job-out", str(out)], env=env, capture_output=True, text=True)
+                                   "--model", model, "--job-out", str(out)], env=env, capture_output=True, text=True)
             if done.returncode:
                 results.append({"variant": variant, "dtype": dtype, "error": done.stderr[-2000:]})
                 continue
@@ -542,7 +558,8 @@ def markdown(results: list[dict[str, Any]], command: str, host: str) -> str:
     result's)."""
     done = next((r for r in results if "device_kind" in r), {})
     versions = ", ".join(f"{name} {version}" for name, version in done.get("versions", {}).items())
-    lines = [f"Compiled on {host}, for one {done.get('device_kind', 'NVIDIA H100 80GB HBM3')} (sm_90)"
+    lines = [f"The {done.get('model', 'wan2.1')} decode at {done.get('video', '1280x720')}, compiled on {host}, "
+             f"for one {done.get('device_kind', 'NVIDIA H100 80GB HBM3')} (sm_90)"
              + (f" ({versions})" if versions else "") + f"; reproduce with `{command}`.", "",
              "| variant | dtype | step | kernels | convs | conv TFLOP | GB moved | of which layout | concatenate "
              "| slice | reduction | conv floor ms | memory floor ms | temp GB |", "|" + "---|" * 14]
@@ -588,6 +605,7 @@ def markdown(results: list[dict[str, Any]], command: str, host: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="wan2.1", choices=MODELS, help="the real config studied (default wan2.1)")
     parser.add_argument("--video", default="1280x720", help="WIDTHxHEIGHT of the decoded frames (default 1280x720)")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
@@ -603,14 +621,14 @@ def main() -> None:
         return
     if args.job:
         variant, dtype = args.job
-        args.job_out.write_text(json.dumps(run_job(variant, dtype, args.video)))
+        args.job_out.write_text(json.dumps(run_job(variant, dtype, args.video, args.model)))
         return
     if args.render:
         saved = json.loads(args.render.read_text())
     else:
         saved = {"command": "python -m bench.gpu_study " + " ".join(sys.argv[1:]),
                  "host": f"an {platform.machine()} host with {os.cpu_count()} cores and no GPU",
-                 "results": run_jobs(args.variants, args.dtypes, args.video)}
+                 "results": run_jobs(args.variants, args.dtypes, args.video, args.model)}
     if args.out:
         args.out.write_text(json.dumps(saved, indent=1) + "\n")
     text = markdown(saved["results"], saved["command"], saved["host"])
