@@ -103,9 +103,12 @@ def test_service_end_to_end_and_the_files(check):
 
 
 def test_a_spent_budget_stops_cleanly_and_says_so(tmp_path):
-    code, doc = run_check(tmp_path, "--budget-s", "0", "--no-service")
+    code, doc = run_check(tmp_path, "--budget-s", "0", "--no-service", "--variants")
     assert code == 1  # nothing compared: not a pass
     assert doc["parity"]["wan2.1"]["skipped"].startswith("skipped:")
     assert doc["cases"] == [{"model": "wan2.1", "video": "40x24x5", "skipped": "no time left of the budget"}]
+    assert set(doc["variants"]["results"]) == {"current", "inner-4", "nhwc-inner-4", "chunk-4", "nhwc-chunk-4"}
+    assert all(r == {"skipped": "no time left of the budget"} for r in doc["variants"]["results"].values())
+    assert "fastest" not in doc["variants"]
     assert doc["versions"]["jax"] == jax.__version__  # what costs nothing is still there
     assert not (tmp_path / "device_check.png").exists()
