@@ -42,7 +42,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("current", "nhwc", "time-taps-2d", "time-in-channels", "inner-4", "nhwc-inner-4", "chunk-4", "nhwc-chunk-4")
+VARIANTS = ("current", "nhwc", "time-taps-2d", "time-in-channels", "inner-4", "nhwc-inner-4", "chunk-4", "nhwc-chunk-4",
+            "edge-select")
 _NHWC = "--xla_gpu_force_conv_nhwc=true"
 XLA_FLAGS = {"nhwc": _NHWC, "nhwc-inner-4": _NHWC, "nhwc-chunk-4": _NHWC}
 
@@ -425,12 +426,37 @@ def time_in_channels(past, x_padded, kernel, *, rounded_sums: bool):
 _REWRITES = {"time-taps-2d": time_taps_2d, "time-in-channels": time_in_channels}
 
 
+def edge_select_pad(x):
+    """``replicate_pad_hw`` (``jnp.pad(mode="edge")``, which JAX writes as concatenations of slices)
+    as a zero pad whose border rows and columns are then set from the rows and columns inside them:
+    the same values, in ops XLA can fuse into the conv input's fusion."""
+    import jax.numpy as jnp
+
+    h, w = x.shape[-3], x.shape[-2]
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [(1, 1), (1, 1), (0, 0)])
+    padded = padded.at[..., 0, :, :].set(padded[..., 1, :, :]).at[..., h + 1, :, :].set(padded[..., h, :, :])
+    return padded.at[..., :, 0, :].set(padded[..., :, 1, :]).at[..., :, w + 1, :].set(padded[..., :, w, :])
+
+
+# Variants that change how a frame is padded (HunyuanVideo's replicate edges), not the convs.
+_PAD_REWRITES = {"edge-select": edge_select_pad}
+
+
 @contextlib.contextmanager
 def variant_convs(variant: str) -> Iterator[None]:
     """While tracing, a later step's causal 3x3x3 convs (stride 1, a past to read) run as ``variant``
     says; the clip's first step and strided convs as they are."""
-    from vaeserve.models import conv
+    from vaeserve.models import conv, spatial
+    from vaeserve.sharding import halo
 
+    if variant in _PAD_REWRITES:  # the one-device context's and the model's own replicate padding
+        saved = spatial.replicate_pad_hw, halo.replicate_pad_hw
+        spatial.replicate_pad_hw = halo.replicate_pad_hw = _PAD_REWRITES[variant]
+        try:
+            yield
+        finally:
+            spatial.replicate_pad_hw, halo.replicate_pad_hw = saved
+        return
     rewrite = _REWRITES.get(variant)
     if rewrite is None:
         yield
@@ -466,7 +492,12 @@ def check_variants(seed: int = 0) -> dict[str, float]:
         found = {name: float(np.abs(np.asarray(fn(past, x, kernel, rounded_sums=False)) - expected).max())
                  for name, fn in _REWRITES.items()}
         reversed_taps = np.asarray(time_taps_2d(past, x, kernel[::-1], rounded_sums=False))
-    return {**found, "control: time taps reversed": float(np.abs(reversed_taps - expected).max())}
+    from vaeserve.models.spatial import replicate_pad_hw, zero_pad_hw
+
+    edge = replicate_pad_hw(x)
+    found.update({name: float(np.abs(np.asarray(fn(x)) - np.asarray(edge)).max()) for name, fn in _PAD_REWRITES.items()})
+    return {**found, "control: time taps reversed": float(np.abs(reversed_taps - expected).max()),
+            "control: zero padding": float(np.abs(np.asarray(zero_pad_hw(x)) - np.asarray(edge)).max())}
 
 
 # -- jobs -------------------------------------------------------------------------------------------

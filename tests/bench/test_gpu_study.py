@@ -77,6 +77,7 @@ def test_the_studied_conv_rewrites_are_exact_in_float32():
     found = check_variants()
     assert found["time-taps-2d"] <= 1e-4 and found["time-in-channels"] <= 1e-4, found
     assert found["control: time taps reversed"] > 1.0, found  # a wrong rewrite is seen
+    assert found["edge-select"] == 0.0 and found["control: zero padding"] > 0.1, found  # moved, not computed
 
 
 @pytest.mark.parametrize("text", ["", "HloModule empty\n"])
