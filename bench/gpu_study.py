@@ -508,8 +508,9 @@ MODELS = ("wan2.1", "wan2.2", "hunyuan1.5")
 def model_config(model: str):
     from vaeserve import models
 
-    return {"wan2.1": models.WanVAEConfig, "wan2.2": models.WanVAEConfig.wan22,
-            "hunyuan1.5": models.HunyuanVideo15Config}[model]()
+    if model == "hunyuan1.5":
+        return models.HunyuanVideo15Config()
+    return models.WanVAEConfig.wan22() if model == "wan2.2" else models.WanVAEConfig()
 
 
 def latents_shape(video: str, chunk: int = 1, config=None) -> tuple[int, ...]:
