@@ -389,8 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     trace_dir = check.scratch / "trace"
     check.parity()
     if args.variants is not None:
-        by_name = {v.name: v for v in VARIANTS}  # in the order named: the first is the reference
-        chosen = tuple(by_name[name] for name in dict.fromkeys(args.variants)) if args.variants else VARIANTS
+        named = {v.name: v for v in VARIANTS}  # in the order named: the first is the reference
+        chosen = tuple(named[name] for name in dict.fromkeys(args.variants)) if args.variants else VARIANTS
         check.variants(chosen, args.variants_share)
     if args.no_service:
         check.doc["service"] = {"skipped": "--no-service"}
