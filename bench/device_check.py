@@ -8,8 +8,8 @@ It measures, in this order, as long as ``--budget-s`` lasts (it stops cleanly an
 
 1. the versions, the device's name and memory; float32 parity of our decode and encode with
    diffusers' on that device (small configs of each family measured below);
-   with ``--variants``, then: ways to run our bfloat16 decode of the first video (``VARIANTS``:
-   step geometries, XLA flags), each in a process of its own, with its compiled temp, its frames'
+   with ``--variants``, then: ways to run our bfloat16 decode of the first video (the GPU study's
+   ``VARIANTS``: step geometries, XLA flags, rewrites; ``CARD_VARIANTS`` by default), each in a process of its own, with its compiled temp, its frames'
    difference from the first variant's and the top kernels of one traced run (``bench.trace_summary``);
 2. for Wan 2.1 at 1280x720x81, then Wan 2.2 at 1280x704x121, HunyuanVideo 1.5 at 1280x720x121, LTX-2
    at 1280x704x121 and Flux.1's image VAE at 1024x1024, a batch of 8, as long as the budget lasts:
@@ -42,11 +42,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_study import VARIANTS, Variant
+from bench.trace_summary import summarize
 from vaeserve.models.config import VAEConfig  # these import no JAX
 from vaeserve.models.families.hunyuan15.config import HunyuanVideo15Config
 from vaeserve.models.families.kl.config import KL_BLOCKS, AutoencoderKLConfig
 from vaeserve.models.families.ltx.config import LTX2VideoConfig
 from vaeserve.models.families.wan.config import WanVAEConfig
+from vaeserve.models.registry import embedded_model
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = ("bfloat16", "float32")
@@ -78,26 +81,12 @@ class DeviceCheckPlan:
     diffusers_dtypes: tuple[str, ...] = DTYPES
 
 
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """A way to run our decode of the first case, timed against the others in one run (``--variants``):
-    its step geometry (``VAE.decode``'s ``chunk``, latent frames per step, and ``inner_frames``, frames
-    per inner step after each temporal upsampler; None: the product's default) and XLA flags."""
-
-    name: str
-    chunk: int | None = None
-    inner_frames: int | None = None
-    xla_flags: str = ""
-
-
-NHWC = "--xla_gpu_force_conv_nhwc=true"  # every cuDNN convolution channels-last (docs/gpu-study.md)
-# What the GPU study (docs/gpu-study.md) points at: the product's programs (one latent frame per step,
-# one frame per inner step at 720p), whole steps (no inner loop: 40% fewer bytes moved, the same
-# temp), four latent frames per step (54% fewer, 2.6x the temp), each also with channels-last
-# convolutions (no layout changes, larger norm passes).
-VARIANTS = (Variant("current"), Variant("inner-4", chunk=1, inner_frames=4),
-            Variant("nhwc-inner-4", chunk=1, inner_frames=4, xla_flags=NHWC),
-            Variant("chunk-4", chunk=4, inner_frames=16), Variant("nhwc-chunk-4", chunk=4, inner_frames=16, xla_flags=NHWC))
+# The variants of the GPU study (``bench.gpu_study.VARIANTS``, docs/gpu-study.md) the card times by
+# default: the product's programs (one latent frame per step, one frame per inner step at 720p),
+# whole steps (no inner loop: 40% fewer bytes moved, the same temp), four latent frames per step
+# (54% fewer, 2.6x the temp), each also with channels-last convolutions (no layout changes, larger
+# norm passes). ``--variants`` names any of the study's, the conv and padding rewrites too.
+CARD_VARIANTS = ("current", "inner-4", "nhwc-inner-4", "chunk-4", "nhwc-chunk-4")
 
 
 # Small configs, and a video of each whose latents have odd sizes: parity on the device (both
@@ -124,11 +113,10 @@ SMALL = {
                                                      up_block_types=(KL_BLOCKS[1],) * 2, norm_num_groups=4,
                                                      layers_per_block=1), (40, 24, 1), batch=2),
 }
-FULL = DeviceCheckPlan(cases=[Case("wan2.1", WanVAEConfig(), (1280, 720, 81)),
-                   Case("wan2.2", WanVAEConfig.wan22(), (1280, 704, 121)),
-                   Case("hunyuan1.5", HunyuanVideo15Config(), (1280, 720, 121)),
-                   Case("ltx2", LTX2VideoConfig.ltx2(), (1280, 704, 121)),
-                   Case("flux1", AutoencoderKLConfig.flux1(), (1024, 1024, 1), batch=8)],
+# The embedded models' real configs (``models.registry``), at the sizes people generate.
+FULL = DeviceCheckPlan(cases=[Case(name, embedded_model(name).config(), video, batch) for name, video, batch in (
+                   ("wan2.1", (1280, 720, 81), 1), ("wan2.2", (1280, 704, 121), 1), ("hunyuan1.5", (1280, 720, 121), 1),
+                   ("ltx2", (1280, 704, 121), 1), ("flux1", (1024, 1024, 1), 8))],
             runs=3, service_model="wan2.1", service_dtype="bfloat16", budget_s=420, grace_s=30)
 # PyTorch's bfloat16 3-D convolutions on a CPU take ~100x its float32 ones (measured on 2 cores: 14 s
 # against 0.1 s for the tiny Wan decode), so --tiny times diffusers in float32 only.
@@ -204,8 +192,8 @@ class Check:
                 found[variant.name] = {"skipped": "no time left of the budget"}
                 continue
             deadline = time.time() + (end - time.time()) / (len(variants) - i)
-            spec = {**case.spec(), "dtype": "bfloat16", "runs": self.plan.runs, "chunk": variant.chunk,
-                    "inner_frames": variant.inner_frames, "reference": str(self.scratch / "variant-reference.npy"),
+            spec = {**case.spec(), "dtype": "bfloat16", "runs": self.plan.runs, "variant": variant.name,
+                    "reference": str(self.scratch / "variant-reference.npy"),
                     "trace_dir": str(self.scratch / f"trace-{variant.name}")}
             found[variant.name] = self.run("variant", spec, deadline, xla_flags=variant.xla_flags,
                                            name=f"variant-{variant.name}")
@@ -242,6 +230,7 @@ class Check:
     def keep_trace(self, trace_dir: Path) -> None:
         if not any(trace_dir.rglob("*")):
             return
+        self.doc["trace_summary"] = summarize(trace_dir, top=15)  # kept even when the archive is not
         archive = self.out / "trace.tar.gz"
         with tarfile.open(archive, "w:gz") as tar:
             tar.add(trace_dir, arcname="trace")
@@ -299,13 +288,14 @@ def variants_table(doc: dict[str, Any]) -> str:
 
 def service_table(doc: dict[str, Any]) -> str:
     """The served MP4 answers per concurrency: latency (p50), the device time the server reports
-    (p50), and the latency over our bfloat16 decode of the same video timed alone (the first
-    variant's, else the first case's): how close the served answer keeps to the device."""
+    (p50), and the latency over our bfloat16 decode of the same video timed alone, as the server runs
+    it (the ``current`` variant's, else the first case's): how close the served answer keeps to the device."""
     concurrency = doc.get("service", {}).get("concurrency")
     if not concurrency:
         return ""
-    alone = (doc.get("variants", {}).get("results", {}).get("current", {}).get("decode", {}).get("min_s")
-             or next((c.get("ours", {}).get("decode", {}).get("bfloat16", {}).get("min_s") for c in doc["cases"][:1]), None))
+    current = doc.get("variants", {}).get("results", {}).get("current", {}).get("decode", {})
+    first = doc["cases"][0].get("ours", {}).get("decode", {}).get("bfloat16", {}) if doc["cases"] else {}
+    alone = current.get("min_s") or first.get("min_s")
     lines = [f"served MP4 answers (our decode alone: {alone:.3f} s)" if alone else "served MP4 answers",
              f"{'clients':>7s} {'ok':>3s} {'latency p50 s':>13s} {'device p50 s':>12s} {'latency / alone':>15s} {'frames/s':>9s}"]
     for clients, summary in concurrency.items():
@@ -366,10 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, help="stop measuring after this (default 420; --tiny 300)")
     parser.add_argument("--models", help="comma-separated, in this order (default: every one of the plan's)")
     parser.add_argument("--no-service", action="store_true", help="skip the service end to end")
-    parser.add_argument("--variants", nargs="*", metavar="NAME", choices=[v.name for v in VARIANTS],
+    parser.add_argument("--variants", nargs="*", metavar="NAME", choices=list(VARIANTS),
                         help="first, time these variants of the first case's bfloat16 decode, the first named "
                              "the reference (none named: all: "
-                             + ", ".join(v.name for v in VARIANTS) + ")")
+                             + ", ".join(CARD_VARIANTS) + "; any of " + ", ".join(VARIANTS) + ")")
     parser.add_argument("--service-first", action="store_true",
                         help="the service end to end before the cases (after parity and the variants)")
     parser.add_argument("--variants-share", type=float, default=0.6,
@@ -389,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     trace_dir = check.scratch / "trace"
     check.parity()
     if args.variants is not None:
-        named = {v.name: v for v in VARIANTS}  # in the order named: the first is the reference
-        chosen = tuple(named[name] for name in dict.fromkeys(args.variants)) if args.variants else VARIANTS
+        names = dict.fromkeys(args.variants or CARD_VARIANTS)  # in the order named: the first is the reference
+        chosen = tuple(VARIANTS[name] for name in names)
         check.variants(chosen, args.variants_share)
     if args.no_service:
         check.doc["service"] = {"skipped": "--no-service"}

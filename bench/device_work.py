@@ -159,12 +159,13 @@ def shapes(config, video: list[int], batch: int = 1) -> tuple[tuple[int, ...], t
     return (batch, *latent_shape_for_video(config, width, height, frames)), (batch, 3, *time_axis, height, width)
 
 
-def inputs(latents_shape, frames_shape) -> tuple[Any, Any]:
+def inputs(latents_shape, frames_shape=None) -> tuple[Any, Any]:
+    """Seeded latents and frames (None without ``frames_shape``): every task decodes the same latents."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    return (rng.standard_normal(latents_shape).astype(np.float32),
-            rng.uniform(-1, 1, frames_shape).astype(np.float32))
+    latents = rng.standard_normal(latents_shape).astype(np.float32)
+    return latents, None if frames_shape is None else rng.uniform(-1, 1, frames_shape).astype(np.float32)
 
 
 # -- parity: both frameworks, float32, small configs -------------------------------------------------
@@ -216,12 +217,31 @@ def parity_task(spec: dict[str, Any], rec: Recorder) -> None:
 
 
 # -- ours (JAX) ---------------------------------------------------------------------------------------
+def timed(compile: Callable[[], Any], run: Callable[[], Any], *, runs: int, rec: Recorder,
+          trace_dir: str | None = None) -> tuple[dict[str, Any], Any]:
+    """``compile()`` timed, then ``run()`` as ``measure`` times it, with the compiled program's memory
+    and the process's peak device memory; with ``trace_dir`` and time left, one more run traced there
+    (``jax.profiler``: ``bench.trace_summary`` reads it). Returns the measurement and the last output."""
+    import jax
+
+    from vaeserve.sharding.introspect import program_memory
+
+    start = time.perf_counter()
+    program = compile()
+    compile_s = time.perf_counter() - start
+    timing, out = measure(run, jax.block_until_ready, runs=runs, rec=rec, compile_s=compile_s)
+    if trace_dir and rec.left() > timing["min_s"]:
+        with jax.profiler.trace(trace_dir):
+            jax.block_until_ready(run())
+    peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    return {"compile_s": compile_s, **timing, "program_bytes": program_memory(program), "process_peak_bytes": peak}, out
+
+
 def ours_task(spec: dict[str, Any], rec: Recorder) -> None:
     import jax
     import jax.numpy as jnp
 
     from vaeserve import models
-    from vaeserve.sharding.introspect import program_memory
 
     config = config_of(spec)
     latents_shape, frames_shape = shapes(config, spec["video"], spec.get("batch", 1))
@@ -230,33 +250,17 @@ def ours_task(spec: dict[str, Any], rec: Recorder) -> None:
     rec.put(("shapes",), {"latents": list(latents_shape), "frames": list(frames_shape)})
     decoded: dict[str, jax.Array] = {}
 
-    def peak() -> int | None:
-        return (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
-
-    def compiled(compile: Callable[[], Any]) -> tuple[Any, float]:
-        start = time.perf_counter()
-        return compile(), time.perf_counter() - start
-
     def decode(dtype: str) -> dict[str, Any]:
         vae = models.init_vae(config, dtype=dtype, encoder=False)
-        program, compile_s = compiled(lambda: vae.compile(latents_shape))
-        timing, out = measure(lambda: vae.decode(latents), jax.block_until_ready, runs=spec["runs"], rec=rec,
-                              compile_s=compile_s)
-        decoded[dtype] = out
-        if dtype == spec["trace_dtype"] and spec.get("trace_dir"):
-            with jax.profiler.trace(spec["trace_dir"]):
-                jax.block_until_ready(vae.decode(latents))
-        return {"compile_s": compile_s, **timing, "program_bytes": program_memory(program),
-                "process_peak_bytes": peak()}
+        found, decoded[dtype] = timed(lambda: vae.compile(latents_shape), lambda: vae.decode(latents),
+                                      runs=spec["runs"], rec=rec,
+                                      trace_dir=spec.get("trace_dir") if dtype == spec["trace_dtype"] else None)
+        return found
 
     def encode(dtype: str) -> dict[str, Any]:
         vae = models.init_vae(config, dtype=dtype)
         vae.require_encoder()
-        program, compile_s = compiled(lambda: vae.compile_encode(frames_shape))
-        timing, _ = measure(lambda: vae.encode(frames), jax.block_until_ready, runs=spec["runs"], rec=rec,
-                            compile_s=compile_s)
-        return {"compile_s": compile_s, **timing, "program_bytes": program_memory(program),
-                "process_peak_bytes": peak()}
+        return timed(lambda: vae.compile_encode(frames_shape), lambda: vae.encode(frames), runs=spec["runs"], rec=rec)[0]
 
     # Dtype by dtype, so that a short budget still measures both directions in the first (bfloat16).
     for dtype in spec["dtypes"]:
@@ -269,41 +273,40 @@ def ours_task(spec: dict[str, Any], rec: Recorder) -> None:
 
 
 def variant_task(spec: dict[str, Any], rec: Recorder) -> None:
-    """One variant of our decode (its step geometry, ``chunk`` and ``inner_frames``; its XLA flags come
-    with the process's environment): compile, time, the top kernels of one traced run, and the
-    frames' largest difference from the first variant's (saved by it to ``spec["reference"]``)."""
+    """One of the GPU study's variants of our decode (``bench.gpu_study.VARIANTS``: its step geometry,
+    its rewrites, applied while it compiles; its XLA flags come with the process's environment):
+    compile, time, the top kernels of one traced run, and the frames' largest difference from the
+    first variant's (saved by it to ``spec["reference"]``)."""
     import jax
     import numpy as np
 
+    from bench.gpu_study import VARIANTS, variant_rewrites
     from bench.trace_summary import summarize
     from vaeserve import models
-    from vaeserve.sharding.introspect import program_memory
 
     config = config_of(spec)
     latents_shape, _ = shapes(config, spec["video"], spec.get("batch", 1))
-    latents = jax.device_put(inputs(latents_shape, (1,))[0])
-    chunk, inner_frames = spec.get("chunk"), spec.get("inner_frames")
+    latents = jax.device_put(inputs(latents_shape)[0])
+    variant = VARIANTS[spec["variant"]]
+    chunk, inner_frames = variant.chunk, variant.inner_frames
     rec.put(("options",), {"chunk": chunk, "inner_frames": inner_frames, "xla_flags": os.environ.get("XLA_FLAGS", ""),
                            "dtype": spec["dtype"], "latents": list(latents_shape)})
 
     def decode() -> dict[str, Any]:
         vae = models.init_vae(config, dtype=spec["dtype"], encoder=False)
-        start = time.perf_counter()
-        program = vae.compile(latents_shape, chunk=chunk, inner_frames=inner_frames)
-        compile_s = time.perf_counter() - start
-        timing, out = measure(lambda: vae.decode(latents, chunk=chunk, inner_frames=inner_frames),
-                              jax.block_until_ready, runs=spec["runs"],
-                              rec=rec, compile_s=compile_s)
-        found: dict[str, Any] = {"compile_s": compile_s, **timing, "program_bytes": program_memory(program),
-                                 "process_peak_bytes": (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")}
+
+        def compile() -> Any:
+            with variant_rewrites(variant.name):  # the runs find the program this compiles
+                return vae.compile(latents_shape, chunk=chunk, inner_frames=inner_frames)
+
+        found, out = timed(compile, lambda: vae.decode(latents, chunk=chunk, inner_frames=inner_frames),
+                           runs=spec["runs"], rec=rec, trace_dir=spec.get("trace_dir"))
         frames, reference = np.asarray(jax.device_get(out)), Path(spec["reference"])
         if reference.exists():
             found["max_abs_vs_first"] = float(np.abs(frames - np.load(reference)).max())
         else:
             np.save(reference, frames)
-        if rec.left() > timing["min_s"] and spec.get("trace_dir"):
-            with jax.profiler.trace(spec["trace_dir"], create_perfetto_trace=True):
-                jax.block_until_ready(vae.decode(latents, chunk=chunk, inner_frames=inner_frames))
+        if spec.get("trace_dir") and Path(spec["trace_dir"]).exists():
             found["trace"] = summarize(Path(spec["trace_dir"]), top=15)
         return found
 

@@ -14,12 +14,13 @@ kernel counts, with the time each would take at the chip's peak (``ChipFacts``) 
     python -m bench.gpu_study --video 832x480 --dtypes bfloat16 --variants current nhwc
     python -m bench.gpu_study --check                           # the variants' convs against the current, CPU
 
-Variants (compile-only studies; ``current`` is the product's): ``current``, the program as served; ``nhwc``, XLA
+Variants (``VARIANTS``; ``current`` is the product's): ``current``, the program as served; ``nhwc``, XLA
 told to run every cuDNN convolution channels-last (``--xla_gpu_force_conv_nhwc``);
 ``time-taps-2d``, each causal 3x3x3 conv of a later step as three 2-D convs (one per time tap,
 time folded into the batch, summed); ``time-in-channels``, the three frames side by side in
-channels and one 2-D conv over ``3·C``; ``inner-4``, ``chunk-4``, ``nhwc-chunk-4``, the programs with
-another step geometry (``GEOMETRY``: whole steps, or four latent frames a step; with NHWC).
+channels and one 2-D conv over ``3·C``; ``inner-4``, ``chunk-4`` and their ``nhwc-`` twins, the
+programs with another step geometry (whole steps, or four latent frames a step); ``edge-select``,
+HunyuanVideo's replicate padding in ops XLA fuses.
 Each (variant, dtype) compiles in a process of its own
 (XLA reads its flags once per process). Writes JSON (``--out``) and a markdown table (``--markdown``).
 """
@@ -38,31 +39,42 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("current", "nhwc", "time-taps-2d", "time-in-channels", "inner-4", "nhwc-inner-4", "chunk-4", "nhwc-chunk-4",
-            "edge-select")
-_NHWC = "--xla_gpu_force_conv_nhwc=true"
-XLA_FLAGS = {"nhwc": _NHWC, "nhwc-inner-4": _NHWC, "nhwc-chunk-4": _NHWC}
+NHWC = "--xla_gpu_force_conv_nhwc=true"  # every cuDNN convolution channels-last
 
 
 @dataclass(frozen=True)
-class StepGeometry:
-    """How much of the clip a step decodes: ``chunk`` latent frames per later step, and the frames
-    per inner step after each temporal upsampler (``inner_frames``; None: the product's automatic
-    choice, one frame when a full-resolution frame is large, ``models.frame_groups.stream_group``)."""
+class Variant:
+    """A way to compile the decode: its step geometry (``chunk``, latent frames per later step, and
+    ``inner_frames``, frames per inner step after each temporal upsampler; None: the product's
+    automatic choice, ``models.frame_groups.stream_group``), XLA flags (read once per process) and,
+    by its name, a rewrite of its convs or padding (``variant_rewrites``). The card's run
+    (``bench.device_check --variants``) times the same ones."""
 
-    chunk: int = 1
+    name: str
+    chunk: int | None = None
     inner_frames: int | None = None
+    xla_flags: str = ""
+
+    @property
+    def latent_frames_per_step(self) -> int:
+        return self.chunk or 1  # the product's default chunk (``models.decode.DEFAULT_CHUNK``)
+
+    def geometry(self) -> dict[str, int | None]:
+        return {"chunk": self.latent_frames_per_step, "inner_frames": self.inner_frames}
 
 
 # The product's programs (``current``) run one latent frame per step and, at 720p, the stages
 # after each temporal upsampler one frame at a time: each causal conv then reads two cached frames
 # for every new one. The geometry variants decode more frames per conv call (the same values).
-GEOMETRY = {"inner-4": StepGeometry(1, 4), "nhwc-inner-4": StepGeometry(1, 4), "chunk-4": StepGeometry(4, 16),
-            "nhwc-chunk-4": StepGeometry(4, 16)}
+VARIANTS = {v.name: v for v in (
+    Variant("current"), Variant("nhwc", xla_flags=NHWC), Variant("time-taps-2d"), Variant("time-in-channels"),
+    Variant("inner-4", chunk=1, inner_frames=4), Variant("nhwc-inner-4", chunk=1, inner_frames=4, xla_flags=NHWC),
+    Variant("chunk-4", chunk=4, inner_frames=16), Variant("nhwc-chunk-4", chunk=4, inner_frames=16, xla_flags=NHWC),
+    Variant("edge-select"))}
 TOPOLOGY = "h100-1"
 
 # -- the HLO text -----------------------------------------------------------------------------------
@@ -443,9 +455,10 @@ _PAD_REWRITES = {"edge-select": edge_select_pad}
 
 
 @contextlib.contextmanager
-def variant_convs(variant: str) -> Iterator[None]:
-    """While tracing, a later step's causal 3x3x3 convs (stride 1, a past to read) run as ``variant``
-    says; the clip's first step and strided convs as they are."""
+def variant_rewrites(variant: str) -> Iterator[None]:
+    """While tracing, a frame's replicate padding, or a later step's causal 3x3x3 convs (stride 1, a
+    past to read), run as ``variant`` says; the clip's first step and strided convs as they are. A
+    variant without a rewrite traces the product's code."""
     from vaeserve.models import conv, spatial
     from vaeserve.sharding import halo
 
@@ -501,22 +514,12 @@ def check_variants(seed: int = 0) -> dict[str, float]:
 
 
 # -- jobs -------------------------------------------------------------------------------------------
-# The models studied, by name: their real configs.
-MODELS = ("wan2.1", "wan2.2", "hunyuan1.5")
-
-
-def model_config(model: str):
-    from vaeserve import models
-
-    if model == "hunyuan1.5":
-        return models.HunyuanVideo15Config()
-    return models.WanVAEConfig.wan22() if model == "wan2.2" else models.WanVAEConfig()
-
-
 def latents_shape(video: str, chunk: int = 1, config=None) -> tuple[int, ...]:
-    """``"1280x720"`` → the latents (of ``config``, Wan 2.1's by default) of a first step and one
-    later step of ``chunk`` latent frames."""
-    config = config or model_config("wan2.1")
+    """``"1280x720"`` → the latents (of ``config``, the default model's by default) of a first step
+    and one later step of ``chunk`` latent frames."""
+    from vaeserve.models.registry import default_config
+
+    config = config or default_config()
     width, height = (int(n) for n in video.split("x"))
     scale = config.spatial_scale
     return (1, config.z_dim, 1 + chunk, height // scale, width // scale)
@@ -527,29 +530,33 @@ def run_job(variant: str, dtype: str, video: str, model: str = "wan2.1") -> dict
     from importlib import metadata
 
     from vaeserve import models, sharding
+    from vaeserve.models.registry import embedded_model
     from vaeserve.sharding.chips import chip_facts, topology_devices
     from vaeserve.sharding.introspect import program_memory
 
     devices = topology_devices(TOPOLOGY)
     chip = chip_facts(devices[0].device_kind)
     mesh = sharding.make_mesh(1, devices=devices)
-    config = model_config(model)
+    config = embedded_model(model).config()
     vae = models.abstract_vae(config, dtype=dtype)
-    geometry = GEOMETRY.get(variant, StepGeometry())
+    chosen = VARIANTS[variant]
     start = time.perf_counter()
-    with variant_convs(variant):
-        programs = sharding.compile_decode_stream(vae, latents_shape(video, geometry.chunk, config), mesh,
-                                                  chunk=geometry.chunk, inner_frames=geometry.inner_frames)
+    with variant_rewrites(variant):
+        programs = sharding.compile_decode_stream(vae, latents_shape(video, chosen.latent_frames_per_step, config), mesh,
+                                                  chunk=chosen.chunk, inner_frames=chosen.inner_frames)
     seconds = time.perf_counter() - start
+    if len(programs) != 2:
+        raise ValueError(f"{model} decodes in {len(programs)} program(s), not a first and a later step: "
+                         "the study reads stepped decodes")
     peak = chip.peak_bf16_flops if dtype == "bfloat16" else FLOAT32_PEAK
     studied = {}
-    frames = {"first step": 1, "later step": vae.config.temporal_scale * geometry.chunk}
+    frames = {"first step": 1, "later step": vae.config.temporal_scale * chosen.latent_frames_per_step}
     for step, compiled in zip(("first step", "later step"), programs, strict=True):
         study = study_program(compiled.as_text() or "")
         studied[step] = {"frames": frames[step], "memory": program_memory(compiled),
                          "totals": study.totals(peak, chip.hbm_bytes_per_s), "convs": study.convs}
     versions = {name: metadata.version(name) for name in ("jax", "jax-cuda13-plugin", "nvidia-cudnn-cu13")}
-    return {"model": model, "variant": variant, "dtype": dtype, "video": video, "geometry": asdict(geometry),
+    return {"model": model, "variant": variant, "dtype": dtype, "video": video, "geometry": chosen.geometry(),
             "device_kind": devices[0].device_kind, "versions": versions,
             "compile_s": round(seconds, 1), "peak_flops": peak, "hbm_bytes_per_s": chip.hbm_bytes_per_s,
             "programs": studied}
@@ -570,7 +577,8 @@ def run_jobs(variants: list[str], dtypes: list[str], video: str, model: str = "w
     for variant, dtype in tqdm(jobs, desc="compile for H100", unit="program pair"):
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder) / "job.json"
-            env = {**os.environ, "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS"), XLA_FLAGS.get(variant)]))}
+            env = {**os.environ, "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS"),
+                                                                     VARIANTS[variant].xla_flags]))}
             done = subprocess.run([sys.executable, "-m", "bench.gpu_study", "--job", variant, dtype, "--video", video,
                                    "--model", model, "--job-out", str(out)], env=env, capture_output=True, text=True)
             if done.returncode:
@@ -636,11 +644,16 @@ def markdown(results: list[dict[str, Any]], command: str, host: str) -> str:
 
 
 def main() -> None:
+    from vaeserve.models.registry import EMBEDDED
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="wan2.1", choices=MODELS, help="the real config studied (default wan2.1)")
+    videos = [name for name, model in EMBEDDED.items() if not model.config().is_image]
+    parser.add_argument("--model", default="wan2.1", choices=videos,
+                        help="the embedded video model whose real config is studied (default wan2.1; its decode "
+                             "must step: a first and a later step)")
     parser.add_argument("--video", default="1280x720", help="WIDTHxHEIGHT of the decoded frames (default 1280x720)")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--out", type=Path, help="write the study as JSON here")
     parser.add_argument("--markdown", type=Path, help="write the tables as markdown here")
     parser.add_argument("--render", type=Path, help="print (and with --markdown write) the tables of a saved --out")

@@ -2,15 +2,15 @@
 
     python -m bench.trace_summary TRACE_DIR [--top 25]
 
-Reads the trace viewer JSON a ``jax.profiler.trace(dir, create_perfetto_trace=True)`` leaves
-(``plugins/profile/*/*.json.gz``). On a GPU the device's processes are named ``/device:GPU:N``: their
-streams (threads named ``Stream ...``) carry one event per kernel or copy, and the lines the
-profiler derives from them (``DERIVED_LINES``) the same time again: of those, the ``XLA Ops``
-line, where the trace has it, is summed too, one event per HLO instruction. Without a device (a CPU run: the
-bench's ``--tiny`` mode) the host's XLA threads (``tf_XLA...``) stand in, so that the code path runs
-on any host. Each name's events are summed; the summary keeps the ``top`` names by time, each with its
-share of the busy time, its count and a rough kind (``convolution``, ``matmul``, ``layout``, ...)
-read from the name.
+Reads the trace viewer JSON a ``jax.profiler.trace(dir)`` leaves (``plugins/profile/*/*.trace.json.gz``).
+On a GPU the device's processes are named ``/device:GPU:N``: their streams (threads named ``Stream
+...``) carry one event per kernel or copy, and the lines the profiler derives from them
+(``DERIVED_LINES``) the same time again; of those, the ``XLA Ops`` line, where the trace has it, is
+summed too, one event per HLO instruction. Without a device (a CPU run: the bench's ``--tiny`` mode)
+the host's XLA threads (``tf_XLA...``) stand in, so that the code path runs on any host. Each
+name's events are summed; the summary keeps the ``top`` names by time, each with its share of the
+busy time, its count and a rough kind (``convolution``, ``matmul``, ``layout``, ...) read from the
+name.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def kind(name: str) -> str:
 
 def trace_file(trace_dir: Path) -> Path | None:
     """The trace viewer JSON under ``trace_dir`` (the newest run's), or None."""
-    found = sorted(trace_dir.rglob("*.trace.json.gz")) or sorted(trace_dir.rglob("*.json.gz"))
+    found = sorted(trace_dir.rglob("*.trace.json.gz"))
     return found[-1] if found else None
 
 

@@ -100,6 +100,7 @@ def test_service_end_to_end_and_the_files(check):
     with tarfile.open(out / "trace.tar.gz") as tar:
         assert any(name.endswith(".xplane.pb") for name in tar.getnames())
     assert doc["trace"] == "trace.tar.gz"
+    assert doc["trace_summary"]["kernels"] > 0 and doc["trace_summary"]["top_kernels"]  # of that trace
 
 
 def test_a_spent_budget_stops_cleanly_and_says_so(tmp_path):
