@@ -87,13 +87,15 @@ def config_fields_from_dict(cls, raw: dict[str, Any], *, dropped: frozenset[str]
     return cls(**{k: v for k, v in raw.items() if k in known})
 
 
+def _as_lists(value: Any) -> Any:
+    return [_as_lists(v) for v in value] if isinstance(value, tuple) else value
+
+
 def config_to_dict(config) -> dict[str, Any]:
-    """A diffusers ``config.json`` body: ``_class_name`` and every field (tuples as lists)."""
-    out: dict[str, Any] = {"_class_name": config.class_name}
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        out[f.name] = list(value) if isinstance(value, tuple) else value
-    return out
+    """A diffusers ``config.json`` body: ``_class_name`` and every field (tuples, nested ones too, as
+    lists)."""
+    return {"_class_name": config.class_name, **{f.name: _as_lists(getattr(config, f.name))
+                                                 for f in dataclasses.fields(config)}}
 
 
 

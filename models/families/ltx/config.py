@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, NamedTuple
 
-from vaeserve.models.config import ConfigError, config_fields_from_dict
+from vaeserve.models.config import ConfigError, config_fields_from_dict, config_to_dict
 from vaeserve.models.shapes import output_frames
 
 # Per-pixel RMS norms (``RMSNorm(eps=1e-8)``, ``PerChannelRMSNorm``) and the up blocks' time embedding
@@ -310,12 +310,7 @@ class _LTXConfig:
     # -- (de)serialisation ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A diffusers ``config.json`` body (the statistics are tensors, not config keys)."""
-        out: dict[str, Any] = {"_class_name": self.class_name}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            if f.name != "statistics":
-                value = getattr(self, f.name)
-                out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
+        return {key: value for key, value in config_to_dict(self).items() if key != "statistics"}
 
 
 _TUPLE_FIELDS = ("block_out_channels", "down_block_types", "decoder_block_out_channels", "layers_per_block",

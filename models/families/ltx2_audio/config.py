@@ -182,9 +182,7 @@ class LTX2VocoderConfig:
         return config_fields_from_dict(cls, raw)
 
     def to_dict(self) -> dict[str, Any]:
-        out = config_to_dict(self)
-        out["resnet_dilations"] = [list(d) for d in self.resnet_dilations]
-        return out
+        return config_to_dict(self)
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -296,7 +294,4 @@ class LTX2VocoderWithBWEConfig:
         return config_fields_from_dict(cls, raw)
 
     def to_dict(self) -> dict[str, Any]:
-        out = config_to_dict(self)
-        for name in ("resnet_dilations", "bwe_resnet_dilations"):
-            out[name] = [list(d) for d in getattr(self, name)]
-        return out
+        return config_to_dict(self)

@@ -94,9 +94,7 @@ class MiniMaxH3AudioConfig:
         return config_fields_from_dict(cls, raw)
 
     def to_dict(self) -> dict[str, Any]:
-        out = config_to_dict(self)
-        out["resblock_dilation_sizes"] = [list(d) for d in self.resblock_dilation_sizes]
-        return out
+        return config_to_dict(self)
 
     # -- derived -------------------------------------------------------------------------------
     @property
